@@ -1,0 +1,270 @@
+//! `drover bench ...`: the figures in BENCHMARKS.md. Each bench starts its own local cluster (release builds
+//! give the real numbers) and prints one summary line per measurement.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Subcommand;
+use drover_client::{Client, JobFilter};
+use hdrhistogram::Histogram;
+
+use crate::local::{LocalCluster, UpOptions};
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// Committed submissions/s and latency with N concurrent clients.
+    Submit {
+        #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+        clients: Vec<usize>,
+        #[arg(long, default_value_t = 10)]
+        duration_s: u64,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// SIGKILL the leader repeatedly under load: time to the next acknowledged submission, and lost jobs.
+    Failover {
+        #[arg(long, default_value_t = 20)]
+        kills: usize,
+        #[arg(long, default_value_t = 8)]
+        clients: usize,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Fill the state with N jobs; leader RSS, then restart time of the whole cluster.
+    State {
+        #[arg(long, default_value_t = 1_000_000)]
+        jobs: u64,
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+pub fn run(cmd: BenchCmd, _controllers: Option<&str>) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        match cmd {
+            BenchCmd::Submit { clients, duration_s, dir } => {
+                submit(clients, duration_s, bench_dir(dir, "submit")).await
+            }
+            BenchCmd::Failover { kills, clients, dir } => failover(kills, clients, bench_dir(dir, "failover")).await,
+            BenchCmd::State { jobs, clients, dir } => state(jobs, clients, bench_dir(dir, "state")).await,
+        }
+    })
+}
+
+fn bench_dir(dir: Option<PathBuf>, name: &str) -> PathBuf {
+    let dir = dir.unwrap_or_else(|| std::env::temp_dir().join(format!("drover-bench-{name}-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// A trivial one-GPU job, as the peer benchmark submits.
+pub fn trivial_spec() -> drover_state::JobSpec {
+    let (user, uid, gid) = crate::identity::current_user();
+    drover_state::JobSpec {
+        name: "wrap".into(),
+        user,
+        uid,
+        gid,
+        script: crate::sbatch_args::wrap_script("true"),
+        work_dir: "/tmp".into(),
+        submit_dir: "/tmp".into(),
+        min_nodes: 1,
+        max_nodes: 1,
+        cpus_per_task: 1,
+        gpus_per_node: 1,
+        ..Default::default()
+    }
+}
+
+/// Runs `clients` submit loops until `stop`; returns (acknowledged ids with ack times, latency histogram µs).
+async fn load(client: Arc<Client>, clients: usize, stop: Arc<AtomicBool>) -> (Vec<(u64, Instant)>, Histogram<u64>) {
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (client, stop) = (client.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let spec = trivial_spec();
+            let mut acked = Vec::new();
+            let mut hist = Histogram::<u64>::new(3).expect("histogram");
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                if let Ok(id) = client.submit(&spec).await {
+                    let now = Instant::now();
+                    let _ = hist.record(now.duration_since(t).as_micros() as u64);
+                    acked.push((id, now));
+                }
+            }
+            (acked, hist)
+        }));
+    }
+    let mut acked = Vec::new();
+    let mut hist = Histogram::<u64>::new(3).expect("histogram");
+    for t in tasks {
+        let (a, h) = t.await.expect("load task");
+        acked.extend(a);
+        hist.add(h).expect("same histogram bounds");
+    }
+    (acked, hist)
+}
+
+async fn submit(levels: Vec<usize>, duration_s: u64, dir: PathBuf) -> anyhow::Result<()> {
+    let cluster = LocalCluster::up(&dir, UpOptions::default())?;
+    cluster.wait_ready(Duration::from_secs(30)).await?;
+    let client = Arc::new(Client::from_list(&cluster.addresses())?);
+    println!("bench submit: 3 replicas on loopback, {duration_s} s per level");
+    for clients in levels {
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Instant::now();
+        let handle = tokio::spawn(load(client.clone(), clients, stop.clone()));
+        tokio::time::sleep(Duration::from_secs(duration_s)).await;
+        stop.store(true, Ordering::Relaxed);
+        let (acked, hist) = handle.await?;
+        let secs = started.elapsed().as_secs_f64();
+        println!(
+            "clients={clients:>3}  committed={:>7}  rate={:>8.0}/s  p50={:>6.2} ms  p99={:>6.2} ms",
+            acked.len(),
+            acked.len() as f64 / secs,
+            hist.value_at_quantile(0.5) as f64 / 1e3,
+            hist.value_at_quantile(0.99) as f64 / 1e3
+        );
+    }
+    drop(cluster);
+    Ok(())
+}
+
+async fn failover(kills: usize, clients: usize, dir: PathBuf) -> anyhow::Result<()> {
+    let mut cluster = LocalCluster::up(&dir, UpOptions::default())?;
+    cluster.wait_ready(Duration::from_secs(30)).await?;
+    let client = Arc::new(Client::from_list(&cluster.addresses())?);
+    let stop = Arc::new(AtomicBool::new(false));
+    let acks = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+    // A watcher records every ack time, so the gap after each kill can be measured.
+    let mut tasks = Vec::new();
+    let ids = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    for _ in 0..clients {
+        let (client, stop, acks, ids) = (client.clone(), stop.clone(), acks.clone(), ids.clone());
+        tasks.push(tokio::spawn(async move {
+            let spec = trivial_spec();
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(id) = client.submit(&spec).await {
+                    acks.lock().unwrap().push(Instant::now());
+                    ids.lock().unwrap().push(id);
+                }
+            }
+        }));
+    }
+    let mut gaps = Vec::new();
+    for round in 0..kills {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let leader = cluster.wait_ready(Duration::from_secs(30)).await?;
+        let killed_at = Instant::now();
+        cluster.kill(leader)?;
+        let gap = loop {
+            if let Some(t) = acks.lock().unwrap().iter().rev().find(|t| **t > killed_at) {
+                break t.duration_since(killed_at);
+            }
+            if killed_at.elapsed() > Duration::from_secs(60) {
+                anyhow::bail!("round {round}: nothing acknowledged within 60 s after killing the leader");
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        };
+        // The earliest ack after the kill is what a user waits for.
+        let first = acks.lock().unwrap().iter().filter(|t| **t > killed_at).min().copied().unwrap_or(killed_at + gap);
+        gaps.push(first.duration_since(killed_at));
+        cluster.start(leader)?;
+        println!(
+            "kill {:>2}: replica {leader}, next ack after {:>6.0} ms",
+            round + 1,
+            gaps.last().unwrap().as_secs_f64() * 1e3
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let acked = ids.lock().unwrap().clone();
+    let (jobs, _) = client.list_jobs(&JobFilter { include_finished: true, limit: 0, ..Default::default() }).await?;
+    let present: std::collections::HashSet<u64> = jobs.iter().map(|j| j.id).collect();
+    let lost = acked.iter().filter(|id| !present.contains(id)).count();
+    let mut sorted = acked.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    gaps.sort();
+    let pct = |q: f64| gaps[((gaps.len() as f64 * q).ceil() as usize).clamp(1, gaps.len()) - 1].as_secs_f64() * 1e3;
+    println!(
+        "failover: {kills} kills, {clients} clients: next ack p50={:.0} ms p99={:.0} ms max={:.0} ms; acknowledged={} lost={lost} duplicate_ids={}",
+        pct(0.5),
+        pct(0.99),
+        gaps.last().unwrap().as_secs_f64() * 1e3,
+        acked.len(),
+        acked.len() - sorted.len()
+    );
+    Ok(())
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn state(jobs: u64, clients: usize, dir: PathBuf) -> anyhow::Result<()> {
+    let mut cluster = LocalCluster::up(
+        &dir,
+        UpOptions { snapshot_after_entries: 100_000, keep_entries_after_snapshot: 10_000, ..UpOptions::default() },
+    )?;
+    cluster.wait_ready(Duration::from_secs(30)).await?;
+    let client = Arc::new(Client::from_list(&cluster.addresses())?);
+    let started = Instant::now();
+    let per_client = jobs.div_ceil(clients as u64);
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let spec = trivial_spec();
+            for _ in 0..per_client {
+                client.submit(&spec).await.expect("submit");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    let fill_s = started.elapsed().as_secs_f64();
+    let leader = cluster.wait_ready(Duration::from_secs(30)).await?;
+    let pid = cluster.process(leader).and_then(|p| p.pid).unwrap_or(0);
+    let status = client.cluster_status().await?;
+    let rss: Vec<String> =
+        cluster.processes.iter().filter_map(|p| p.pid).map(|p| format!("{} MiB", rss_kib(p) / 1024)).collect();
+    println!(
+        "state: {} jobs submitted in {fill_s:.1} s ({:.0}/s); leader RSS {} MiB; all replicas: {}",
+        status.next_job_id - 1,
+        (status.next_job_id - 1) as f64 / fill_s,
+        rss_kib(pid) / 1024,
+        rss.join(", ")
+    );
+    let ids: Vec<u64> = cluster.processes.iter().map(|p| p.id).collect();
+    for id in &ids {
+        cluster.signal(*id, libc::SIGTERM)?;
+    }
+    let restart = Instant::now();
+    for id in &ids {
+        cluster.start(*id)?;
+    }
+    cluster.wait_ready(Duration::from_secs(600)).await?;
+    let after = client.cluster_status().await?;
+    println!(
+        "restart: all 3 replicas stopped and started; leader serving with {} pending jobs after {:.2} s",
+        after.pending_jobs,
+        restart.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

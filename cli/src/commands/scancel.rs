@@ -1,0 +1,127 @@
+//! `scancel`: cancels jobs by id or by filter.
+
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(name = "scancel", about = "Cancel Drover jobs")]
+struct Args {
+    /// Job ids.
+    ids: Vec<String>,
+    /// Cancel only this user's jobs (with no ids: all of them).
+    #[arg(short = 'u', long = "user")]
+    user: Option<String>,
+    /// Cancel only jobs in this state.
+    #[arg(short = 't', long = "state")]
+    state: Option<String>,
+    /// Cancel only jobs with this name.
+    #[arg(short = 'n', long = "name", alias = "jobname")]
+    name: Option<String>,
+    /// Send this signal to the job's tasks instead of cancelling it.
+    #[arg(short = 's', long = "signal")]
+    signal: Option<String>,
+    /// Report what is done.
+    #[arg(short = 'v', long = "verbose")]
+    verbose: bool,
+    #[arg(long = "controllers")]
+    controllers: Option<String>,
+}
+
+pub fn run(args: &[String]) -> i32 {
+    match cancel(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("scancel: error: {e}");
+            1
+        }
+    }
+}
+
+fn cancel(args: &[String]) -> anyhow::Result<i32> {
+    let args = Args::try_parse_from(std::iter::once("scancel".to_string()).chain(args.iter().cloned()))
+        .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+    let mut ids = super::parse_job_ids(&args.ids).map_err(|e| anyhow::anyhow!(e))?;
+    if ids.is_empty() && args.user.is_none() && args.state.is_none() && args.name.is_none() {
+        anyhow::bail!("No job identification provided");
+    }
+    if let Some(signal) = &args.signal {
+        parse_signal(signal)?;
+    }
+    let client = crate::connect::client(args.controllers.as_deref())?;
+    let rt = crate::connect::runtime();
+    let (_, uid, _) = crate::identity::current_user();
+    if args.user.is_some() || args.state.is_some() || args.name.is_some() {
+        // Filters select among the active jobs (and narrow explicit ids, as Slurm does).
+        let filter = drover_client::JobFilter {
+            ids: ids.clone(),
+            users: args.user.iter().cloned().collect(),
+            states: args.state.iter().cloned().collect(),
+            ..Default::default()
+        };
+        let (jobs, _) = rt.block_on(client.list_jobs(&filter))?;
+        ids = jobs.into_iter().filter(|j| args.name.as_ref().is_none_or(|n| *n == j.spec.name)).map(|j| j.id).collect();
+        if ids.is_empty() {
+            return Ok(0);
+        }
+    }
+    if args.signal.is_some() {
+        // Signals reach running tasks through their node agents; a job that is not running has none.
+        let (jobs, _) =
+            rt.block_on(client.list_jobs(&drover_client::JobFilter { ids: ids.clone(), ..Default::default() }))?;
+        let mut code = 0;
+        for id in &ids {
+            match jobs.iter().find(|j| j.id == *id) {
+                Some(j) if j.state == drover_state::JobState::Running => {
+                    eprintln!("scancel: error: Signal job error on job id {id}: no node agent holds this job yet");
+                    code = 1;
+                }
+                Some(_) => {
+                    eprintln!("scancel: error: Kill job error on job id {id}: Job is pending execution");
+                    code = 1;
+                }
+                None => {
+                    eprintln!("scancel: error: Kill job error on job id {id}: Invalid job id specified");
+                    code = 1;
+                }
+            }
+        }
+        return Ok(code);
+    }
+    let outcomes = rt.block_on(client.cancel(&ids, uid))?;
+    let mut code = 0;
+    for o in outcomes {
+        if o.ok {
+            if args.verbose {
+                eprintln!("scancel: Terminating job {}", o.job_id);
+            }
+        } else {
+            eprintln!("scancel: error: Kill job error on job id {}: {}", o.job_id, o.error);
+            code = 1;
+        }
+    }
+    Ok(code)
+}
+
+/// Accepts `TERM`, `SIGTERM`, `USR1`, or a number.
+pub fn parse_signal(text: &str) -> anyhow::Result<i32> {
+    if let Ok(n) = text.parse::<i32>() {
+        if (1..=64).contains(&n) {
+            return Ok(n);
+        }
+        anyhow::bail!("Invalid signal: {text}");
+    }
+    let name = text.trim_start_matches("SIG").to_ascii_uppercase();
+    let n = match name.as_str() {
+        "HUP" => libc::SIGHUP,
+        "INT" => libc::SIGINT,
+        "QUIT" => libc::SIGQUIT,
+        "KILL" => libc::SIGKILL,
+        "USR1" => libc::SIGUSR1,
+        "USR2" => libc::SIGUSR2,
+        "TERM" => libc::SIGTERM,
+        "CONT" => libc::SIGCONT,
+        "STOP" => libc::SIGSTOP,
+        "ALRM" => libc::SIGALRM,
+        _ => anyhow::bail!("Invalid signal: {text}"),
+    };
+    Ok(n)
+}

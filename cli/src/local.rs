@@ -1,0 +1,350 @@
+//! `drover local up/down`: a whole cluster on this machine, every process in the background, everything under
+//! one directory and described in `DIR/cluster.json`. Tests, benchmarks and the demo drive the same code, so
+//! they can also kill, restart, wipe and add replicas.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+
+/// One background process of a local cluster, as `cluster.json` records it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Process {
+    pub role: String,
+    pub id: u64,
+    pub address: String,
+    pub pid: Option<u32>,
+    pub data_dir: PathBuf,
+    pub log_file: PathBuf,
+    pub config: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClusterFile {
+    pub processes: Vec<Process>,
+}
+
+/// Options for `local up`.
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    pub controllers: usize,
+    /// Raft timing override (ms): heartbeat, election min, election max.
+    pub heartbeat_ms: u64,
+    pub election_min_ms: u64,
+    pub election_max_ms: u64,
+    /// Snapshot threshold (entries); small values make tests exercise snapshots.
+    pub snapshot_after_entries: u64,
+    pub keep_entries_after_snapshot: u64,
+    /// Extra TOML appended to every controller config (partitions, limits).
+    pub extra_toml: String,
+    /// Give each replica its own loopback address (127.0.0.N+10) instead of 127.0.0.1, so tests can cut one off.
+    pub distinct_ips: bool,
+}
+
+impl Default for UpOptions {
+    fn default() -> Self {
+        UpOptions {
+            controllers: 3,
+            heartbeat_ms: 100,
+            election_min_ms: 400,
+            election_max_ms: 800,
+            snapshot_after_entries: 20_000,
+            keep_entries_after_snapshot: 2_000,
+            extra_toml: String::new(),
+            distinct_ips: false,
+        }
+    }
+}
+
+pub struct LocalCluster {
+    pub dir: PathBuf,
+    pub processes: Vec<Process>,
+    options: UpOptions,
+    /// Kill every process on drop (tests); `local up` detaches instead.
+    kill_on_drop: bool,
+}
+
+/// Finds a sibling binary: next to this executable, one level up (test binaries live in `deps/`), or on PATH.
+pub fn find_binary(name: &str) -> anyhow::Result<PathBuf> {
+    let var = format!("{}_BIN", name.to_ascii_uppercase().replace('-', "_"));
+    if let Ok(path) = std::env::var(&var) {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe()?;
+    for dir in exe.ancestors().skip(1).take(2) {
+        let candidate = dir.join(name);
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    if let Some(paths) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&paths) {
+            if dir.join(name).is_file() {
+                return Ok(dir.join(name));
+            }
+        }
+    }
+    bail!(
+        "cannot find the {name} binary next to {} or on PATH (build it: cargo build -p {name}, or set {var})",
+        exe.display()
+    )
+}
+
+fn free_port(ip: &str) -> anyhow::Result<u16> {
+    let listener = TcpListener::bind((ip, 0)).with_context(|| format!("cannot bind a port on {ip}"))?;
+    Ok(listener.local_addr()?.port())
+}
+
+impl LocalCluster {
+    /// Writes configs for `options.controllers` founding replicas, starts them, and records `cluster.json`.
+    pub fn up(dir: &Path, options: UpOptions) -> anyhow::Result<LocalCluster> {
+        if dir.join("cluster.json").exists() {
+            bail!(
+                "{} already holds a cluster (cluster.json exists); run `drover local down --dir {}` first",
+                dir.display(),
+                dir.display()
+            );
+        }
+        if ![1, 3, 5, 7].contains(&options.controllers) {
+            bail!("--controllers must be 1, 3, 5 or 7 (an odd number keeps a clear majority)");
+        }
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let dir = dir.canonicalize()?;
+        let mut members = BTreeMap::new();
+        for id in 1..=options.controllers as u64 {
+            let ip = if options.distinct_ips { format!("127.0.0.{}", 10 + id) } else { "127.0.0.1".to_string() };
+            members.insert(id, format!("{ip}:{}", free_port(&ip)?));
+        }
+        let mut cluster = LocalCluster { dir: dir.clone(), processes: Vec::new(), options, kill_on_drop: true };
+        for (id, addr) in &members {
+            let process = cluster.write_config(*id, addr, &members)?;
+            cluster.processes.push(process);
+        }
+        for id in members.keys() {
+            cluster.start(*id)?;
+        }
+        cluster.save()?;
+        Ok(cluster)
+    }
+
+    /// Reads `DIR/cluster.json`.
+    pub fn load(dir: &Path) -> anyhow::Result<LocalCluster> {
+        let path = dir.join("cluster.json");
+        let text = std::fs::read_to_string(&path).with_context(|| format!("no local cluster in {}", dir.display()))?;
+        let file: ClusterFile =
+            serde_json::from_str(&text).with_context(|| format!("{} is malformed", path.display()))?;
+        Ok(LocalCluster {
+            dir: dir.to_path_buf(),
+            processes: file.processes,
+            options: UpOptions::default(),
+            kill_on_drop: false,
+        })
+    }
+
+    /// Leaves the processes running when this handle is dropped.
+    pub fn detach(&mut self) {
+        self.kill_on_drop = false;
+    }
+
+    pub fn save(&self) -> anyhow::Result<()> {
+        let file = ClusterFile { processes: self.processes.clone() };
+        let tmp = self.dir.join("cluster.json.tmp");
+        std::fs::write(&tmp, serde_json::to_string_pretty(&file)?)?;
+        std::fs::rename(&tmp, self.dir.join("cluster.json"))?;
+        Ok(())
+    }
+
+    fn write_config(&self, id: u64, addr: &str, founders: &BTreeMap<u64, String>) -> anyhow::Result<Process> {
+        let home = self.dir.join(format!("controller-{id}"));
+        std::fs::create_dir_all(&home)?;
+        let o = &self.options;
+        let mut toml = String::new();
+        writeln!(toml, "id = {id}\nlisten = {addr:?}\ndata_dir = {:?}\n", home.join("data").display().to_string())?;
+        writeln!(toml, "[initial_members]")?;
+        for (fid, faddr) in founders {
+            writeln!(toml, "{fid} = {faddr:?}")?;
+        }
+        writeln!(
+            toml,
+            "\n[raft]\nheartbeat_interval_ms = {}\nelection_timeout_min_ms = {}\nelection_timeout_max_ms = {}\nsnapshot_after_entries = {}\nkeep_entries_after_snapshot = {}\n",
+            o.heartbeat_ms,
+            o.election_min_ms,
+            o.election_max_ms,
+            o.snapshot_after_entries,
+            o.keep_entries_after_snapshot
+        )?;
+        toml.push_str(&o.extra_toml);
+        let config = home.join("controller.toml");
+        std::fs::write(&config, toml)?;
+        Ok(Process {
+            role: "controller".into(),
+            id,
+            address: addr.to_string(),
+            pid: None,
+            data_dir: home.join("data"),
+            log_file: home.join("controller.log"),
+            config,
+        })
+    }
+
+    fn process_mut(&mut self, id: u64) -> anyhow::Result<&mut Process> {
+        self.processes.iter_mut().find(|p| p.id == id).with_context(|| format!("no controller {id}"))
+    }
+
+    pub fn process(&self, id: u64) -> Option<&Process> {
+        self.processes.iter().find(|p| p.id == id)
+    }
+
+    /// Starts (or restarts) controller `id` with its existing config and data.
+    pub fn start(&mut self, id: u64) -> anyhow::Result<()> {
+        let bin = find_binary("drover-controller")?;
+        let process = self.process_mut(id)?;
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&process.log_file)?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("--config").arg(&process.config).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        // Its own session: the cluster outlives the `local up` command and the terminal's Ctrl-C.
+        // SAFETY: setsid is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().context("cannot start drover-controller")?;
+        process.pid = Some(child.id());
+        // Reap it in the background so a killed replica does not linger as a zombie.
+        std::thread::spawn(move || {
+            let mut child = child;
+            let _ = child.wait();
+        });
+        Ok(())
+    }
+
+    /// Sends `signal` to controller `id` (SIGKILL for a crash, SIGSTOP to freeze it).
+    pub fn signal(&mut self, id: u64, signal: i32) -> anyhow::Result<()> {
+        let process = self.process_mut(id)?;
+        if let Some(pid) = process.pid {
+            // SAFETY: plain kill(2) on a pid we started.
+            unsafe { libc::kill(pid as i32, signal) };
+        }
+        if signal == libc::SIGKILL || signal == libc::SIGTERM {
+            let pid = process.pid.take();
+            if let Some(pid) = pid {
+                wait_gone(pid, Duration::from_secs(10));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn kill(&mut self, id: u64) -> anyhow::Result<()> {
+        self.signal(id, libc::SIGKILL)
+    }
+
+    /// Deletes controller `id`'s data directory (it must be stopped).
+    pub fn wipe(&mut self, id: u64) -> anyhow::Result<()> {
+        let process = self.process_mut(id)?;
+        assert!(process.pid.is_none(), "wipe a stopped replica only");
+        if process.data_dir.exists() {
+            std::fs::remove_dir_all(&process.data_dir)?;
+        }
+        Ok(())
+    }
+
+    /// Configures and starts a new, non-founding replica (it waits to be added with add-replica).
+    pub fn spawn_extra(&mut self) -> anyhow::Result<(u64, String)> {
+        let id = self.processes.iter().map(|p| p.id).max().unwrap_or(0) + 1;
+        let ip = if self.options.distinct_ips { format!("127.0.0.{}", 10 + id) } else { "127.0.0.1".to_string() };
+        let addr = format!("{ip}:{}", free_port(&ip)?);
+        let process = self.write_config(id, &addr, &BTreeMap::new())?;
+        self.processes.push(process);
+        self.start(id)?;
+        self.save()?;
+        Ok((id, addr))
+    }
+
+    /// `host:port,...` of every controller, for `DROVER_CONTROLLERS`.
+    pub fn addresses(&self) -> String {
+        self.processes
+            .iter()
+            .filter(|p| p.role == "controller")
+            .map(|p| p.address.clone())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Waits until a leader has committed the cluster configuration (submissions are accepted).
+    pub async fn wait_ready(&self, timeout: Duration) -> anyhow::Result<u64> {
+        let client = drover_client::Client::from_list(&self.addresses())?.with_deadline(Duration::from_millis(500));
+        let start = Instant::now();
+        loop {
+            if let Ok(status) = client.cluster_status().await {
+                let leader = status.replicas.iter().find(|r| r.role == "leader");
+                if let Some(leader) = leader
+                    && status.next_job_id > 0
+                    && leader.applied_index >= 2
+                {
+                    return Ok(leader.id);
+                }
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "the local cluster in {} did not elect a leader within {timeout:?}; see the controller logs there",
+                    self.dir.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops every process (SIGTERM, then SIGKILL after 5 s) and removes `cluster.json`.
+    pub fn down(&mut self) -> anyhow::Result<()> {
+        for process in &mut self.processes {
+            if let Some(pid) = process.pid.take() {
+                // SAFETY: kill(2) on a recorded pid.
+                unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+                if !wait_gone(pid, Duration::from_secs(5)) {
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                    wait_gone(pid, Duration::from_secs(5));
+                }
+            }
+        }
+        let _ = std::fs::remove_file(self.dir.join("cluster.json"));
+        Ok(())
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        if self.kill_on_drop {
+            for process in &mut self.processes {
+                if let Some(pid) = process.pid.take() {
+                    // SAFETY: kill(2) on a pid we started.
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                }
+            }
+        }
+    }
+}
+
+/// Whether `pid` exited within `timeout`.
+fn wait_gone(pid: u32, timeout: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        // SAFETY: signal 0 only checks for existence.
+        let alive = unsafe { libc::kill(pid as i32, 0) } == 0;
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+            .unwrap_or(false);
+        if !alive || zombie {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}

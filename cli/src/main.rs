@@ -1,0 +1,159 @@
+//! `drover`: multi-call. As `sbatch`/`squeue`/`scancel`/`scontrol` it is Slurm's command of that name; as
+//! `drover` it has subcommands. The logic lives in the library (`drover_cli`); this file only dispatches.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use drover_cli::commands::{self, bench, cluster, demo};
+use drover_cli::connect;
+use drover_cli::local::{LocalCluster, UpOptions};
+
+#[derive(Parser)]
+#[command(name = "drover", version, about = "Drover: a highly available GPU workload manager with Slurm's interface")]
+struct Cli {
+    /// Controller addresses (host:port,...); default: $DROVER_CONTROLLERS or /etc/drover/client.toml.
+    #[arg(long, global = true)]
+    controllers: Option<String>,
+    #[command(subcommand)]
+    command: Top,
+}
+
+#[derive(Subcommand)]
+enum Top {
+    /// Cluster membership and health.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCmd,
+    },
+    /// A whole cluster on this machine, in the background.
+    Local {
+        #[command(subcommand)]
+        command: LocalCmd,
+    },
+    /// The README's tour: a local cluster, jobs, a controller killed mid-stream, nothing lost.
+    Demo {
+        /// Where the demo cluster lives (default: a fresh temporary directory).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Benchmarks (figures for BENCHMARKS.md).
+    Bench {
+        #[command(subcommand)]
+        command: bench::BenchCmd,
+    },
+    /// Symlink sbatch, squeue, scancel and scontrol to this binary in DIR.
+    InstallShims { dir: PathBuf },
+    /// Slurm commands, also reachable as `drover sbatch ...`.
+    #[command(external_subcommand)]
+    Slurm(Vec<String>),
+}
+
+#[derive(Subcommand)]
+enum ClusterCmd {
+    /// Per replica: id, address, role, term, leader, last log and applied index; job and node counts.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add a replica (it joins as a learner, catches up, then becomes a voter).
+    AddReplica { id: u64, address: String },
+    /// Remove a replica from the membership.
+    RemoveReplica { id: u64 },
+}
+
+#[derive(Subcommand)]
+enum LocalCmd {
+    /// Start a local cluster under DIR (described in DIR/cluster.json).
+    Up {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 3)]
+        controllers: usize,
+        /// Node agents (none exist yet in this build; must be 0).
+        #[arg(long, default_value_t = 0)]
+        agents: usize,
+        #[arg(long, default_value_t = 8)]
+        gpus_per_agent: u32,
+    },
+    /// Stop the local cluster under DIR.
+    Down {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+}
+
+fn main() {
+    let argv: Vec<String> = std::env::args().collect();
+    let invoked = argv.first().map(|a| a.rsplit('/').next().unwrap_or(a).to_string()).unwrap_or_default();
+    if let Some(code) = slurm_command(&invoked, &argv[1..]) {
+        std::process::exit(code);
+    }
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("drover: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// Runs a Slurm command by name, or returns `None` if `name` is not one.
+fn slurm_command(name: &str, args: &[String]) -> Option<i32> {
+    match name {
+        "sbatch" => Some(commands::sbatch::run(args)),
+        "squeue" => Some(commands::squeue::run(args)),
+        "scancel" => Some(commands::scancel::run(args)),
+        "scontrol" => Some(commands::scontrol::run(args)),
+        _ => None,
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Top::Slurm(args) => {
+            let Some(code) = slurm_command(&args[0], &args[1..]) else {
+                anyhow::bail!("unknown command {:?}; see drover --help", args[0]);
+            };
+            std::process::exit(code);
+        }
+        Top::InstallShims { dir } => commands::shims::install(&dir),
+        Top::Cluster { command } => {
+            let client = connect::client(cli.controllers.as_deref())?;
+            let rt = connect::runtime();
+            match command {
+                ClusterCmd::Status { json } => rt.block_on(cluster::status(&client, json)),
+                ClusterCmd::AddReplica { id, address } => rt.block_on(cluster::add_replica(&client, id, &address)),
+                ClusterCmd::RemoveReplica { id } => rt.block_on(cluster::remove_replica(&client, id)),
+            }
+        }
+        Top::Local { command } => match command {
+            LocalCmd::Up { dir, controllers, agents, gpus_per_agent: _ } => {
+                if agents > 0 {
+                    anyhow::bail!("--agents: this build has no node agent yet; start with --agents 0");
+                }
+                let mut local = LocalCluster::up(&dir, UpOptions { controllers, ..UpOptions::default() })?;
+                let leader = connect::runtime().block_on(local.wait_ready(Duration::from_secs(30)));
+                if let Err(e) = leader {
+                    local.down()?;
+                    return Err(e);
+                }
+                local.detach();
+                eprintln!(
+                    "local cluster up in {} ({} controllers); stop it with: drover local down --dir {}",
+                    dir.display(),
+                    controllers,
+                    dir.display()
+                );
+                println!("export DROVER_CONTROLLERS={}", local.addresses());
+                Ok(())
+            }
+            LocalCmd::Down { dir } => {
+                let mut local = LocalCluster::load(&dir)?;
+                local.down()?;
+                eprintln!("local cluster in {} stopped", dir.display());
+                Ok(())
+            }
+        },
+        Top::Demo { dir } => demo::run(dir),
+        Top::Bench { command } => bench::run(command, cli.controllers.as_deref()),
+    }
+}

@@ -1,0 +1,231 @@
+//! Stories about the replicated controller, told with real `drover-controller` processes on loopback.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use drover_cli::commands::bench::trivial_spec;
+use drover_cli::local::{LocalCluster, UpOptions};
+use drover_client::{Client, JobFilter};
+use drover_state::JobState;
+
+fn cluster(options: UpOptions) -> (tempfile::TempDir, LocalCluster) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cluster = LocalCluster::up(&dir.path().join("cluster"), options).expect("local cluster starts");
+    (dir, cluster)
+}
+
+/// Submits from `clients` concurrent loops until stopped; every acknowledged id is recorded with its time.
+struct Load {
+    stop: Arc<AtomicBool>,
+    acked: Arc<Mutex<Vec<(u64, Instant)>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(client: Arc<Client>, clients: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(Mutex::new(Vec::new()));
+        let tasks = (0..clients)
+            .map(|_| {
+                let (client, stop, acked) = (client.clone(), stop.clone(), acked.clone());
+                tokio::spawn(async move {
+                    let spec = trivial_spec();
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Ok(id) = client.submit(&spec).await {
+                            acked.lock().unwrap().push((id, Instant::now()));
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load { stop, acked, tasks }
+    }
+
+    async fn stop(self) -> Vec<(u64, Instant)> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+        self.acked.lock().unwrap().clone()
+    }
+}
+
+/// Every acknowledged id must be in the state exactly once, and no id may have been acknowledged twice.
+async fn assert_all_present(client: &Client, acked: &[(u64, Instant)]) {
+    let ids: Vec<u64> = acked.iter().map(|(id, _)| *id).collect();
+    let unique: HashSet<u64> = ids.iter().copied().collect();
+    assert_eq!(unique.len(), ids.len(), "a job id was acknowledged twice");
+    let (jobs, truncated) =
+        client.list_jobs(&JobFilter { include_finished: true, ..Default::default() }).await.unwrap();
+    assert!(!truncated);
+    let present: HashSet<u64> = jobs.iter().map(|j| j.id).collect();
+    let lost: Vec<u64> = ids.iter().copied().filter(|id| !present.contains(id)).collect();
+    assert!(lost.is_empty(), "acknowledged jobs lost: {lost:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leader_mid_stream_loses_no_acknowledged_submission() {
+    let (_dir, mut cluster) = cluster(UpOptions::default());
+    let leader = cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
+    let client = Arc::new(Client::from_list(&cluster.addresses()).unwrap());
+    let load = Load::start(client.clone(), 8);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let killed_at = Instant::now();
+    cluster.kill(leader).unwrap();
+    let new_leader = cluster.wait_ready(Duration::from_secs(20)).await.unwrap();
+    assert_ne!(new_leader, leader);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let acked = load.stop().await;
+    let after = acked.iter().filter(|(_, t)| *t > killed_at).count();
+    assert!(acked.len() > 20, "too few submissions before the kill: {}", acked.len());
+    assert!(after > 0, "submissions did not resume on the new leader");
+    assert_all_present(&client, &acked).await;
+    // The killed replica comes back and holds every job too.
+    cluster.start(leader).unwrap();
+    let solo = Client::from_list(&cluster.process(leader).unwrap().address).unwrap();
+    let max_id = acked.iter().map(|(id, _)| *id).max().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let stale = JobFilter { stale: true, ids: vec![max_id], ..Default::default() };
+        if let Ok((jobs, _)) = solo.list_jobs(&stale).await
+            && !jobs.is_empty()
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the restarted replica did not catch up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_every_replica_and_starting_again_keeps_all_state() {
+    let (_dir, mut cluster) = cluster(UpOptions::default());
+    cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
+    let client = Client::from_list(&cluster.addresses()).unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..30 {
+        ids.push(client.submit(&trivial_spec()).await.unwrap());
+    }
+    let uid = trivial_spec().uid;
+    client.cancel(&ids[0..5], uid).await.unwrap();
+    client.hold(&ids[5..8], uid).await.unwrap();
+    let (before, _) = client.list_jobs(&JobFilter { include_finished: true, ..Default::default() }).await.unwrap();
+
+    for id in [1, 2, 3] {
+        cluster.kill(id).unwrap();
+    }
+    for id in [1, 2, 3] {
+        cluster.start(id).unwrap();
+    }
+    cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
+    let (after, _) = client.list_jobs(&JobFilter { include_finished: true, ..Default::default() }).await.unwrap();
+    assert_eq!(before, after, "state after a full restart differs");
+    assert_eq!(after.iter().filter(|j| j.state == JobState::Cancelled).count(), 5);
+    assert_eq!(after.iter().filter(|j| j.held).count(), 3);
+    let next = client.submit(&trivial_spec()).await.unwrap();
+    assert_eq!(next, ids.last().unwrap() + 1, "job ids continue after a restart, never reused");
+    let (script_job, script) = client.get_job(ids[10], true, false).await.unwrap();
+    assert_eq!(script_job.id, ids[10]);
+    assert!(script.starts_with("#!/bin/sh"), "the stored script survives: {script:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_replica_rejoins_and_catches_up_by_snapshot() {
+    let options = UpOptions { snapshot_after_entries: 100, keep_entries_after_snapshot: 10, ..UpOptions::default() };
+    let (_dir, mut cluster) = cluster(options);
+    let leader = cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
+    let victim = [1, 2, 3].into_iter().find(|id| *id != leader).unwrap();
+    let client = Arc::new(Client::from_list(&cluster.addresses()).unwrap());
+    cluster.kill(victim).unwrap();
+    cluster.wipe(victim).unwrap();
+    // With the victim down, the log moves far past it and is purged behind a snapshot.
+    let load = Load::start(client.clone(), 8);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let acked = load.stop().await;
+    assert!(acked.len() > 300, "need enough entries to force a snapshot: {}", acked.len());
+    cluster.start(victim).unwrap();
+    let solo = Client::from_list(&cluster.process(victim).unwrap().address).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let jobs = loop {
+        if let Ok((jobs, _)) = solo.list_jobs(&JobFilter { stale: true, ..Default::default() }).await
+            && jobs.len() >= acked.len()
+        {
+            break jobs;
+        }
+        assert!(Instant::now() < deadline, "the wiped replica did not catch up");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let present: HashSet<u64> = jobs.iter().map(|j| j.id).collect();
+    assert!(acked.iter().all(|(id, _)| present.contains(id)), "the caught-up replica misses jobs");
+    let log = std::fs::read_to_string(&cluster.process(victim).unwrap().log_file).unwrap();
+    let snapshots = std::fs::read_dir(cluster.process(victim).unwrap().data_dir.join("snapshots"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".snap"))
+        .count();
+    assert_eq!(snapshots, 1, "the wiped replica installed a snapshot; log:\n{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_grows_to_five_and_shrinks_to_three_under_load() {
+    let (_dir, mut cluster) = cluster(UpOptions::default());
+    cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
+    let client = Arc::new(Client::from_list(&cluster.addresses()).unwrap());
+    let load = Load::start(client.clone(), 4);
+    let (id4, addr4) = cluster.spawn_extra().unwrap();
+    let (id5, addr5) = cluster.spawn_extra().unwrap();
+    let admin = Client::from_list(&cluster.addresses()).unwrap();
+    admin.add_replica(id4, &addr4).await.unwrap();
+    let m = admin.add_replica(id5, &addr5).await.unwrap();
+    assert_eq!(m.voters, vec![1, 2, 3, 4, 5]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Remove two founders, the leader possibly among them.
+    admin.remove_replica(1).await.unwrap();
+    let m = admin.remove_replica(2).await.unwrap();
+    assert_eq!(m.voters, vec![3, 4, 5]);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    cluster.kill(1).unwrap();
+    cluster.kill(2).unwrap();
+    let acked = load.stop().await;
+    let survivors = [3, 4, 5].iter().map(|id| cluster.process(*id).unwrap().address.clone()).collect::<Vec<_>>();
+    let client = Client::new(survivors).unwrap();
+    let id = client.submit(&trivial_spec()).await.expect("the new membership accepts writes");
+    assert!(id > acked.iter().map(|(id, _)| *id).max().unwrap_or(0));
+    assert_all_present(&client, &acked).await;
+    let status = client.cluster_status().await.unwrap();
+    let voters: Vec<u64> = status.replicas.iter().filter(|r| r.voter).map(|r| r.id).collect();
+    assert_eq!(voters, vec![3, 4, 5]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_off_from_the_others_accepts_no_writes() {
+    let (_dir, mut cluster) = cluster(UpOptions::default());
+    cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
+    // Freeze two replicas: the third can reach no one, and is a minority of one.
+    cluster.signal(1, libc::SIGSTOP).unwrap();
+    cluster.signal(2, libc::SIGSTOP).unwrap();
+    let lonely = Client::from_list(&cluster.process(3).unwrap().address).unwrap().with_deadline(Duration::from_secs(4));
+    let started = Instant::now();
+    let err = lonely.submit(&trivial_spec()).await.expect_err("a minority must not commit");
+    let message = err.to_string();
+    assert!(
+        message.contains("quorum") || message.contains("no leader") || message.contains("not the leader"),
+        "unclear error: {message}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(15), "the refusal took {:?}", started.elapsed());
+    cluster.signal(1, libc::SIGCONT).unwrap();
+    cluster.signal(2, libc::SIGCONT).unwrap();
+    cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
+    let all = Client::from_list(&cluster.addresses()).unwrap();
+    all.submit(&trivial_spec()).await.expect("writes resume once a quorum is back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_cluster_is_reported_with_the_addresses_tried() {
+    let client = Client::from_list("127.0.0.1:1,127.0.0.1:2").unwrap().with_deadline(Duration::from_secs(2));
+    let started = Instant::now();
+    let err = client.submit(&trivial_spec()).await.unwrap_err().to_string();
+    assert!(err.contains("127.0.0.1:1") && err.contains("127.0.0.1:2"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}

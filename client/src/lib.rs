@@ -1,0 +1,262 @@
+//! The Drover client: talks to any controller, follows the leader, and retries within a deadline.
+//!
+//! Clients find the cluster through a list of controller addresses (`DROVER_CONTROLLERS`). A call goes to the
+//! last address that answered; an unreachable controller or one without a leader makes it try the next; a
+//! follower's leader hint sends it straight to the leader. Writes carry a request id, so a retry after a lost
+//! reply never creates a second job.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use drover_proto::LEADER_HINT_KEY;
+use drover_proto::v1::drover_service_client::DroverServiceClient;
+use drover_proto::v1::*;
+use drover_state::{Job, JobSpec};
+use thiserror::Error;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+pub use drover_proto::v1::{ClusterStatusReply, JobOutcome, ReplicaStatus};
+
+/// How long one connection attempt may take before the next controller is tried.
+const CONNECT_TIMEOUT_MS: u64 = 500;
+/// How long one RPC may take on one controller.
+const RPC_TIMEOUT_MS: u64 = 5_000;
+/// The default time a whole call (with retries across controllers and elections) may take.
+pub const DEFAULT_DEADLINE_MS: u64 = 15_000;
+
+#[derive(Debug, Error)]
+pub enum ClientError {
+    #[error("no controller addresses given: set DROVER_CONTROLLERS or pass --controllers")]
+    NoAddresses,
+    #[error("cannot reach the Drover cluster: tried {tried}; last error: {last}")]
+    Unreachable { tried: String, last: String },
+    #[error("{0}")]
+    Refused(String),
+    #[error("job {0} not found")]
+    NotFound(u64),
+    #[error("malformed reply from controller: {0}")]
+    Protocol(String),
+}
+
+impl ClientError {
+    fn from_status(status: &Status) -> ClientError {
+        ClientError::Refused(status.message().to_string())
+    }
+}
+
+pub struct Client {
+    addresses: Vec<String>,
+    channels: Vec<Channel>,
+    /// Index of the controller that answered last (most likely the leader).
+    current: AtomicUsize,
+    deadline: Duration,
+    request_seq: AtomicU64,
+    client_tag: String,
+}
+
+/// Whether an error means "try another controller" rather than "the request is wrong".
+fn retryable(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown | Code::Aborted
+    ) || (status.code() == Code::FailedPrecondition && status.metadata().get(LEADER_HINT_KEY).is_some())
+        || (status.code() == Code::Internal && status.message().contains("transport"))
+}
+
+impl Client {
+    /// `addresses`: `host:port` of the controllers (any subset works; all of them is best).
+    pub fn new(addresses: Vec<String>) -> Result<Client, ClientError> {
+        let addresses: Vec<String> =
+            addresses.into_iter().map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect();
+        if addresses.is_empty() {
+            return Err(ClientError::NoAddresses);
+        }
+        let mut channels = Vec::new();
+        for addr in &addresses {
+            let ep = Endpoint::from_shared(format!("http://{addr}"))
+                .map_err(|e| ClientError::Refused(format!("invalid controller address {addr:?}: {e}")))?
+                .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+                .tcp_nodelay(true);
+            channels.push(ep.connect_lazy());
+        }
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        Ok(Client {
+            addresses,
+            channels,
+            current: AtomicUsize::new(0),
+            deadline: Duration::from_millis(DEFAULT_DEADLINE_MS),
+            request_seq: AtomicU64::new(0),
+            client_tag: format!("{}-{:x}", std::process::id(), nanos),
+        })
+    }
+
+    /// Parses a comma-separated address list (the `DROVER_CONTROLLERS` format).
+    pub fn from_list(list: &str) -> Result<Client, ClientError> {
+        Client::new(list.split(',').map(str::to_string).collect())
+    }
+
+    pub fn with_deadline(mut self, deadline: Duration) -> Client {
+        self.deadline = deadline;
+        self
+    }
+
+    pub fn addresses(&self) -> &[String] {
+        &self.addresses
+    }
+
+    /// A fresh id for one logical write; reused across its retries.
+    pub fn new_request_id(&self) -> String {
+        format!("{}-{}", self.client_tag, self.request_seq.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Runs `call` against controllers until it succeeds, fails for a reason retrying cannot fix, or the
+    /// deadline passes.
+    async fn call<T, F, Fut>(&self, mut call: F) -> Result<T, ClientError>
+    where
+        F: FnMut(DroverServiceClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let start = Instant::now();
+        let mut attempt = 0usize;
+        loop {
+            let index = self.current.load(Ordering::Relaxed) % self.channels.len();
+            let client = DroverServiceClient::new(self.channels[index].clone()).max_decoding_message_size(256 << 20);
+            let result = tokio::time::timeout(Duration::from_millis(RPC_TIMEOUT_MS), call(client)).await;
+            let status = match result {
+                Ok(Ok(reply)) => return Ok(reply.into_inner()),
+                Ok(Err(status)) => status,
+                Err(_) => Status::deadline_exceeded(format!("no answer within {RPC_TIMEOUT_MS} ms")),
+            };
+            if !retryable(&status) {
+                return Err(ClientError::from_status(&status));
+            }
+            let last = format!("{}: {}", self.addresses[index], status.message());
+            attempt += 1;
+            let hint = status.metadata().get(LEADER_HINT_KEY).and_then(|v| v.to_str().ok()).map(str::to_string);
+            let next = hint.and_then(|h| self.addresses.iter().position(|a| *a == h)).unwrap_or(index + 1);
+            self.current.store(next % self.channels.len(), Ordering::Relaxed);
+            if start.elapsed() >= self.deadline {
+                return Err(ClientError::Unreachable { tried: self.addresses.join(", "), last });
+            }
+            // After a full round without success, back off a little (an election takes a few hundred ms).
+            if attempt.is_multiple_of(self.channels.len()) {
+                tokio::time::sleep(Duration::from_millis(50 * (attempt / self.channels.len()).min(4) as u64)).await;
+            }
+        }
+    }
+
+    /// Submits a job; returns its id once the submission is committed on a quorum.
+    pub async fn submit(&self, spec: &JobSpec) -> Result<u64, ClientError> {
+        let spec_json = serde_json::to_vec(spec).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let request_id = self.new_request_id();
+        let reply = self
+            .call(|mut c| {
+                let request = SubmitJobRequest { spec_json: spec_json.clone(), request_id: request_id.clone() };
+                async move { c.submit_job(request).await }
+            })
+            .await?;
+        Ok(reply.job_id)
+    }
+
+    async fn job_ids(&self, kind: JobIdsKind, ids: &[u64], by_uid: u32) -> Result<Vec<JobOutcome>, ClientError> {
+        let request = JobIdsRequest { job_ids: ids.to_vec(), by_uid };
+        let reply = self
+            .call(|mut c| {
+                let request = request.clone();
+                async move {
+                    match kind {
+                        JobIdsKind::Cancel => c.cancel_jobs(request).await,
+                        JobIdsKind::Hold => c.hold_jobs(request).await,
+                        JobIdsKind::Release => c.release_jobs(request).await,
+                    }
+                }
+            })
+            .await?;
+        Ok(reply.outcomes)
+    }
+
+    pub async fn cancel(&self, ids: &[u64], by_uid: u32) -> Result<Vec<JobOutcome>, ClientError> {
+        self.job_ids(JobIdsKind::Cancel, ids, by_uid).await
+    }
+
+    pub async fn hold(&self, ids: &[u64], by_uid: u32) -> Result<Vec<JobOutcome>, ClientError> {
+        self.job_ids(JobIdsKind::Hold, ids, by_uid).await
+    }
+
+    pub async fn release(&self, ids: &[u64], by_uid: u32) -> Result<Vec<JobOutcome>, ClientError> {
+        self.job_ids(JobIdsKind::Release, ids, by_uid).await
+    }
+
+    /// One job (active or finished) and, if asked, its script.
+    pub async fn get_job(&self, id: u64, with_script: bool, stale: bool) -> Result<(Job, String), ClientError> {
+        let consistency = consistency(stale);
+        let reply = self
+            .call(|mut c| async move { c.get_job(GetJobRequest { job_id: id, consistency, with_script }).await })
+            .await
+            .map_err(|e| match e {
+                ClientError::Refused(m) if m.starts_with("Invalid job id") => ClientError::NotFound(id),
+                other => other,
+            })?;
+        let job = serde_json::from_slice(&reply.job_json).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        Ok((job, reply.script))
+    }
+
+    pub async fn list_jobs(&self, filter: &JobFilter) -> Result<(Vec<Job>, bool), ClientError> {
+        let request = ListJobsRequest {
+            consistency: consistency(filter.stale),
+            job_ids: filter.ids.clone(),
+            users: filter.users.clone(),
+            states: filter.states.clone(),
+            include_finished: filter.include_finished,
+            limit: filter.limit,
+        };
+        let reply = self
+            .call(|mut c| {
+                let request = request.clone();
+                async move { c.list_jobs(request).await }
+            })
+            .await?;
+        let jobs = serde_json::from_slice(&reply.jobs_json).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        Ok((jobs, reply.truncated))
+    }
+
+    pub async fn cluster_status(&self) -> Result<ClusterStatusReply, ClientError> {
+        self.call(|mut c| async move { c.cluster_status(ClusterStatusRequest { local_only: false }).await }).await
+    }
+
+    pub async fn add_replica(&self, id: u64, address: &str) -> Result<MembershipReply, ClientError> {
+        let address = address.to_string();
+        self.call(|mut c| {
+            let request = AddReplicaRequest { id, address: address.clone() };
+            async move { c.add_replica(request).await }
+        })
+        .await
+    }
+
+    pub async fn remove_replica(&self, id: u64) -> Result<MembershipReply, ClientError> {
+        self.call(|mut c| async move { c.remove_replica(RemoveReplicaRequest { id }).await }).await
+    }
+}
+
+#[derive(Clone, Copy)]
+enum JobIdsKind {
+    Cancel,
+    Hold,
+    Release,
+}
+
+fn consistency(stale: bool) -> i32 {
+    if stale { ReadConsistency::Stale as i32 } else { ReadConsistency::Linearizable as i32 }
+}
+
+/// Filters for listings (`squeue`, `sacct`).
+#[derive(Debug, Clone, Default)]
+pub struct JobFilter {
+    pub ids: Vec<u64>,
+    pub users: Vec<String>,
+    pub states: Vec<String>,
+    pub include_finished: bool,
+    pub stale: bool,
+    pub limit: u32,
+}

@@ -1,0 +1,471 @@
+//! The client API (`DroverService`). Writes go through Raft on the leader; a follower forwards them (one hop)
+//! or, when it cannot, answers with the leader's address in the `x-drover-leader` metadata entry.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use drover_proto::LEADER_HINT_KEY;
+use drover_proto::v1::drover_service_client::DroverServiceClient;
+use drover_proto::v1::drover_service_server::DroverService;
+use drover_proto::v1::*;
+use drover_state::{Command, CommandError, Job, JobSpec, JobState, Reply, Request as StateRequest};
+use openraft::ReadPolicy;
+use openraft::async_runtime::WatchReceiver;
+use openraft::error::{ClientWriteError, RaftError};
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+use crate::network::endpoint;
+use crate::store::StateView;
+use crate::types::{Raft, ReplicaNode};
+
+/// How long a write may wait for a quorum before the client is told to retry.
+const WRITE_TIMEOUT_MS: u64 = 3_000;
+/// How long a forwarded call may take.
+const FORWARD_TIMEOUT_MS: u64 = 3_500;
+/// The most jobs one listing returns.
+pub const MAX_LIST_JOBS: usize = 100_000;
+/// The most job ids one cancel/hold/release names.
+const MAX_IDS_PER_REQUEST: usize = 10_000;
+/// Client request ids are short opaque tokens (they are stored as keys).
+const MAX_REQUEST_ID_BYTES: usize = 128;
+/// Marks a forwarded call, so a follower never forwards twice.
+const FORWARDED_KEY: &str = "x-drover-forwarded";
+
+pub struct Api {
+    pub id: u64,
+    /// Forwarded calls leave from this replica's own address, like its Raft traffic.
+    local_ip: Option<std::net::IpAddr>,
+    pub raft: Raft,
+    pub view: StateView,
+    peers: Mutex<HashMap<String, DroverServiceClient<Channel>>>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn command_error_status(e: &CommandError) -> Status {
+    match e {
+        CommandError::InvalidJobId { .. } => Status::not_found(e.to_string()),
+        CommandError::PermissionDenied { .. } => Status::permission_denied(e.to_string()),
+        CommandError::NotInitialized | CommandError::TooManyJobs { .. } => Status::unavailable(e.to_string()),
+        _ => Status::invalid_argument(e.to_string()),
+    }
+}
+
+fn internal(context: &str, e: impl std::fmt::Display) -> Status {
+    Status::internal(format!("{context}: {e}"))
+}
+
+/// What to do with a call on this replica.
+enum Route {
+    Local,
+    Forward(String),
+}
+
+impl Api {
+    pub fn new(id: u64, raft: Raft, view: StateView, local_ip: Option<std::net::IpAddr>) -> Api {
+        Api { id, local_ip, raft, view, peers: Mutex::new(HashMap::new()) }
+    }
+
+    /// The leader's id and address as this replica knows them.
+    fn leader(&self) -> Option<(u64, String)> {
+        let metrics = self.raft.metrics().borrow_watched().clone();
+        let leader = metrics.current_leader?;
+        let node = metrics.membership_config.membership().get_node(&leader)?.clone();
+        Some((leader, node.addr))
+    }
+
+    fn route<T>(&self, request: &Request<T>) -> Result<Route, Status> {
+        match self.leader() {
+            Some((id, _)) if id == self.id => Ok(Route::Local),
+            Some((_, addr)) if request.metadata().get(FORWARDED_KEY).is_none() => Ok(Route::Forward(addr)),
+            Some((_, addr)) => Err(not_leader(Some(&addr))),
+            None => Err(not_leader(None)),
+        }
+    }
+
+    fn peer(&self, addr: &str) -> Result<DroverServiceClient<Channel>, Status> {
+        let mut peers = self.peers.lock().expect("peer map poisoned");
+        if let Some(client) = peers.get(addr) {
+            return Ok(client.clone());
+        }
+        let ep =
+            endpoint(addr, self.local_ip).map_err(|e| Status::internal(format!("bad leader address {addr}: {e}")))?;
+        let client = DroverServiceClient::new(ep.connect_lazy()).max_decoding_message_size(256 << 20);
+        peers.insert(addr.to_string(), client.clone());
+        Ok(client)
+    }
+
+    fn forwarded<T>(&self, message: T, addr: &str) -> Request<T> {
+        let mut request = Request::new(message);
+        request.set_timeout(Duration::from_millis(FORWARD_TIMEOUT_MS));
+        request.metadata_mut().insert(FORWARDED_KEY, "1".parse().expect("ascii"));
+        let _ = addr;
+        request
+    }
+
+    /// Commits one command and returns its reply; refused commands become typed statuses.
+    async fn write(&self, command: Command) -> Result<Reply, Status> {
+        let request = StateRequest { time_ms: now_ms(), command };
+        let write = self.raft.client_write(request);
+        let result = tokio::time::timeout(Duration::from_millis(WRITE_TIMEOUT_MS), write).await.map_err(|_| {
+            Status::unavailable(format!(
+                "the write was not committed within {WRITE_TIMEOUT_MS} ms: this replica cannot reach a quorum; retry or try another controller"
+            ))
+        })?;
+        match result {
+            Ok(response) => response.data.map_err(|e| command_error_status(&e)),
+            Err(e) => Err(write_error(e)),
+        }
+    }
+
+    /// Waits until this leader's state reflects every write acknowledged before the call (read index).
+    async fn linearize(&self) -> Result<(), Status> {
+        let read = self.raft.ensure_linearizable(ReadPolicy::ReadIndex);
+        match tokio::time::timeout(Duration::from_millis(WRITE_TIMEOUT_MS), read).await {
+            Err(_) => Err(Status::unavailable("leadership could not be confirmed by a quorum in time; retry")),
+            Ok(Err(e)) => match e.forward_to_leader() {
+                Some(f) => Err(not_leader(f.leader_node.as_ref().map(|n| n.addr.as_str()))),
+                None => Err(Status::unavailable(format!("linearizable read failed: {e}"))),
+            },
+            Ok(Ok(_)) => Ok(()),
+        }
+    }
+
+    async fn job_ids_command(
+        &self,
+        request: Request<JobIdsRequest>,
+        make: fn(Vec<u64>, u32) -> Command,
+        call: &'static str,
+    ) -> Result<Response<JobOutcomesReply>, Status> {
+        if let Route::Forward(addr) = self.route(&request)? {
+            let mut peer = self.peer(&addr)?;
+            let message = request.into_inner();
+            let fwd = self.forwarded(message, &addr);
+            let result = match call {
+                "cancel" => peer.cancel_jobs(fwd).await,
+                "hold" => peer.hold_jobs(fwd).await,
+                _ => peer.release_jobs(fwd).await,
+            };
+            return result.map_err(|s| forward_failed(&addr, s));
+        }
+        let message = request.into_inner();
+        if message.job_ids.is_empty() || message.job_ids.len() > MAX_IDS_PER_REQUEST {
+            return Err(Status::invalid_argument(format!(
+                "name between 1 and {MAX_IDS_PER_REQUEST} job ids (got {})",
+                message.job_ids.len()
+            )));
+        }
+        let reply = self.write(make(message.job_ids, message.by_uid)).await?;
+        let Reply::Jobs(outcomes) = reply else {
+            return Err(Status::internal("unexpected reply to a job command"));
+        };
+        let outcomes = outcomes
+            .into_iter()
+            .map(|o| JobOutcome {
+                job_id: o.id,
+                ok: o.result.is_ok(),
+                error: o.result.err().map(|e| e.to_string()).unwrap_or_default(),
+            })
+            .collect();
+        Ok(Response::new(JobOutcomesReply { outcomes }))
+    }
+
+    fn local_status(&self) -> ReplicaStatus {
+        let m = self.raft.metrics().borrow_watched().clone();
+        let membership = m.membership_config.membership();
+        let voter = membership.voter_ids().any(|v| v == self.id);
+        let role = match m.state {
+            openraft::ServerState::Leader => "leader",
+            openraft::ServerState::Candidate => "candidate",
+            openraft::ServerState::Follower if !voter => "learner",
+            openraft::ServerState::Follower => "follower",
+            openraft::ServerState::Learner => "learner",
+            openraft::ServerState::Shutdown => "shutdown",
+        };
+        let address = membership.get_node(&self.id).map(|n| n.addr.clone()).unwrap_or_default();
+        ReplicaStatus {
+            id: self.id,
+            address,
+            role: role.to_string(),
+            term: m.current_term,
+            leader_id: m.current_leader.unwrap_or(0),
+            has_leader: m.current_leader.is_some(),
+            last_log_index: m.last_log_index.unwrap_or(0),
+            applied_index: m.last_applied.as_ref().map(|l| l.index()).unwrap_or(0),
+            voter,
+            reachable: true,
+            error: match &m.running_state {
+                Ok(()) => String::new(),
+                Err(e) => e.to_string(),
+            },
+        }
+    }
+}
+
+/// A forward that got no answer means this replica cannot reach the leader: say so, and let the client try
+/// another controller.
+fn forward_failed(addr: &str, status: Status) -> Status {
+    match status.code() {
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled | tonic::Code::Unknown => {
+            Status::unavailable(format!(
+                "this controller cannot reach the leader at {addr} ({}); it may be cut off from the quorum",
+                status.message()
+            ))
+        }
+        _ => status,
+    }
+}
+
+fn not_leader(addr: Option<&str>) -> Status {
+    match addr {
+        Some(addr) => {
+            let mut status = Status::failed_precondition(format!("not the leader; the leader is at {addr}"));
+            if let Ok(value) = addr.parse() {
+                status.metadata_mut().insert(LEADER_HINT_KEY, value);
+            }
+            status
+        }
+        None => Status::unavailable("no leader is elected at the moment (election in progress or no quorum); retry"),
+    }
+}
+
+fn write_error(e: RaftError<crate::types::TypeConfig, ClientWriteError<crate::types::TypeConfig>>) -> Status {
+    if let Some(f) = e.forward_to_leader() {
+        return not_leader(f.leader_node.as_ref().map(|n| n.addr.as_str()));
+    }
+    match e {
+        RaftError::Fatal(f) => Status::unavailable(format!("this controller replica has stopped: {f}")),
+        RaftError::APIError(api) => Status::failed_precondition(api.to_string()),
+    }
+}
+
+fn parse_consistency(value: i32) -> ReadConsistency {
+    ReadConsistency::try_from(value).unwrap_or(ReadConsistency::Linearizable)
+}
+
+/// Whether a job passes `squeue`/`sacct` style filters.
+fn job_matches(job: &Job, ids: &[u64], users: &[String], states: &[JobState]) -> bool {
+    (ids.is_empty() || ids.contains(&job.id))
+        && (users.is_empty() || users.contains(&job.spec.user))
+        && (states.is_empty() || states.contains(&job.state))
+}
+
+#[tonic::async_trait]
+impl DroverService for Api {
+    async fn submit_job(&self, request: Request<SubmitJobRequest>) -> Result<Response<SubmitJobReply>, Status> {
+        if let Route::Forward(addr) = self.route(&request)? {
+            let fwd = self.forwarded(request.into_inner(), &addr);
+            return self.peer(&addr)?.submit_job(fwd).await.map_err(|s| forward_failed(&addr, s));
+        }
+        let message = request.into_inner();
+        let spec: JobSpec = serde_json::from_slice(&message.spec_json)
+            .map_err(|e| Status::invalid_argument(format!("malformed job spec: {e}")))?;
+        let rid = message.request_id;
+        if rid.len() > MAX_REQUEST_ID_BYTES || !rid.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(Status::invalid_argument(format!(
+                "request_id must be at most {MAX_REQUEST_ID_BYTES} printable ASCII bytes"
+            )));
+        }
+        // Answer bad requests without a log entry; apply re-checks against the state it commits on.
+        if let Err(e) = self.view.read().state.validate_submit(&spec)
+            && e != CommandError::NotInitialized
+        {
+            return Err(command_error_status(&e));
+        }
+        let request_id = if rid.is_empty() { None } else { Some(rid) };
+        match self.write(Command::SubmitJob { spec: Box::new(spec), request_id }).await? {
+            Reply::Submitted { job_id, duplicate } => Ok(Response::new(SubmitJobReply { job_id, duplicate })),
+            other => Err(internal("unexpected reply to submit", format!("{other:?}"))),
+        }
+    }
+
+    async fn cancel_jobs(&self, request: Request<JobIdsRequest>) -> Result<Response<JobOutcomesReply>, Status> {
+        self.job_ids_command(request, |ids, by_uid| Command::CancelJobs { ids, by_uid }, "cancel").await
+    }
+
+    async fn hold_jobs(&self, request: Request<JobIdsRequest>) -> Result<Response<JobOutcomesReply>, Status> {
+        self.job_ids_command(request, |ids, by_uid| Command::HoldJobs { ids, by_uid }, "hold").await
+    }
+
+    async fn release_jobs(&self, request: Request<JobIdsRequest>) -> Result<Response<JobOutcomesReply>, Status> {
+        self.job_ids_command(request, |ids, by_uid| Command::ReleaseJobs { ids, by_uid }, "release").await
+    }
+
+    async fn get_job(&self, request: Request<GetJobRequest>) -> Result<Response<GetJobReply>, Status> {
+        if parse_consistency(request.get_ref().consistency) == ReadConsistency::Linearizable {
+            if let Route::Forward(addr) = self.route(&request)? {
+                let fwd = self.forwarded(request.into_inner(), &addr);
+                return self.peer(&addr)?.get_job(fwd).await.map_err(|s| forward_failed(&addr, s));
+            }
+            self.linearize().await?;
+        }
+        let message = request.into_inner();
+        let job = self
+            .view
+            .job(message.job_id)
+            .map_err(|e| internal("reading job", e))?
+            .ok_or_else(|| command_error_status(&CommandError::InvalidJobId { id: message.job_id }))?;
+        let script = if message.with_script {
+            self.view.script(message.job_id).map_err(|e| internal("reading script", e))?.unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let job_json = serde_json::to_vec(&job).map_err(|e| internal("encoding job", e))?;
+        Ok(Response::new(GetJobReply { job_json, script }))
+    }
+
+    async fn list_jobs(&self, request: Request<ListJobsRequest>) -> Result<Response<ListJobsReply>, Status> {
+        if parse_consistency(request.get_ref().consistency) == ReadConsistency::Linearizable {
+            if let Route::Forward(addr) = self.route(&request)? {
+                let fwd = self.forwarded(request.into_inner(), &addr);
+                return self.peer(&addr)?.list_jobs(fwd).await.map_err(|s| forward_failed(&addr, s));
+            }
+            self.linearize().await?;
+        }
+        let message = request.into_inner();
+        let mut states = Vec::new();
+        for name in &message.states {
+            states.push(
+                JobState::parse(name)
+                    .ok_or_else(|| Status::invalid_argument(format!("Invalid job state specified: {name}")))?,
+            );
+        }
+        let limit = match message.limit as usize {
+            0 => MAX_LIST_JOBS,
+            n => n.min(MAX_LIST_JOBS),
+        };
+        let mut jobs: Vec<Job> = {
+            let applied = self.view.read();
+            applied
+                .state
+                .jobs
+                .values()
+                .filter(|j| job_matches(j, &message.job_ids, &message.users, &states))
+                .take(limit + 1)
+                .cloned()
+                .collect()
+        };
+        if message.include_finished && jobs.len() <= limit {
+            let room = limit + 1 - jobs.len();
+            let from = message.job_ids.iter().copied().min().unwrap_or(1);
+            let finished = self
+                .view
+                .history(from, room, |j| job_matches(j, &message.job_ids, &message.users, &states))
+                .map_err(|e| internal("reading history", e))?;
+            jobs.extend(finished);
+            jobs.sort_by_key(|j| j.id);
+        }
+        let truncated = jobs.len() > limit;
+        jobs.truncate(limit);
+        let jobs_json = serde_json::to_vec(&jobs).map_err(|e| internal("encoding jobs", e))?;
+        Ok(Response::new(ListJobsReply { jobs_json, truncated }))
+    }
+
+    async fn cluster_status(
+        &self,
+        request: Request<ClusterStatusRequest>,
+    ) -> Result<Response<ClusterStatusReply>, Status> {
+        let local = self.local_status();
+        let (pending, running, next_job_id) = {
+            let applied = self.view.read();
+            let jobs = &applied.state.jobs;
+            let running = jobs.values().filter(|j| j.state == JobState::Running).count() as u64;
+            (jobs.len() as u64 - running, running, applied.state.meta.next_job_id)
+        };
+        let mut replicas = vec![local];
+        if !request.get_ref().local_only {
+            let members: Vec<(u64, ReplicaNode)> = {
+                let m = self.raft.metrics().borrow_watched().clone();
+                m.membership_config.membership().nodes().map(|(id, n)| (*id, n.clone())).collect()
+            };
+            let mut asks = Vec::new();
+            for (id, node) in members.into_iter().filter(|(id, _)| *id != self.id) {
+                let client = self.peer(&node.addr)?;
+                asks.push(async move {
+                    let mut client = client;
+                    let mut req = Request::new(ClusterStatusRequest { local_only: true });
+                    req.set_timeout(Duration::from_millis(1_000));
+                    match client.cluster_status(req).await {
+                        Ok(r) => r.into_inner().replicas.into_iter().next().unwrap_or_default(),
+                        Err(e) => ReplicaStatus {
+                            id,
+                            address: node.addr.clone(),
+                            role: "unreachable".into(),
+                            reachable: false,
+                            error: e.message().to_string(),
+                            ..Default::default()
+                        },
+                    }
+                });
+            }
+            replicas.extend(futures::future::join_all(asks).await);
+            replicas.sort_by_key(|r| r.id);
+        }
+        Ok(Response::new(ClusterStatusReply {
+            answered_by: self.id,
+            replicas,
+            pending_jobs: pending,
+            running_jobs: running,
+            next_job_id,
+            nodes_total: 0,
+        }))
+    }
+
+    async fn add_replica(&self, request: Request<AddReplicaRequest>) -> Result<Response<MembershipReply>, Status> {
+        if let Route::Forward(addr) = self.route(&request)? {
+            let fwd = self.forwarded(request.into_inner(), &addr);
+            return self.peer(&addr)?.add_replica(fwd).await.map_err(|s| forward_failed(&addr, s));
+        }
+        let message = request.into_inner();
+        if message.address.parse::<std::net::SocketAddr>().is_err() {
+            return Err(Status::invalid_argument(format!("{:?} is not an IP:port address", message.address)));
+        }
+        // Learner first: it catches up (log or snapshot) without counting towards the quorum, and only then
+        // becomes a voter, so adding a slow or empty replica never stalls commits.
+        let node = ReplicaNode { addr: message.address };
+        self.raft.add_learner(message.id, node, true).await.map_err(write_error)?;
+        let voters: std::collections::BTreeSet<u64> = [message.id].into();
+        self.raft.change_membership(openraft::ChangeMembers::AddVoterIds(voters), false).await.map_err(write_error)?;
+        Ok(Response::new(self.membership()))
+    }
+
+    async fn remove_replica(
+        &self,
+        request: Request<RemoveReplicaRequest>,
+    ) -> Result<Response<MembershipReply>, Status> {
+        if let Route::Forward(addr) = self.route(&request)? {
+            let fwd = self.forwarded(request.into_inner(), &addr);
+            return self.peer(&addr)?.remove_replica(fwd).await.map_err(|s| forward_failed(&addr, s));
+        }
+        let id = request.into_inner().id;
+        let membership = self.membership();
+        if !membership.voters.contains(&id) && !membership.learners.contains(&id) {
+            return Err(Status::not_found(format!("replica {id} is not a member")));
+        }
+        if membership.voters.len() <= 1 && membership.voters.contains(&id) {
+            return Err(Status::failed_precondition("cannot remove the last voting replica"));
+        }
+        let ids: std::collections::BTreeSet<u64> = [id].into();
+        // Removing a voter also drops it as a node (retain = false), so the leader stops replicating to it.
+        self.raft
+            .change_membership(openraft::ChangeMembers::RemoveVoters(ids.clone()), false)
+            .await
+            .map_err(write_error)?;
+        if self.membership().learners.contains(&id) {
+            self.raft.change_membership(openraft::ChangeMembers::RemoveNodes(ids), false).await.map_err(write_error)?;
+        }
+        Ok(Response::new(self.membership()))
+    }
+}
+
+impl Api {
+    fn membership(&self) -> MembershipReply {
+        let m = self.raft.metrics().borrow_watched().clone();
+        let membership = m.membership_config.membership();
+        MembershipReply { voters: membership.voter_ids().collect(), learners: membership.learner_ids().collect() }
+    }
+}

@@ -1,0 +1,116 @@
+//! The controller's TOML configuration.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use drover_state::ClusterConfig;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControllerConfig {
+    /// This replica's id; unique and stable for the life of its data directory.
+    pub id: u64,
+    /// Where the gRPC server listens (clients, agents and peers share it).
+    pub listen: String,
+    /// The address others use to reach this replica; defaults to `listen`.
+    #[serde(default)]
+    pub advertise: Option<String>,
+    pub data_dir: PathBuf,
+    /// The founding members. The lowest id among them initializes a brand-new cluster once every founder is
+    /// reachable and none holds data. A replica not listed here waits to be added (`drover cluster add-replica`).
+    #[serde(default)]
+    pub initial_members: BTreeMap<u64, String>,
+    #[serde(default)]
+    pub raft: RaftTuning,
+    /// The cluster configuration the first leader commits (partitions, limits).
+    #[serde(default)]
+    pub cluster: ClusterConfig,
+}
+
+/// Raft timing and log-size knobs, with defaults sized for sub-second failover on a LAN.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RaftTuning {
+    pub heartbeat_interval_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// Build a snapshot after this many entries since the last one (then purge the log behind it).
+    pub snapshot_after_entries: u64,
+    /// Entries kept behind a snapshot, so that a briefly lagging follower catches up from the log.
+    pub keep_entries_after_snapshot: u64,
+}
+
+impl Default for RaftTuning {
+    fn default() -> Self {
+        RaftTuning {
+            heartbeat_interval_ms: 100,
+            election_timeout_min_ms: 400,
+            election_timeout_max_ms: 800,
+            snapshot_after_entries: 20_000,
+            keep_entries_after_snapshot: 2_000,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {message}")]
+    Read { path: PathBuf, message: String },
+    #[error("config file {path} is invalid: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+impl ControllerConfig {
+    pub fn load(path: &Path) -> Result<ControllerConfig, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::Read { path: path.to_path_buf(), message: e.to_string() })?;
+        let config: ControllerConfig = toml::from_str(&text)
+            .map_err(|e| ConfigError::Invalid { path: path.to_path_buf(), message: e.to_string() })?;
+        config.validate().map_err(|message| ConfigError::Invalid { path: path.to_path_buf(), message })?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(format!("listen = {:?} is not an IP:port address", self.listen));
+        }
+        if let Some(addr) = self.initial_members.get(&self.id)
+            && *addr != self.advertise_addr()
+        {
+            return Err(format!(
+                "initial_members names replica {} at {addr}, but this replica advertises {}",
+                self.id,
+                self.advertise_addr()
+            ));
+        }
+        let r = &self.raft;
+        if r.heartbeat_interval_ms == 0 || r.election_timeout_min_ms <= r.heartbeat_interval_ms * 2 {
+            return Err("raft.election_timeout_min_ms must exceed twice raft.heartbeat_interval_ms".into());
+        }
+        if r.election_timeout_max_ms <= r.election_timeout_min_ms {
+            return Err("raft.election_timeout_max_ms must exceed raft.election_timeout_min_ms".into());
+        }
+        Ok(())
+    }
+
+    pub fn advertise_addr(&self) -> String {
+        self.advertise.clone().unwrap_or_else(|| self.listen.clone())
+    }
+
+    pub fn openraft_config(&self) -> Result<openraft::Config, String> {
+        let r = &self.raft;
+        let config = openraft::Config {
+            cluster_name: self.cluster.cluster_name.clone(),
+            heartbeat_interval: r.heartbeat_interval_ms,
+            election_timeout_min: r.election_timeout_min_ms,
+            election_timeout_max: r.election_timeout_max_ms,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(r.snapshot_after_entries),
+            max_in_snapshot_log_to_keep: r.keep_entries_after_snapshot,
+            // Snapshot transfer of a large state must not time out on a slow link.
+            install_snapshot_timeout: 60_000,
+            ..Default::default()
+        };
+        config.validate().map_err(|e| e.to_string())
+    }
+}

@@ -1,0 +1,12 @@
+//! One replica of the Drover controller.
+
+pub mod api;
+pub mod config;
+pub mod network;
+pub mod raft_service;
+pub mod server;
+pub mod store;
+pub mod types;
+
+pub use config::ControllerConfig;
+pub use server::Controller;

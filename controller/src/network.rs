@@ -1,0 +1,180 @@
+//! Replica-to-replica transport: openraft's messages over gRPC. Payloads are openraft's own serde types as
+//! JSON; snapshots stream from their files in bounded chunks.
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use drover_proto::v1::raft_service_client::RaftServiceClient;
+use drover_proto::v1::{RaftReply, RaftRequest, SnapshotChunk};
+use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory, v2::RaftNetworkV2};
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse};
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncReadExt;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::store::SnapshotFile;
+use crate::types::{ReplicaNode, SnapshotMeta, TypeConfig, Vote};
+
+/// Snapshot chunks: large enough to stream fast, small enough to bound memory on both sides.
+pub const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
+/// How long a connection attempt to a peer may take before the peer counts as unreachable.
+const CONNECT_TIMEOUT_MS: u64 = 300;
+/// The longest any snapshot transfer may take as a whole.
+const SNAPSHOT_TIMEOUT_MS: u64 = 10 * 60 * 1000;
+
+/// The first chunk of a snapshot stream.
+#[derive(Serialize, Deserialize)]
+pub struct SnapshotHeader {
+    pub vote: Vote,
+    pub meta: SnapshotMeta,
+}
+
+/// Makes one client per peer. `local_ip` binds outgoing connections to this replica's own address, so that a
+/// host or a test can cut a replica off by address.
+#[derive(Clone)]
+pub struct Network {
+    pub local_ip: Option<IpAddr>,
+}
+
+pub struct PeerClient {
+    target: u64,
+    addr: String,
+    client: Option<RaftServiceClient<Channel>>,
+    local_ip: Option<IpAddr>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: u64, node: &ReplicaNode) -> PeerClient {
+        PeerClient { target, addr: node.addr.clone(), client: None, local_ip: self.local_ip }
+    }
+}
+
+pub fn endpoint(addr: &str, local_ip: Option<IpAddr>) -> Result<Endpoint, tonic::transport::Error> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+        .tcp_nodelay(true)
+        .local_address(local_ip))
+}
+
+fn encode<T: Serialize>(value: &T) -> RaftRequest {
+    RaftRequest { data: serde_json::to_vec(value).expect("openraft messages serialize") }
+}
+
+impl PeerClient {
+    fn client(&mut self) -> Result<RaftServiceClient<Channel>, RPCError<TypeConfig>> {
+        if self.client.is_none() {
+            let ep = endpoint(&self.addr, self.local_ip).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+            // Lazy: the first request connects, and a broken connection reconnects by itself.
+            self.client = Some(RaftServiceClient::new(ep.connect_lazy()).max_decoding_message_size(256 << 20));
+        }
+        Ok(self.client.clone().expect("set above"))
+    }
+
+    fn decode<T: for<'de> Deserialize<'de>>(&self, reply: RaftReply) -> Result<T, RPCError<TypeConfig>> {
+        if !reply.error.is_empty() {
+            let message = String::from_utf8_lossy(&reply.error).into_owned();
+            return Err(RPCError::Network(NetworkError::from_string(format!("replica {}: {message}", self.target))));
+        }
+        serde_json::from_slice(&reply.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+    }
+
+    fn status_error(&mut self, status: tonic::Status) -> RPCError<TypeConfig> {
+        let message = format!("replica {} at {}: {}", self.target, self.addr, status.message());
+        match status.code() {
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+                RPCError::Unreachable(Unreachable::from_string(message))
+            }
+            _ => RPCError::Network(NetworkError::from_string(message)),
+        }
+    }
+
+    async fn send_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: openraft::alias::SnapshotOf<TypeConfig, SnapshotFile>,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let mut client = self.client().map_err(|e| StreamingError::Unreachable(Unreachable::new(&e)))?;
+        let header = serde_json::to_vec(&SnapshotHeader { vote, meta: snapshot.meta.clone() })
+            .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
+        let mut file = tokio::fs::File::open(&snapshot.snapshot.path)
+            .await
+            .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
+        // A bounded channel: the reader stays at most a few chunks ahead of the network.
+        let (tx, rx) = tokio::sync::mpsc::channel::<SnapshotChunk>(4);
+        let reader = tokio::spawn(async move {
+            let mut first = Some(header);
+            loop {
+                let mut buf = vec![0u8; SNAPSHOT_CHUNK_BYTES];
+                let n = file.read(&mut buf).await?;
+                buf.truncate(n);
+                let chunk = SnapshotChunk { header: first.take().unwrap_or_default(), data: buf };
+                if tx.send(chunk).await.is_err() || n == 0 {
+                    return Ok::<(), std::io::Error>(());
+                }
+            }
+        });
+        let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        request.set_timeout(Duration::from_millis(SNAPSHOT_TIMEOUT_MS));
+        let reply = client.install_snapshot(request).await;
+        reader.abort();
+        let reply = reply.map_err(|s| match self.status_error(s) {
+            RPCError::Unreachable(u) => StreamingError::Unreachable(u),
+            other => StreamingError::Network(NetworkError::new(&other)),
+        })?;
+        self.decode(reply.into_inner()).map_err(|e| StreamingError::Network(NetworkError::new(&e)))
+    }
+}
+
+impl RaftNetworkV2<TypeConfig> for PeerClient {
+    type SnapshotData = SnapshotFile;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let mut request = tonic::Request::new(encode(&rpc));
+        request.set_timeout(option.hard_ttl());
+        let reply = self.client()?.append_entries(request).await.map_err(|s| self.status_error(s))?;
+        self.decode(reply.into_inner())
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let mut request = tonic::Request::new(encode(&rpc));
+        request.set_timeout(option.hard_ttl());
+        let reply = self.client()?.vote(request).await.map_err(|s| self.status_error(s))?;
+        self.decode(reply.into_inner())
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let mut request = tonic::Request::new(encode(&rpc));
+        request.set_timeout(option.hard_ttl());
+        let reply = self.client()?.pre_vote(request).await.map_err(|s| self.status_error(s))?;
+        self.decode(reply.into_inner())
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: openraft::alias::SnapshotOf<TypeConfig, SnapshotFile>,
+        cancel: impl Future<Output = ReplicationClosed> + openraft::OptionalSend + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            result = self.send_snapshot(vote, snapshot) => result,
+        }
+    }
+}

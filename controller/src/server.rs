@@ -1,0 +1,190 @@
+//! Assembles one controller replica: storage, Raft, the gRPC server, and the leader's background duties.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use drover_proto::v1::ClusterStatusRequest;
+use drover_proto::v1::drover_service_client::DroverServiceClient;
+use drover_proto::v1::drover_service_server::DroverServiceServer;
+use drover_proto::v1::raft_service_server::RaftServiceServer;
+use drover_state::Command;
+use openraft::async_runtime::WatchReceiver;
+use thiserror::Error;
+use tokio::sync::watch;
+
+use crate::api::Api;
+use crate::config::ControllerConfig;
+use crate::network::{Network, endpoint};
+use crate::raft_service::RaftServer;
+use crate::store::{LogStore, StateMachineStore, StateView, open_db};
+use crate::types::{Raft, ReplicaNode};
+
+/// Largest gRPC message accepted: a 4 MiB script plus its environment and JSON overhead.
+const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+#[derive(Debug, Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("cannot open the state machine in {path}: {message}")]
+    StateMachine { path: String, message: String },
+    #[error("invalid raft settings: {0}")]
+    RaftConfig(String),
+    #[error("raft failed to start: {0}")]
+    Raft(String),
+    #[error("cannot listen on {addr}: {message}")]
+    Listen { addr: String, message: String },
+}
+
+/// A running replica.
+pub struct Controller {
+    pub id: u64,
+    pub raft: Raft,
+    pub view: StateView,
+    pub addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+}
+
+impl Controller {
+    pub async fn start(config: ControllerConfig) -> Result<Controller, StartError> {
+        let db = open_db(&config.data_dir)?;
+        let sm = StateMachineStore::open(db.clone()).map_err(|e| StartError::StateMachine {
+            path: config.data_dir.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let view = sm.view();
+        let raft_config = Arc::new(config.openraft_config().map_err(StartError::RaftConfig)?);
+        let listen: SocketAddr = config.listen.parse().map_err(|e: std::net::AddrParseError| StartError::Listen {
+            addr: config.listen.clone(),
+            message: e.to_string(),
+        })?;
+        let local_ip = Some(listen.ip()).filter(|ip| !ip.is_unspecified());
+        let raft = Raft::new(config.id, raft_config, Network { local_ip }, LogStore::new(db.clone()), sm)
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?;
+
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|e| StartError::Listen { addr: config.listen.clone(), message: e.to_string() })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| StartError::Listen { addr: config.listen.clone(), message: e.to_string() })?;
+        let (shutdown, mut shutdown_rx) = watch::channel(false);
+
+        let raft_server =
+            RaftServer { raft: raft.clone(), snapshot_dir: db.snapshot_dir(), received: AtomicU64::new(0) };
+        let api = Api::new(config.id, raft.clone(), view.clone(), local_ip);
+        let router = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            // Bound concurrent streams per connection so one client cannot hog a replica.
+            .max_concurrent_streams(1024)
+            .add_service(RaftServiceServer::new(raft_server).max_decoding_message_size(256 << 20))
+            .add_service(
+                DroverServiceServer::new(api)
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(256 << 20),
+            );
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        tokio::spawn(async move {
+            let stop = async move {
+                let _ = shutdown_rx.wait_for(|s| *s).await;
+            };
+            if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
+                tracing::error!("gRPC server stopped: {e}");
+            }
+        });
+
+        tokio::spawn(bootstrap(raft.clone(), config.id, config.initial_members.clone()));
+        tokio::spawn(leader_duties(raft.clone(), view.clone(), config.id, config.cluster.clone()));
+        tracing::info!(id = config.id, %addr, data_dir = %config.data_dir.display(), "controller replica started");
+        Ok(Controller { id: config.id, raft, view, addr, shutdown })
+    }
+
+    /// Resolves when Raft stops on a fatal error (a failed disk write, say), with that error.
+    pub async fn fatal(&self) -> String {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if let Err(e) = &metrics.borrow_watched().running_state {
+                return e.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return "raft stopped".to_string();
+            }
+        }
+    }
+
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.raft.shutdown().await;
+    }
+}
+
+/// Initializes a brand-new cluster exactly once: only the lowest-id founder does it, only on an empty data
+/// directory, and only after every founder answered that it holds no data. A restarted or wiped replica finds
+/// initialized peers and waits to be replicated to instead.
+async fn bootstrap(raft: Raft, id: u64, founders: BTreeMap<u64, String>) {
+    if founders.keys().next() != Some(&id) {
+        return;
+    }
+    loop {
+        match raft.is_initialized().await {
+            Ok(false) => {}
+            _ => return,
+        }
+        let mut all_fresh = true;
+        for (peer, addr) in founders.iter().filter(|(p, _)| **p != id) {
+            match peer_is_fresh(addr).await {
+                Some(true) => {}
+                Some(false) => {
+                    tracing::info!(peer, "a founder already holds cluster data; not initializing");
+                    return;
+                }
+                None => all_fresh = false,
+            }
+        }
+        if all_fresh {
+            let members: BTreeMap<u64, ReplicaNode> =
+                founders.iter().map(|(id, addr)| (*id, ReplicaNode { addr: addr.clone() })).collect();
+            match raft.initialize(members).await {
+                Ok(()) => tracing::info!(?founders, "initialized a new cluster"),
+                Err(e) => tracing::info!("not initializing: {e}"),
+            }
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `Some(true)` if the replica at `addr` answered and has no log and no term; `None` if it did not answer.
+async fn peer_is_fresh(addr: &str) -> Option<bool> {
+    let channel = endpoint(addr, None).ok()?.connect().await.ok()?;
+    let mut client = DroverServiceClient::new(channel);
+    let mut request = tonic::Request::new(ClusterStatusRequest { local_only: true });
+    request.set_timeout(Duration::from_millis(1_000));
+    let reply = client.cluster_status(request).await.ok()?.into_inner();
+    let me = reply.replicas.first()?;
+    Some(me.term == 0 && me.last_log_index == 0 && !me.has_leader)
+}
+
+/// While this replica leads: commit the cluster configuration if none is committed yet.
+async fn leader_duties(raft: Raft, view: StateView, id: u64, cluster: drover_state::ClusterConfig) {
+    let mut metrics = raft.metrics();
+    loop {
+        let is_leader = metrics.borrow_watched().current_leader == Some(id);
+        if is_leader && view.read().state.config().is_none() {
+            let request =
+                drover_state::Request { time_ms: 0, command: Command::InitCluster { config: cluster.clone() } };
+            if let Err(e) = raft.client_write(request).await {
+                tracing::warn!("committing the cluster configuration failed: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            continue;
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}

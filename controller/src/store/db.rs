@@ -1,0 +1,99 @@
+//! Opening the RocksDB, its column families, and the on-disk format version.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rocksdb::{ColumnFamilyDescriptor, DB, Options};
+use thiserror::Error;
+
+/// Column families. Changing their meaning requires a new `drover_state::FORMAT_VERSION`.
+pub const CF_RAFT: &str = "raft"; // vote, last purged log id, format version
+pub const CF_LOGS: &str = "logs"; // log index (u64 BE) -> entry
+pub const CF_SM: &str = "sm"; // applied log id, membership, drover meta, install marker
+pub const CF_JOBS: &str = "jobs"; // active job id (u64 BE) -> Job
+pub const CF_SCRIPTS: &str = "scripts"; // job id -> script text
+pub const CF_HISTORY: &str = "history"; // finished job id -> Job (accounting, read by sacct)
+pub const CF_DEDUP: &str = "dedup"; // client request id -> (seq, job id)
+
+/// The state machine's column families, in snapshot order.
+pub const SM_FAMILIES: [&str; 5] = [CF_SM, CF_JOBS, CF_SCRIPTS, CF_HISTORY, CF_DEDUP];
+
+const FORMAT_KEY: &[u8] = b"format_version";
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("cannot open the data directory {path}: {message}")]
+    Open { path: PathBuf, message: String },
+    #[error(
+        "the data directory {path} holds format version {found}; this build reads version {expected}. Upgrade or move the directory away."
+    )]
+    Format { path: PathBuf, found: String, expected: u32 },
+    #[error("data in {path} is corrupt: {message}")]
+    Corrupt { path: PathBuf, message: String },
+}
+
+/// A shared handle to the replica's database and where it lives (for error messages and snapshot files).
+#[derive(Clone)]
+pub struct Db {
+    pub db: Arc<DB>,
+    pub dir: PathBuf,
+}
+
+impl Db {
+    pub fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
+        // Every family is created at open; a missing one is a programming error, not bad input.
+        self.db.cf_handle(name).unwrap_or_else(|| panic!("column family {name} missing"))
+    }
+
+    pub fn snapshot_dir(&self) -> PathBuf {
+        self.dir.join("snapshots")
+    }
+}
+
+/// Opens (or creates) the database under `dir/db`, checking the format version.
+pub fn open_db(dir: &Path) -> Result<Db, StoreError> {
+    let open_err = |message: String| StoreError::Open { path: dir.to_path_buf(), message };
+    std::fs::create_dir_all(dir.join("snapshots")).map_err(|e| open_err(e.to_string()))?;
+    let mut opts = Options::default();
+    opts.create_if_missing(true);
+    opts.create_missing_column_families(true);
+    // Two cores: keep background work small and predictable.
+    opts.increase_parallelism(2);
+    opts.set_max_background_jobs(2);
+    let families = [CF_RAFT, CF_LOGS, SM_FAMILIES[0], SM_FAMILIES[1], SM_FAMILIES[2], SM_FAMILIES[3], SM_FAMILIES[4]]
+        .into_iter()
+        .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+    let db_path = dir.join("db");
+    let db = DB::open_cf_descriptors(&opts, &db_path, families).map_err(|e| open_err(e.to_string()))?;
+    let db = Db { db: Arc::new(db), dir: dir.to_path_buf() };
+    check_format(&db)?;
+    Ok(db)
+}
+
+fn check_format(db: &Db) -> Result<(), StoreError> {
+    let expected = drover_state::FORMAT_VERSION;
+    let cf = db.cf(CF_RAFT);
+    let found = db
+        .db
+        .get_cf(cf, FORMAT_KEY)
+        .map_err(|e| StoreError::Corrupt { path: db.dir.clone(), message: e.to_string() })?;
+    match found {
+        None => {
+            // A fresh directory: stamp it (synced) before anything else is written.
+            db.db
+                .put_cf(cf, FORMAT_KEY, expected.to_be_bytes())
+                .and_then(|_| db.db.flush_wal(true))
+                .map_err(|e| StoreError::Open { path: db.dir.clone(), message: e.to_string() })
+        }
+        Some(bytes) if bytes.as_slice() == expected.to_be_bytes() => Ok(()),
+        Some(bytes) => Err(StoreError::Format { path: db.dir.clone(), found: format!("{bytes:?}"), expected }),
+    }
+}
+
+pub fn id_key(id: u64) -> [u8; 8] {
+    id.to_be_bytes()
+}
+
+pub fn key_id(key: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(key.try_into().ok()?))
+}

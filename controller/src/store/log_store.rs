@@ -1,0 +1,152 @@
+//! The Raft log and vote in RocksDB.
+
+use std::fmt::Debug;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+
+use openraft::entry::RaftEntry;
+use openraft::storage::{IOFlushed, RaftLogStorage};
+use openraft::{LogState, OptionalSend, RaftLogReader};
+use rocksdb::{Direction, IteratorMode, WriteBatch};
+
+use super::db::{CF_LOGS, CF_RAFT, Db, id_key, key_id};
+use crate::types::{Entry, LogId, TypeConfig, Vote};
+
+const VOTE_KEY: &[u8] = b"vote";
+const PURGED_KEY: &[u8] = b"last_purged";
+
+/// The most entries one read returns; openraft asks in bounded ranges, this guards against a huge one.
+const MAX_READ_ENTRIES: usize = 64 * 1024;
+
+#[derive(Clone)]
+pub struct LogStore {
+    db: Db,
+}
+
+fn io_err(context: &str, e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(format!("{context}: {e}"))
+}
+
+impl LogStore {
+    pub fn new(db: Db) -> LogStore {
+        LogStore { db }
+    }
+
+    fn get_json<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> io::Result<Option<T>> {
+        let raw = self.db.db.get_cf(self.db.cf(CF_RAFT), key).map_err(|e| io_err("reading raft metadata", e))?;
+        raw.map(|b| serde_json::from_slice(&b).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))).transpose()
+    }
+
+    fn put_json<T: serde::Serialize>(&self, key: &[u8], value: &T) -> io::Result<()> {
+        let bytes = serde_json::to_vec(value).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        self.db.db.put_cf(self.db.cf(CF_RAFT), key, bytes).map_err(|e| io_err("writing raft metadata", e))
+    }
+
+    /// Syncs the write-ahead log on a blocking thread (fsync must not stall the runtime).
+    async fn sync(&self) -> io::Result<()> {
+        let db = self.db.db.clone();
+        tokio::task::spawn_blocking(move || db.flush_wal(true))
+            .await
+            .map_err(|e| io_err("sync task", e))?
+            .map_err(|e| io_err("syncing the write-ahead log", e))
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> io::Result<Vec<Entry>> {
+        let start = match range.start_bound() {
+            Bound::Included(x) => *x,
+            Bound::Excluded(x) => *x + 1,
+            Bound::Unbounded => 0,
+        };
+        let mut entries = Vec::new();
+        let iter = self.db.db.iterator_cf(self.db.cf(CF_LOGS), IteratorMode::From(&id_key(start), Direction::Forward));
+        for item in iter {
+            let (key, value) = item.map_err(|e| io_err("reading the log", e))?;
+            let index = key_id(&key).ok_or_else(|| io_err("reading the log", "malformed key"))?;
+            if !range.contains(&index) || entries.len() >= MAX_READ_ENTRIES {
+                break;
+            }
+            let entry: Entry =
+                serde_json::from_slice(&value).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            assert_eq!(entry.index(), index, "log entry stored under the wrong index");
+            entries.push(entry);
+        }
+        Ok(entries)
+    }
+
+    async fn read_vote(&mut self) -> io::Result<Option<Vote>> {
+        self.get_json(VOTE_KEY)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> io::Result<LogState<TypeConfig>> {
+        let last_purged_log_id: Option<LogId> = self.get_json(PURGED_KEY)?;
+        let last = self.db.db.iterator_cf(self.db.cf(CF_LOGS), IteratorMode::End).next();
+        let last_log_id = match last {
+            None => last_purged_log_id,
+            Some(item) => {
+                let (_, value) = item.map_err(|e| io_err("reading the log", e))?;
+                let entry: Entry =
+                    serde_json::from_slice(&value).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                Some(entry.log_id())
+            }
+        };
+        Ok(LogState { last_purged_log_id, last_log_id })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
+        self.put_json(VOTE_KEY, vote)?;
+        // A vote must be on disk before it is granted: otherwise a restart could vote twice in one term.
+        self.sync().await
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> io::Result<()>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+    {
+        let mut batch = WriteBatch::default();
+        let cf = self.db.cf(CF_LOGS);
+        for entry in entries {
+            let value = serde_json::to_vec(&entry).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            batch.put_cf(cf, id_key(entry.index()), value);
+        }
+        // Written (readable) now; acknowledged to openraft only once fsynced.
+        self.db.db.write(batch).map_err(|e| io_err("appending to the log", e))?;
+        let db = self.db.db.clone();
+        tokio::task::spawn_blocking(move || {
+            let result = db.flush_wal(true).map_err(|e| io_err("syncing the log", e));
+            callback.io_completed(result);
+        });
+        Ok(())
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> io::Result<()> {
+        let from = last_log_id.map(|id| id.index() + 1).unwrap_or(0);
+        self.db
+            .db
+            .delete_range_cf(self.db.cf(CF_LOGS), id_key(from), id_key(u64::MAX))
+            .map_err(|e| io_err("truncating the log", e))?;
+        // Deleting the key u64::MAX itself, which delete_range's exclusive end leaves.
+        self.db.db.delete_cf(self.db.cf(CF_LOGS), id_key(u64::MAX)).map_err(|e| io_err("truncating the log", e))
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> io::Result<()> {
+        // Record the purge point first: entries at or before it are ignored even if deletion is cut short.
+        self.put_json(PURGED_KEY, &log_id)?;
+        self.db
+            .db
+            .delete_range_cf(self.db.cf(CF_LOGS), id_key(0), id_key(log_id.index() + 1))
+            .map_err(|e| io_err("purging the log", e))
+    }
+}

@@ -1,0 +1,386 @@
+//! The state machine: `drover_state::State` in memory, its records in RocksDB, snapshots as files.
+
+use std::io;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+
+use drover_state::{Change, Job, JobId, Meta, Reply, State};
+use futures::{Stream, StreamExt};
+use openraft::entry::RaftEntry;
+use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
+use rocksdb::{IteratorMode, WriteBatch};
+use serde::{Deserialize, Serialize};
+
+use super::db::{CF_DEDUP, CF_HISTORY, CF_JOBS, CF_RAFT, CF_SCRIPTS, CF_SM, Db, SM_FAMILIES, id_key};
+use super::snapshot::{SnapshotFile, SnapshotReader, SnapshotWriter};
+use crate::types::{LogId, SnapshotMeta, StoredMembership, TypeConfig};
+
+type Snapshot = openraft::alias::SnapshotOf<TypeConfig, SnapshotFile>;
+
+const APPLIED_KEY: &[u8] = b"applied";
+const MEMBERSHIP_KEY: &[u8] = b"membership";
+const META_KEY: &[u8] = b"meta";
+/// In CF_RAFT (which an install does not wipe): the current snapshot, and a marker while one is being installed.
+const CURRENT_SNAPSHOT_KEY: &[u8] = b"current_snapshot";
+const INSTALLING_KEY: &[u8] = b"installing_snapshot";
+/// Records per write batch while installing a snapshot (bounds memory).
+const INSTALL_BATCH_RECORDS: usize = 10_000;
+
+fn io_err(context: &str, e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(format!("{context}: {e}"))
+}
+
+fn to_json<T: Serialize>(value: &T) -> io::Result<Vec<u8>> {
+    serde_json::to_vec(value).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+fn from_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> io::Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+#[derive(Serialize, Deserialize)]
+struct DedupRecord {
+    seq: u64,
+    job_id: JobId,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+struct CurrentSnapshot {
+    meta: SnapshotMeta,
+    file_name: String,
+}
+
+/// What the API reads: the in-memory state plus the applied position.
+pub struct Applied {
+    pub state: State,
+    pub last_applied: Option<LogId>,
+    pub membership: StoredMembership,
+}
+
+/// A cheap, cloneable read handle on the state machine for the API and the leader's loops.
+#[derive(Clone)]
+pub struct StateView {
+    inner: Arc<RwLock<Applied>>,
+    db: Db,
+}
+
+impl StateView {
+    pub fn read(&self) -> RwLockReadGuard<'_, Applied> {
+        self.inner.read().expect("state lock poisoned")
+    }
+
+    /// A job by id: active from memory, finished from the accounting history.
+    pub fn job(&self, id: JobId) -> io::Result<Option<Job>> {
+        if let Some(job) = self.read().state.job(id) {
+            return Ok(Some(job.clone()));
+        }
+        self.history_job(id)
+    }
+
+    pub fn history_job(&self, id: JobId) -> io::Result<Option<Job>> {
+        let raw = self.db.db.get_cf(self.db.cf(CF_HISTORY), id_key(id)).map_err(|e| io_err("reading history", e))?;
+        raw.map(|b| from_json(&b)).transpose()
+    }
+
+    pub fn script(&self, id: JobId) -> io::Result<Option<String>> {
+        let raw = self.db.db.get_cf(self.db.cf(CF_SCRIPTS), id_key(id)).map_err(|e| io_err("reading scripts", e))?;
+        Ok(raw.map(|b| String::from_utf8_lossy(&b).into_owned()))
+    }
+
+    /// Finished jobs in id order, starting at `from_id`, at most `limit` of them that pass `keep`.
+    pub fn history(&self, from_id: JobId, limit: usize, mut keep: impl FnMut(&Job) -> bool) -> io::Result<Vec<Job>> {
+        let mut out = Vec::new();
+        let iter = self
+            .db
+            .db
+            .iterator_cf(self.db.cf(CF_HISTORY), IteratorMode::From(&id_key(from_id), rocksdb::Direction::Forward));
+        for item in iter {
+            let (_, value) = item.map_err(|e| io_err("reading history", e))?;
+            let job: Job = from_json(&value)?;
+            if keep(&job) {
+                out.push(job);
+                if out.len() >= limit {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+pub struct StateMachineStore {
+    db: Db,
+    view: StateView,
+    snapshot_seq: u64,
+}
+
+impl StateMachineStore {
+    /// Opens the state machine over `db`, finishing an interrupted snapshot install first.
+    pub fn open(db: Db) -> io::Result<StateMachineStore> {
+        let raft_cf = db.cf(CF_RAFT);
+        if db.db.get_cf(raft_cf, INSTALLING_KEY).map_err(|e| io_err("reading install marker", e))?.is_some() {
+            let current: CurrentSnapshot = from_json(
+                &db.db
+                    .get_cf(raft_cf, CURRENT_SNAPSHOT_KEY)
+                    .map_err(|e| io_err("reading current snapshot", e))?
+                    .ok_or_else(|| io_err("install marker without a snapshot", db.dir.display()))?,
+            )?;
+            tracing::warn!(snapshot = %current.file_name, "finishing a snapshot install interrupted by a crash");
+            load_snapshot_records(&db, &db.snapshot_dir().join(&current.file_name))?;
+        }
+        let applied = load_applied(&db)?;
+        let view = StateView { inner: Arc::new(RwLock::new(applied)), db: db.clone() };
+        Ok(StateMachineStore { db, view, snapshot_seq: 0 })
+    }
+
+    pub fn view(&self) -> StateView {
+        self.view.clone()
+    }
+}
+
+/// Reads the persisted state machine records into memory.
+fn load_applied(db: &Db) -> io::Result<Applied> {
+    let sm = db.cf(CF_SM);
+    let get = |key: &[u8]| db.db.get_cf(sm, key).map_err(|e| io_err("reading state machine", e));
+    let last_applied: Option<LogId> = get(APPLIED_KEY)?.map(|b| from_json(&b)).transpose()?;
+    let membership: StoredMembership = get(MEMBERSHIP_KEY)?.map(|b| from_json(&b)).transpose()?.unwrap_or_default();
+    let meta: Meta = get(META_KEY)?.map(|b| from_json(&b)).transpose()?.unwrap_or_default();
+    if meta.format_version != drover_state::FORMAT_VERSION {
+        return Err(io_err(
+            "state machine format",
+            format!("found version {}, this build reads {}", meta.format_version, drover_state::FORMAT_VERSION),
+        ));
+    }
+    let mut jobs = Vec::new();
+    for item in db.db.iterator_cf(db.cf(CF_JOBS), IteratorMode::Start) {
+        let (_, value) = item.map_err(|e| io_err("reading jobs", e))?;
+        jobs.push(from_json::<Job>(&value)?);
+    }
+    let mut dedup = Vec::new();
+    for item in db.db.iterator_cf(db.cf(CF_DEDUP), IteratorMode::Start) {
+        let (key, value) = item.map_err(|e| io_err("reading dedup table", e))?;
+        let record: DedupRecord = from_json(&value)?;
+        dedup.push((record.seq, String::from_utf8_lossy(&key).into_owned(), record.job_id));
+    }
+    dedup.sort_by_key(|(seq, _, _)| *seq);
+    Ok(Applied { state: State::restore(meta, jobs, dedup), last_applied, membership })
+}
+
+/// Adds one state change to the batch.
+fn write_change(db: &Db, batch: &mut WriteBatch, change: &Change) -> io::Result<()> {
+    match change {
+        Change::Meta(meta) => batch.put_cf(db.cf(CF_SM), META_KEY, to_json(meta)?),
+        Change::PutJob(job) => batch.put_cf(db.cf(CF_JOBS), id_key(job.id), to_json(job)?),
+        Change::PutScript { id, script } => batch.put_cf(db.cf(CF_SCRIPTS), id_key(*id), script.as_bytes()),
+        Change::ArchiveJob(job) => {
+            batch.delete_cf(db.cf(CF_JOBS), id_key(job.id));
+            batch.put_cf(db.cf(CF_HISTORY), id_key(job.id), to_json(job)?);
+        }
+        Change::PutDedup { request_id, job_id, seq } => {
+            batch.put_cf(db.cf(CF_DEDUP), request_id.as_bytes(), to_json(&DedupRecord { seq: *seq, job_id: *job_id })?)
+        }
+        Change::DeleteDedup { request_id, .. } => batch.delete_cf(db.cf(CF_DEDUP), request_id.as_bytes()),
+    }
+    Ok(())
+}
+
+/// Wipes the state machine families and fills them from a snapshot file, in bounded batches.
+fn load_snapshot_records(db: &Db, path: &std::path::Path) -> io::Result<()> {
+    // Validate the whole file before destroying anything.
+    let mut check = SnapshotReader::open(path)?;
+    while check.next_record()?.is_some() {}
+    for name in SM_FAMILIES {
+        // Keys are 8-byte ids or short ASCII strings (request ids are limited to 128 bytes at the API).
+        let (from, to): (&[u8], &[u8]) = (&[], &[0xFF; 256]);
+        db.db.delete_range_cf(db.cf(name), from, to).map_err(|e| io_err("clearing state", e))?;
+    }
+    let mut reader = SnapshotReader::open(path)?;
+    let mut batch = WriteBatch::default();
+    while let Some((family, key, value)) = reader.next_record()? {
+        batch.put_cf(db.cf(SM_FAMILIES[family as usize]), key, value);
+        if batch.len() >= INSTALL_BATCH_RECORDS {
+            db.db.write(std::mem::take(&mut batch)).map_err(|e| io_err("installing snapshot", e))?;
+        }
+    }
+    db.db.write(batch).map_err(|e| io_err("installing snapshot", e))?;
+    db.db.flush_wal(true).map_err(|e| io_err("syncing installed snapshot", e))?;
+    db.db.delete_cf(db.cf(CF_RAFT), INSTALLING_KEY).map_err(|e| io_err("clearing install marker", e))?;
+    db.db.flush_wal(true).map_err(|e| io_err("syncing installed snapshot", e))
+}
+
+/// Keeps only the newest snapshot file (and none of the half-received ones older than it).
+fn remove_old_snapshots(db: &Db, keep: &str) {
+    let Ok(entries) = std::fs::read_dir(db.snapshot_dir()) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name != keep && name.ends_with(".snap") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+pub struct SnapshotBuilder {
+    db: Db,
+    seq: u64,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    type SnapshotData = SnapshotFile;
+
+    async fn build_snapshot(&mut self) -> io::Result<Snapshot> {
+        let db = self.db.clone();
+        let seq = self.seq;
+        tokio::task::spawn_blocking(move || build_snapshot_blocking(&db, seq))
+            .await
+            .map_err(|e| io_err("snapshot task", e))?
+    }
+}
+
+fn build_snapshot_blocking(db: &Db, seq: u64) -> io::Result<Snapshot> {
+    // Everything applied so far becomes durable before the log that produced it may be purged.
+    db.db.flush_wal(true).map_err(|e| io_err("syncing before snapshot", e))?;
+    let snap = db.db.snapshot();
+    let sm = db.cf(CF_SM);
+    let last_log_id: Option<LogId> = snap
+        .get_cf(sm, APPLIED_KEY)
+        .map_err(|e| io_err("reading applied id", e))?
+        .map(|b| from_json(&b))
+        .transpose()?;
+    let membership: StoredMembership = snap
+        .get_cf(sm, MEMBERSHIP_KEY)
+        .map_err(|e| io_err("reading membership", e))?
+        .map(|b| from_json(&b))
+        .transpose()?
+        .unwrap_or_default();
+    let file_name = snapshot_file_name(&last_log_id, &format!("b{}-{seq}", std::process::id()));
+    let tmp = db.snapshot_dir().join(format!("{file_name}.tmp"));
+    let mut writer = SnapshotWriter::create(&tmp)?;
+    for (family, name) in SM_FAMILIES.iter().enumerate() {
+        for item in snap.iterator_cf(db.cf(name), IteratorMode::Start) {
+            let (key, value) = item.map_err(|e| io_err("reading state for snapshot", e))?;
+            writer.record(family as u8, &key, &value)?;
+        }
+    }
+    let records = writer.finish()?;
+    let path = db.snapshot_dir().join(&file_name);
+    std::fs::rename(&tmp, &path)?;
+    let meta = SnapshotMeta { last_log_id, last_membership: membership };
+    let current = CurrentSnapshot { meta: meta.clone(), file_name: file_name.clone() };
+    db.db
+        .put_cf(db.cf(CF_RAFT), CURRENT_SNAPSHOT_KEY, to_json(&current)?)
+        .map_err(|e| io_err("recording snapshot", e))?;
+    db.db.flush_wal(true).map_err(|e| io_err("recording snapshot", e))?;
+    remove_old_snapshots(db, &file_name);
+    tracing::info!(snapshot = %file_name, records, "built snapshot");
+    Ok(Snapshot { meta, snapshot: SnapshotFile { path } })
+}
+
+/// `snap-<term>-<node>-<index>-<tag>.snap`: sortable by position, unique per build or receipt.
+fn snapshot_file_name(last_log_id: &Option<LogId>, tag: &str) -> String {
+    let position = match last_log_id {
+        Some(id) => format!("{}-{}", id.committed_leader_id(), id.index()),
+        None => "empty".to_string(),
+    };
+    let clean: String = position.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+    format!("snap-{clean}-{tag}.snap")
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotData = SnapshotFile;
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> io::Result<(Option<LogId>, StoredMembership)> {
+        let applied = self.view.read();
+        Ok((applied.last_applied, applied.membership.clone()))
+    }
+
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> io::Result<()>
+    where
+        Strm: Stream<Item = io::Result<EntryResponder<TypeConfig>>> + Unpin + OptionalSend,
+    {
+        // Everything openraft hands over in one call goes to disk in one atomic batch; then every proposer is
+        // answered. The stream is drained first so that no lock is held across an await.
+        let mut items = Vec::new();
+        while let Some(item) = entries.next().await {
+            items.push(item?);
+        }
+        let mut batch = WriteBatch::default();
+        let mut answers = Vec::new();
+        {
+            let mut applied = self.view.inner.write().expect("state lock poisoned");
+            for (entry, responder) in items {
+                let log_id = entry.log_id();
+                let response = match entry.payload {
+                    EntryPayload::Blank => Ok(Reply::Nothing),
+                    EntryPayload::Normal(request) => {
+                        let outcome = applied.state.apply(&request);
+                        for change in &outcome.changes {
+                            write_change(&self.db, &mut batch, change)?;
+                        }
+                        outcome.response
+                    }
+                    EntryPayload::Membership(membership) => {
+                        applied.membership = StoredMembership::new(Some(log_id), membership);
+                        batch.put_cf(self.db.cf(CF_SM), MEMBERSHIP_KEY, to_json(&applied.membership)?);
+                        Ok(Reply::Nothing)
+                    }
+                };
+                applied.last_applied = Some(log_id);
+                if let Some(responder) = responder {
+                    answers.push((responder, response));
+                }
+            }
+            batch.put_cf(self.db.cf(CF_SM), APPLIED_KEY, to_json(&applied.last_applied)?);
+        }
+        // A failed write leaves memory ahead of disk; the error makes openraft stop this replica (it must
+        // restart from disk), so no answer is sent for state that was not stored.
+        self.db.db.write(batch).map_err(|e| io_err(&format!("writing state in {}", self.db.dir.display()), e))?;
+        for (responder, response) in answers {
+            responder.send(response);
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.snapshot_seq += 1;
+        SnapshotBuilder { db: self.db.clone(), seq: self.snapshot_seq }
+    }
+
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: SnapshotFile) -> io::Result<()> {
+        let db = self.db.clone();
+        self.snapshot_seq += 1;
+        let file_name =
+            snapshot_file_name(&meta.last_log_id, &format!("i{}-{}", std::process::id(), self.snapshot_seq));
+        let current = CurrentSnapshot { meta: meta.clone(), file_name: file_name.clone() };
+        let loaded = tokio::task::spawn_blocking(move || -> io::Result<Applied> {
+            let path = db.snapshot_dir().join(&file_name);
+            if snapshot.path != path {
+                std::fs::rename(&snapshot.path, &path)?;
+            }
+            // Marker and current snapshot first (synced): a crash mid-install is finished at the next start.
+            let raft_cf = db.cf(CF_RAFT);
+            db.db.put_cf(raft_cf, CURRENT_SNAPSHOT_KEY, to_json(&current)?).map_err(|e| io_err("install", e))?;
+            db.db.put_cf(raft_cf, INSTALLING_KEY, b"1").map_err(|e| io_err("install", e))?;
+            db.db.flush_wal(true).map_err(|e| io_err("install", e))?;
+            load_snapshot_records(&db, &path)?;
+            remove_old_snapshots(&db, &file_name);
+            load_applied(&db)
+        })
+        .await
+        .map_err(|e| io_err("install task", e))??;
+        assert_eq!(loaded.last_applied, meta.last_log_id, "installed snapshot disagrees with its metadata");
+        *self.view.inner.write().expect("state lock poisoned") = loaded;
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> io::Result<Option<Snapshot>> {
+        let raw = self.db.db.get_cf(self.db.cf(CF_RAFT), CURRENT_SNAPSHOT_KEY).map_err(|e| io_err("snapshot", e))?;
+        let Some(raw) = raw else { return Ok(None) };
+        let current: CurrentSnapshot = from_json(&raw)?;
+        let path = self.db.snapshot_dir().join(&current.file_name);
+        if !path.exists() {
+            return Ok(None);
+        }
+        Ok(Some(Snapshot { meta: current.meta, snapshot: SnapshotFile { path } }))
+    }
+}

@@ -1,0 +1,128 @@
+//! The cluster's configuration as the replicated state holds it: partitions and their limits.
+//! Seeded from the bootstrap TOML by the first leader (`Command::InitCluster`), then changed only through the log.
+
+use serde::{Deserialize, Serialize};
+
+/// Slurm's partition states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum PartitionState {
+    /// Accepts and schedules jobs.
+    #[default]
+    Up,
+    /// Accepts jobs but starts none.
+    Down,
+    /// Refuses new jobs; running and pending jobs go on.
+    Drain,
+    /// Refuses new jobs and starts none.
+    Inactive,
+}
+
+impl PartitionState {
+    pub fn name(self) -> &'static str {
+        match self {
+            PartitionState::Up => "UP",
+            PartitionState::Down => "DOWN",
+            PartitionState::Drain => "DRAIN",
+            PartitionState::Inactive => "INACTIVE",
+        }
+    }
+
+    /// Whether `sbatch` may add jobs to a partition in this state.
+    pub fn accepts_jobs(self) -> bool {
+        matches!(self, PartitionState::Up | PartitionState::Down)
+    }
+}
+
+/// One partition: a named set of nodes with limits, as in `slurm.conf`'s `PartitionName=` lines.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partition {
+    pub name: String,
+    /// Jobs without `--partition` go to the default partition (`Default=YES`).
+    #[serde(default)]
+    pub default: bool,
+    /// Node names as a Slurm hostlist expression (`gpu[01-16]`); empty means every node.
+    #[serde(default)]
+    pub nodes: String,
+    /// `MaxTime`: the longest `--time` accepted; `None` = UNLIMITED.
+    #[serde(default)]
+    pub max_time_s: Option<u64>,
+    /// `DefaultTime`: the limit of jobs that give no `--time`; `None` = the max time.
+    #[serde(default)]
+    pub default_time_s: Option<u64>,
+    /// `MaxNodes`: the most nodes one job may ask for; `None` = UNLIMITED.
+    #[serde(default)]
+    pub max_nodes: Option<u32>,
+    #[serde(default)]
+    pub state: PartitionState,
+}
+
+impl Partition {
+    /// The partition every fresh cluster gets when its configuration names none.
+    pub fn fallback() -> Partition {
+        Partition {
+            name: "gpu".to_string(),
+            default: true,
+            nodes: String::new(),
+            max_time_s: None,
+            default_time_s: None,
+            max_nodes: None,
+            state: PartitionState::Up,
+        }
+    }
+}
+
+/// Limits that protect the controllers from oversized or runaway input. Replicated, so every replica
+/// refuses the same things.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// The largest batch script accepted (bytes). Slurm's default `max_script_size` is 4 MiB.
+    pub max_script_bytes: u64,
+    /// The most environment bytes (names + values) captured at submit.
+    pub max_environment_bytes: u64,
+    /// The most jobs that may be pending or running at once (Slurm's `MaxJobCount`).
+    pub max_active_jobs: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_script_bytes: 4 * 1024 * 1024, max_environment_bytes: 1024 * 1024, max_active_jobs: 2_000_000 }
+    }
+}
+
+/// The replicated cluster configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterConfig {
+    pub cluster_name: String,
+    pub partitions: Vec<Partition>,
+    pub limits: Limits,
+}
+
+impl ClusterConfig {
+    /// Normalizes a configuration: at least one partition, exactly one default (the first flagged, else the first).
+    pub fn normalized(mut self) -> ClusterConfig {
+        if self.partitions.is_empty() {
+            self.partitions.push(Partition::fallback());
+        }
+        let first_default = self.partitions.iter().position(|p| p.default).unwrap_or(0);
+        for (i, p) in self.partitions.iter_mut().enumerate() {
+            p.default = i == first_default;
+        }
+        self
+    }
+
+    pub fn partition(&self, name: &str) -> Option<&Partition> {
+        self.partitions.iter().find(|p| p.name == name)
+    }
+
+    pub fn default_partition(&self) -> &Partition {
+        let found = self.partitions.iter().find(|p| p.default);
+        found.unwrap_or_else(|| &self.partitions[0])
+    }
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig { cluster_name: "drover".to_string(), partitions: vec![], limits: Limits::default() }.normalized()
+    }
+}

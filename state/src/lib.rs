@@ -1,0 +1,22 @@
+//! Drover's replicated state machine: the commands that change the cluster, and a deterministic `apply`.
+//!
+//! Nothing here does I/O or reads a clock: time comes from the leader's stamp in each entry, ids from counters
+//! in the state. `apply` returns the list of records that changed, and the storage layer writes exactly those,
+//! atomically with the applied log id.
+
+pub mod command;
+pub mod config;
+pub mod error;
+pub mod job;
+pub mod slurm_time;
+pub mod state;
+
+pub use command::{Command, JobOutcome, Reply, Request, Response};
+pub use config::{ClusterConfig, Partition, PartitionState};
+pub use error::CommandError;
+pub use job::{ExportPolicy, Job, JobId, JobSpec, JobState, PendingReason};
+pub use state::{Applied, Change, Meta, State};
+
+/// The version of the persisted format (records and snapshots). Bumped on any incompatible change; a replica
+/// refuses to open data of a version it does not know.
+pub const FORMAT_VERSION: u32 = 1;

@@ -1,0 +1,462 @@
+//! `State`: the in-memory part of the replicated state, and the deterministic `apply`.
+//!
+//! Active jobs (pending, running) live here; a job that reaches a terminal state is handed to the storage layer
+//! as `Change::ArchiveJob` and leaves memory, so memory grows with the active queue, not with history.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::{Command, JobOutcome, Reply, Request, Response};
+use crate::config::ClusterConfig;
+use crate::error::CommandError;
+use crate::job::{Job, JobId, JobSpec, JobState, PendingReason};
+use crate::slurm_time::format_time_limit;
+
+/// How many client request ids are remembered for deduplicating retried submissions. A client retries within
+/// seconds; 100k covers minutes of submissions at full rate.
+pub const DEDUP_CAPACITY: usize = 100_000;
+
+/// The small, always-written part of the state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Meta {
+    pub format_version: u32,
+    /// The next job id to hand out. Slurm starts at 1.
+    pub next_job_id: JobId,
+    pub config: Option<ClusterConfig>,
+    /// Sequence numbers for the dedup table's FIFO eviction.
+    pub next_dedup_seq: u64,
+}
+
+impl Default for Meta {
+    fn default() -> Self {
+        Meta { format_version: crate::FORMAT_VERSION, next_job_id: 1, config: None, next_dedup_seq: 0 }
+    }
+}
+
+/// One record the storage layer must write, atomically with the others of the same entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Meta(Meta),
+    /// An active job, inserted or updated.
+    PutJob(Job),
+    /// The script text, stored once per job at submit.
+    PutScript {
+        id: JobId,
+        script: String,
+    },
+    /// A job that became terminal: remove from the active table, add to the accounting history.
+    ArchiveJob(Job),
+    PutDedup {
+        request_id: String,
+        job_id: JobId,
+        seq: u64,
+    },
+    DeleteDedup {
+        request_id: String,
+        seq: u64,
+    },
+}
+
+/// What one `apply` produced: the answer for the proposer and the records to persist.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Applied {
+    pub response: Response,
+    pub changes: Vec<Change>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct State {
+    pub meta: Meta,
+    /// Active jobs by id (ordered, so listings and snapshots are deterministic).
+    pub jobs: BTreeMap<JobId, Job>,
+    dedup: HashMap<String, JobId>,
+    dedup_order: VecDeque<(u64, String)>,
+}
+
+impl State {
+    /// Rebuilds the state from persisted records (in any order of jobs; dedup entries in sequence order).
+    pub fn restore(
+        meta: Meta,
+        jobs: impl IntoIterator<Item = Job>,
+        dedup: impl IntoIterator<Item = (u64, String, JobId)>,
+    ) -> State {
+        let mut state = State { meta, ..State::default() };
+        for job in jobs {
+            assert!(!job.state.is_terminal(), "restored active job {} is terminal", job.id);
+            state.jobs.insert(job.id, job);
+        }
+        for (seq, request_id, job_id) in dedup {
+            state.dedup.insert(request_id.clone(), job_id);
+            state.dedup_order.push_back((seq, request_id));
+        }
+        state
+    }
+
+    pub fn config(&self) -> Option<&ClusterConfig> {
+        self.meta.config.as_ref()
+    }
+
+    pub fn job(&self, id: JobId) -> Option<&Job> {
+        self.jobs.get(&id)
+    }
+
+    /// Dedup entries in eviction order, for snapshots.
+    pub fn dedup_entries(&self) -> impl Iterator<Item = (u64, &str, JobId)> {
+        self.dedup_order.iter().map(|(seq, id)| (*seq, id.as_str(), self.dedup[id]))
+    }
+
+    /// Applies one committed request. Deterministic: the same state and request give the same result on every
+    /// replica. Refused commands change nothing and answer the error.
+    pub fn apply(&mut self, request: &Request) -> Applied {
+        let mut changes = Vec::new();
+        let response = match &request.command {
+            Command::InitCluster { config } => Ok(self.init_cluster(config, &mut changes)),
+            Command::SubmitJob { spec, request_id } => {
+                self.submit(spec, request_id.as_deref(), request.time_ms, &mut changes)
+            }
+            Command::CancelJobs { ids, by_uid } => {
+                Ok(self.for_each_job(ids, |s, id| s.cancel(id, *by_uid, request.time_ms, &mut changes)))
+            }
+            Command::HoldJobs { ids, by_uid } => {
+                Ok(self.for_each_job(ids, |s, id| s.set_hold(id, true, *by_uid, &mut changes)))
+            }
+            Command::ReleaseJobs { ids, by_uid } => {
+                Ok(self.for_each_job(ids, |s, id| s.set_hold(id, false, *by_uid, &mut changes)))
+            }
+        };
+        debug_assert!(response.is_ok() || changes.is_empty(), "a refused command changed the state");
+        Applied { response, changes }
+    }
+
+    fn init_cluster(&mut self, config: &ClusterConfig, changes: &mut Vec<Change>) -> Reply {
+        if self.meta.config.is_some() {
+            return Reply::Initialized { already: true };
+        }
+        self.meta.config = Some(config.clone().normalized());
+        changes.push(Change::Meta(self.meta.clone()));
+        Reply::Initialized { already: false }
+    }
+
+    /// Checks a submission against the configuration and limits without changing anything. The leader calls it
+    /// before proposing (to answer bad requests without a log entry); `apply` calls it again, authoritatively.
+    pub fn validate_submit(&self, spec: &JobSpec) -> Result<(String, Option<u64>), CommandError> {
+        let config = self.config().ok_or(CommandError::NotInitialized)?;
+        let limits = &config.limits;
+        let script_bytes = spec.script.len() as u64;
+        if script_bytes > limits.max_script_bytes {
+            return Err(CommandError::ScriptTooLarge {
+                size_bytes: script_bytes,
+                limit_bytes: limits.max_script_bytes,
+            });
+        }
+        let env_bytes: u64 = spec.environment.iter().map(|(k, v)| (k.len() + v.len() + 2) as u64).sum();
+        if env_bytes > limits.max_environment_bytes {
+            return Err(CommandError::EnvironmentTooLarge {
+                size_bytes: env_bytes,
+                limit_bytes: limits.max_environment_bytes,
+            });
+        }
+        if self.jobs.len() as u64 >= limits.max_active_jobs {
+            return Err(CommandError::TooManyJobs { active: self.jobs.len() as u64 });
+        }
+        if spec.min_nodes == 0 || spec.max_nodes < spec.min_nodes {
+            return Err(CommandError::InvalidRequest(format!(
+                "node count {}-{} is not a valid range",
+                spec.min_nodes, spec.max_nodes
+            )));
+        }
+        if spec.cpus_per_task == 0 || spec.ntasks == Some(0) || spec.ntasks_per_node == Some(0) {
+            return Err(CommandError::InvalidRequest("task and cpu counts must be at least 1".to_string()));
+        }
+        let partition = match &spec.partition {
+            Some(name) => config.partition(name).ok_or_else(|| CommandError::InvalidPartition {
+                name: name.clone(),
+                known: config.partitions.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(","),
+            })?,
+            None => config.default_partition(),
+        };
+        if !partition.state.accepts_jobs() {
+            return Err(CommandError::PartitionClosed {
+                name: partition.name.clone(),
+                state: partition.state.name().to_string(),
+            });
+        }
+        if let Some(max) = partition.max_nodes
+            && spec.min_nodes > max
+        {
+            return Err(CommandError::TooManyNodes {
+                requested: spec.min_nodes,
+                partition: partition.name.clone(),
+                max,
+            });
+        }
+        let time_limit_s = spec.time_limit_s.or(partition.default_time_s).or(partition.max_time_s);
+        if let Some(max) = partition.max_time_s {
+            let requested = time_limit_s.unwrap_or(u64::MAX);
+            if requested > max {
+                return Err(CommandError::TimeLimitExceeded {
+                    requested: format_time_limit(time_limit_s),
+                    partition: partition.name.clone(),
+                    max: format_time_limit(Some(max)),
+                });
+            }
+        }
+        Ok((partition.name.clone(), time_limit_s))
+    }
+
+    fn submit(&mut self, spec: &JobSpec, request_id: Option<&str>, now_ms: u64, changes: &mut Vec<Change>) -> Response {
+        if let Some(rid) = request_id
+            && let Some(&job_id) = self.dedup.get(rid)
+        {
+            return Ok(Reply::Submitted { job_id, duplicate: true });
+        }
+        let (partition, time_limit_s) = self.validate_submit(spec)?;
+        let id = self.meta.next_job_id;
+        self.meta.next_job_id += 1;
+        let mut stored_spec = spec.clone();
+        let script = std::mem::take(&mut stored_spec.script);
+        let job = Job {
+            id,
+            spec: stored_spec,
+            partition,
+            time_limit_s,
+            state: JobState::Pending,
+            reason: if spec.hold { PendingReason::JobHeldUser } else { PendingReason::None },
+            held: spec.hold,
+            submit_time_ms: now_ms,
+            start_time_ms: None,
+            end_time_ms: None,
+            restart_count: 0,
+            incarnation: 0,
+            exit_code: 0,
+            exit_signal: 0,
+            nodes: Vec::new(),
+            cancelled_by: None,
+        };
+        changes.push(Change::PutScript { id, script });
+        changes.push(Change::PutJob(job.clone()));
+        self.jobs.insert(id, job);
+        if let Some(rid) = request_id {
+            self.remember_request(rid, id, changes);
+        }
+        changes.push(Change::Meta(self.meta.clone()));
+        Ok(Reply::Submitted { job_id: id, duplicate: false })
+    }
+
+    fn remember_request(&mut self, request_id: &str, job_id: JobId, changes: &mut Vec<Change>) {
+        let seq = self.meta.next_dedup_seq;
+        self.meta.next_dedup_seq += 1;
+        self.dedup.insert(request_id.to_string(), job_id);
+        self.dedup_order.push_back((seq, request_id.to_string()));
+        changes.push(Change::PutDedup { request_id: request_id.to_string(), job_id, seq });
+        while self.dedup_order.len() > DEDUP_CAPACITY {
+            let (old_seq, old_id) = self.dedup_order.pop_front().expect("len checked above");
+            self.dedup.remove(&old_id);
+            changes.push(Change::DeleteDedup { request_id: old_id, seq: old_seq });
+        }
+    }
+
+    fn for_each_job(
+        &mut self,
+        ids: &[JobId],
+        mut op: impl FnMut(&mut State, JobId) -> Result<(), CommandError>,
+    ) -> Reply {
+        Reply::Jobs(ids.iter().map(|&id| JobOutcome { id, result: op(self, id) }).collect())
+    }
+
+    /// The job for an operation, or why there is none: finished (archived) ids are below the counter.
+    fn active_job(&self, id: JobId, by_uid: u32) -> Result<&Job, CommandError> {
+        let Some(job) = self.jobs.get(&id) else {
+            if id > 0 && id < self.meta.next_job_id {
+                return Err(CommandError::AlreadyFinished { id });
+            }
+            return Err(CommandError::InvalidJobId { id });
+        };
+        if by_uid != 0 && by_uid != job.spec.uid {
+            return Err(CommandError::PermissionDenied { id, owner: job.spec.uid, requester: by_uid });
+        }
+        Ok(job)
+    }
+
+    fn cancel(&mut self, id: JobId, by_uid: u32, now_ms: u64, changes: &mut Vec<Change>) -> Result<(), CommandError> {
+        self.active_job(id, by_uid)?;
+        let mut job = self.jobs.remove(&id).expect("checked by active_job");
+        job.state = JobState::Cancelled;
+        job.reason = PendingReason::None;
+        job.end_time_ms = Some(now_ms);
+        job.cancelled_by = Some(by_uid);
+        changes.push(Change::ArchiveJob(job));
+        Ok(())
+    }
+
+    fn set_hold(&mut self, id: JobId, hold: bool, by_uid: u32, changes: &mut Vec<Change>) -> Result<(), CommandError> {
+        let job = self.active_job(id, by_uid)?;
+        if job.state != JobState::Pending {
+            return Err(CommandError::NotPending { id, state: job.state.name().to_string() });
+        }
+        let job = self.jobs.get_mut(&id).expect("checked by active_job");
+        job.held = hold;
+        job.reason = if hold { PendingReason::JobHeldUser } else { PendingReason::None };
+        changes.push(Change::PutJob(job.clone()));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Partition, PartitionState};
+
+    fn request(time_ms: u64, command: Command) -> Request {
+        Request { time_ms, command }
+    }
+
+    fn initialized() -> State {
+        let mut state = State::default();
+        let config = ClusterConfig {
+            partitions: vec![
+                Partition { max_time_s: Some(3600), max_nodes: Some(4), ..Partition::fallback() },
+                Partition { name: "closed".into(), default: false, state: PartitionState::Drain, ..Partition::fallback() },
+            ],
+            ..ClusterConfig::default()
+        };
+        state.apply(&request(1, Command::InitCluster { config }));
+        state
+    }
+
+    fn spec(uid: u32) -> Box<JobSpec> {
+        Box::new(JobSpec {
+            name: "train".into(),
+            user: "alice".into(),
+            uid,
+            script: "#!/bin/bash\necho hi\n".into(),
+            min_nodes: 1,
+            max_nodes: 1,
+            cpus_per_task: 1,
+            ..JobSpec::default()
+        })
+    }
+
+    fn submit(state: &mut State, time_ms: u64, spec: Box<JobSpec>, rid: Option<&str>) -> Response {
+        state.apply(&request(time_ms, Command::SubmitJob { spec, request_id: rid.map(str::to_string) })).response
+    }
+
+    #[test]
+    fn submissions_get_sequential_ids_and_the_leaders_time() {
+        let mut state = initialized();
+        assert_eq!(submit(&mut state, 100, spec(1000), None), Ok(Reply::Submitted { job_id: 1, duplicate: false }));
+        assert_eq!(submit(&mut state, 200, spec(1000), None), Ok(Reply::Submitted { job_id: 2, duplicate: false }));
+        let job = state.job(2).unwrap();
+        assert_eq!(job.submit_time_ms, 200);
+        assert_eq!(job.state, JobState::Pending);
+        assert_eq!(job.partition, "gpu");
+        assert_eq!(job.time_limit_s, Some(3600), "no --time takes the partition's limit");
+        assert!(job.spec.script.is_empty(), "the script is stored apart from the in-memory job");
+    }
+
+    #[test]
+    fn a_retried_submission_returns_the_first_id_and_creates_nothing() {
+        let mut state = initialized();
+        submit(&mut state, 1, spec(1), Some("req-a")).unwrap();
+        let again = state.apply(&request(2, Command::SubmitJob { spec: spec(1), request_id: Some("req-a".into()) }));
+        assert_eq!(again.response, Ok(Reply::Submitted { job_id: 1, duplicate: true }));
+        assert!(again.changes.is_empty());
+        assert_eq!(state.jobs.len(), 1);
+    }
+
+    #[test]
+    fn refused_submissions_change_nothing_and_say_why() {
+        let mut state = initialized();
+        let before = state.clone();
+        let mut bad = spec(1);
+        bad.partition = Some("nope".into());
+        let err = submit(&mut state, 1, bad, None).unwrap_err();
+        assert!(err.to_string().contains("invalid partition name specified: \"nope\""), "{err}");
+        let mut long = spec(1);
+        long.time_limit_s = Some(7200);
+        let err = submit(&mut state, 1, long, None).unwrap_err();
+        assert!(err.to_string().contains("exceeds partition gpu's MaxTime of 1:00:00"), "{err}");
+        let mut wide = spec(1);
+        wide.min_nodes = 5;
+        wide.max_nodes = 5;
+        assert!(matches!(submit(&mut state, 1, wide, None), Err(CommandError::TooManyNodes { .. })));
+        let mut closed = spec(1);
+        closed.partition = Some("closed".into());
+        assert!(matches!(submit(&mut state, 1, closed, None), Err(CommandError::PartitionClosed { .. })));
+        let mut huge = spec(1);
+        huge.script = "#".repeat(5 * 1024 * 1024);
+        assert!(matches!(submit(&mut state, 1, huge, None), Err(CommandError::ScriptTooLarge { .. })));
+        assert_eq!(state, before);
+    }
+
+    #[test]
+    fn submit_before_init_is_refused() {
+        let mut state = State::default();
+        assert_eq!(submit(&mut state, 1, spec(1), None), Err(CommandError::NotInitialized));
+    }
+
+    #[test]
+    fn cancel_archives_the_job_and_checks_the_owner() {
+        let mut state = initialized();
+        submit(&mut state, 1, spec(1000), None).unwrap();
+        let denied = state.apply(&request(2, Command::CancelJobs { ids: vec![1], by_uid: 2000 }));
+        assert!(matches!(
+            &denied.response,
+            Ok(Reply::Jobs(o)) if matches!(o[0].result, Err(CommandError::PermissionDenied { .. }))
+        ));
+        let done = state.apply(&request(3, Command::CancelJobs { ids: vec![1, 99], by_uid: 1000 }));
+        let Ok(Reply::Jobs(outcomes)) = done.response else { panic!() };
+        assert_eq!(outcomes[0].result, Ok(()));
+        assert_eq!(outcomes[1].result, Err(CommandError::InvalidJobId { id: 99 }));
+        assert!(state.job(1).is_none());
+        let Change::ArchiveJob(archived) = &done.changes[0] else { panic!() };
+        assert_eq!((archived.state, archived.end_time_ms), (JobState::Cancelled, Some(3)));
+        let again = state.apply(&request(4, Command::CancelJobs { ids: vec![1], by_uid: 0 }));
+        assert!(
+            matches!(&again.response, Ok(Reply::Jobs(o)) if o[0].result == Err(CommandError::AlreadyFinished { id: 1 }))
+        );
+    }
+
+    #[test]
+    fn hold_and_release_set_the_reason() {
+        let mut state = initialized();
+        submit(&mut state, 1, spec(7), None).unwrap();
+        state.apply(&request(2, Command::HoldJobs { ids: vec![1], by_uid: 7 }));
+        assert_eq!(state.job(1).unwrap().reason, PendingReason::JobHeldUser);
+        state.apply(&request(3, Command::ReleaseJobs { ids: vec![1], by_uid: 0 }));
+        assert!(!state.job(1).unwrap().held);
+    }
+
+    #[test]
+    fn init_cluster_happens_once() {
+        let mut state = initialized();
+        let second = state.apply(&request(9, Command::InitCluster { config: ClusterConfig::default() }));
+        assert_eq!(second.response, Ok(Reply::Initialized { already: true }));
+        assert!(second.changes.is_empty());
+        assert!(state.config().unwrap().partition("closed").is_some());
+    }
+
+    #[test]
+    fn the_dedup_table_is_bounded() {
+        let mut state = initialized();
+        for i in 0..(DEDUP_CAPACITY + 10) {
+            let mut changes = Vec::new();
+            state.remember_request(&format!("r{i}"), i as u64, &mut changes);
+        }
+        assert_eq!(state.dedup.len(), DEDUP_CAPACITY);
+        assert!(!state.dedup.contains_key("r0"));
+        assert!(state.dedup.contains_key(&format!("r{}", DEDUP_CAPACITY + 9)));
+    }
+
+    #[test]
+    fn restore_gives_back_an_equal_state() {
+        let mut state = initialized();
+        for i in 0..5 {
+            submit(&mut state, i, spec(1), Some(&format!("req{i}"))).unwrap();
+        }
+        let dedup: Vec<_> = state.dedup_entries().map(|(s, r, j)| (s, r.to_string(), j)).collect();
+        let restored = State::restore(state.meta.clone(), state.jobs.values().cloned(), dedup);
+        assert_eq!(restored, state);
+    }
+}
