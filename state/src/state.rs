@@ -317,7 +317,12 @@ mod tests {
         let config = ClusterConfig {
             partitions: vec![
                 Partition { max_time_s: Some(3600), max_nodes: Some(4), ..Partition::fallback() },
-                Partition { name: "closed".into(), default: false, state: PartitionState::Drain, ..Partition::fallback() },
+                Partition {
+                    name: "closed".into(),
+                    default: false,
+                    state: PartitionState::Drain,
+                    ..Partition::fallback()
+                },
             ],
             ..ClusterConfig::default()
         };
