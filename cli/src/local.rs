@@ -51,9 +51,9 @@ impl Default for UpOptions {
     fn default() -> Self {
         UpOptions {
             controllers: 3,
-            heartbeat_ms: 100,
-            election_min_ms: 400,
-            election_max_ms: 800,
+            heartbeat_ms: 60,
+            election_min_ms: 300,
+            election_max_ms: 450,
             snapshot_after_entries: 20_000,
             keep_entries_after_snapshot: 2_000,
             extra_toml: String::new(),

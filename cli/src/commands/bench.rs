@@ -141,7 +141,8 @@ async fn failover(kills: usize, clients: usize, dir: PathBuf) -> anyhow::Result<
     cluster.wait_ready(Duration::from_secs(30)).await?;
     let client = Arc::new(Client::from_list(&cluster.addresses())?);
     let stop = Arc::new(AtomicBool::new(false));
-    let acks = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+    // (sent, acknowledged) per successful submission.
+    let acks = Arc::new(std::sync::Mutex::new(Vec::<(Instant, Instant)>::new()));
     // A watcher records every ack time, so the gap after each kill can be measured.
     let mut tasks = Vec::new();
     let ids = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
@@ -150,8 +151,9 @@ async fn failover(kills: usize, clients: usize, dir: PathBuf) -> anyhow::Result<
         tasks.push(tokio::spawn(async move {
             let spec = trivial_spec();
             while !stop.load(Ordering::Relaxed) {
+                let sent = Instant::now();
                 if let Ok(id) = client.submit(&spec).await {
-                    acks.lock().unwrap().push(Instant::now());
+                    acks.lock().unwrap().push((sent, Instant::now()));
                     ids.lock().unwrap().push(id);
                 }
             }
@@ -163,17 +165,18 @@ async fn failover(kills: usize, clients: usize, dir: PathBuf) -> anyhow::Result<
         let leader = cluster.wait_ready(Duration::from_secs(30)).await?;
         let killed_at = Instant::now();
         cluster.kill(leader)?;
-        let gap = loop {
-            if let Some(t) = acks.lock().unwrap().iter().rev().find(|t| **t > killed_at) {
-                break t.duration_since(killed_at);
+        // Only submissions sent after the old leader is gone count: a reply already in flight proves nothing.
+        let dead_at = Instant::now();
+        let first = loop {
+            let first = acks.lock().unwrap().iter().filter(|(sent, _)| *sent > dead_at).map(|(_, acked)| *acked).min();
+            if let Some(t) = first {
+                break t;
             }
             if killed_at.elapsed() > Duration::from_secs(60) {
                 anyhow::bail!("round {round}: nothing acknowledged within 60 s after killing the leader");
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         };
-        // The earliest ack after the kill is what a user waits for.
-        let first = acks.lock().unwrap().iter().filter(|t| **t > killed_at).min().copied().unwrap_or(killed_at + gap);
         gaps.push(first.duration_since(killed_at));
         cluster.start(leader)?;
         println!(

@@ -60,8 +60,9 @@ async fn demo(dir: PathBuf) -> anyhow::Result<()> {
         let spec = spec(&["--job-name", &format!("sweep-{w}"), "--gres=gpu:1", "--wrap", "python sweep.py"], None)?;
         workers.push(tokio::spawn(async move {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let sent = Instant::now();
                 if let Ok(id) = client.submit(&spec).await {
-                    acked.lock().unwrap().push((id, Instant::now()));
+                    acked.lock().unwrap().push((id, sent, Instant::now()));
                 }
             }
         }));
@@ -70,9 +71,11 @@ async fn demo(dir: PathBuf) -> anyhow::Result<()> {
     let before = acked.lock().unwrap().len();
     let killed_at = Instant::now();
     cluster.kill(leader)?;
+    // Only submissions sent after the old leader is gone count: a reply already in flight proves nothing.
+    let dead_at = Instant::now();
     println!("killed replica {leader} after {before} acknowledged submissions");
     let first_after = loop {
-        if let Some((_, t)) = acked.lock().unwrap().iter().find(|(_, t)| *t > killed_at) {
+        if let Some((_, _, t)) = acked.lock().unwrap().iter().find(|(_, sent, _)| *sent > dead_at) {
             break t.duration_since(killed_at);
         }
         if killed_at.elapsed() > Duration::from_secs(30) {
@@ -89,7 +92,7 @@ async fn demo(dir: PathBuf) -> anyhow::Result<()> {
     for w in workers {
         let _ = w.await;
     }
-    let acked: Vec<u64> = acked.lock().unwrap().iter().map(|(id, _)| *id).collect();
+    let acked: Vec<u64> = acked.lock().unwrap().iter().map(|(id, _, _)| *id).collect();
     let (jobs, _) = client.list_jobs(&JobFilter { include_finished: true, ..Default::default() }).await?;
     let present: std::collections::HashSet<u64> = jobs.iter().map(|j| j.id).collect();
     let lost = acked.iter().filter(|id| !present.contains(id)).count();
