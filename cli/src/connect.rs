@@ -10,8 +10,9 @@ struct ClientConfig {
     controllers: Vec<String>,
 }
 
-/// Builds a client from the first source that names controllers.
+/// Builds a client from the first source that names controllers. Its connections live on `runtime()`.
 pub fn client(flag: Option<&str>) -> anyhow::Result<Client> {
+    let _context = runtime().enter();
     if let Some(list) = flag.filter(|s| !s.trim().is_empty()) {
         return Ok(Client::from_list(list)?);
     }
@@ -33,7 +34,8 @@ pub fn client(flag: Option<&str>) -> anyhow::Result<Client> {
     }
 }
 
-/// A current-thread runtime is enough for a CLI and starts faster than the multi-threaded one.
-pub fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime")
+/// The CLI's one runtime. Current-thread is enough for a CLI and starts faster than the multi-threaded one.
+pub fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime"))
 }

@@ -24,6 +24,9 @@ const CONNECT_TIMEOUT_MS: u64 = 500;
 const RPC_TIMEOUT_MS: u64 = 5_000;
 /// The default time a whole call (with retries across controllers and elections) may take.
 pub const DEFAULT_DEADLINE_MS: u64 = 15_000;
+/// Give up sooner when no controller answers at all (nothing listening, host down): a user should hear
+/// within seconds that the addresses are wrong or the cluster is down.
+const NO_ANSWER_GIVE_UP_MS: u64 = 3_000;
 
 #[derive(Debug, Error)]
 pub enum ClientError {
@@ -62,6 +65,12 @@ fn retryable(status: &Status) -> bool {
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown | Code::Aborted
     ) || (status.code() == Code::FailedPrecondition && status.metadata().get(LEADER_HINT_KEY).is_some())
         || (status.code() == Code::Internal && status.message().contains("transport"))
+}
+
+/// Whether the error means no controller process answered (as opposed to a controller saying "not now").
+fn no_answer(status: &Status) -> bool {
+    // Client-side transport failures carry their cause; statuses a controller sent over the wire do not.
+    status.code() == Code::DeadlineExceeded || std::error::Error::source(status).is_some()
 }
 
 impl Client {
@@ -118,6 +127,7 @@ impl Client {
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let start = Instant::now();
+        let mut last_answer = start;
         let mut attempt = 0usize;
         loop {
             let index = self.current.load(Ordering::Relaxed) % self.channels.len();
@@ -132,6 +142,12 @@ impl Client {
                 return Err(ClientError::from_status(&status));
             }
             let last = format!("{}: {}", self.addresses[index], status.message());
+            if !no_answer(&status) {
+                last_answer = Instant::now();
+            }
+            if last_answer.elapsed() >= Duration::from_millis(NO_ANSWER_GIVE_UP_MS) {
+                return Err(ClientError::Unreachable { tried: self.addresses.join(", "), last });
+            }
             attempt += 1;
             let hint = status.metadata().get(LEADER_HINT_KEY).and_then(|v| v.to_str().ok()).map(str::to_string);
             let next = hint.and_then(|h| self.addresses.iter().position(|a| *a == h)).unwrap_or(index + 1);

@@ -36,6 +36,7 @@ impl PartitionState {
 
 /// One partition: a named set of nodes with limits, as in `slurm.conf`'s `PartitionName=` lines.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Partition {
     pub name: String,
     /// Jobs without `--partition` go to the default partition (`Default=YES`).
@@ -75,6 +76,7 @@ impl Partition {
 /// Limits that protect the controllers from oversized or runaway input. Replicated, so every replica
 /// refuses the same things.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// The largest batch script accepted (bytes). Slurm's default `max_script_size` is 4 MiB.
     pub max_script_bytes: u64,
@@ -90,8 +92,9 @@ impl Default for Limits {
     }
 }
 
-/// The replicated cluster configuration.
+/// The replicated cluster configuration. Every field may be left out of the TOML (defaults apply).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct ClusterConfig {
     pub cluster_name: String,
     pub partitions: Vec<Partition>,

@@ -1,0 +1,114 @@
+//! The Slurm personalities, driven as a user would: the `drover` binary under Slurm's names, against a real
+//! local cluster.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use drover_cli::local::{LocalCluster, UpOptions};
+
+struct Shell {
+    bin: PathBuf,
+    controllers: String,
+    cwd: PathBuf,
+}
+
+impl Shell {
+    fn run(&self, name: &str, args: &[&str]) -> Output {
+        Command::new(self.bin.join(name))
+            .args(args)
+            .current_dir(&self.cwd)
+            .env("DROVER_CONTROLLERS", &self.controllers)
+            .output()
+            .expect("command runs")
+    }
+
+    fn ok(&self, name: &str, args: &[&str]) -> String {
+        let out = self.run(name, args);
+        assert!(out.status.success(), "{name} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn err(&self, name: &str, args: &[&str]) -> String {
+        let out = self.run(name, args);
+        assert!(!out.status.success(), "{name} {args:?} should fail");
+        String::from_utf8(out.stderr).unwrap()
+    }
+}
+
+fn setup(dir: &Path) -> (LocalCluster, Shell) {
+    let extra = "[cluster]\ncluster_name = \"test\"\n[[cluster.partitions]]\nname = \"gpu\"\ndefault = true\nmax_time_s = 86400\nmax_nodes = 4\n[[cluster.partitions]]\nname = \"debug\"\nmax_time_s = 600\n";
+    let cluster =
+        LocalCluster::up(&dir.join("cluster"), UpOptions { extra_toml: extra.into(), ..UpOptions::default() }).unwrap();
+    tokio::runtime::Runtime::new().unwrap().block_on(cluster.wait_ready(Duration::from_secs(30))).unwrap();
+    let bin = dir.join("bin");
+    let out = Command::new(env!("CARGO_BIN_EXE_drover")).arg("install-shims").arg(&bin).output().unwrap();
+    assert!(out.status.success());
+    let cwd = dir.join("work");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let shell = Shell { bin, controllers: cluster.addresses(), cwd };
+    (cluster, shell)
+}
+
+#[test]
+fn a_user_submits_inspects_holds_and_cancels_jobs_with_slurm_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, sh) = setup(dir.path());
+    std::fs::write(
+        sh.cwd.join("train.sh"),
+        "#!/bin/bash\n#SBATCH -J pretrain\n#SBATCH --nodes=2 --gres=gpu:8\n#SBATCH -t 1-00:00:00\nsrun python train.py\n",
+    )
+    .unwrap();
+    assert_eq!(sh.ok("sbatch", &["train.sh"]), "Submitted batch job 1\n");
+    assert_eq!(sh.ok("sbatch", &["--parsable", "-p", "debug", "-t", "5", "--wrap", "hostname"]), "2\n");
+    // The script file may vanish: the controller stored its text.
+    std::fs::remove_file(sh.cwd.join("train.sh")).unwrap();
+
+    let queue = sh.ok("squeue", &[]);
+    let lines: Vec<&str> = queue.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        ["JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "NODES", "NODELIST(REASON)"]
+    );
+    assert!(lines[1].contains("pretrain") && lines[1].contains(" PD ") && lines[1].contains("(None)"), "{queue}");
+    assert_eq!(
+        sh.ok("squeue", &["-h", "-o", "%i %P %j %l %D", "-j", "1,2"]),
+        "1 gpu pretrain 1-00:00:00 2\n2 debug wrap 5:00 1\n"
+    );
+
+    let show = sh.ok("scontrol", &["show", "job", "1"]);
+    assert!(show.starts_with("JobId=1 JobName=pretrain\n"), "{show}");
+    assert!(show.contains("JobState=PENDING") && show.contains("TRES=cpu=2,node=2,gres/gpu=16"), "{show}");
+
+    sh.ok("scontrol", &["hold", "2"]);
+    assert_eq!(sh.ok("squeue", &["-h", "-o", "%i %r", "-j", "2"]), "2 JobHeldUser\n");
+    sh.ok("scontrol", &["release", "2"]);
+    sh.ok("scancel", &["2"]);
+    assert_eq!(sh.ok("squeue", &["-h", "-o", "%i"]), "1\n");
+    let again = sh.err("scancel", &["2"]);
+    assert!(again.contains("Kill job error on job id 2: Job 2 has already finished"), "{again}");
+    assert_eq!(sh.ok("scontrol", &["show", "hostnames", "gpu[01-02],login"]), "gpu01\ngpu02\nlogin\n");
+}
+
+#[test]
+fn bad_submissions_are_refused_with_errors_that_name_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, sh) = setup(dir.path());
+    std::fs::write(sh.cwd.join("bad.sh"), "#!/bin/bash\n#SBATCH -N 1\n#SBATCH --nodes=two\necho\n").unwrap();
+    let err = sh.err("sbatch", &["bad.sh"]);
+    assert!(err.contains("line 3") && err.contains("--nodes") && err.contains("two"), "{err}");
+    let err = sh.err("sbatch", &["--frobnicate", "--wrap", "true"]);
+    assert!(err.contains("--frobnicate"), "{err}");
+    let err = sh.err("sbatch", &["-t", "2-00:00:00", "-p", "debug", "--wrap", "true"]);
+    assert!(err.contains("Requested time limit is invalid") && err.contains("debug"), "{err}");
+    let err = sh.err("sbatch", &["-p", "nope", "--wrap", "true"]);
+    assert!(err.contains("invalid partition name specified: \"nope\""), "{err}");
+    let err = sh.err("sbatch", &["-N", "8", "--wrap", "true"]);
+    assert!(err.contains("Node count specification invalid"), "{err}");
+    std::fs::write(sh.cwd.join("huge.sh"), format!("#!/bin/bash\n{}", "#".repeat(5 << 20))).unwrap();
+    let err = sh.err("sbatch", &["huge.sh"]);
+    assert!(err.contains("limit"), "{err}");
+    assert_eq!(sh.ok("squeue", &["-h"]), "", "nothing refused was queued");
+    let err = Shell { controllers: "127.0.0.1:9".into(), ..sh }.err("squeue", &[]);
+    assert!(err.contains("127.0.0.1:9"), "the error lists the addresses tried: {err}");
+}

@@ -1,0 +1,45 @@
+//! A replica refuses to start on a data directory it cannot trust, and says which one.
+
+use std::process::Command;
+
+fn config(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("controller.toml");
+    let text = format!("id = 1\nlisten = \"127.0.0.1:0\"\ndata_dir = {:?}\n", dir.join("data").display().to_string());
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn a_corrupt_data_directory_is_refused_with_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("data/db");
+    std::fs::create_dir_all(&db).unwrap();
+    std::fs::write(db.join("CURRENT"), "MANIFEST-999999\n").unwrap();
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_drover-controller")).arg("--config").arg(config(dir.path())).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&dir.path().join("data").display().to_string()), "the error names the path: {err}");
+}
+
+#[test]
+fn data_of_another_format_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = drover_controller::store::open_db(&dir.path().join("data")).unwrap();
+        let cf = db.cf("raft");
+        db.db.put_cf(cf, b"format_version", 99u32.to_be_bytes()).unwrap();
+    }
+    let err = drover_controller::store::open_db(&dir.path().join("data")).err().expect("refused").to_string();
+    assert!(err.contains("format version") && err.contains("reads version 1"), "{err}");
+}
+
+#[test]
+fn an_invalid_config_names_the_file_and_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, "id = 1\nlisten = \"not-an-address\"\ndata_dir = \"/tmp/x\"\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_drover-controller")).arg("--config").arg(&path).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("c.toml") && err.contains("listen"), "{err}");
+}
