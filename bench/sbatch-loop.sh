@@ -6,19 +6,23 @@
 set -euo pipefail
 N=${1:-300}
 cd "$(dirname "$0")/.."
-DROVER=$PWD/target/release/drover
+DROVER=${DROVER:-$PWD/target/release/drover}
 [ -x "$DROVER" ] || { echo "build first: cargo build --release" >&2; exit 1; }
 WORK=$(mktemp -d /tmp/drover-sbatch-loop.XXXXXX)
 trap '"$DROVER" local down --dir "$WORK/cluster" >/dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
 
 eval "$("$DROVER" local up --dir "$WORK/cluster" --controllers 3 2>/dev/null)"
+export DROVER_CONTROLLERS
+echo "drover: cluster at $DROVER_CONTROLLERS" >&2
 "$DROVER" install-shims "$WORK/bin" >/dev/null
 mkdir -p "$WORK/out"
 
 loop() { # $1 = sbatch binary
   local t0 t1
   t0=$(date +%s.%N)
-  for _ in $(seq "$N"); do "$1" --parsable -o "$WORK/out/%j.out" --gres=gpu:1 --wrap=true >/dev/null; done
+  local failed=0
+  for _ in $(seq "$N"); do "$1" --parsable -o "$WORK/out/%j.out" --gres=gpu:1 --wrap=true >/dev/null || failed=$((failed + 1)); done
+  [ "$failed" -eq 0 ] || echo "$1: $failed of $N submissions failed" >&2
   t1=$(date +%s.%N)
   python3 -c "print(f'{$N/($t1-$t0):.0f}')"
 }

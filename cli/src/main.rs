@@ -13,7 +13,8 @@ use drover_cli::local::{LocalCluster, UpOptions};
 #[command(name = "drover", version, about = "Drover: a highly available GPU workload manager with Slurm's interface")]
 struct Cli {
     /// Controller addresses (host:port,...); default: $DROVER_CONTROLLERS or /etc/drover/client.toml.
-    #[arg(long, global = true)]
+    /// (Not global: `local up` has its own `--controllers N`.)
+    #[arg(long)]
     controllers: Option<String>,
     #[command(subcommand)]
     command: Top,

@@ -112,3 +112,35 @@ fn bad_submissions_are_refused_with_errors_that_name_the_problem() {
     let err = Shell { controllers: "127.0.0.1:9".into(), ..sh }.err("squeue", &[]);
     assert!(err.contains("127.0.0.1:9"), "the error lists the addresses tried: {err}");
 }
+
+#[test]
+fn local_up_prints_the_export_line_and_local_down_stops_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let drover = env!("CARGO_BIN_EXE_drover");
+    let up = Command::new(drover)
+        .args(["local", "up", "--controllers", "3", "--dir"])
+        .arg(dir.path().join("c"))
+        .output()
+        .unwrap();
+    assert!(up.status.success(), "{}", String::from_utf8_lossy(&up.stderr));
+    let line = String::from_utf8(up.stdout).unwrap();
+    let addrs = line.trim().strip_prefix("export DROVER_CONTROLLERS=").expect("export line").to_string();
+    let status = Command::new(drover).args(["--controllers", &addrs, "cluster", "status", "--json"]).output().unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let roles: Vec<&str> = doc["replicas"].as_array().unwrap().iter().map(|r| r["role"].as_str().unwrap()).collect();
+    assert_eq!(roles.iter().filter(|r| **r == "leader").count(), 1, "{doc}");
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("c/cluster.json")).unwrap()).unwrap();
+    let pids: Vec<i32> =
+        file["processes"].as_array().unwrap().iter().map(|p| p["pid"].as_i64().unwrap() as i32).collect();
+    let down = Command::new(drover).args(["local", "down", "--dir"]).arg(dir.path().join("c")).output().unwrap();
+    assert!(down.status.success());
+    std::thread::sleep(Duration::from_millis(200));
+    for pid in pids {
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists()
+                || std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z"),
+            "pid {pid} still running"
+        );
+    }
+}
