@@ -99,11 +99,10 @@ impl Api {
         Ok(client)
     }
 
-    fn forwarded<T>(&self, message: T, addr: &str) -> Request<T> {
+    fn forwarded<T>(&self, message: T) -> Request<T> {
         let mut request = Request::new(message);
         request.set_timeout(Duration::from_millis(FORWARD_TIMEOUT_MS));
         request.metadata_mut().insert(FORWARDED_KEY, "1".parse().expect("ascii"));
-        let _ = addr;
         request
     }
 
@@ -144,7 +143,7 @@ impl Api {
         if let Route::Forward(addr) = self.route(&request)? {
             let mut peer = self.peer(&addr)?;
             let message = request.into_inner();
-            let fwd = self.forwarded(message, &addr);
+            let fwd = self.forwarded(message);
             let result = match call {
                 "cancel" => peer.cancel_jobs(fwd).await,
                 "hold" => peer.hold_jobs(fwd).await,
@@ -258,7 +257,7 @@ fn job_matches(job: &Job, ids: &[u64], users: &[String], states: &[JobState]) ->
 impl DroverService for Api {
     async fn submit_job(&self, request: Request<SubmitJobRequest>) -> Result<Response<SubmitJobReply>, Status> {
         if let Route::Forward(addr) = self.route(&request)? {
-            let fwd = self.forwarded(request.into_inner(), &addr);
+            let fwd = self.forwarded(request.into_inner());
             return self.peer(&addr)?.submit_job(fwd).await.map_err(|s| forward_failed(&addr, s));
         }
         let message = request.into_inner();
@@ -298,7 +297,7 @@ impl DroverService for Api {
     async fn get_job(&self, request: Request<GetJobRequest>) -> Result<Response<GetJobReply>, Status> {
         if parse_consistency(request.get_ref().consistency) == ReadConsistency::Linearizable {
             if let Route::Forward(addr) = self.route(&request)? {
-                let fwd = self.forwarded(request.into_inner(), &addr);
+                let fwd = self.forwarded(request.into_inner());
                 return self.peer(&addr)?.get_job(fwd).await.map_err(|s| forward_failed(&addr, s));
             }
             self.linearize().await?;
@@ -321,7 +320,7 @@ impl DroverService for Api {
     async fn list_jobs(&self, request: Request<ListJobsRequest>) -> Result<Response<ListJobsReply>, Status> {
         if parse_consistency(request.get_ref().consistency) == ReadConsistency::Linearizable {
             if let Route::Forward(addr) = self.route(&request)? {
-                let fwd = self.forwarded(request.into_inner(), &addr);
+                let fwd = self.forwarded(request.into_inner());
                 return self.peer(&addr)?.list_jobs(fwd).await.map_err(|s| forward_failed(&addr, s));
             }
             self.linearize().await?;
@@ -417,7 +416,7 @@ impl DroverService for Api {
 
     async fn add_replica(&self, request: Request<AddReplicaRequest>) -> Result<Response<MembershipReply>, Status> {
         if let Route::Forward(addr) = self.route(&request)? {
-            let fwd = self.forwarded(request.into_inner(), &addr);
+            let fwd = self.forwarded(request.into_inner());
             return self.peer(&addr)?.add_replica(fwd).await.map_err(|s| forward_failed(&addr, s));
         }
         let message = request.into_inner();
@@ -438,7 +437,7 @@ impl DroverService for Api {
         request: Request<RemoveReplicaRequest>,
     ) -> Result<Response<MembershipReply>, Status> {
         if let Route::Forward(addr) = self.route(&request)? {
-            let fwd = self.forwarded(request.into_inner(), &addr);
+            let fwd = self.forwarded(request.into_inner());
             return self.peer(&addr)?.remove_replica(fwd).await.map_err(|s| forward_failed(&addr, s));
         }
         let id = request.into_inner().id;
