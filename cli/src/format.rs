@@ -1,5 +1,6 @@
 //! Slurm's output formats: `squeue -o` field specs, timestamps, and hostlists.
 
+use drover_state::hostlist::compress_hostlist;
 use drover_state::slurm_time::{format_duration, format_time_limit};
 use drover_state::{Job, JobState, PendingReason};
 
@@ -241,61 +242,9 @@ pub fn format_timestamp(ms: Option<u64>) -> String {
     )
 }
 
-/// Compresses host names into Slurm's hostlist syntax: `gpu01,gpu02,gpu03,gpu07` → `gpu[01-03,07]`.
-/// Names are grouped by their non-numeric prefix; zero padding is kept.
-pub fn compress_hostlist(hosts: &[String]) -> String {
-    use std::collections::BTreeMap;
-    if hosts.is_empty() {
-        return String::new();
-    }
-    // prefix -> (width, number) pairs; names without a numeric suffix stand alone.
-    let mut groups: BTreeMap<String, Vec<(usize, u64)>> = BTreeMap::new();
-    let mut plain = Vec::new();
-    for host in hosts {
-        let digits = host.chars().rev().take_while(|c| c.is_ascii_digit()).count();
-        if digits == 0 || digits > 18 {
-            plain.push(host.clone());
-            continue;
-        }
-        let (prefix, num) = host.split_at(host.len() - digits);
-        groups.entry(prefix.to_string()).or_default().push((digits, num.parse().expect("digits")));
-    }
-    let mut parts = plain;
-    for (prefix, mut nums) in groups {
-        nums.sort_by_key(|(_, n)| *n);
-        nums.dedup();
-        let mut ranges: Vec<String> = Vec::new();
-        let mut i = 0;
-        while i < nums.len() {
-            let (width, start) = nums[i];
-            let mut j = i;
-            while j + 1 < nums.len() && nums[j + 1].1 == nums[j].1 + 1 && nums[j + 1].0 == width {
-                j += 1;
-            }
-            let end = nums[j].1;
-            ranges.push(if j > i { format!("{start:0width$}-{end:0width$}") } else { format!("{start:0width$}") });
-            i = j + 1;
-        }
-        if ranges.len() == 1 && !ranges[0].contains('-') {
-            parts.push(format!("{prefix}{}", ranges[0]));
-        } else {
-            parts.push(format!("{prefix}[{}]", ranges.join(",")));
-        }
-    }
-    parts.join(",")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hostlists_compress_like_slurm() {
-        let hosts: Vec<String> = ["gpu01", "gpu02", "gpu03", "gpu07", "gpu04"].iter().map(|s| s.to_string()).collect();
-        assert_eq!(compress_hostlist(&hosts), "gpu[01-04,07]");
-        assert_eq!(compress_hostlist(&["node5".to_string()]), "node5");
-        assert_eq!(compress_hostlist(&["login".to_string(), "a1".to_string(), "a2".to_string()]), "login,a[1-2]");
-    }
 
     #[test]
     fn format_strings_parse_widths_and_justification() {

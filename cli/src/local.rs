@@ -45,6 +45,15 @@ pub struct UpOptions {
     pub extra_toml: String,
     /// Give each replica its own loopback address (127.0.0.N+10) instead of 127.0.0.1, so tests can cut one off.
     pub distinct_ips: bool,
+    /// Node agents (`node01`, ...), each with this many simulated GPUs and 64 CPUs.
+    pub agents: usize,
+    pub gpus_per_agent: u32,
+    /// The agents' SIGTERM-to-SIGKILL grace (ms).
+    pub kill_wait_ms: u64,
+    /// The controllers' `[agents]` timing: heartbeat, fence, node timeout (ms).
+    pub agent_heartbeat_ms: u64,
+    pub agent_fence_after_ms: u64,
+    pub node_timeout_ms: u64,
 }
 
 impl Default for UpOptions {
@@ -58,6 +67,12 @@ impl Default for UpOptions {
             keep_entries_after_snapshot: 2_000,
             extra_toml: String::new(),
             distinct_ips: false,
+            agents: 0,
+            gpus_per_agent: 8,
+            kill_wait_ms: 5_000,
+            agent_heartbeat_ms: 500,
+            agent_fence_after_ms: 5_000,
+            node_timeout_ms: 8_000,
         }
     }
 }
@@ -129,8 +144,67 @@ impl LocalCluster {
         for id in members.keys() {
             cluster.start(*id)?;
         }
+        for _ in 0..cluster.options.agents {
+            cluster.add_agent()?;
+        }
         cluster.save()?;
         Ok(cluster)
+    }
+
+    /// Configures and starts one more node agent (`nodeNN`) with simulated GPUs.
+    pub fn add_agent(&mut self) -> anyhow::Result<Process> {
+        let n = self.processes.iter().filter(|p| p.role == "agent").count() as u64 + 1;
+        let id = 100 + n;
+        let name = format!("node{n:02}");
+        let home = self.dir.join(format!("agent-{name}"));
+        std::fs::create_dir_all(&home)?;
+        let addr = format!("127.0.0.1:{}", free_port("127.0.0.1")?);
+        let controllers: Vec<String> =
+            self.processes.iter().filter(|p| p.role == "controller").map(|p| p.address.clone()).collect();
+        let toml = format!(
+            "name = {name:?}\ncontrollers = {controllers:?}\nlisten = {addr:?}\nhost = \"127.0.0.1\"\nstate_dir = {:?}\ncpus = 64\nmemory_mb = 65536\nkill_wait_ms = {}\n\n[gpus]\nsimulate = {}\nmodel = \"H200\"\n",
+            home.join("state").display().to_string(),
+            self.options.kill_wait_ms,
+            self.options.gpus_per_agent,
+        );
+        let config = home.join("agent.toml");
+        std::fs::write(&config, toml)?;
+        let process = Process {
+            role: "agent".into(),
+            id,
+            address: addr,
+            pid: None,
+            data_dir: home.join("state"),
+            log_file: home.join("agent.log"),
+            config,
+        };
+        self.processes.push(process.clone());
+        self.start(id)?;
+        Ok(process)
+    }
+
+    /// The agents' node names and ids.
+    pub fn agents(&self) -> Vec<(String, u64)> {
+        self.processes.iter().filter(|p| p.role == "agent").map(|p| (format!("node{:02}", p.id - 100), p.id)).collect()
+    }
+
+    /// Waits until every agent of this cluster registered and is up.
+    pub async fn wait_agents(&self, timeout: Duration) -> anyhow::Result<()> {
+        let want = self.agents().len();
+        let client = drover_client::Client::from_list(&self.addresses())?.with_deadline(Duration::from_millis(500));
+        let start = Instant::now();
+        loop {
+            if let Ok(nodes) = client.list_nodes(false).await {
+                let up = nodes.iter().filter(|n| n.health == drover_state::NodeHealth::Up).count();
+                if up >= want {
+                    return Ok(());
+                }
+            }
+            if start.elapsed() > timeout {
+                bail!("the agents in {} did not register within {timeout:?}; see their logs there", self.dir.display());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Reads `DIR/cluster.json`.
@@ -172,6 +246,11 @@ impl LocalCluster {
         }
         writeln!(
             toml,
+            "\n[agents]\nheartbeat_ms = {}\nfence_after_ms = {}\nnode_timeout_ms = {}\nkill_wait_ms = {}\n",
+            o.agent_heartbeat_ms, o.agent_fence_after_ms, o.node_timeout_ms, o.kill_wait_ms
+        )?;
+        writeln!(
+            toml,
             "\n[raft]\nheartbeat_interval_ms = {}\nelection_timeout_min_ms = {}\nelection_timeout_max_ms = {}\nsnapshot_after_entries = {}\nkeep_entries_after_snapshot = {}\n",
             o.heartbeat_ms,
             o.election_min_ms,
@@ -201,9 +280,10 @@ impl LocalCluster {
         self.processes.iter().find(|p| p.id == id)
     }
 
-    /// Starts (or restarts) controller `id` with its existing config and data.
+    /// Starts (or restarts) process `id` (a controller or an agent) with its existing config and data.
     pub fn start(&mut self, id: u64) -> anyhow::Result<()> {
-        let bin = find_binary("drover-controller")?;
+        let role = self.process_mut(id)?.role.clone();
+        let bin = find_binary(if role == "agent" { "drover-agent" } else { "drover-controller" })?;
         let process = self.process_mut(id)?;
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&process.log_file)?;
         let mut cmd = Command::new(bin);
@@ -216,7 +296,7 @@ impl LocalCluster {
                 Ok(())
             });
         }
-        let child = cmd.spawn().context("cannot start drover-controller")?;
+        let child = cmd.spawn().with_context(|| format!("cannot start {}", bin_name(&role)))?;
         process.pid = Some(child.id());
         // Reap it in the background so a killed replica does not linger as a zombie.
         std::thread::spawn(move || {
@@ -314,8 +394,42 @@ impl LocalCluster {
                 }
             }
         }
+        // Tasks run under supervisors that outlive their agent by design; a cluster going down takes them too.
+        for process in self.processes.iter().filter(|p| p.role == "agent") {
+            kill_tasks(&process.data_dir.join("tasks"));
+        }
         let _ = std::fs::remove_file(self.dir.join("cluster.json"));
         Ok(())
+    }
+}
+
+fn bin_name(role: &str) -> &'static str {
+    if role == "agent" { "drover-agent" } else { "drover-controller" }
+}
+
+/// Kills every task (by process group) and supervisor recorded under an agent's task directory.
+pub fn kill_tasks(tasks_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(tasks_dir) else { return };
+    for entry in entries.flatten() {
+        let first_numbers = |file: &str| -> Vec<i32> {
+            std::fs::read_to_string(entry.path().join(file))
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect()
+        };
+        if let [_, pgid, ..] = first_numbers("task.pid")[..]
+            && pgid > 1
+        {
+            // SAFETY: kill(2) on a process group this cluster's agent recorded.
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        }
+        if let [pid, ..] = first_numbers("supervisor.pid")[..]
+            && pid > 1
+        {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
     }
 }
 
@@ -326,6 +440,9 @@ impl Drop for LocalCluster {
                 if let Some(pid) = process.pid.take() {
                     // SAFETY: kill(2) on a pid we started.
                     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                }
+                if process.role == "agent" {
+                    kill_tasks(&process.data_dir.join("tasks"));
                 }
             }
         }

@@ -71,7 +71,7 @@ enum LocalCmd {
         dir: PathBuf,
         #[arg(long, default_value_t = 3)]
         controllers: usize,
-        /// Node agents (none exist yet in this build; must be 0).
+        /// Node agents with simulated GPUs (node01, node02, ...).
         #[arg(long, default_value_t = 0)]
         agents: usize,
         #[arg(long, default_value_t = 8)]
@@ -104,6 +104,9 @@ fn slurm_command(name: &str, args: &[String]) -> Option<i32> {
         "squeue" => Some(commands::squeue::run(args)),
         "scancel" => Some(commands::scancel::run(args)),
         "scontrol" => Some(commands::scontrol::run(args)),
+        "srun" => Some(commands::srun::run(args)),
+        "sacct" => Some(commands::sacct::run(args)),
+        "sinfo" => Some(commands::sinfo::run(args)),
         _ => None,
     }
 }
@@ -127,21 +130,24 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Top::Local { command } => match command {
-            LocalCmd::Up { dir, controllers, agents, gpus_per_agent: _ } => {
-                if agents > 0 {
-                    anyhow::bail!("--agents: this build has no node agent yet; start with --agents 0");
+            LocalCmd::Up { dir, controllers, agents, gpus_per_agent } => {
+                if agents > 64 || gpus_per_agent > 64 {
+                    anyhow::bail!("--agents and --gpus-per-agent are limited to 64 on one machine");
                 }
-                let mut local = LocalCluster::up(&dir, UpOptions { controllers, ..UpOptions::default() })?;
-                let leader = connect::runtime().block_on(local.wait_ready(Duration::from_secs(30)));
-                if let Err(e) = leader {
+                let options = UpOptions { controllers, agents, gpus_per_agent, ..UpOptions::default() };
+                let mut local = LocalCluster::up(&dir, options)?;
+                let ready = connect::runtime().block_on(async {
+                    local.wait_ready(Duration::from_secs(30)).await?;
+                    local.wait_agents(Duration::from_secs(30)).await
+                });
+                if let Err(e) = ready {
                     local.down()?;
                     return Err(e);
                 }
                 local.detach();
                 eprintln!(
-                    "local cluster up in {} ({} controllers); stop it with: drover local down --dir {}",
+                    "local cluster up in {} ({controllers} controllers, {agents} agents x {gpus_per_agent} GPUs); stop it with: drover local down --dir {}",
                     dir.display(),
-                    controllers,
                     dir.display()
                 );
                 println!("export DROVER_CONTROLLERS={}", local.addresses());

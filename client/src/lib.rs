@@ -253,6 +253,65 @@ impl Client {
     pub async fn remove_replica(&self, id: u64) -> Result<MembershipReply, ClientError> {
         self.call(|mut c| async move { c.remove_replica(RemoveReplicaRequest { id }).await }).await
     }
+
+    /// `scancel --signal`: delivers `signal` to the running tasks of the jobs.
+    pub async fn signal(&self, ids: &[u64], signal: i32, by_uid: u32) -> Result<Vec<JobOutcome>, ClientError> {
+        let request = SignalJobsRequest { job_ids: ids.to_vec(), signal, by_uid };
+        let reply = self
+            .call(|mut c| {
+                let request = request.clone();
+                async move { c.signal_jobs(request).await }
+            })
+            .await?;
+        Ok(reply.outcomes)
+    }
+
+    /// Ends an interactive allocation (`srun` outside a job) with its step's exit.
+    pub async fn complete_job(
+        &self,
+        job_id: u64,
+        incarnation: u64,
+        exit_code: i32,
+        signal: i32,
+        by_uid: u32,
+    ) -> Result<(), ClientError> {
+        let request = CompleteJobRequest { job_id, incarnation, exit_code, signal, by_uid };
+        self.call(|mut c| async move { c.complete_job(request).await }).await?;
+        Ok(())
+    }
+
+    /// Numbers a new step of a running job.
+    pub async fn create_step(&self, job_id: u64, by_uid: u32) -> Result<u32, ClientError> {
+        let reply = self.call(|mut c| async move { c.create_step(CreateStepRequest { job_id, by_uid }).await }).await?;
+        Ok(reply.step_id)
+    }
+
+    pub async fn list_nodes(&self, stale: bool) -> Result<Vec<drover_state::Node>, ClientError> {
+        Ok(self.nodes_and_config(stale).await?.0)
+    }
+
+    /// Nodes and the cluster configuration (partitions), as one consistent read.
+    pub async fn nodes_and_config(
+        &self,
+        stale: bool,
+    ) -> Result<(Vec<drover_state::Node>, Option<drover_state::ClusterConfig>), ClientError> {
+        let consistency = consistency(stale);
+        let reply = self.call(|mut c| async move { c.list_nodes(ListNodesRequest { consistency }).await }).await?;
+        let nodes = serde_json::from_slice(&reply.nodes_json).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let config = serde_json::from_slice(&reply.config_json).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        Ok((nodes, config))
+    }
+
+    /// `scontrol update nodename=... state=drain|resume reason=...`.
+    pub async fn drain_nodes(&self, names: &[String], drain: bool, reason: &str) -> Result<(), ClientError> {
+        let request = DrainNodesRequest { names: names.to_vec(), drain, reason: reason.to_string() };
+        self.call(|mut c| {
+            let request = request.clone();
+            async move { c.drain_nodes(request).await }
+        })
+        .await?;
+        Ok(())
+    }
 }
 
 #[derive(Clone, Copy)]

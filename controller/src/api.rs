@@ -35,6 +35,8 @@ const FORWARDED_KEY: &str = "x-drover-forwarded";
 
 pub struct Api {
     pub id: u64,
+    /// The leader's agent sessions (signals go to agents directly, not through the log).
+    pub hub: std::sync::Arc<crate::agents::AgentHub>,
     /// Forwarded calls leave from this replica's own address, like its Raft traffic.
     local_ip: Option<std::net::IpAddr>,
     pub raft: Raft,
@@ -46,7 +48,7 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-fn command_error_status(e: &CommandError) -> Status {
+pub fn command_error_status(e: &CommandError) -> Status {
     match e {
         CommandError::InvalidJobId { .. } => Status::not_found(e.to_string()),
         CommandError::PermissionDenied { .. } => Status::permission_denied(e.to_string()),
@@ -59,6 +61,27 @@ fn internal(context: &str, e: impl std::fmt::Display) -> Status {
     Status::internal(format!("{context}: {e}"))
 }
 
+/// Commits one command on this replica (which must lead) and returns its reply; refused commands become typed
+/// statuses. The leader's clock stamps the entry here, once, so `apply` never reads one.
+pub async fn commit(raft: &Raft, command: Command) -> Result<Reply, Status> {
+    commit_command(raft, command).await?.map_err(|e| command_error_status(&e))
+}
+
+/// Like `commit`, but keeps a refusal from `apply` apart from a failure to commit at all.
+pub async fn commit_command(raft: &Raft, command: Command) -> Result<Result<Reply, CommandError>, Status> {
+    let request = StateRequest { time_ms: now_ms(), command };
+    let write = raft.client_write(request);
+    let result = tokio::time::timeout(Duration::from_millis(WRITE_TIMEOUT_MS), write).await.map_err(|_| {
+        Status::unavailable(format!(
+            "the write was not committed within {WRITE_TIMEOUT_MS} ms: this replica cannot reach a quorum; retry or try another controller"
+        ))
+    })?;
+    match result {
+        Ok(response) => Ok(response.data),
+        Err(e) => Err(write_error(e)),
+    }
+}
+
 /// What to do with a call on this replica.
 enum Route {
     Local,
@@ -66,8 +89,14 @@ enum Route {
 }
 
 impl Api {
-    pub fn new(id: u64, raft: Raft, view: StateView, local_ip: Option<std::net::IpAddr>) -> Api {
-        Api { id, local_ip, raft, view, peers: Mutex::new(HashMap::new()) }
+    pub fn new(
+        id: u64,
+        raft: Raft,
+        view: StateView,
+        local_ip: Option<std::net::IpAddr>,
+        hub: std::sync::Arc<crate::agents::AgentHub>,
+    ) -> Api {
+        Api { id, hub, local_ip, raft, view, peers: Mutex::new(HashMap::new()) }
     }
 
     /// The leader's id and address as this replica knows them.
@@ -106,19 +135,8 @@ impl Api {
         request
     }
 
-    /// Commits one command and returns its reply; refused commands become typed statuses.
     async fn write(&self, command: Command) -> Result<Reply, Status> {
-        let request = StateRequest { time_ms: now_ms(), command };
-        let write = self.raft.client_write(request);
-        let result = tokio::time::timeout(Duration::from_millis(WRITE_TIMEOUT_MS), write).await.map_err(|_| {
-            Status::unavailable(format!(
-                "the write was not committed within {WRITE_TIMEOUT_MS} ms: this replica cannot reach a quorum; retry or try another controller"
-            ))
-        })?;
-        match result {
-            Ok(response) => response.data.map_err(|e| command_error_status(&e)),
-            Err(e) => Err(write_error(e)),
-        }
+        commit(&self.raft, command).await
     }
 
     /// Waits until this leader's state reflects every write acknowledged before the call (read index).
@@ -219,7 +237,7 @@ fn forward_failed(addr: &str, status: Status) -> Status {
     }
 }
 
-fn not_leader(addr: Option<&str>) -> Status {
+pub fn not_leader(addr: Option<&str>) -> Status {
     match addr {
         Some(addr) => {
             let mut status = Status::failed_precondition(format!("not the leader; the leader is at {addr}"));
@@ -410,7 +428,7 @@ impl DroverService for Api {
             pending_jobs: pending,
             running_jobs: running,
             next_job_id,
-            nodes_total: 0,
+            nodes_total: self.view.read().state.nodes.len() as u64,
         }))
     }
 
@@ -458,6 +476,104 @@ impl DroverService for Api {
             self.raft.change_membership(openraft::ChangeMembers::RemoveNodes(ids), false).await.map_err(write_error)?;
         }
         Ok(Response::new(self.membership()))
+    }
+    async fn signal_jobs(&self, request: Request<SignalJobsRequest>) -> Result<Response<JobOutcomesReply>, Status> {
+        if let Route::Forward(addr) = self.route(&request)? {
+            let fwd = self.forwarded(request.into_inner());
+            return self.peer(&addr)?.signal_jobs(fwd).await.map_err(|s| forward_failed(&addr, s));
+        }
+        let message = request.into_inner();
+        if !(1..=64).contains(&message.signal) {
+            return Err(Status::invalid_argument(format!("Invalid signal {}", message.signal)));
+        }
+        if message.job_ids.is_empty() || message.job_ids.len() > MAX_IDS_PER_REQUEST {
+            return Err(Status::invalid_argument(format!("name between 1 and {MAX_IDS_PER_REQUEST} job ids")));
+        }
+        self.linearize().await?;
+        let mut outcomes = Vec::new();
+        for id in message.job_ids {
+            let job = self.view.read().state.job(id).cloned();
+            let error = match job {
+                None => CommandError::InvalidJobId { id }.to_string(),
+                Some(job) if message.by_uid != 0 && message.by_uid != job.spec.uid => {
+                    CommandError::PermissionDenied { id, owner: job.spec.uid, requester: message.by_uid }.to_string()
+                }
+                Some(job) if job.nodes.is_empty() => {
+                    format!("Job {id} is pending execution: it has no tasks to signal")
+                }
+                Some(job) => {
+                    self.hub.signal(&job, message.signal);
+                    String::new()
+                }
+            };
+            outcomes.push(JobOutcome { job_id: id, ok: error.is_empty(), error });
+        }
+        Ok(Response::new(JobOutcomesReply { outcomes }))
+    }
+
+    async fn complete_job(&self, request: Request<CompleteJobRequest>) -> Result<Response<Empty>, Status> {
+        if let Route::Forward(addr) = self.route(&request)? {
+            let fwd = self.forwarded(request.into_inner());
+            return self.peer(&addr)?.complete_job(fwd).await.map_err(|s| forward_failed(&addr, s));
+        }
+        let m = request.into_inner();
+        let job = self.view.read().state.job(m.job_id).cloned();
+        let job = job.ok_or_else(|| command_error_status(&CommandError::AlreadyFinished { id: m.job_id }))?;
+        if m.by_uid != 0 && m.by_uid != job.spec.uid {
+            return Err(command_error_status(&CommandError::PermissionDenied {
+                id: m.job_id,
+                owner: job.spec.uid,
+                requester: m.by_uid,
+            }));
+        }
+        if !job.spec.interactive {
+            return Err(Status::failed_precondition(format!(
+                "job {} is a batch job: it ends when its script does (use scancel to stop it)",
+                m.job_id
+            )));
+        }
+        let end = drover_state::JobEnd { exit_code: m.exit_code, signal: m.signal, ..Default::default() };
+        self.write(Command::JobEnded { job_id: m.job_id, incarnation: m.incarnation, end }).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn create_step(&self, request: Request<CreateStepRequest>) -> Result<Response<CreateStepReply>, Status> {
+        if let Route::Forward(addr) = self.route(&request)? {
+            let fwd = self.forwarded(request.into_inner());
+            return self.peer(&addr)?.create_step(fwd).await.map_err(|s| forward_failed(&addr, s));
+        }
+        let m = request.into_inner();
+        match self.write(Command::CreateStep { job_id: m.job_id, by_uid: m.by_uid }).await? {
+            Reply::Step { step_id } => Ok(Response::new(CreateStepReply { step_id })),
+            other => Err(internal("unexpected reply to create step", format!("{other:?}"))),
+        }
+    }
+
+    async fn list_nodes(&self, request: Request<ListNodesRequest>) -> Result<Response<ListNodesReply>, Status> {
+        if parse_consistency(request.get_ref().consistency) == ReadConsistency::Linearizable {
+            if let Route::Forward(addr) = self.route(&request)? {
+                let fwd = self.forwarded(request.into_inner());
+                return self.peer(&addr)?.list_nodes(fwd).await.map_err(|s| forward_failed(&addr, s));
+            }
+            self.linearize().await?;
+        }
+        let (nodes, config): (Vec<drover_state::Node>, _) = {
+            let applied = self.view.read();
+            (applied.state.nodes.values().cloned().collect(), applied.state.config().cloned())
+        };
+        let nodes_json = serde_json::to_vec(&nodes).map_err(|e| internal("encoding nodes", e))?;
+        let config_json = serde_json::to_vec(&config).map_err(|e| internal("encoding config", e))?;
+        Ok(Response::new(ListNodesReply { nodes_json, config_json }))
+    }
+
+    async fn drain_nodes(&self, request: Request<DrainNodesRequest>) -> Result<Response<Empty>, Status> {
+        if let Route::Forward(addr) = self.route(&request)? {
+            let fwd = self.forwarded(request.into_inner());
+            return self.peer(&addr)?.drain_nodes(fwd).await.map_err(|s| forward_failed(&addr, s));
+        }
+        let m = request.into_inner();
+        self.write(Command::DrainNodes { names: m.names, drain: m.drain, reason: m.reason }).await?;
+        Ok(Response::new(Empty {}))
     }
 }
 

@@ -23,6 +23,8 @@ pub struct ControllerConfig {
     pub initial_members: BTreeMap<u64, String>,
     #[serde(default)]
     pub raft: RaftTuning,
+    #[serde(default)]
+    pub agents: AgentTiming,
     /// The cluster configuration the first leader commits (partitions, limits).
     #[serde(default)]
     pub cluster: ClusterConfig,
@@ -53,6 +55,28 @@ impl Default for RaftTuning {
             snapshot_after_entries: 20_000,
             keep_entries_after_snapshot: 2_000,
         }
+    }
+}
+
+/// How the leader judges agents. The invariant: an agent cut off from every leader kills its tasks
+/// (`fence_after_ms`) before the leader declares its node down and requeues its jobs (`node_timeout_ms`), so two
+/// incarnations of a job never run at once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentTiming {
+    pub heartbeat_ms: u64,
+    /// Silence after which the leader commits `NodeDown` (Slurm's `SlurmdTimeout`). A new leader first waits
+    /// this long for every node to reconnect.
+    pub node_timeout_ms: u64,
+    /// Silence from every leader after which an agent kills its tasks.
+    pub fence_after_ms: u64,
+    /// Between SIGTERM and SIGKILL when a job is cancelled or times out (Slurm's `KillWait`).
+    pub kill_wait_ms: u64,
+}
+
+impl Default for AgentTiming {
+    fn default() -> Self {
+        AgentTiming { heartbeat_ms: 1_000, node_timeout_ms: 15_000, fence_after_ms: 10_000, kill_wait_ms: 10_000 }
     }
 }
 
@@ -93,6 +117,12 @@ impl ControllerConfig {
         }
         if r.election_timeout_max_ms <= r.election_timeout_min_ms {
             return Err("raft.election_timeout_max_ms must exceed raft.election_timeout_min_ms".into());
+        }
+        let a = &self.agents;
+        if a.heartbeat_ms == 0 || a.fence_after_ms <= a.heartbeat_ms * 2 || a.node_timeout_ms <= a.fence_after_ms {
+            return Err(
+                "agents: need heartbeat_ms > 0, fence_after_ms > 2 x heartbeat_ms, and node_timeout_ms > fence_after_ms (agents must fence themselves before their jobs are requeued)".into(),
+            );
         }
         Ok(())
     }

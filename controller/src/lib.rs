@@ -1,9 +1,11 @@
 //! One replica of the Drover controller.
 
+pub mod agents;
 pub mod api;
 pub mod config;
 pub mod network;
 pub mod raft_service;
+pub mod scheduling;
 pub mod server;
 pub mod store;
 pub mod types;

@@ -7,6 +7,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use drover_proto::v1::ClusterStatusRequest;
+use drover_proto::v1::agent_gateway_server::AgentGatewayServer;
 use drover_proto::v1::drover_service_client::DroverServiceClient;
 use drover_proto::v1::drover_service_server::DroverServiceServer;
 use drover_proto::v1::raft_service_server::RaftServiceServer;
@@ -15,6 +16,7 @@ use openraft::async_runtime::WatchReceiver;
 use thiserror::Error;
 use tokio::sync::watch;
 
+use crate::agents::{AgentHub, Gateway};
 use crate::api::Api;
 use crate::config::ControllerConfig;
 use crate::network::{Network, endpoint};
@@ -76,12 +78,18 @@ impl Controller {
 
         let raft_server =
             RaftServer { raft: raft.clone(), snapshot_dir: db.snapshot_dir(), received: AtomicU64::new(0) };
-        let api = Api::new(config.id, raft.clone(), view.clone(), local_ip);
+        let hub = AgentHub::new(config.id, raft.clone(), view.clone(), config.agents.clone());
+        let api = Api::new(config.id, raft.clone(), view.clone(), local_ip, hub.clone());
         let router = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             // Bound concurrent streams per connection so one client cannot hog a replica.
             .max_concurrent_streams(1024)
             .add_service(RaftServiceServer::new(raft_server).max_decoding_message_size(256 << 20))
+            .add_service(
+                AgentGatewayServer::new(Gateway(hub.clone()))
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(256 << 20),
+            )
             .add_service(
                 DroverServiceServer::new(api)
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -99,6 +107,8 @@ impl Controller {
 
         tokio::spawn(bootstrap(raft.clone(), config.id, config.initial_members.clone()));
         tokio::spawn(leader_duties(raft.clone(), view.clone(), config.id, config.cluster.clone()));
+        tokio::spawn(crate::agents::leader_loops(hub));
+        tokio::spawn(crate::scheduling::scheduling_loop(raft.clone(), view.clone(), config.id));
         tracing::info!(id = config.id, %addr, data_dir = %config.data_dir.display(), "controller replica started");
         Ok(Controller { id: config.id, raft, view, addr, shutdown })
     }

@@ -7,3 +7,5 @@ pub mod v1 {
 
 /// The metadata key a follower uses to name the leader when it cannot forward.
 pub const LEADER_HINT_KEY: &str = "x-drover-leader";
+
+pub mod wire;

@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::ClusterConfig;
 use crate::error::CommandError;
-use crate::job::{JobId, JobSpec};
+use crate::job::{JobId, JobSpec, NodeAllocation, PendingReason, Usage};
+use crate::node::NodeInfo;
 
 /// A log entry's application payload: the command and the leader's wall-clock stamp for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,6 +42,57 @@ pub enum Command {
         ids: Vec<JobId>,
         by_uid: u32,
     },
+    /// An agent (re)registered with this inventory. Brings a down node back up.
+    RegisterNode {
+        info: NodeInfo,
+    },
+    /// The leader stopped hearing from a node (or an administrator said so): its jobs are requeued or fail.
+    NodeDown {
+        name: String,
+        reason: String,
+    },
+    /// `scontrol update nodename=X state=drain|resume reason=...`, or a GPU health problem.
+    DrainNodes {
+        names: Vec<String>,
+        drain: bool,
+        reason: String,
+    },
+    /// The scheduler's plan: allocations to start and new pending reasons. `apply` re-checks every allocation
+    /// against the current state and skips those that no longer fit, so a stale plan never double-books.
+    ApplyPlan {
+        allocations: Vec<Allocation>,
+        reasons: Vec<(JobId, PendingReason)>,
+    },
+    /// A job's batch script (or its interactive allocation) ended. Reports for another incarnation are refused.
+    JobEnded {
+        job_id: JobId,
+        incarnation: u64,
+        end: JobEnd,
+    },
+    /// `srun` inside a job: numbers a new step.
+    CreateStep {
+        job_id: JobId,
+        by_uid: u32,
+    },
+}
+
+/// One job's placement in a plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    pub job_id: JobId,
+    pub nodes: Vec<NodeAllocation>,
+}
+
+/// How a job's tasks ended, as its batch node reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct JobEnd {
+    pub exit_code: i32,
+    pub signal: i32,
+    /// Ended by the agent at the time limit.
+    pub timed_out: bool,
+    pub usage: Usage,
+    /// What went wrong when the task could not start (missing executable, bad directory).
+    pub message: Option<String>,
 }
 
 impl Command {
@@ -52,6 +104,12 @@ impl Command {
             Command::CancelJobs { .. } => "cancel_jobs",
             Command::HoldJobs { .. } => "hold_jobs",
             Command::ReleaseJobs { .. } => "release_jobs",
+            Command::RegisterNode { .. } => "register_node",
+            Command::NodeDown { .. } => "node_down",
+            Command::DrainNodes { .. } => "drain_nodes",
+            Command::ApplyPlan { .. } => "apply_plan",
+            Command::JobEnded { .. } => "job_ended",
+            Command::CreateStep { .. } => "create_step",
         }
     }
 }
@@ -73,6 +131,14 @@ pub enum Reply {
         duplicate: bool,
     },
     Jobs(Vec<JobOutcome>),
+    /// Which planned allocations started, and which were refused (and why).
+    Planned {
+        started: Vec<JobId>,
+        refused: Vec<(JobId, String)>,
+    },
+    Step {
+        step_id: u32,
+    },
     /// Blank entries and membership changes.
     Nothing,
 }

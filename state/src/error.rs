@@ -38,4 +38,12 @@ pub enum CommandError {
     NotPending { id: JobId, state: String },
     #[error("the cluster is not initialized yet (no configuration committed)")]
     NotInitialized,
+    #[error("Requested node configuration is not available: {0}")]
+    NodeConfigUnavailable(String),
+    #[error("Invalid node name specified: {name}")]
+    InvalidNodeName { name: String },
+    #[error("report for job {id} incarnation {incarnation} is stale: {why}")]
+    StaleReport { id: JobId, incarnation: u64, why: String },
+    #[error("Job {id} is not running (state {state})")]
+    NotRunning { id: JobId, state: String },
 }

@@ -20,6 +20,7 @@ pub enum ExportPolicy {
 /// Everything a user asked for at submit time. Stored whole (the script text included), so the job can run
 /// after the script file is gone.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(default)]
 pub struct JobSpec {
     /// `--job-name/-J`; Slurm's default is the script's file name, or `wrap` for `--wrap`.
     pub name: String,
@@ -62,6 +63,11 @@ pub struct JobSpec {
     /// `--export` and the captured environment it selects from.
     pub export: ExportPolicy,
     pub environment: Vec<(String, String)>,
+    /// `--open-mode=append` (else output files are truncated when the job starts).
+    pub open_append: bool,
+    /// An allocation without a batch script (`srun` outside a job, `salloc`): the agents run nothing until a
+    /// step is launched, and the client that made it reports its end.
+    pub interactive: bool,
 }
 
 impl JobSpec {
@@ -77,6 +83,40 @@ impl JobSpec {
     /// Total GPUs on the minimum node count (Slurm's `AllocTRES` gres/gpu).
     pub fn total_gpus(&self) -> u32 {
         self.gpus_per_node.saturating_mul(self.min_nodes.max(1))
+    }
+
+    /// The submit-time variables `--export` lets through: all, none, or the named ones (`NAME=value` entries
+    /// set a value of their own).
+    pub fn exported_environment(&self) -> Vec<(String, String)> {
+        match &self.export {
+            ExportPolicy::All => self.environment.clone(),
+            ExportPolicy::None => Vec::new(),
+            ExportPolicy::Vars { all, names } => {
+                let mut vars: Vec<(String, String)> = if *all { self.environment.clone() } else { Vec::new() };
+                for name in names {
+                    match name.split_once('=') {
+                        Some((k, v)) => vars.push((k.to_string(), v.to_string())),
+                        None => {
+                            if let Some(pair) = self.environment.iter().find(|(k, _)| k == name) {
+                                vars.push(pair.clone());
+                            }
+                        }
+                    }
+                }
+                vars
+            }
+        }
+    }
+
+    /// Tasks on each of `nodes` nodes, Slurm's block distribution: `--ntasks-per-node` each, else the total
+    /// spread as evenly as possible with the first nodes taking the remainder.
+    pub fn tasks_per_node(&self, nodes: u32) -> Vec<u32> {
+        let nodes = nodes.max(1);
+        if let Some(per_node) = self.ntasks_per_node {
+            return vec![per_node; nodes as usize];
+        }
+        let total = self.total_tasks().max(nodes);
+        (0..nodes).map(|i| total / nodes + u32::from(i < total % nodes)).collect()
     }
 }
 
@@ -178,6 +218,8 @@ pub enum PendingReason {
     PartitionDown,
     BeginTime,
     Dependency,
+    /// No node in the partition could ever satisfy the request (nodes down or drained).
+    ReqNodeNotAvail,
 }
 
 impl PendingReason {
@@ -191,6 +233,7 @@ impl PendingReason {
             PendingReason::PartitionDown => "PartitionDown",
             PendingReason::BeginTime => "BeginTime",
             PendingReason::Dependency => "Dependency",
+            PendingReason::ReqNodeNotAvail => "ReqNodeNotAvail",
         }
     }
 }
@@ -224,4 +267,49 @@ pub struct Job {
     pub nodes: Vec<String>,
     /// Who cancelled it, for `scontrol show job`'s reason line.
     pub cancelled_by: Option<u32>,
+    /// Per node: the GPUs, CPUs and tasks of the current incarnation (empty while pending).
+    #[serde(default)]
+    pub allocation: Vec<NodeAllocation>,
+    /// Set when the job was told to end (cancel) while its tasks still run; the final state once they are gone.
+    #[serde(default)]
+    pub ending: Option<JobState>,
+    /// Resources the finished tasks used (accounting).
+    #[serde(default)]
+    pub usage: Usage,
+    /// The next `srun` step id within the job.
+    #[serde(default)]
+    pub next_step_id: u32,
+    /// Why the last incarnation failed to launch, or what the agent said about the end.
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+impl Job {
+    /// GPUs held on all nodes (`AllocTRES` gres/gpu).
+    pub fn allocated_gpus(&self) -> usize {
+        self.allocation.iter().map(|a| a.gpus.len()).sum()
+    }
+
+    /// CPUs held on all nodes.
+    pub fn allocated_cpus(&self) -> u32 {
+        self.allocation.iter().map(|a| a.cpus).sum()
+    }
+}
+
+/// One node's share of a job's allocation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct NodeAllocation {
+    pub node: String,
+    /// Concrete GPU indices on that node; never given to two jobs at once.
+    pub gpus: Vec<u32>,
+    pub cpus: u32,
+    /// How many of the job's tasks run there (block distribution).
+    pub tasks: u32,
+}
+
+/// What a job's tasks consumed, summed over tasks (CPU) or the maximum (RSS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Usage {
+    pub cpu_ms: u64,
+    pub max_rss_kb: u64,
 }

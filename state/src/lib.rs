@@ -7,14 +7,19 @@
 pub mod command;
 pub mod config;
 pub mod error;
+pub mod first_fit;
+pub mod hostlist;
 pub mod job;
+pub mod lifecycle;
+pub mod node;
 pub mod slurm_time;
 pub mod state;
 
-pub use command::{Command, JobOutcome, Reply, Request, Response};
+pub use command::{Allocation, Command, JobEnd, JobOutcome, Reply, Request, Response};
 pub use config::{ClusterConfig, Partition, PartitionState};
 pub use error::CommandError;
-pub use job::{ExportPolicy, Job, JobId, JobSpec, JobState, PendingReason};
+pub use job::{ExportPolicy, Job, JobId, JobSpec, JobState, NodeAllocation, PendingReason, Usage};
+pub use node::{GpuInfo, Node, NodeHealth, NodeInfo};
 pub use state::{Applied, Change, Meta, State};
 
 /// The version of the persisted format (records and snapshots). Bumped on any incompatible change; a replica

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 use crate::command::{Command, JobOutcome, Reply, Request, Response};
 use crate::config::ClusterConfig;
 use crate::error::CommandError;
-use crate::job::{Job, JobId, JobSpec, JobState, PendingReason};
+use crate::job::{Job, JobId, JobSpec, JobState, PendingReason, Usage};
+use crate::node::Node;
 use crate::slurm_time::format_time_limit;
 
 /// How many client request ids are remembered for deduplicating retried submissions. A client retries within
@@ -56,6 +57,8 @@ pub enum Change {
         request_id: String,
         seq: u64,
     },
+    /// A node, inserted or updated (nodes are never deleted: a dead node stays DOWN with its reason).
+    PutNode(Node),
 }
 
 /// What one `apply` produced: the answer for the proposer and the records to persist.
@@ -70,6 +73,8 @@ pub struct State {
     pub meta: Meta,
     /// Active jobs by id (ordered, so listings and snapshots are deterministic).
     pub jobs: BTreeMap<JobId, Job>,
+    /// Registered nodes by name.
+    pub nodes: BTreeMap<String, Node>,
     dedup: HashMap<String, JobId>,
     dedup_order: VecDeque<(u64, String)>,
 }
@@ -79,9 +84,13 @@ impl State {
     pub fn restore(
         meta: Meta,
         jobs: impl IntoIterator<Item = Job>,
+        nodes: impl IntoIterator<Item = Node>,
         dedup: impl IntoIterator<Item = (u64, String, JobId)>,
     ) -> State {
         let mut state = State { meta, ..State::default() };
+        for node in nodes {
+            state.nodes.insert(node.info.name.clone(), node);
+        }
         for job in jobs {
             assert!(!job.state.is_terminal(), "restored active job {} is terminal", job.id);
             state.jobs.insert(job.id, job);
@@ -124,6 +133,18 @@ impl State {
             Command::ReleaseJobs { ids, by_uid } => {
                 Ok(self.for_each_job(ids, |s, id| s.set_hold(id, false, *by_uid, &mut changes)))
             }
+            Command::RegisterNode { info } => self.register_node(info, request.time_ms, &mut changes),
+            Command::NodeDown { name, reason } => self.node_down(name, reason, request.time_ms, &mut changes),
+            Command::DrainNodes { names, drain, reason } => {
+                self.drain_nodes(names, *drain, reason, request.time_ms, &mut changes)
+            }
+            Command::ApplyPlan { allocations, reasons } => {
+                self.apply_plan(allocations, reasons, request.time_ms, &mut changes)
+            }
+            Command::JobEnded { job_id, incarnation, end } => {
+                self.job_ended(*job_id, *incarnation, end, request.time_ms, &mut changes)
+            }
+            Command::CreateStep { job_id, by_uid } => self.create_step(*job_id, *by_uid, &mut changes),
         };
         debug_assert!(response.is_ok() || changes.is_empty(), "a refused command changed the state");
         Applied { response, changes }
@@ -202,6 +223,7 @@ impl State {
                 });
             }
         }
+        self.check_satisfiable(spec, &partition.name)?;
         Ok((partition.name.clone(), time_limit_s))
     }
 
@@ -233,6 +255,11 @@ impl State {
             exit_signal: 0,
             nodes: Vec::new(),
             cancelled_by: None,
+            allocation: Vec::new(),
+            ending: None,
+            usage: Usage::default(),
+            next_step_id: 0,
+            message: None,
         };
         changes.push(Change::PutScript { id, script });
         changes.push(Change::PutJob(job.clone()));
@@ -266,7 +293,7 @@ impl State {
     }
 
     /// The job for an operation, or why there is none: finished (archived) ids are below the counter.
-    fn active_job(&self, id: JobId, by_uid: u32) -> Result<&Job, CommandError> {
+    pub(crate) fn active_job(&self, id: JobId, by_uid: u32) -> Result<&Job, CommandError> {
         let Some(job) = self.jobs.get(&id) else {
             if id > 0 && id < self.meta.next_job_id {
                 return Err(CommandError::AlreadyFinished { id });
@@ -280,7 +307,15 @@ impl State {
     }
 
     fn cancel(&mut self, id: JobId, by_uid: u32, now_ms: u64, changes: &mut Vec<Change>) -> Result<(), CommandError> {
-        self.active_job(id, by_uid)?;
+        let job = self.active_job(id, by_uid)?;
+        match job.state {
+            JobState::Completing => return Ok(()),
+            JobState::Pending => {}
+            _ => {
+                self.cancel_running(id, by_uid, changes);
+                return Ok(());
+            }
+        }
         let mut job = self.jobs.remove(&id).expect("checked by active_job");
         job.state = JobState::Cancelled;
         job.reason = PendingReason::None;
@@ -461,7 +496,8 @@ mod tests {
             submit(&mut state, i, spec(1), Some(&format!("req{i}"))).unwrap();
         }
         let dedup: Vec<_> = state.dedup_entries().map(|(s, r, j)| (s, r.to_string(), j)).collect();
-        let restored = State::restore(state.meta.clone(), state.jobs.values().cloned(), dedup);
+        let restored =
+            State::restore(state.meta.clone(), state.jobs.values().cloned(), state.nodes.values().cloned(), dedup);
         assert_eq!(restored, state);
     }
 }

@@ -3,11 +3,14 @@
 pub mod bench;
 pub mod cluster;
 pub mod demo;
+pub mod sacct;
 pub mod sbatch;
 pub mod scancel;
 pub mod scontrol;
 pub mod shims;
+pub mod sinfo;
 pub mod squeue;
+pub mod srun;
 
 /// Milliseconds since the epoch, for display (elapsed times). Never used for replicated state.
 pub fn now_ms() -> u64 {

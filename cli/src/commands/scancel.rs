@@ -63,26 +63,13 @@ fn cancel(args: &[String]) -> anyhow::Result<i32> {
             return Ok(0);
         }
     }
-    if args.signal.is_some() {
-        // Signals reach running tasks through their node agents; a job that is not running has none.
-        let (jobs, _) =
-            rt.block_on(client.list_jobs(&drover_client::JobFilter { ids: ids.clone(), ..Default::default() }))?;
+    if let Some(signal) = &args.signal {
+        // Signals go to the running tasks through their node agents; nothing is logged.
+        let outcomes = rt.block_on(client.signal(&ids, parse_signal(signal)?, uid))?;
         let mut code = 0;
-        for id in &ids {
-            match jobs.iter().find(|j| j.id == *id) {
-                Some(j) if j.state == drover_state::JobState::Running => {
-                    eprintln!("scancel: error: Signal job error on job id {id}: no node agent holds this job yet");
-                    code = 1;
-                }
-                Some(_) => {
-                    eprintln!("scancel: error: Kill job error on job id {id}: Job is pending execution");
-                    code = 1;
-                }
-                None => {
-                    eprintln!("scancel: error: Kill job error on job id {id}: Invalid job id specified");
-                    code = 1;
-                }
-            }
+        for o in outcomes.iter().filter(|o| !o.ok) {
+            eprintln!("scancel: error: Signal job error on job id {}: {}", o.job_id, o.error);
+            code = 1;
         }
         return Ok(code);
     }

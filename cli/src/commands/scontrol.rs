@@ -3,7 +3,9 @@
 use drover_state::Job;
 use drover_state::slurm_time::{format_duration, format_time_limit};
 
-use crate::format::{compress_hostlist, elapsed_s, format_timestamp};
+use drover_state::hostlist::{compress_hostlist, expand_hostlist};
+
+use crate::format::{elapsed_s, format_timestamp};
 
 pub fn run(args: &[String]) -> i32 {
     match dispatch(args) {
@@ -15,13 +17,16 @@ pub fn run(args: &[String]) -> i32 {
     }
 }
 
-const USAGE: &str =
-    "usage: scontrol show job [ID] | scontrol hold ID... | scontrol release ID... | scontrol show hostnames [HOSTLIST]";
+const USAGE: &str = "usage: scontrol show job [ID] | scontrol show node [NAME] | scontrol hold ID... | scontrol release ID... | scontrol show hostnames [HOSTLIST] | scontrol update nodename=LIST state=drain|resume [reason=TEXT]";
 
 fn dispatch(args: &[String]) -> anyhow::Result<i32> {
     let (controllers, args) = super::sbatch::take_controllers_flag(args);
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
     match words.as_slice() {
+        ["show", "node" | "nodes", rest @ ..] if rest.len() <= 1 => {
+            show_nodes(controllers.as_deref(), rest.first().copied())
+        }
+        ["update", rest @ ..] if !rest.is_empty() => update_nodes(controllers.as_deref(), rest),
         ["show", "job" | "jobs", rest @ ..] | ["show", rest @ ..]
             if rest.len() <= 1 && words.get(1) != Some(&"hostnames") =>
         {
@@ -38,6 +43,78 @@ fn dispatch(args: &[String]) -> anyhow::Result<i32> {
         }
         _ => anyhow::bail!("invalid command {:?}; {USAGE}", args.join(" ")),
     }
+}
+
+/// `scontrol update nodename=gpu[01-02] state=drain reason="bad fan"` (and `state=resume`/`undrain`).
+fn update_nodes(controllers: Option<&str>, words: &[&str]) -> anyhow::Result<i32> {
+    let mut names = None;
+    let mut state = None;
+    let mut reason = String::new();
+    for word in words {
+        let (key, value) =
+            word.split_once('=').ok_or_else(|| anyhow::anyhow!("invalid update argument {word:?}; {USAGE}"))?;
+        match key.to_ascii_lowercase().as_str() {
+            "nodename" | "node" => names = Some(expand_hostlist(value).map_err(|e| anyhow::anyhow!(e))?),
+            "state" => state = Some(value.to_ascii_lowercase()),
+            "reason" => reason = value.trim_matches('"').to_string(),
+            other => anyhow::bail!("Update of {other} is not supported; {USAGE}"),
+        }
+    }
+    let names = names.ok_or_else(|| anyhow::anyhow!("update needs nodename=LIST"))?;
+    let drain = match state.as_deref() {
+        Some("drain") => true,
+        Some("resume") | Some("undrain") | Some("idle") => false,
+        other => anyhow::bail!("Invalid node state specified: {}", other.unwrap_or("(none)")),
+    };
+    let client = crate::connect::client(controllers)?;
+    crate::connect::runtime().block_on(client.drain_nodes(&names, drain, &reason))?;
+    Ok(0)
+}
+
+/// Slurm's `scontrol show node` layout.
+fn show_nodes(controllers: Option<&str>, name: Option<&str>) -> anyhow::Result<i32> {
+    let client = crate::connect::client(controllers)?;
+    let nodes = crate::connect::runtime().block_on(client.list_nodes(false))?;
+    let mut shown = 0;
+    for node in nodes.iter().filter(|n| name.is_none_or(|x| x == n.info.name)) {
+        shown += 1;
+        let info = &node.info;
+        let gres = if info.gpus.is_empty() {
+            "(null)".to_string()
+        } else if info.gpu_type.is_empty() {
+            format!("gpu:{}", info.gpus.len())
+        } else {
+            format!("gpu:{}:{}", info.gpu_type, info.gpus.len())
+        };
+        let topology: Vec<String> = info.topology.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!(
+            "NodeName={} Arch=x86_64 CoresPerSocket=1\n   CPUAlloc={} CPUTot={} CPULoad=N/A\n   AvailableFeatures={}\n   Gres={} GresUsed=gpu:{}\n   NodeAddr={} NodeHostName={} Version={}\n   RealMemory={} State={} Partitions={}\n   Topology={}\n   Reason={}\n",
+            info.name,
+            node.allocated_cpus,
+            info.cpus,
+            if info.features.is_empty() { "(null)".to_string() } else { info.features.join(",") },
+            gres,
+            node.allocated_gpus.len(),
+            info.host,
+            info.name,
+            info.version,
+            info.memory_mb,
+            node.state_name(),
+            if info.partitions.is_empty() { "(default)".to_string() } else { info.partitions.join(",") },
+            if topology.is_empty() { "(null)".to_string() } else { topology.join(",") },
+            if node.reason.is_empty() { "(null)".to_string() } else { node.reason.clone() },
+        );
+    }
+    if shown == 0 {
+        match name {
+            Some(n) => {
+                eprintln!("Node {n} not found");
+                return Ok(1);
+            }
+            None => println!("No nodes in the system"),
+        }
+    }
+    Ok(0)
 }
 
 fn print_hostnames(list: &str) -> anyhow::Result<i32> {
@@ -152,61 +229,4 @@ fn hold_release(controllers: Option<&str>, verb: &str, ids: &[&str]) -> anyhow::
         code = 1;
     }
     Ok(code)
-}
-
-/// Expands Slurm hostlist syntax: `gpu[01-03,07],login` → gpu01 gpu02 gpu03 gpu07 login.
-pub fn expand_hostlist(list: &str) -> Result<Vec<String>, String> {
-    const MAX_HOSTS: usize = 1_000_000;
-    let mut hosts = Vec::new();
-    let mut depth = 0;
-    let mut start = 0;
-    let bytes = list.as_bytes();
-    let mut items = Vec::new();
-    for (i, b) in bytes.iter().enumerate() {
-        match b {
-            b'[' => depth += 1,
-            b']' => depth -= 1,
-            b',' if depth == 0 => {
-                items.push(&list[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    items.push(&list[start..]);
-    for item in items.into_iter().filter(|s| !s.is_empty()) {
-        let Some(open) = item.find('[') else {
-            hosts.push(item.to_string());
-            continue;
-        };
-        let close = item.rfind(']').ok_or_else(|| format!("unbalanced brackets in hostlist {list:?}"))?;
-        let (prefix, suffix) = (&item[..open], &item[close + 1..]);
-        for range in item[open + 1..close].split(',') {
-            let (lo, hi) = range.split_once('-').unwrap_or((range, range));
-            let width = lo.len();
-            let lo: u64 = lo.parse().map_err(|_| format!("bad range {range:?} in hostlist {list:?}"))?;
-            let hi: u64 = hi.parse().map_err(|_| format!("bad range {range:?} in hostlist {list:?}"))?;
-            if hi < lo || hosts.len() as u64 + (hi - lo) > MAX_HOSTS as u64 {
-                return Err(format!("bad range {range:?} in hostlist {list:?}"));
-            }
-            for n in lo..=hi {
-                hosts.push(format!("{prefix}{n:0width$}{suffix}"));
-            }
-        }
-    }
-    Ok(hosts)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hostlists_expand_and_compress_back() {
-        let hosts = expand_hostlist("gpu[01-03,07],login").unwrap();
-        assert_eq!(hosts, ["gpu01", "gpu02", "gpu03", "gpu07", "login"]);
-        assert_eq!(compress_hostlist(&hosts), "login,gpu[01-03,07]");
-        assert!(expand_hostlist("gpu[3-1]").is_err());
-        assert!(expand_hostlist("gpu[1-2").is_err());
-    }
 }

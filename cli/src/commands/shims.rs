@@ -3,7 +3,7 @@
 use std::path::Path;
 
 /// The Slurm commands this binary answers to.
-pub const SHIMS: [&str; 4] = ["sbatch", "squeue", "scancel", "scontrol"];
+pub const SHIMS: [&str; 7] = ["sbatch", "squeue", "scancel", "scontrol", "srun", "sacct", "sinfo"];
 
 pub fn install(dir: &Path) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;

@@ -14,9 +14,10 @@ pub const CF_JOBS: &str = "jobs"; // active job id (u64 BE) -> Job
 pub const CF_SCRIPTS: &str = "scripts"; // job id -> script text
 pub const CF_HISTORY: &str = "history"; // finished job id -> Job (accounting, read by sacct)
 pub const CF_DEDUP: &str = "dedup"; // client request id -> (seq, job id)
+pub const CF_NODES: &str = "nodes"; // node name -> Node
 
 /// The state machine's column families, in snapshot order.
-pub const SM_FAMILIES: [&str; 5] = [CF_SM, CF_JOBS, CF_SCRIPTS, CF_HISTORY, CF_DEDUP];
+pub const SM_FAMILIES: [&str; 6] = [CF_SM, CF_JOBS, CF_SCRIPTS, CF_HISTORY, CF_DEDUP, CF_NODES];
 
 const FORMAT_KEY: &[u8] = b"format_version";
 
@@ -60,8 +61,9 @@ pub fn open_db(dir: &Path) -> Result<Db, StoreError> {
     // Two cores: keep background work small and predictable.
     opts.increase_parallelism(2);
     opts.set_max_background_jobs(2);
-    let families = [CF_RAFT, CF_LOGS, SM_FAMILIES[0], SM_FAMILIES[1], SM_FAMILIES[2], SM_FAMILIES[3], SM_FAMILIES[4]]
+    let families = [CF_RAFT, CF_LOGS]
         .into_iter()
+        .chain(SM_FAMILIES)
         .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
     let db_path = dir.join("db");
     let db = DB::open_cf_descriptors(&opts, &db_path, families).map_err(|e| open_err(e.to_string()))?;

@@ -3,7 +3,7 @@
 use std::io;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
-use drover_state::{Change, Job, JobId, Meta, Reply, State};
+use drover_state::{Change, Job, JobId, Meta, Node, Reply, State};
 use futures::{Stream, StreamExt};
 use openraft::entry::RaftEntry;
 use openraft::storage::{EntryResponder, RaftStateMachine};
@@ -11,7 +11,7 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use rocksdb::{IteratorMode, WriteBatch};
 use serde::{Deserialize, Serialize};
 
-use super::db::{CF_DEDUP, CF_HISTORY, CF_JOBS, CF_RAFT, CF_SCRIPTS, CF_SM, Db, SM_FAMILIES, id_key};
+use super::db::{CF_DEDUP, CF_HISTORY, CF_JOBS, CF_NODES, CF_RAFT, CF_SCRIPTS, CF_SM, Db, SM_FAMILIES, id_key};
 use super::snapshot::{SnapshotFile, SnapshotReader, SnapshotWriter};
 use crate::types::{LogId, SnapshotMeta, StoredMembership, TypeConfig};
 
@@ -62,11 +62,21 @@ pub struct Applied {
 pub struct StateView {
     inner: Arc<RwLock<Applied>>,
     db: Db,
+    /// Names of nodes whose assignments may have changed, after each applied batch (`*` = all of them, after a
+    /// snapshot install). The leader's agent sessions listen, so only the affected agents are told.
+    node_changes: tokio::sync::broadcast::Sender<String>,
 }
+
+/// Node-change notices buffered per listener; a listener that falls further behind re-checks every node.
+const NODE_CHANGES_CAPACITY: usize = 16_384;
 
 impl StateView {
     pub fn read(&self) -> RwLockReadGuard<'_, Applied> {
         self.inner.read().expect("state lock poisoned")
+    }
+
+    pub fn node_changes(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.node_changes.subscribe()
     }
 
     /// A job by id: active from memory, finished from the accounting history.
@@ -129,7 +139,8 @@ impl StateMachineStore {
             load_snapshot_records(&db, &db.snapshot_dir().join(&current.file_name))?;
         }
         let applied = load_applied(&db)?;
-        let view = StateView { inner: Arc::new(RwLock::new(applied)), db: db.clone() };
+        let (node_changes, _) = tokio::sync::broadcast::channel(NODE_CHANGES_CAPACITY);
+        let view = StateView { inner: Arc::new(RwLock::new(applied)), db: db.clone(), node_changes };
         Ok(StateMachineStore { db, view, snapshot_seq: 0 })
     }
 
@@ -156,6 +167,11 @@ fn load_applied(db: &Db) -> io::Result<Applied> {
         let (_, value) = item.map_err(|e| io_err("reading jobs", e))?;
         jobs.push(from_json::<Job>(&value)?);
     }
+    let mut nodes = Vec::new();
+    for item in db.db.iterator_cf(db.cf(CF_NODES), IteratorMode::Start) {
+        let (_, value) = item.map_err(|e| io_err("reading nodes", e))?;
+        nodes.push(from_json::<Node>(&value)?);
+    }
     let mut dedup = Vec::new();
     for item in db.db.iterator_cf(db.cf(CF_DEDUP), IteratorMode::Start) {
         let (key, value) = item.map_err(|e| io_err("reading dedup table", e))?;
@@ -163,7 +179,7 @@ fn load_applied(db: &Db) -> io::Result<Applied> {
         dedup.push((record.seq, String::from_utf8_lossy(&key).into_owned(), record.job_id));
     }
     dedup.sort_by_key(|(seq, _, _)| *seq);
-    Ok(Applied { state: State::restore(meta, jobs, dedup), last_applied, membership })
+    Ok(Applied { state: State::restore(meta, jobs, nodes, dedup), last_applied, membership })
 }
 
 /// Adds one state change to the batch.
@@ -180,8 +196,20 @@ fn write_change(db: &Db, batch: &mut WriteBatch, change: &Change) -> io::Result<
             batch.put_cf(db.cf(CF_DEDUP), request_id.as_bytes(), to_json(&DedupRecord { seq: *seq, job_id: *job_id })?)
         }
         Change::DeleteDedup { request_id, .. } => batch.delete_cf(db.cf(CF_DEDUP), request_id.as_bytes()),
+        Change::PutNode(node) => batch.put_cf(db.cf(CF_NODES), node.info.name.as_bytes(), to_json(node)?),
     }
     Ok(())
+}
+
+/// The nodes whose set of assigned jobs (or those jobs' orders, like a cancel) a change affects.
+fn touched_nodes(change: &Change, touched: &mut std::collections::BTreeSet<String>) {
+    match change {
+        Change::PutNode(node) => {
+            touched.insert(node.info.name.clone());
+        }
+        Change::PutJob(job) | Change::ArchiveJob(job) => touched.extend(job.nodes.iter().cloned()),
+        _ => {}
+    }
 }
 
 /// Wipes the state machine families and fills them from a snapshot file, in bounded batches.
@@ -306,6 +334,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
         let mut batch = WriteBatch::default();
         let mut answers = Vec::new();
+        let mut touched = std::collections::BTreeSet::new();
         {
             let mut applied = self.view.inner.write().expect("state lock poisoned");
             for (entry, responder) in items {
@@ -316,6 +345,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         let outcome = applied.state.apply(&request);
                         for change in &outcome.changes {
                             write_change(&self.db, &mut batch, change)?;
+                            touched_nodes(change, &mut touched);
                         }
                         outcome.response
                     }
@@ -337,6 +367,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         self.db.db.write(batch).map_err(|e| io_err(&format!("writing state in {}", self.db.dir.display()), e))?;
         for (responder, response) in answers {
             responder.send(response);
+        }
+        for name in touched {
+            let _ = self.view.node_changes.send(name);
         }
         Ok(())
     }
@@ -370,6 +403,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         .map_err(|e| io_err("install task", e))??;
         assert_eq!(loaded.last_applied, meta.last_log_id, "installed snapshot disagrees with its metadata");
         *self.view.inner.write().expect("state lock poisoned") = loaded;
+        let _ = self.view.node_changes.send("*".to_string());
         Ok(())
     }
 

@@ -1,0 +1,140 @@
+//! The agent's configuration: a TOML file, or the same settings as flags (flags win).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The node's name (unique in the cluster; what hostlists hold). Defaults to the host name.
+    #[serde(default)]
+    pub name: String,
+    /// Controller addresses (`host:port`); the agent finds the leader among them.
+    pub controllers: Vec<String>,
+    /// Where the agent's own gRPC server (for `srun`) listens.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// The address other nodes and `srun` reach this agent at; defaults to `listen` (with the host below when
+    /// listening on all interfaces).
+    #[serde(default)]
+    pub advertise: Option<String>,
+    /// The host jobs use as `MASTER_ADDR` when this node is their first; defaults to the listen IP.
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Task directories (launch files, results) live here; they outlive an agent restart.
+    pub state_dir: PathBuf,
+    /// CPUs and memory offered to jobs; default: what the machine has.
+    #[serde(default)]
+    pub cpus: Option<u32>,
+    #[serde(default)]
+    pub memory_mb: Option<u64>,
+    #[serde(default)]
+    pub partitions: Vec<String>,
+    #[serde(default)]
+    pub features: Vec<String>,
+    /// Topology labels, e.g. `{ site = "a", rack = "r12", switch = "s3" }`.
+    #[serde(default)]
+    pub topology: BTreeMap<String, String>,
+    #[serde(default)]
+    pub gpus: GpuConfig,
+    /// Between SIGTERM and SIGKILL when a job is cancelled or times out (Slurm's `KillWait`).
+    #[serde(default = "default_kill_wait_ms")]
+    pub kill_wait_ms: u64,
+}
+
+fn default_kill_wait_ms() -> u64 {
+    10_000
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct GpuConfig {
+    /// Simulate this many GPUs instead of asking NVML (tests, `drover local up`).
+    #[serde(default)]
+    pub simulate: Option<u32>,
+    /// How many GPUs the node should have (checked against NVML; used when there is no driver).
+    #[serde(default)]
+    pub count: Option<u32>,
+    /// Model name the GPUs should contain (e.g. `H200`); also the `--gres=gpu:TYPE:N` type, lower-cased.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Simulated backend only: a file of injected faults (`3 xid 79`), re-read on every health poll.
+    #[serde(default)]
+    pub fault_file: Option<PathBuf>,
+}
+
+fn default_listen() -> String {
+    "0.0.0.0:6818".to_string()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read agent config {path}: {message}")]
+    Read { path: PathBuf, message: String },
+    #[error("agent config {path} is invalid: {message}")]
+    Invalid { path: PathBuf, message: String },
+    #[error("invalid agent setting: {0}")]
+    Setting(String),
+}
+
+impl AgentConfig {
+    pub fn load(path: &Path) -> Result<AgentConfig, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::Read { path: path.to_path_buf(), message: e.to_string() })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Invalid { path: path.to_path_buf(), message: e.to_string() })
+    }
+
+    /// Fills defaults from the machine and checks the result.
+    pub fn finish(mut self) -> Result<AgentConfig, ConfigError> {
+        if self.name.is_empty() {
+            self.name = hostname();
+        }
+        if self.controllers.is_empty() {
+            return Err(ConfigError::Setting("no controllers given (controllers = [\"host:port\", ...])".into()));
+        }
+        let listen: std::net::SocketAddr = self
+            .listen
+            .parse()
+            .map_err(|_| ConfigError::Setting(format!("listen = {:?} is not an IP:port address", self.listen)))?;
+        if self.host.is_none() {
+            self.host = Some(if listen.ip().is_unspecified() { hostname() } else { listen.ip().to_string() });
+        }
+        if self.cpus.is_none() {
+            self.cpus = Some(std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1));
+        }
+        if self.memory_mb.is_none() {
+            self.memory_mb = Some(machine_memory_mb());
+        }
+        Ok(self)
+    }
+
+    pub fn host(&self) -> String {
+        self.host.clone().unwrap_or_else(hostname)
+    }
+
+    /// The address `srun` dials: `advertise`, else `listen` with the host substituted for a wildcard IP.
+    pub fn advertise_addr(&self, bound: std::net::SocketAddr) -> String {
+        if let Some(a) = &self.advertise {
+            return a.clone();
+        }
+        if bound.ip().is_unspecified() { format!("{}:{}", self.host(), bound.port()) } else { bound.to_string() }
+    }
+}
+
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+fn machine_memory_mb() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb / 1024)
+        .unwrap_or(0)
+}

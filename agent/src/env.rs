@@ -1,0 +1,227 @@
+//! The environment of a task, as Slurm and PyTorch expect it. Pure: the same job and placement always give the
+//! same variables, so a requeued or re-attached task sees what the first one saw.
+
+use drover_state::hostlist::compress_hostlist;
+use drover_state::{Job, JobSpec};
+
+/// Where one task runs within its job (and step, for `srun`).
+pub struct Placement<'a> {
+    pub job: &'a Job,
+    /// Per allocated node: the host name others reach it by (the first is `MASTER_ADDR`).
+    pub hosts: &'a [String],
+    /// This node's index in the job's allocation, and its name.
+    pub node_index: u32,
+    pub node_name: &'a str,
+    /// GPU indices the job holds on this node.
+    pub gpus: &'a [u32],
+    /// For a step's task: its id, its nodes and tasks per node, and the task's global and local rank.
+    pub step: Option<StepPlacement<'a>>,
+    /// How to reach the controllers from inside the job (so `srun`, `scontrol`, `squeue` work there).
+    pub controllers: &'a str,
+}
+
+pub struct StepPlacement<'a> {
+    pub step_id: u32,
+    pub nodes: &'a [String],
+    pub tasks_per_node: &'a [u32],
+    pub rank: u32,
+    pub local_rank: u32,
+}
+
+/// A port for the job's rendezvous: fixed per job (every task computes the same one), spread over a range
+/// that avoids the well-known and the ephemeral ports.
+pub fn master_port(job_id: u64) -> u16 {
+    (15_000 + job_id % 15_000) as u16
+}
+
+/// Slurm's `SLURM_TASKS_PER_NODE` syntax: runs of equal counts compressed, `4(x2),3`.
+pub fn tasks_per_node_string(counts: &[u32]) -> String {
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < counts.len() {
+        let mut j = i;
+        while j + 1 < counts.len() && counts[j + 1] == counts[i] {
+            j += 1;
+        }
+        let run = j - i + 1;
+        parts.push(if run > 1 { format!("{}(x{run})", counts[i]) } else { counts[i].to_string() });
+        i = j + 1;
+    }
+    parts.join(",")
+}
+
+/// The submit-time variables `--export` lets through.
+pub fn exported(spec: &JobSpec) -> Vec<(String, String)> {
+    spec.exported_environment()
+}
+
+/// The whole environment of one task: the exported submit environment, then Slurm's and torch's variables
+/// (which win over exported ones of the same name, as in Slurm).
+pub fn task_environment(p: &Placement, base: Vec<(String, String)>) -> Vec<(String, String)> {
+    let job = p.job;
+    let spec = &job.spec;
+    let mut env: Vec<(String, String)> = base;
+    let mut set = |k: &str, v: String| {
+        env.retain(|(name, _)| name != k);
+        env.push((k.to_string(), v));
+    };
+    let nodelist = compress_hostlist(&job.nodes);
+    let job_tasks: Vec<u32> = job.allocation.iter().map(|a| a.tasks).collect();
+    let gpus = p.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    set("SLURM_JOB_ID", job.id.to_string());
+    set("SLURM_JOBID", job.id.to_string());
+    set("SLURM_JOB_NAME", spec.name.clone());
+    set("SLURM_JOB_USER", spec.user.clone());
+    set("SLURM_JOB_UID", spec.uid.to_string());
+    set("SLURM_JOB_GID", spec.gid.to_string());
+    set("SLURM_JOB_PARTITION", job.partition.clone());
+    if let Some(account) = &spec.account {
+        set("SLURM_JOB_ACCOUNT", account.clone());
+    }
+    set("SLURM_JOB_NODELIST", nodelist.clone());
+    set("SLURM_NODELIST", nodelist);
+    set("SLURM_JOB_NUM_NODES", job.nodes.len().to_string());
+    set("SLURM_NNODES", job.nodes.len().to_string());
+    set("SLURM_NTASKS", job_tasks.iter().sum::<u32>().to_string());
+    set("SLURM_NPROCS", job_tasks.iter().sum::<u32>().to_string());
+    if let Some(per_node) = spec.ntasks_per_node {
+        set("SLURM_NTASKS_PER_NODE", per_node.to_string());
+    }
+    set("SLURM_TASKS_PER_NODE", tasks_per_node_string(&job_tasks));
+    set("SLURM_CPUS_PER_TASK", spec.cpus_per_task.to_string());
+    set("SLURM_NODEID", p.node_index.to_string());
+    set("SLURMD_NODENAME", p.node_name.to_string());
+    set("SLURM_GPUS_ON_NODE", p.gpus.len().to_string());
+    if !p.gpus.is_empty() {
+        set("SLURM_JOB_GPUS", gpus.clone());
+        set("SLURM_STEP_GPUS", gpus.clone());
+        set("CUDA_VISIBLE_DEVICES", gpus);
+    }
+    set("SLURM_SUBMIT_DIR", spec.submit_dir.clone());
+    set("SLURM_RESTART_COUNT", job.restart_count.to_string());
+    set("MASTER_ADDR", p.hosts.first().cloned().unwrap_or_else(|| "localhost".to_string()));
+    set("MASTER_PORT", master_port(job.id).to_string());
+    set("DROVER_CONTROLLERS", p.controllers.to_string());
+    match &p.step {
+        None => {
+            set("SLURM_PROCID", "0".to_string());
+            set("SLURM_LOCALID", "0".to_string());
+            set("SLURM_STEP_ID", "4294967291".to_string());
+        }
+        Some(step) => {
+            let total: u32 = step.tasks_per_node.iter().sum();
+            let here = step.tasks_per_node.get(p.node_index as usize).copied().unwrap_or(1);
+            set("SLURM_STEP_ID", step.step_id.to_string());
+            set("SLURM_STEPID", step.step_id.to_string());
+            set("SLURM_STEP_NODELIST", compress_hostlist(step.nodes));
+            set("SLURM_STEP_NUM_NODES", step.nodes.len().to_string());
+            set("SLURM_STEP_NUM_TASKS", total.to_string());
+            set("SLURM_STEP_TASKS_PER_NODE", tasks_per_node_string(step.tasks_per_node));
+            set("SLURM_NTASKS", total.to_string());
+            set("SLURM_NPROCS", total.to_string());
+            set("SLURM_PROCID", step.rank.to_string());
+            set("SLURM_LOCALID", step.local_rank.to_string());
+            set("WORLD_SIZE", total.to_string());
+            set("RANK", step.rank.to_string());
+            set("LOCAL_RANK", step.local_rank.to_string());
+            set("LOCAL_WORLD_SIZE", here.to_string());
+        }
+    }
+    if !env.iter().any(|(k, _)| k == "PATH") {
+        env.push(("PATH".to_string(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()));
+    }
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use drover_state::{ExportPolicy, JobState, NodeAllocation, PendingReason, Usage};
+
+    use super::*;
+
+    fn job() -> Job {
+        let share = |node: &str, gpus: Vec<u32>| NodeAllocation { node: node.into(), gpus, cpus: 4, tasks: 4 };
+        Job {
+            id: 42,
+            spec: JobSpec {
+                name: "train".into(),
+                user: "alice".into(),
+                ntasks_per_node: Some(4),
+                cpus_per_task: 1,
+                submit_dir: "/home/alice".into(),
+                environment: vec![("HOME".into(), "/home/alice".into()), ("SLURM_JOB_ID".into(), "stale".into())],
+                ..JobSpec::default()
+            },
+            partition: "gpu".into(),
+            time_limit_s: None,
+            state: JobState::Running,
+            reason: PendingReason::None,
+            held: false,
+            submit_time_ms: 0,
+            start_time_ms: Some(1),
+            end_time_ms: None,
+            restart_count: 1,
+            incarnation: 1,
+            exit_code: 0,
+            exit_signal: 0,
+            nodes: vec!["gpu01".into(), "gpu02".into()],
+            cancelled_by: None,
+            allocation: vec![share("gpu01", vec![0, 1, 2, 3]), share("gpu02", vec![4, 5, 6, 7])],
+            ending: None,
+            usage: Usage::default(),
+            next_step_id: 1,
+            message: None,
+        }
+    }
+
+    fn get<'a>(env: &'a [(String, String)], key: &str) -> &'a str {
+        env.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str()).unwrap_or_else(|| panic!("{key} unset"))
+    }
+
+    #[test]
+    fn a_step_task_on_the_second_node_sees_its_global_rank_and_the_first_node_as_master() {
+        let job = job();
+        let hosts = vec!["10.0.0.1".to_string(), "10.0.0.2".to_string()];
+        let placement = Placement {
+            job: &job,
+            hosts: &hosts,
+            node_index: 1,
+            node_name: "gpu02",
+            gpus: &job.allocation[1].gpus,
+            step: Some(StepPlacement {
+                step_id: 0,
+                nodes: &job.nodes,
+                tasks_per_node: &[4, 4],
+                rank: 6,
+                local_rank: 2,
+            }),
+            controllers: "127.0.0.1:1",
+        };
+        let env = task_environment(&placement, exported(&job.spec));
+        assert_eq!(get(&env, "SLURM_JOB_ID"), "42", "Slurm's variables win over stale exported ones");
+        assert_eq!(get(&env, "HOME"), "/home/alice");
+        assert_eq!(get(&env, "SLURM_JOB_NODELIST"), "gpu[01-02]");
+        assert_eq!(get(&env, "SLURM_TASKS_PER_NODE"), "4(x2)");
+        assert_eq!((get(&env, "RANK"), get(&env, "LOCAL_RANK"), get(&env, "WORLD_SIZE")), ("6", "2", "8"));
+        assert_eq!(get(&env, "SLURM_NODEID"), "1");
+        assert_eq!(get(&env, "CUDA_VISIBLE_DEVICES"), "4,5,6,7");
+        assert_eq!(get(&env, "MASTER_ADDR"), "10.0.0.1");
+        assert_eq!(get(&env, "MASTER_PORT"), master_port(42).to_string());
+        assert_eq!(get(&env, "SLURM_RESTART_COUNT"), "1");
+    }
+
+    #[test]
+    fn export_none_passes_nothing_from_the_submit_shell() {
+        let mut job = job();
+        job.spec.export = ExportPolicy::None;
+        assert!(exported(&job.spec).is_empty());
+        job.spec.export = ExportPolicy::Vars { all: false, names: vec!["HOME".into(), "X=1".into()] };
+        assert_eq!(exported(&job.spec), vec![("HOME".into(), "/home/alice".into()), ("X".into(), "1".into())]);
+    }
+
+    #[test]
+    fn tasks_per_node_compresses_runs() {
+        assert_eq!(tasks_per_node_string(&[2, 2, 2, 1]), "2(x3),1");
+        assert_eq!(tasks_per_node_string(&[1]), "1");
+    }
+}

@@ -1,0 +1,11 @@
+//! The node agent (`drover-agent`): GPU discovery, registration and heartbeats to the leader, and task
+//! launch under per-task supervisors that outlive an agent restart.
+
+pub mod config;
+pub mod env;
+pub mod gpu;
+pub mod node;
+pub mod patterns;
+pub mod session;
+pub mod steps;
+pub mod supervise;

@@ -1,0 +1,188 @@
+//! `drover-agent`: the node agent. `drover-agent supervise DIR` is the per-task supervisor it starts.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Parser;
+use drover_agent::config::AgentConfig;
+use drover_agent::gpu::{ExpectedGpus, check_inventory, open_backend};
+use drover_agent::node::NodeAgent;
+use drover_proto::v1::agent_service_server::AgentServiceServer;
+use drover_state::NodeInfo;
+
+#[derive(Parser, Debug)]
+#[command(name = "drover-agent", about = "Drover node agent: registers this node's GPUs and runs its tasks")]
+struct Args {
+    /// TOML config file; the flags below override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    name: Option<String>,
+    /// Controller addresses, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    controllers: Vec<String>,
+    #[arg(long)]
+    listen: Option<String>,
+    /// The host other nodes reach this one by (`MASTER_ADDR`).
+    #[arg(long)]
+    host: Option<String>,
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    #[arg(long)]
+    cpus: Option<u32>,
+    /// Simulate N GPUs instead of asking NVML.
+    #[arg(long)]
+    simulate_gpus: Option<u32>,
+    /// GPU model (e.g. H200): checked against NVML, the simulated model, and the `--gres` type.
+    #[arg(long)]
+    gpu_model: Option<String>,
+    #[arg(long, value_delimiter = ',')]
+    partitions: Vec<String>,
+    /// Between SIGTERM and SIGKILL when a job is cancelled or times out (Slurm's KillWait).
+    #[arg(long)]
+    kill_wait_ms: Option<u64>,
+}
+
+fn main() -> anyhow::Result<()> {
+    maybe_supervise();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,h2=warn,tower=warn,hyper=warn".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let config = load_config(&args)?;
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(run(config))
+}
+
+fn load_config(args: &Args) -> anyhow::Result<AgentConfig> {
+    let mut config = match &args.config {
+        Some(path) => AgentConfig::load(path)?,
+        None => AgentConfig {
+            name: String::new(),
+            controllers: Vec::new(),
+            listen: "0.0.0.0:6818".into(),
+            advertise: None,
+            host: None,
+            state_dir: PathBuf::from("/var/lib/drover-agent"),
+            cpus: None,
+            memory_mb: None,
+            partitions: Vec::new(),
+            features: Vec::new(),
+            topology: Default::default(),
+            gpus: Default::default(),
+            kill_wait_ms: 10_000,
+        },
+    };
+    if let Some(v) = &args.name {
+        config.name = v.clone();
+    }
+    if !args.controllers.is_empty() {
+        config.controllers = args.controllers.clone();
+    }
+    if let Some(v) = &args.listen {
+        config.listen = v.clone();
+    }
+    if let Some(v) = &args.host {
+        config.host = Some(v.clone());
+    }
+    if let Some(v) = &args.state_dir {
+        config.state_dir = v.clone();
+    }
+    if let Some(v) = args.cpus {
+        config.cpus = Some(v);
+    }
+    if let Some(v) = args.simulate_gpus {
+        config.gpus.simulate = Some(v);
+    }
+    if let Some(v) = &args.gpu_model {
+        config.gpus.model = Some(v.clone());
+    }
+    if let Some(v) = args.kill_wait_ms {
+        config.kill_wait_ms = v;
+    }
+    if !args.partitions.is_empty() {
+        config.partitions = args.partitions.clone();
+    }
+    Ok(config.finish()?)
+}
+
+async fn run(config: AgentConfig) -> anyhow::Result<()> {
+    let expected = ExpectedGpus { count: config.gpus.count, model_contains: config.gpus.model.clone() };
+    let backend: Box<dyn drover_agent::gpu::GpuBackend> = match (config.gpus.simulate, &config.gpus.fault_file) {
+        (Some(n), Some(file)) => {
+            let model = config.gpus.model.clone().unwrap_or_else(|| "H200".into());
+            Box::new(drover_agent::gpu::SimulatedBackend::new(n, &model, &config.name).with_fault_file(file))
+        }
+        (simulate, _) => open_backend(simulate, &config.name, &expected),
+    };
+    let gpus = backend.inventory().context("reading the GPU inventory")?;
+    let mut problems = Vec::new();
+    if let Err(e) = check_inventory(&gpus, &expected) {
+        tracing::error!("{e}; the node is drained until this is fixed");
+        problems.push(e.to_string());
+    }
+    tracing::info!(node = %config.name, gpus = gpus.len(), backend = %backend.describe(), "GPU inventory");
+    let listener = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let bound: SocketAddr = listener.local_addr()?;
+    let info = NodeInfo {
+        name: config.name.clone(),
+        agent_addr: config.advertise_addr(bound),
+        host: config.host(),
+        cpus: config.cpus.unwrap_or(1),
+        memory_mb: config.memory_mb.unwrap_or(0),
+        gpu_type: config.gpus.model.clone().unwrap_or_default().to_ascii_lowercase(),
+        gpus,
+        partitions: config.partitions.clone(),
+        features: config.features.clone(),
+        topology: config.topology.clone(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    let exe = std::env::current_exe().context("locating the drover-agent binary for task supervisors")?;
+    let state_dir = config.state_dir.clone();
+    let agent = NodeAgent::new(config, info, exe, backend, problems)
+        .with_context(|| format!("cannot use the state directory {}", state_dir.display()))?;
+    let reattached = agent.task_dirs().len();
+    if reattached > 0 {
+        tracing::info!(tasks = reattached, "re-attaching to tasks left by the previous agent");
+    }
+    tracing::info!(node = %agent.info.name, addr = %agent.info.agent_addr, "agent started");
+    let server = tonic::transport::Server::builder()
+        .add_service(AgentServiceServer::new(drover_agent::steps::StepServer(agent.clone())))
+        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
+    tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!("agent gRPC server stopped: {e}");
+        }
+    });
+    tokio::spawn(drover_agent::session::run(agent.clone()));
+    loop {
+        let a = agent.clone();
+        tokio::task::spawn_blocking(move || a.reconcile()).await?;
+        tokio::select! {
+            _ = agent.wake.notified() => {}
+            _ = tokio::time::sleep(std::time::Duration::from_millis(drover_agent::node::RECONCILE_INTERVAL_MS)) => {}
+            _ = tokio::signal::ctrl_c() => {
+                tracing::info!("agent stopping; its tasks keep running under their supervisors");
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// `drover-agent supervise DIR` is a task supervisor, not the agent (see `drover_agent::supervise`). It is handled
+/// before anything else runs because the supervisor forks, which is only safe while the process has one thread.
+fn maybe_supervise() {
+    let args: Vec<_> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|arg| arg == "supervise") {
+        let Some(dir) = args.get(2) else {
+            eprintln!("usage: drover-agent supervise DIR");
+            std::process::exit(2);
+        };
+        std::process::exit(drover_agent::supervise::run_supervisor(Path::new(dir)));
+    }
+}

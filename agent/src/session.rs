@@ -1,0 +1,133 @@
+//! The agent's session with the leader: register, heartbeat, receive assignments; on any failure find the
+//! leader again (followers name it), within about a second of a failover.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_proto::LEADER_HINT_KEY;
+use drover_proto::v1::AgentEnvelope;
+use drover_proto::v1::agent_gateway_client::AgentGatewayClient;
+use drover_proto::wire::{AgentMessage, ControllerMessage, decode, encode};
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tonic::transport::Endpoint;
+
+use crate::node::NodeAgent;
+
+/// Messages queued towards the leader.
+const OUTBOX: usize = 1_024;
+const CONNECT_TIMEOUT_MS: u64 = 500;
+/// Pause between attempts once every controller was tried.
+const RETRY_ROUND_MS: u64 = 100;
+/// A leader that sent nothing for this many heartbeat intervals is treated as gone.
+const SILENT_HEARTBEATS: u64 = 3;
+
+enum Ended {
+    /// A follower named the leader.
+    Redirect(String),
+    Failed(String),
+}
+
+/// Runs sessions forever, moving between controllers.
+pub async fn run(agent: Arc<NodeAgent>) {
+    let controllers = agent.config.controllers.clone();
+    let mut next = 0usize;
+    let mut redirect: Option<String> = None;
+    let mut failures_in_row = 0usize;
+    loop {
+        let addr = redirect.take().unwrap_or_else(|| {
+            next += 1;
+            controllers[(next - 1) % controllers.len()].clone()
+        });
+        match session(&agent, &addr).await {
+            Ended::Redirect(leader) => {
+                tracing::debug!(%addr, %leader, "redirected to the leader");
+                redirect = Some(leader);
+                failures_in_row = 0;
+            }
+            Ended::Failed(why) => {
+                failures_in_row += 1;
+                if failures_in_row % 50 == 1 {
+                    tracing::info!(%addr, "no session with the leader: {why}");
+                }
+                if failures_in_row.is_multiple_of(controllers.len()) {
+                    tokio::time::sleep(Duration::from_millis(RETRY_ROUND_MS)).await;
+                }
+            }
+        }
+    }
+}
+
+async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
+    let endpoint = match Endpoint::from_shared(format!("http://{addr}")) {
+        Ok(e) => e.connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS)).tcp_nodelay(true),
+        Err(e) => return Ended::Failed(format!("bad controller address {addr}: {e}")),
+    };
+    let channel = match endpoint.connect().await {
+        Ok(c) => c,
+        Err(e) => return Ended::Failed(format!("cannot connect to {addr}: {e}")),
+    };
+    let mut client = AgentGatewayClient::new(channel).max_decoding_message_size(256 << 20);
+    let (tx, rx) = mpsc::channel::<AgentMessage>(OUTBOX);
+    if tx.try_send(AgentMessage::Register { info: agent.info.clone() }).is_err() {
+        return Ended::Failed("outbox closed".into());
+    }
+    let outbound = tokio_stream::wrappers::ReceiverStream::new(rx).map(|m| AgentEnvelope { json: encode(&m) });
+    let mut inbound = match client.session(outbound).await {
+        Ok(response) => response.into_inner(),
+        Err(status) => {
+            if let Some(leader) = status.metadata().get(LEADER_HINT_KEY).and_then(|v| v.to_str().ok()) {
+                return Ended::Redirect(leader.to_string());
+            }
+            return Ended::Failed(format!("{addr}: {}", status.message()));
+        }
+    };
+    let mut heartbeat_ms = agent.timing().heartbeat_ms;
+    let mut ticker = tokio::time::interval(Duration::from_millis(heartbeat_ms));
+    let mut welcomed = false;
+    let why = loop {
+        let silence = Duration::from_millis(heartbeat_ms * SILENT_HEARTBEATS);
+        tokio::select! {
+            message = tokio::time::timeout(silence, inbound.message()) => {
+                let envelope = match message {
+                    Err(_) => break format!("the leader at {addr} sent nothing for {} ms", silence.as_millis()),
+                    Ok(Err(status)) => break format!("session with {addr} ended: {}", status.message()),
+                    Ok(Ok(None)) => break format!("{addr} closed the session"),
+                    Ok(Ok(Some(envelope))) => envelope,
+                };
+                agent.contact();
+                match decode::<ControllerMessage>(&envelope.json) {
+                    Ok(ControllerMessage::Welcome { leader_id, heartbeat_ms: hb, fence_after_ms }) => {
+                        heartbeat_ms = hb.max(10);
+                        ticker = tokio::time::interval(Duration::from_millis(heartbeat_ms));
+                        agent.connected(tx.clone(), heartbeat_ms, fence_after_ms);
+                        welcomed = true;
+                        tracing::info!(%addr, leader_id, "session with the leader established");
+                    }
+                    Ok(ControllerMessage::Assignments { jobs }) => agent.set_assignments(jobs),
+                    Ok(ControllerMessage::EndAcked { job_id, incarnation }) => agent.acked((job_id, incarnation)),
+                    Ok(ControllerMessage::Signal { job_id, incarnation, signal }) => {
+                        let agent = agent.clone();
+                        tokio::task::spawn_blocking(move || agent.signal_job((job_id, incarnation), signal));
+                    }
+                    Ok(ControllerMessage::Alive) => {}
+                    Err(e) => break format!("undecodable message from {addr}: {e}"),
+                }
+            }
+            _ = ticker.tick(), if welcomed => {
+                let problems = {
+                    let agent = agent.clone();
+                    tokio::task::spawn_blocking(move || agent.problems()).await.unwrap_or_default()
+                };
+                if tx.try_send(AgentMessage::Heartbeat { problems }).is_err() {
+                    break "the outbox to the leader is full".to_string();
+                }
+            }
+        }
+    };
+    if welcomed {
+        agent.disconnected();
+        tracing::info!("{why}; looking for the leader");
+    }
+    Ended::Failed(why)
+}

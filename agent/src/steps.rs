@@ -1,0 +1,190 @@
+//! `AgentService`: `srun` starts a step's tasks on this node and receives their output and exits.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use drover_proto::v1::agent_service_server::AgentService;
+use drover_proto::v1::{StepEvent as StepEnvelope, StepRequest};
+use drover_proto::wire::{StepEvent, StepLaunch, decode, encode};
+use futures::Stream;
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status};
+
+use crate::node::NodeAgent;
+use crate::supervise::{self, TaskStatus};
+
+/// Output is polled this often.
+const POLL_MS: u64 = 20;
+/// At most this much output per event.
+const MAX_CHUNK_BYTES: usize = 64 * 1024;
+/// Most tasks of one step on one node.
+const MAX_TASKS_PER_NODE: u32 = 1_024;
+
+pub struct StepServer(pub Arc<NodeAgent>);
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<StepEnvelope, Status>> + Send>>;
+
+/// One task being followed.
+struct Followed {
+    rank: u32,
+    dir: PathBuf,
+    out: Option<(PathBuf, u64)>,
+    err: Option<(PathBuf, u64)>,
+    done: bool,
+}
+
+#[tonic::async_trait]
+impl AgentService for StepServer {
+    type LaunchStepStream = EventStream;
+
+    async fn launch_step(&self, request: Request<StepRequest>) -> Result<Response<EventStream>, Status> {
+        let launch: StepLaunch = decode(&request.into_inner().json).map_err(Status::invalid_argument)?;
+        let agent = self.0.clone();
+        let me = &agent.info.name;
+        let assignment = agent.assignment(launch.job_id).ok_or_else(|| {
+            Status::failed_precondition(format!("job {} has no allocation on node {me}", launch.job_id))
+        })?;
+        if assignment.cancelled() {
+            return Err(Status::failed_precondition(format!("job {} is being cancelled", launch.job_id)));
+        }
+        if launch.uid != 0 && launch.uid != assignment.job.spec.uid {
+            return Err(Status::permission_denied(format!(
+                "job {} belongs to uid {}, not {}",
+                launch.job_id, assignment.job.spec.uid, launch.uid
+            )));
+        }
+        if launch.nodes.get(launch.node_index as usize) != Some(me)
+            || launch.tasks_per_node.len() != launch.nodes.len()
+            || launch.argv.is_empty()
+        {
+            return Err(Status::invalid_argument(format!("malformed step for node {me}")));
+        }
+        let ranks = launch.ranks_here();
+        if ranks.len() as u32 > MAX_TASKS_PER_NODE {
+            return Err(Status::invalid_argument(format!("at most {MAX_TASKS_PER_NODE} tasks per node")));
+        }
+        let started = {
+            let agent = agent.clone();
+            let launch = launch.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut followed = Vec::new();
+                for (local, rank) in launch.ranks_here().enumerate() {
+                    let (dir, out, err) = agent.launch_step_task(&assignment, &launch, rank, local as u32)?;
+                    followed.push(Followed {
+                        rank,
+                        dir,
+                        out: out.map(|p| (p, 0)),
+                        err: err.map(|p| (p, 0)),
+                        done: false,
+                    });
+                }
+                Ok::<_, String>(followed)
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+        };
+        let followed = started.map_err(|message| Status::failed_precondition(format!("on {me}: {message}")))?;
+        let (tx, rx) = mpsc::channel::<StepEvent>(256);
+        let kill_wait = Duration::from_millis(agent.timing().kill_wait_ms);
+        tokio::spawn(follow(followed, tx, launch.unbuffered, kill_wait));
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let stream = futures::StreamExt::map(stream, |e| Ok(StepEnvelope { json: encode(&e) }));
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// Streams output and exits until every task ended; if `srun` goes away, stops the tasks.
+async fn follow(mut tasks: Vec<Followed>, tx: mpsc::Sender<StepEvent>, unbuffered: bool, kill_wait: Duration) {
+    loop {
+        let (events, tasks_back) = tokio::task::spawn_blocking(move || {
+            let mut events = Vec::new();
+            for task in tasks.iter_mut().filter(|t| !t.done) {
+                let finished = match supervise::status(&task.dir) {
+                    TaskStatus::Running { .. } => None,
+                    TaskStatus::Finished(r) => Some((r.exit_code, r.signal)),
+                    TaskStatus::Lost(_) => Some((1, 0)),
+                };
+                let whole = finished.is_some() || unbuffered;
+                for (file, stderr) in [(&mut task.out, false), (&mut task.err, true)] {
+                    if let Some((path, offset)) = file {
+                        // A finished task's output is drained completely, a running one's chunk by chunk.
+                        while let Some(text) = read_new(path, offset, whole) {
+                            events.push(StepEvent::Output { rank: task.rank, stderr, text });
+                            if finished.is_none() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                if let Some((exit_code, signal)) = finished {
+                    task.done = true;
+                    events.push(StepEvent::Exited { rank: task.rank, exit_code, signal });
+                }
+            }
+            (events, tasks)
+        })
+        .await
+        .expect("output poll panicked");
+        tasks = tasks_back;
+        for event in events {
+            if tx.send(event).await.is_err() {
+                stop_all(&tasks, kill_wait).await;
+                return;
+            }
+        }
+        if tasks.iter().all(|t| t.done) {
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(POLL_MS)) => {}
+            _ = tx.closed() => {
+                stop_all(&tasks, kill_wait).await;
+                return;
+            }
+        }
+    }
+}
+
+/// `srun` was interrupted or lost: SIGTERM, then SIGKILL after the grace period.
+async fn stop_all(tasks: &[Followed], kill_wait: Duration) {
+    tracing::info!(tasks = tasks.len(), "srun went away; stopping its tasks");
+    let dirs: Vec<PathBuf> = tasks.iter().filter(|t| !t.done).map(|t| t.dir.clone()).collect();
+    let deadline = Instant::now() + kill_wait;
+    let _ = tokio::task::spawn_blocking(move || {
+        for dir in &dirs {
+            let _ = supervise::signal(dir, libc::SIGTERM);
+        }
+        while Instant::now() < deadline {
+            if dirs.iter().all(|d| !matches!(supervise::status(d), TaskStatus::Running { .. })) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for dir in &dirs {
+            let _ = supervise::signal(dir, libc::SIGKILL);
+        }
+    })
+    .await;
+}
+
+/// New bytes of a file since `offset`, up to the last newline unless `whole`.
+fn read_new(path: &std::path::Path, offset: &mut u64, whole: bool) -> Option<String> {
+    let mut file = std::fs::File::open(path).ok()?;
+    file.seek(SeekFrom::Start(*offset)).ok()?;
+    let mut buf = Vec::new();
+    file.take(MAX_CHUNK_BYTES as u64).read_to_end(&mut buf).ok()?;
+    let keep = if whole || buf.len() == MAX_CHUNK_BYTES {
+        buf.len()
+    } else {
+        buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)
+    };
+    if keep == 0 {
+        return None;
+    }
+    buf.truncate(keep);
+    *offset += keep as u64;
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}

@@ -1,0 +1,1075 @@
+//! Per-task supervisors: every task runs under a small supervisor process of its own, so that restarting the agent
+//! (an upgrade, a crash) does not kill running tasks. A restarted agent finds each task's directory, asks
+//! [`status`] and either keeps watching or reports the [`TaskResult`] the supervisor left behind.
+//!
+//! # Process model
+//!
+//! ```text
+//! agent ──spawn()──> drover-agent supervise DIR      (short-lived: forks, waits until the supervisor is ready, exits)
+//!                        └─fork─> supervisor         (own session, parent is init or a subreaper, never the agent)
+//!                                    └─> task        (own process group, pgid = task pid, the user's uid/gids)
+//! ```
+//!
+//! The supervisor is not the agent's child, so the agent never has to reap it and a dying agent takes nothing with
+//! it. Signals go to the task's process group ([`signal`]); the supervisor is outside that group, keeps waiting, and
+//! records how the task ended. A SIGTERM sent to the supervisor itself is passed on to the task's group (one that
+//! arrives before the task started is passed on as soon as it has), so stopping a supervisor (an operator's `kill`)
+//! ends its task with a result instead of orphaning it. Only SIGKILL orphans the task; [`status`] then says
+//! [`TaskStatus::Lost`] and [`signal`] can still reach the task through `task.pid`.
+//!
+//! When the task's main process ends, whatever it left running is killed (SIGKILL), as Slurm does at the end of a
+//! step, so a forgotten background process cannot hold a GPU the next job was given. The supervisor is a child
+//! subreaper, so this includes processes that left the task's process group or session (`setsid`, double forks);
+//! only processes some other daemon starts on the task's behalf (`systemd-run`, `at`) escape: catching those needs
+//! a cgroup per task.
+//!
+//! Deployment note: a service manager that kills the agent's whole cgroup on restart (systemd's default
+//! `KillMode=control-group`) kills the supervisors too; the agent's unit needs `KillMode=process`.
+//!
+//! # Files in DIR
+//!
+//! | file | written by | content |
+//! |------|------------|---------|
+//! | `launch.json` | [`spawn`] (atomically, mode 0600: it holds the task's environment) | [`TaskLaunch`] |
+//! | `supervisor.pid` | the supervisor, before [`spawn`] returns | `PID START_TICKS` |
+//! | `task.pid` | the supervisor, right after the task started | `PID PGID START_TICKS` |
+//! | `result.json` | the supervisor (atomically), last | [`TaskResult`] |
+//! | `supervisor.log` | the supervisor, appended | its own problems; its stdout and stderr are /dev/null |
+//!
+//! `START_TICKS` is field 22 of `/proc/PID/stat` (start time since boot, in clock ticks): a pid is only trusted, and
+//! only ever signalled, while the process holding it started at that very tick, so a recycled pid is never hit.
+
+use std::ffi::{CStr, CString};
+use std::fmt::Display;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// The task's launch description, written by [`spawn`].
+pub const LAUNCH_FILE: &str = "launch.json";
+/// `PID START_TICKS` of the supervisor.
+pub const SUPERVISOR_PID_FILE: &str = "supervisor.pid";
+/// `PID PGID START_TICKS` of the task.
+pub const TASK_PID_FILE: &str = "task.pid";
+/// How the task ended; its presence means the task is over.
+pub const RESULT_FILE: &str = "result.json";
+/// The supervisor's own log.
+pub const SUPERVISOR_LOG: &str = "supervisor.log";
+
+/// Largest `launch.json` accepted: an environment is a few KiB, a huge file is a bug or an attack on the node.
+pub const MAX_LAUNCH_BYTES: u64 = 8 << 20;
+/// Largest pid or result file read; they are a few dozen bytes.
+const MAX_SMALL_FILE_BYTES: u64 = 64 << 10;
+
+/// Exit code recorded when the program could not be executed (as a shell reports "command not found").
+pub const EXIT_EXEC_FAILED: i32 = 127;
+/// Exit code recorded when the task could not be set up (output file, working directory, user switch).
+pub const EXIT_SETUP_FAILED: i32 = 1;
+
+/// How long the supervisor keeps killing and reaping what the task left behind before it gives up and records the
+/// result anyway (a process stuck in the kernel, e.g. on a dead NFS server or a wedged GPU, cannot be killed).
+const LEFTOVER_DEADLINE: Duration = Duration::from_secs(60);
+
+/// `PATH` searched when the task's environment has none: what execvp(3) uses.
+const DEFAULT_PATH: &str = "/bin:/usr/bin";
+
+/// Everything needed to start one task; the agent writes it as `DIR/launch.json` before starting the supervisor.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct TaskLaunch {
+    /// The program and its arguments, e.g. `["/bin/bash", "/var/lib/drover/tasks/12.0.batch.0/script"]`. A program
+    /// without a `/` is looked up in the `PATH` of `env` (not the agent's).
+    pub argv: Vec<String>,
+    /// The task's complete environment: nothing of the agent's leaks into the task.
+    pub env: Vec<(String, String)>,
+    /// Absolute working directory, entered as the task's user.
+    pub cwd: String,
+    /// The user the task runs as. A supervisor running as root switches to it (and never runs the task as root unless
+    /// `uid` is 0); any other supervisor refuses a task that is not its own user's.
+    pub uid: u32,
+    pub gid: u32,
+    /// The user's name, for the supplementary groups (getgrouplist). Empty: only `gid`.
+    #[serde(default)]
+    pub user: String,
+    /// Absolute path of the task's standard output (patterns already expanded).
+    pub stdout: String,
+    /// Absolute path of the task's standard error; `None` means the stdout file.
+    pub stderr: Option<String>,
+    /// `--open-mode=append`; otherwise the files are truncated.
+    pub append: bool,
+}
+
+/// How a task ended, as the supervisor saw it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct TaskResult {
+    /// The exit status; 0 when the task was killed by a signal.
+    pub exit_code: i32,
+    /// The terminating signal, 0 if the task exited (Slurm prints `ExitCode` as `exit_code:signal`).
+    pub signal: i32,
+    /// Wall clock, milliseconds since the Unix epoch.
+    pub started_ms: u64,
+    pub ended_ms: u64,
+    /// User plus system CPU time of the task and everything it started.
+    pub cpu_ms: u64,
+    /// Peak resident memory of the largest process of the task, in KiB.
+    pub max_rss_kb: u64,
+    /// Why the task could not be started, e.g. `execve(/bin/nonexistent): No such file or directory`.
+    pub error: Option<String>,
+}
+
+/// What [`status`] finds in a task directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskStatus {
+    /// The supervisor is alive; `pid` is the supervisor's (the task's own pid is in `task.pid` once it started).
+    Running {
+        pid: u32,
+    },
+    Finished(TaskResult),
+    /// Neither a result nor a live supervisor; the text says why.
+    Lost(String),
+}
+
+/// Errors of [`spawn`], [`read_launch`] and [`signal`]; each names the file or directory involved. The underlying
+/// error is part of the message and kept in `cause` (not chained as `source`, which would print it twice).
+#[derive(Debug, thiserror::Error)]
+pub enum SuperviseError {
+    #[error("cannot {action} {}: {cause}", path.display())]
+    Io { action: &'static str, path: PathBuf, cause: io::Error },
+    #[error(
+        "{} is {size} bytes, more than the {limit}-byte limit; a task's launch description should be far smaller",
+        path.display()
+    )]
+    TooLarge { path: PathBuf, size: u64, limit: u64 },
+    #[error("{} is not valid JSON for this file: {cause}", path.display())]
+    Json { path: PathBuf, cause: serde_json::Error },
+    #[error("invalid task launch for {}: {reason}", path.display())]
+    InvalidLaunch { path: PathBuf, reason: String },
+    #[error(
+        "{} is malformed ({reason}); it is written only by the supervisor, so the task directory was damaged",
+        path.display()
+    )]
+    BadPidFile { path: PathBuf, reason: String },
+    #[error("{} already holds a task ({file} exists); every task needs a fresh directory", dir.display())]
+    AlreadyLaunched { dir: PathBuf, file: &'static str },
+    #[error("cannot start the supervisor {} for {}: {cause}", exe.display(), dir.display())]
+    SpawnSupervisor { exe: PathBuf, dir: PathBuf, cause: io::Error },
+    #[error(
+        "the supervisor for {} failed before it was ready ({status}); see {}",
+        dir.display(),
+        dir.join(SUPERVISOR_LOG).display()
+    )]
+    SupervisorFailed { dir: PathBuf, status: String },
+    #[error("the task in {} has not started yet (no {TASK_PID_FILE}); try again in a moment", dir.display())]
+    NotStarted { dir: PathBuf },
+    #[error("cannot send signal {signal} to the task's process group {pgid} ({}): {cause}", dir.display())]
+    Kill { dir: PathBuf, signal: i32, pgid: i32, cause: io::Error },
+}
+
+fn io_error(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> SuperviseError {
+    move |cause| SuperviseError::Io { action, path: path.to_path_buf(), cause }
+}
+
+/// Writes `DIR/launch.json` and starts `exe supervise DIR` detached from the caller (own session, stdio on /dev/null,
+/// working directory `/`). Returns the supervisor's pid once the supervisor has written `supervisor.pid`, so
+/// [`status`] says `Running` (or `Finished`) from the moment this returns, never `Lost`.
+///
+/// It blocks for the few milliseconds the supervisor needs to start; call it from a blocking context
+/// (`spawn_blocking`) in async code. `dir` is created if needed and must not hold an earlier task.
+pub fn spawn(exe: &Path, dir: &Path, launch: &TaskLaunch) -> Result<u32, SuperviseError> {
+    validate_launch(launch, &dir.join(LAUNCH_FILE))?;
+    fs::create_dir_all(dir).map_err(io_error("create the task directory", dir))?;
+    let dir = dir.canonicalize().map_err(io_error("resolve the task directory", dir))?;
+    for file in [SUPERVISOR_PID_FILE, TASK_PID_FILE, RESULT_FILE] {
+        if dir.join(file).exists() {
+            return Err(SuperviseError::AlreadyLaunched { dir, file });
+        }
+    }
+    let launch_path = dir.join(LAUNCH_FILE);
+    let json =
+        serde_json::to_vec_pretty(launch).map_err(|cause| SuperviseError::Json { path: launch_path.clone(), cause })?;
+    if json.len() as u64 > MAX_LAUNCH_BYTES {
+        // Refused here, where the caller can act on it, rather than by a supervisor that could only log it.
+        return Err(SuperviseError::TooLarge { path: launch_path, size: json.len() as u64, limit: MAX_LAUNCH_BYTES });
+    }
+    write_atomic(&launch_path, &json, 0o600, true).map_err(io_error("write", &launch_path))?;
+
+    let spawn_error = |cause| SuperviseError::SpawnSupervisor { exe: exe.to_path_buf(), dir: dir.clone(), cause };
+    // Its own process group at once, so a signal to the agent's group (Ctrl-C on an agent in a terminal) cannot hit
+    // the supervisor during the moment before it has its own session.
+    let mut intermediate = Command::new(exe)
+        .arg("supervise")
+        .arg(&dir)
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .map_err(spawn_error)?;
+    let exit = intermediate.wait().map_err(spawn_error)?;
+    if !exit.success() {
+        return Err(SuperviseError::SupervisorFailed { dir, status: exit.to_string() });
+    }
+    let (pid, _) = read_supervisor_pid(&dir)?;
+    Ok(pid)
+}
+
+/// Reads and checks `DIR/launch.json` (at most [`MAX_LAUNCH_BYTES`]).
+pub fn read_launch(dir: &Path) -> Result<TaskLaunch, SuperviseError> {
+    let path = dir.join(LAUNCH_FILE);
+    let bytes = read_limited(&path, MAX_LAUNCH_BYTES)?;
+    let launch: TaskLaunch =
+        serde_json::from_slice(&bytes).map_err(|cause| SuperviseError::Json { path: path.clone(), cause })?;
+    validate_launch(&launch, &path)?;
+    Ok(launch)
+}
+
+/// What the task in `dir` is doing: `Finished` once `result.json` exists, `Running` while the supervisor (checked by
+/// pid and start time) is alive, `Lost` otherwise. A restarted agent calls this to re-attach to its tasks.
+pub fn status(dir: &Path) -> TaskStatus {
+    if let Ok(Some(result)) = read_result(dir) {
+        return TaskStatus::Finished(result);
+    }
+    let supervisor = read_supervisor_pid(dir);
+    if let Ok((pid, start)) = supervisor
+        && process_alive(pid, start)
+    {
+        return TaskStatus::Running { pid };
+    }
+    // The supervisor may have written its result and exited between the two looks.
+    match read_result(dir) {
+        Ok(Some(result)) => TaskStatus::Finished(result),
+        Ok(None) => match supervisor {
+            Ok(_) => TaskStatus::Lost(format!("supervisor for {} died without a result", dir.display())),
+            Err(e) => TaskStatus::Lost(format!("no live supervisor for {}: {e}", dir.display())),
+        },
+        Err(e) => TaskStatus::Lost(format!("supervisor for {} died and left a damaged result: {e}", dir.display())),
+    }
+}
+
+/// Sends `signal` to the task's process group, which holds the task and everything it started (unless they left
+/// it), but not the supervisor. `Ok(false)` when the task is already gone. Works without a live supervisor, so a
+/// task whose supervisor was killed can still be stopped.
+///
+/// In the first moments after [`spawn`] the task may not have started yet: that is
+/// [`SuperviseError::NotStarted`], worth a retry a few milliseconds later. (To cancel a task that has not started,
+/// SIGTERM its supervisor instead: the supervisor passes it on the moment the task starts.)
+pub fn signal(dir: &Path, signal: i32) -> Result<bool, SuperviseError> {
+    if dir.join(RESULT_FILE).exists() {
+        return Ok(false);
+    }
+    let path = dir.join(TASK_PID_FILE);
+    let (pid, pgid, start) = match read_limited(&path, MAX_SMALL_FILE_BYTES) {
+        Ok(bytes) => parse_task_pid(&path, &bytes)?,
+        Err(SuperviseError::Io { cause, .. }) if cause.kind() == io::ErrorKind::NotFound => {
+            return match read_supervisor_pid(dir) {
+                Ok((spid, sstart)) if process_alive(spid, sstart) && !dir.join(RESULT_FILE).exists() => {
+                    Err(SuperviseError::NotStarted { dir: dir.to_path_buf() })
+                }
+                _ => Ok(false),
+            };
+        }
+        Err(e) => return Err(e),
+    };
+    let Some(stat) = proc_stat(pid) else { return Ok(false) };
+    if stat.start_ticks != start {
+        return Ok(false);
+    }
+    // SAFETY: kill has no memory-safety preconditions. While the leader exists (even as a zombie) its pid, and so
+    // the group id, cannot be reused, and we just checked that it is the leader we started.
+    if unsafe { libc::kill(-pgid, signal) } != 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ESRCH) {
+            return Ok(false);
+        }
+        return Err(SuperviseError::Kill { dir: dir.to_path_buf(), signal, pgid, cause: err });
+    }
+    // A zombie leader has ended; the signal still went to whatever it left in the group.
+    Ok(!stat.is_dead())
+}
+
+/// The body of `drover-agent supervise DIR`; returns the process's exit code.
+///
+/// It forks at once (the parent returns 0 as soon as the child has written `supervisor.pid`, which is what [`spawn`]
+/// waits for), so it must be called from a single-threaded process: first thing in `main`, before any runtime. It
+/// also closes every inherited descriptor above stderr.
+/// The child starts the task, waits for it and writes `result.json`; a task that cannot be started gets a result
+/// too (exit code [`EXIT_EXEC_FAILED`] or [`EXIT_SETUP_FAILED`] with `error` set, and a Slurm-style line in the
+/// task's stderr file when that file could be opened).
+pub fn run_supervisor(dir: &Path) -> i32 {
+    // Descriptors the agent leaked without close-on-exec (a listening socket, a lock file) would otherwise stay open
+    // here for the task's lifetime, blocking a restarted agent, and be inherited by the task.
+    close_inherited_descriptors();
+    let dir = match dir.canonicalize() {
+        Ok(dir) => dir,
+        Err(e) => {
+            eprintln!("drover-agent supervise: cannot open the task directory {}: {e}", dir.display());
+            return 1;
+        }
+    };
+    let mut log = Log::open(&dir);
+    let (ready_read, ready_write) = match pipe() {
+        Ok(fds) => fds,
+        Err(e) => {
+            log.line(format_args!("cannot create a pipe: {e}"));
+            return 1;
+        }
+    };
+    // SAFETY: documented requirement: the process is single-threaded here, so the child is a complete copy.
+    match unsafe { libc::fork() } {
+        -1 => {
+            log.line(format_args!("cannot fork the supervisor: {}", io::Error::last_os_error()));
+            return 1;
+        }
+        0 => drop(ready_read),
+        _ => {
+            // The short-lived parent: report readiness to spawn() through the exit code. EOF without the byte means
+            // the supervisor failed before it was ready (and logged why).
+            drop(ready_write);
+            let mut byte = [0u8; 1];
+            return match File::from(ready_read).read(&mut byte) {
+                Ok(1) => 0,
+                _ => 1,
+            };
+        }
+    }
+
+    // SAFETY: setsid has no memory-safety preconditions; a forked child is never a group leader, so it succeeds.
+    unsafe { libc::setsid() };
+    let me = std::process::id();
+    let Some(own) = proc_stat(me) else {
+        log.line(format_args!("cannot read /proc/{me}/stat"));
+        return 1;
+    };
+    let pid_path = dir.join(SUPERVISOR_PID_FILE);
+    if let Err(e) = write_atomic(&pid_path, format!("{me} {}\n", own.start_ticks).as_bytes(), 0o644, false) {
+        log.line(format_args!("cannot write {}: {e}", pid_path.display()));
+        return 1;
+    }
+    let _ = File::from(ready_write).write_all(b"R");
+    ignore_hangup_and_interrupt();
+    forward_sigterm_to_task();
+    // Orphans of the task are re-parented to us rather than to init, so we can kill and reap all of them.
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) only sets a flag on this process.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        log.line(format_args!(
+            "cannot become a subreaper ({}); escaped processes may survive",
+            io::Error::last_os_error()
+        ));
+    }
+
+    let result = supervise(&dir, &mut log);
+    let path = dir.join(RESULT_FILE);
+    let json = serde_json::to_vec_pretty(&result).unwrap_or_default();
+    match write_atomic(&path, &json, 0o644, true) {
+        Ok(()) => 0,
+        Err(e) => {
+            log.line(format_args!("cannot write {}: {e}", path.display()));
+            1
+        }
+    }
+}
+
+/// Starts the task, waits for it and everything it left behind, and says how it ended.
+fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
+    let launch = match read_launch(dir) {
+        Ok(launch) => launch,
+        Err(e) => return failed(log, None, Failure::setup(e.to_string(), None)),
+    };
+    let creds = match credentials(&launch) {
+        Ok(creds) => creds,
+        Err(failure) => return failed(log, None, failure),
+    };
+    let prepared = match as_user(creds.as_ref(), || prepare(&launch)) {
+        Ok(Ok(prepared)) => prepared,
+        Ok(Err((failure, stderr))) => return failed(log, stderr.as_ref(), failure),
+        Err(e) => return failed(log, None, Failure::setup(format!("cannot switch to uid {}: {e}", launch.uid), None)),
+    };
+    let Prepared { stdout, stderr, program } = prepared;
+    let stderr_for_errors = stderr.try_clone().ok();
+
+    let (stage_read, stage_write) = match pipe() {
+        Ok(fds) => fds,
+        Err(e) => return failed(log, Some(&stderr), Failure::setup(format!("cannot create a pipe: {e}"), None)),
+    };
+    let mut command = Command::new(&program);
+    command
+        .arg0(&launch.argv[0])
+        .args(&launch.argv[1..])
+        .env_clear()
+        .envs(launch.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr);
+    let stage_fd = stage_write.as_raw_fd();
+    let child_creds = creds.clone();
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe calls (signal, setpgid,
+    // setgroups, setgid, setuid, write) on data prepared before the fork; it allocates nothing.
+    unsafe { command.pre_exec(move || prepare_child(stage_fd, child_creds.as_ref())) };
+    let started_ms = now_ms();
+    let spawned = command.spawn();
+    drop(command); // closes our copies of the task's output files
+    drop(stage_write);
+    let child = match spawned {
+        Ok(child) => {
+            drop(stderr_for_errors);
+            child
+        }
+        Err(e) => {
+            let mut stages = Vec::new();
+            let _ = File::from(stage_read).read_to_end(&mut stages);
+            let failure = Failure::from_child_setup(stages.last().copied(), &launch, &e);
+            return failed(log, stderr_for_errors.as_ref(), failure);
+        }
+    };
+    let pid = child.id() as i32;
+    let pgid = pid; // the child made itself a group leader before exec
+    TASK_PGID.store(pgid, Ordering::SeqCst);
+    if TERM_PENDING.swap(false, Ordering::SeqCst) {
+        // SAFETY: kill has no memory-safety preconditions; pgid is our live child's group.
+        unsafe { libc::kill(-pgid, libc::SIGTERM) };
+    }
+
+    let task_pid_path = dir.join(TASK_PID_FILE);
+    let recorded = match proc_stat(pid as u32) {
+        Some(stat) => {
+            write_atomic(&task_pid_path, format!("{pid} {pgid} {}\n", stat.start_ticks).as_bytes(), 0o644, false)
+        }
+        None => Err(io::Error::other(format!("cannot read /proc/{pid}/stat"))),
+    };
+    let mut error = None;
+    if let Err(e) = recorded {
+        // A task nobody can signal cannot be cancelled or fenced: do not let it run.
+        let message = format!("cannot record the task's pid in {}: {e}", task_pid_path.display());
+        log.line(&message);
+        // SAFETY: pgid is our unreaped child's group, see below.
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        error = Some(message);
+    }
+
+    wait_for_exit_without_reaping(pid, log);
+    let ended_ms = now_ms();
+    // The leader is a zombie now, so its pid, and the group id, cannot have been reused: kill what it left behind.
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    TASK_PGID.store(-1, Ordering::SeqCst);
+    let wait_status = reap(pid, log);
+    reap_leftovers(log, Instant::now() + LEFTOVER_DEADLINE);
+
+    let usage = children_usage();
+    let (exit_code, signal) = decode_wait_status(wait_status);
+    log.line(format_args!("task {pid} ended: exit code {exit_code}, signal {signal}"));
+    TaskResult { exit_code, signal, started_ms, ended_ms, cpu_ms: usage.cpu_ms, max_rss_kb: usage.max_rss_kb, error }
+}
+
+/// What the task needs that must be opened or checked as its user.
+struct Prepared {
+    stdout: File,
+    stderr: File,
+    program: PathBuf,
+}
+
+/// Opens the output files, enters the working directory and finds the program, all with the task user's rights (the
+/// caller switches), so that a task can only write where its user may: never `--output=/etc/passwd` as root.
+/// On failure also returns the stderr file when it is already open, for the error message.
+fn prepare(launch: &TaskLaunch) -> Result<Prepared, (Failure, Option<File>)> {
+    let stdout = open_output(&launch.stdout, launch.append).map_err(|e| {
+        let message = format!("Could not open stdout file {}: {}", launch.stdout, os_message(&e));
+        (Failure::setup(format!("open({}): {}", launch.stdout, os_message(&e)), Some(message)), None)
+    })?;
+    let stderr = match launch.stderr.as_deref().filter(|path| *path != launch.stdout) {
+        Some(path) => open_output(path, launch.append).map_err(|e| {
+            let message = format!("Could not open stderr file {path}: {}", os_message(&e));
+            // The only file left to tell the user is stdout.
+            let report = stdout.try_clone().ok();
+            (Failure::setup(format!("open({path}): {}", os_message(&e)), Some(message)), report)
+        })?,
+        // The same open file, not a second open of the same path, so the two streams share one offset and
+        // interleave instead of overwriting each other.
+        None => stdout.try_clone().map_err(|e| (Failure::setup(format!("dup(stdout): {e}"), None), None))?,
+    };
+    if let Err(e) = std::env::set_current_dir(&launch.cwd) {
+        let message = format!("couldn't chdir to `{}': {}", launch.cwd, os_message(&e));
+        return Err((
+            Failure::setup(format!("chdir({}): {}", launch.cwd, os_message(&e)), Some(message)),
+            Some(stderr),
+        ));
+    }
+    let Some(program) = resolve_program(&launch.argv[0], &launch.env) else {
+        let name = &launch.argv[0];
+        let failure = Failure {
+            exit_code: EXIT_EXEC_FAILED,
+            error: format!("execve({name}): No such file or directory"),
+            message: Some(format!("execve(): {name}: No such file or directory")),
+        };
+        return Err((failure, Some(stderr)));
+    };
+    Ok(Prepared { stdout, stderr, program })
+}
+
+fn open_output(path: &str, append: bool) -> io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.create(true).mode(0o644);
+    if append {
+        options.append(true);
+    } else {
+        options.write(true).truncate(true);
+    }
+    options.open(path)
+}
+
+/// Finds the program like execvp(3) does, but in the task's `PATH`, not the supervisor's.
+fn resolve_program(name: &str, env: &[(String, String)]) -> Option<PathBuf> {
+    if name.contains('/') {
+        // Absolute or relative to the working directory; execve reports anything wrong with it.
+        return Some(PathBuf::from(name));
+    }
+    // The last PATH wins, as it does for Command::envs.
+    let search = env.iter().rev().find(|(key, _)| key == "PATH").map_or(DEFAULT_PATH, |(_, value)| value.as_str());
+    search
+        .split(':')
+        .map(|dir| Path::new(if dir.is_empty() { "." } else { dir }).join(name))
+        .find(|candidate| fs::metadata(candidate).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+}
+
+/// Why a task could not be started: the exit code and `error` of its result, and the line for its stderr file.
+#[derive(Debug)]
+struct Failure {
+    exit_code: i32,
+    error: String,
+    /// Without the `slurmstepd: error: ` prefix, which is added when written.
+    message: Option<String>,
+}
+
+impl Failure {
+    fn setup(error: String, message: Option<String>) -> Failure {
+        Failure { exit_code: EXIT_SETUP_FAILED, error, message }
+    }
+
+    /// Turns the last stage the child reached before exec into a message; see [`prepare_child`].
+    fn from_child_setup(stage: Option<u8>, launch: &TaskLaunch, e: &io::Error) -> Failure {
+        let why = os_message(e);
+        let name = &launch.argv[0];
+        match stage {
+            Some(STAGE_EXEC) => Failure {
+                exit_code: EXIT_EXEC_FAILED,
+                error: format!("execve({name}): {why}"),
+                message: Some(format!("execve(): {name}: {why}")),
+            },
+            Some(STAGE_PROCESS_GROUP) => Failure::setup(format!("setpgid(): {why}"), None),
+            Some(STAGE_SETGROUPS) => Failure::setup(format!("setgroups() for user {:?}: {why}", launch.user), None),
+            Some(STAGE_SETGID) => Failure::setup(format!("setgid({}): {why}", launch.gid), None),
+            Some(STAGE_SETUID) => Failure::setup(format!("setuid({}): {why}", launch.uid), None),
+            _ => Failure::setup(format!("cannot start the task: {why}"), None),
+        }
+    }
+}
+
+/// Records a task that never started: the message in its stderr file (when open) and in our log.
+fn failed(log: &mut Log, stderr: Option<&File>, failure: Failure) -> TaskResult {
+    log.line(format_args!("task not started: {}", failure.error));
+    if let (Some(mut file), Some(message)) = (stderr, &failure.message) {
+        let _ = writeln!(file, "slurmstepd: error: {message}");
+    }
+    let now = now_ms();
+    TaskResult {
+        exit_code: failure.exit_code,
+        signal: 0,
+        started_ms: now,
+        ended_ms: now,
+        cpu_ms: 0,
+        max_rss_kb: 0,
+        error: Some(failure.error),
+    }
+}
+
+/// The identity a root supervisor gives the task.
+#[derive(Clone, Debug)]
+struct Credentials {
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    groups: Vec<libc::gid_t>,
+}
+
+/// `None`: run the task with our own identity (it is ours, or root's and we are root).
+fn credentials(launch: &TaskLaunch) -> Result<Option<Credentials>, Failure> {
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if euid != 0 {
+        if launch.uid == euid {
+            return Ok(None);
+        }
+        return Err(Failure::setup(
+            format!(
+                "cannot switch user: the supervisor runs as uid {euid}, not as root, so it cannot start a task as \
+                 uid {}; run the agent as root or submit as uid {euid}",
+                launch.uid
+            ),
+            None,
+        ));
+    }
+    if launch.uid == 0 {
+        return Ok(None);
+    }
+    let groups = if launch.user.is_empty() {
+        vec![launch.gid]
+    } else {
+        let name = CString::new(launch.user.as_str())
+            .map_err(|_| Failure::setup(format!("user name {:?} contains a NUL byte", launch.user), None))?;
+        match lookup_uid(&name) {
+            Ok(Some(uid)) if uid == launch.uid => group_list(&name, launch.gid),
+            Ok(Some(uid)) => {
+                return Err(Failure::setup(
+                    format!(
+                        "user {:?} is uid {uid} on this node but the task is for uid {}; fix the node's user database",
+                        launch.user, launch.uid
+                    ),
+                    None,
+                ));
+            }
+            // Unknown here (no shared user database): the task still runs as its uid, with its primary group only.
+            Ok(None) => vec![launch.gid],
+            Err(e) => return Err(Failure::setup(format!("cannot look up user {:?}: {e}", launch.user), None)),
+        }
+    };
+    Ok(Some(Credentials { uid: launch.uid, gid: launch.gid, groups }))
+}
+
+fn lookup_uid(name: &CStr) -> io::Result<Option<libc::uid_t>> {
+    let mut buf = vec![0u8; 1024];
+    loop {
+        // SAFETY: all-zero is a valid passwd (null pointers, zero ids); getpwnam_r fills it.
+        let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: every pointer is valid for the call and buf.len() is its real size.
+        let rc = unsafe { libc::getpwnam_r(name.as_ptr(), &mut entry, buf.as_mut_ptr().cast(), buf.len(), &mut found) };
+        match rc {
+            0 if found.is_null() => return Ok(None),
+            0 => return Ok(Some(entry.pw_uid)),
+            libc::ERANGE if buf.len() < 1 << 20 => buf.resize(buf.len() * 2, 0),
+            libc::ENOENT | libc::ESRCH => return Ok(None),
+            rc => return Err(io::Error::from_raw_os_error(rc)),
+        }
+    }
+}
+
+/// The user's groups from the node's group database (primary first), as login would set them.
+fn group_list(name: &CStr, gid: libc::gid_t) -> Vec<libc::gid_t> {
+    let mut capacity: libc::c_int = 64;
+    loop {
+        let mut groups = vec![0 as libc::gid_t; capacity as usize];
+        let mut count = capacity;
+        // SAFETY: groups has room for `count` entries.
+        let rc = unsafe { libc::getgrouplist(name.as_ptr(), gid, groups.as_mut_ptr(), &mut count) };
+        if rc >= 0 {
+            groups.truncate(count.max(0) as usize);
+            return groups;
+        }
+        if capacity >= 65536 {
+            return vec![gid];
+        }
+        capacity = count.max(capacity * 2).min(65536);
+    }
+}
+
+/// Runs `f` with the task user's effective identity (root regains its own afterwards), so files are opened and the
+/// working directory is entered with exactly the user's rights. The supervisor is single-threaded, so the switch
+/// affects nothing else. `Err` if the switch (or the switch back) failed.
+fn as_user<T>(creds: Option<&Credentials>, f: impl FnOnce() -> T) -> io::Result<T> {
+    let Some(creds) = creds else { return Ok(f()) };
+    let saved_groups = current_groups()?;
+    // SAFETY (all calls below): plain credential syscalls on valid pointers and lengths.
+    let saved_egid = unsafe { libc::getegid() };
+    let check = |rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
+    let switched = (|| {
+        check(unsafe { libc::setgroups(creds.groups.len(), creds.groups.as_ptr()) })?;
+        check(unsafe { libc::setegid(creds.gid) })?;
+        check(unsafe { libc::seteuid(creds.uid) })
+    })();
+    let out = switched.map(|()| f());
+    // Back to root in the reverse order: only a root euid may change groups.
+    check(unsafe { libc::seteuid(0) })?;
+    check(unsafe { libc::setegid(saved_egid) })?;
+    check(unsafe { libc::setgroups(saved_groups.len(), saved_groups.as_ptr()) })?;
+    out
+}
+
+fn current_groups() -> io::Result<Vec<libc::gid_t>> {
+    // SAFETY: a zero size only asks for the count.
+    let count = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    if count < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut groups = vec![0 as libc::gid_t; count as usize];
+    // SAFETY: groups has room for `count` entries.
+    let count = unsafe { libc::getgroups(count, groups.as_mut_ptr()) };
+    if count < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    groups.truncate(count as usize);
+    Ok(groups)
+}
+
+// Stages the child reports, one byte each, before it attempts them: the last byte received tells which step failed,
+// since the error std passes back from a failed pre_exec or exec is only an errno.
+const STAGE_PROCESS_GROUP: u8 = 1;
+const STAGE_SETGROUPS: u8 = 2;
+const STAGE_SETGID: u8 = 3;
+const STAGE_SETUID: u8 = 4;
+const STAGE_EXEC: u8 = 5;
+
+/// Runs in the task's process between fork and exec: async-signal-safe calls only, no allocation.
+fn prepare_child(stage: RawFd, creds: Option<&Credentials>) -> io::Result<()> {
+    let mark = |byte: u8| {
+        // SAFETY: write(2) of one byte from a live stack value.
+        unsafe { libc::write(stage, (&byte as *const u8).cast(), 1) };
+    };
+    let check = |rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
+    // SAFETY (all calls below): async-signal-safe syscalls on valid arguments.
+    unsafe {
+        // Ignored signals stay ignored across exec; the task must get the defaults back.
+        libc::signal(libc::SIGHUP, libc::SIG_DFL);
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+        libc::signal(libc::SIGTERM, libc::SIG_DFL);
+        mark(STAGE_PROCESS_GROUP);
+        check(libc::setpgid(0, 0))?;
+        if let Some(creds) = creds {
+            mark(STAGE_SETGROUPS);
+            check(libc::setgroups(creds.groups.len(), creds.groups.as_ptr()))?;
+            mark(STAGE_SETGID);
+            check(libc::setgid(creds.gid))?;
+            mark(STAGE_SETUID);
+            check(libc::setuid(creds.uid))?;
+        }
+    }
+    mark(STAGE_EXEC);
+    Ok(())
+}
+
+/// The task's process group while it runs, for the SIGTERM handler: 0 before it started, -1 once it has ended.
+static TASK_PGID: AtomicI32 = AtomicI32::new(0);
+/// A SIGTERM arrived before the task had started; it is passed on once it has.
+static TERM_PENDING: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn pass_signal_to_task(signal: libc::c_int) {
+    let pgid = TASK_PGID.load(Ordering::SeqCst);
+    if pgid == 0 {
+        TERM_PENDING.store(true, Ordering::SeqCst);
+    } else if pgid > 0 {
+        // SAFETY: kill and errno access are async-signal-safe; errno is restored for the interrupted code.
+        unsafe {
+            let saved = *libc::__errno_location();
+            libc::kill(-pgid, signal);
+            *libc::__errno_location() = saved;
+        }
+    }
+}
+
+fn forward_sigterm_to_task() {
+    // SAFETY: installs a handler that only does async-signal-safe work.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = pass_signal_to_task as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        action.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGTERM, &action, std::ptr::null_mut());
+    }
+}
+
+fn close_inherited_descriptors() {
+    // SAFETY: closing descriptors nothing in this fresh process uses yet (std holds none at startup).
+    let closed = unsafe { libc::syscall(libc::SYS_close_range, 3, libc::c_uint::MAX, 0) };
+    if closed != 0 {
+        // Kernels before 5.9 lack close_range: close what /proc lists (collected first, the listing is an fd too).
+        let fds: Vec<RawFd> = fs::read_dir("/proc/self/fd")
+            .map(|entries| entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+            .unwrap_or_default();
+        for fd in fds.into_iter().filter(|&fd| fd > 2) {
+            // SAFETY: as above; closing an fd that is already gone only returns EBADF.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+/// The supervisor has no terminal and its own session; a stray hangup or interrupt must not cost the task its
+/// result.
+fn ignore_hangup_and_interrupt() {
+    // SAFETY: setting a disposition to SIG_IGN is always sound.
+    unsafe {
+        libc::signal(libc::SIGHUP, libc::SIG_IGN);
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+    }
+}
+
+/// Blocks until the task's main process has ended, leaving it a zombie so its pid stays reserved.
+fn wait_for_exit_without_reaping(pid: i32, log: &mut Log) {
+    loop {
+        // SAFETY: siginfo_t is plain data; waitid fills it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid out pointer.
+        let rc = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if rc == 0 {
+            return;
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINTR) {
+            log.line(format_args!("waitid({pid}): {err}"));
+            return;
+        }
+    }
+}
+
+/// Reaps the task's main process; its raw wait status.
+fn reap(pid: i32, log: &mut Log) -> libc::c_int {
+    loop {
+        let mut status: libc::c_int = 0;
+        // SAFETY: a valid status pointer; the rusage pointer may be null (totals come from RUSAGE_CHILDREN).
+        let rc = unsafe { libc::wait4(pid, &mut status, 0, std::ptr::null_mut()) };
+        if rc == pid {
+            return status;
+        }
+        let err = io::Error::last_os_error();
+        if rc < 0 && err.raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        log.line(format_args!("wait4({pid}): {err}"));
+        return 0;
+    }
+}
+
+/// Kills and reaps every process still below us (the task's leftovers, including ones that left its process group
+/// and orphans re-parented to us), until none is left or the deadline passes.
+fn reap_leftovers(log: &mut Log, deadline: Instant) {
+    let me = std::process::id();
+    loop {
+        loop {
+            // SAFETY: a null status pointer is allowed.
+            let rc = unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) };
+            if rc > 0 {
+                continue;
+            }
+            if rc == 0 {
+                break; // children remain, none has ended yet
+            }
+            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return; // ECHILD: nothing left
+        }
+        let children = children_of(me);
+        if Instant::now() >= deadline {
+            log.line(format_args!("giving up on leftover processes that ignore SIGKILL: {children:?}"));
+            return;
+        }
+        for child in children {
+            // SAFETY: an unreaped child's pid cannot be reused, and only we reap our children.
+            unsafe { libc::kill(child as i32, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Our direct children, from `/proc` (parent pid is field 4 of `/proc/PID/stat`).
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| proc_stat(pid).is_some_and(|stat| stat.ppid == parent))
+        .collect()
+}
+
+struct Usage {
+    cpu_ms: u64,
+    max_rss_kb: u64,
+}
+
+/// CPU and peak memory of everything we reaped: the task and all its descendants we collected.
+fn children_usage() -> Usage {
+    // SAFETY: rusage is plain data; getrusage fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    let ms = |t: libc::timeval| (t.tv_sec.max(0) as u64) * 1000 + (t.tv_usec.max(0) as u64) / 1000;
+    Usage { cpu_ms: ms(usage.ru_utime) + ms(usage.ru_stime), max_rss_kb: usage.ru_maxrss.max(0) as u64 }
+}
+
+fn decode_wait_status(status: libc::c_int) -> (i32, i32) {
+    if libc::WIFSIGNALED(status) { (0, libc::WTERMSIG(status)) } else { (libc::WEXITSTATUS(status), 0) }
+}
+
+fn validate_launch(launch: &TaskLaunch, path: &Path) -> Result<(), SuperviseError> {
+    let invalid = |reason: String| Err(SuperviseError::InvalidLaunch { path: path.to_path_buf(), reason });
+    if launch.argv.first().is_none_or(|program| program.is_empty()) {
+        return invalid("argv is empty; a task needs at least the program to run".into());
+    }
+    for (what, value) in [("cwd", &launch.cwd), ("stdout", &launch.stdout)]
+        .into_iter()
+        .chain(launch.stderr.as_ref().map(|stderr| ("stderr", stderr)))
+    {
+        if !value.starts_with('/') {
+            return invalid(format!("{what} {value:?} is not an absolute path"));
+        }
+    }
+    let strings = launch.argv.iter().chain(launch.env.iter().flat_map(|(k, v)| [k, v]));
+    let paths = [&launch.cwd, &launch.stdout, &launch.user].into_iter().chain(launch.stderr.as_ref());
+    if let Some(bad) = strings.chain(paths).find(|s| s.contains('\0')) {
+        return invalid(format!("{bad:?} contains a NUL byte"));
+    }
+    if let Some((key, _)) = launch.env.iter().find(|(key, _)| key.is_empty() || key.contains('=')) {
+        return invalid(format!("environment variable name {key:?} is empty or contains '='"));
+    }
+    Ok(())
+}
+
+fn read_result(dir: &Path) -> Result<Option<TaskResult>, SuperviseError> {
+    let path = dir.join(RESULT_FILE);
+    match read_limited(&path, MAX_SMALL_FILE_BYTES) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|cause| SuperviseError::Json { path, cause }),
+        Err(SuperviseError::Io { cause, .. }) if cause.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn read_supervisor_pid(dir: &Path) -> Result<(u32, u64), SuperviseError> {
+    let path = dir.join(SUPERVISOR_PID_FILE);
+    let bytes = read_limited(&path, MAX_SMALL_FILE_BYTES)?;
+    match parse_numbers(&bytes).as_deref() {
+        Some(&[pid, start]) if pid > 0 && pid <= i32::MAX as u64 => Ok((pid as u32, start)),
+        _ => Err(SuperviseError::BadPidFile { path, reason: "expected \"PID START_TICKS\"".into() }),
+    }
+}
+
+fn parse_task_pid(path: &Path, bytes: &[u8]) -> Result<(u32, i32, u64), SuperviseError> {
+    match parse_numbers(bytes).as_deref() {
+        // pid and pgid > 1: kill(-1) would signal every process we may signal, kill(0) our own group.
+        Some(&[pid, pgid, start]) if (2..=i32::MAX as u64).contains(&pid) && (2..=i32::MAX as u64).contains(&pgid) => {
+            Ok((pid as u32, pgid as i32, start))
+        }
+        _ => Err(SuperviseError::BadPidFile {
+            path: path.to_path_buf(),
+            reason: "expected \"PID PGID START_TICKS\"".into(),
+        }),
+    }
+}
+
+fn parse_numbers(bytes: &[u8]) -> Option<Vec<u64>> {
+    std::str::from_utf8(bytes).ok()?.split_whitespace().map(|n| n.parse().ok()).collect()
+}
+
+/// The fields of `/proc/PID/stat` we use.
+struct ProcStat {
+    state: char,
+    ppid: u32,
+    start_ticks: u64,
+}
+
+impl ProcStat {
+    fn is_dead(&self) -> bool {
+        matches!(self.state, 'Z' | 'X' | 'x')
+    }
+}
+
+fn proc_stat(pid: u32) -> Option<ProcStat> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may itself hold spaces and parentheses: split after the last.
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // fields[0] is field 3 (state), so field N is fields[N - 3].
+    Some(ProcStat {
+        state: fields.first()?.chars().next()?,
+        ppid: fields.get(1)?.parse().ok()?,
+        start_ticks: fields.get(19)?.parse().ok()?,
+    })
+}
+
+/// Alive means: a process holds `pid`, it is the one that started at `start_ticks`, and it is not a zombie (our
+/// supervisors' parent may be an init that does not reap).
+fn process_alive(pid: u32, start_ticks: u64) -> bool {
+    proc_stat(pid).is_some_and(|stat| stat.start_ticks == start_ticks && !stat.is_dead())
+}
+
+fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>, SuperviseError> {
+    let file = File::open(path).map_err(io_error("open", path))?;
+    let size = file.metadata().map_err(io_error("stat", path))?.len();
+    if size > limit {
+        return Err(SuperviseError::TooLarge { path: path.to_path_buf(), size, limit });
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    // Reads one byte past the limit, so a file that grew after the stat is caught too.
+    file.take(limit + 1).read_to_end(&mut bytes).map_err(io_error("read", path))?;
+    if bytes.len() as u64 > limit {
+        return Err(SuperviseError::TooLarge { path: path.to_path_buf(), size: bytes.len() as u64, limit });
+    }
+    Ok(bytes)
+}
+
+/// Writes a file so that readers see either nothing or all of it (a temporary file, then rename). `durable` adds the
+/// fsyncs that make it survive a power loss: needed for the launch and the result, not for pid files, which name
+/// processes that a crash of the node ends anyway, and which must appear as fast as possible.
+fn write_atomic(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> io::Result<()> {
+    let dir = path.parent().ok_or_else(|| io::Error::other("no parent directory"))?;
+    let name = path.file_name().ok_or_else(|| io::Error::other("no file name"))?;
+    let tmp = dir.join(format!(".{}.tmp.{}", name.to_string_lossy(), std::process::id()));
+    let written = (|| {
+        let mut file = OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&tmp)?;
+        file.write_all(bytes)?;
+        if durable {
+            file.sync_all()?;
+        }
+        fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written?;
+    if durable {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: fds has room for the two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 just returned these descriptors and nothing else owns them.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// An error's text without std's " (os error N)" suffix, as Slurm (strerror) prints it.
+fn os_message(e: &io::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" (os error ") {
+        Some(at) if e.raw_os_error().is_some() => text[..at].to_string(),
+        _ => text,
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `DIR/supervisor.log`, appended; a supervisor that cannot open it still does its job, silently.
+struct Log(Option<File>);
+
+impl Log {
+    fn open(dir: &Path) -> Log {
+        Log(OpenOptions::new().create(true).append(true).mode(0o644).open(dir.join(SUPERVISOR_LOG)).ok())
+    }
+
+    fn line(&mut self, message: impl Display) {
+        if let Some(file) = &mut self.0 {
+            let now = now_ms();
+            let _ = writeln!(file, "{}.{:03} supervisor[{}]: {message}", now / 1000, now % 1000, std::process::id());
+        }
+    }
+}

@@ -1,0 +1,475 @@
+//! One task under its supervisor, end to end: the test process plays the agent, starts the real
+//! `drover-agent supervise DIR` through `supervise::spawn`, and reads back what a restarted agent would read.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use drover_agent::supervise::{self, SuperviseError, TaskLaunch, TaskResult, TaskStatus};
+use tempfile::TempDir;
+
+const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+const NOBODY: u32 = 65534;
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn exe() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_drover-agent"))
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// `sh -c SCRIPT` as the test's own user, in `work`, with stdout in `work/out` and stderr in `work/err`.
+fn shell_task(work: &Path, script: &str) -> TaskLaunch {
+    TaskLaunch {
+        argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        env: vec![("PATH".into(), PATH.into())],
+        cwd: path_str(work),
+        // SAFETY: getters that cannot fail.
+        uid: unsafe { libc::geteuid() },
+        gid: unsafe { libc::getegid() },
+        user: String::new(),
+        stdout: path_str(&work.join("out")),
+        stderr: Some(path_str(&work.join("err"))),
+        append: false,
+    }
+}
+
+fn path_str(path: &Path) -> String {
+    path.to_str().expect("temporary paths are UTF-8").to_string()
+}
+
+fn read(path: impl AsRef<Path>) -> String {
+    let path = path.as_ref();
+    fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+/// What the supervisor logged, for failure messages.
+fn log_of(dir: &Path) -> String {
+    fs::read_to_string(dir.join(supervise::SUPERVISOR_LOG)).unwrap_or_default()
+}
+
+/// Polls `status` the way a (restarted) agent does, until the task has finished.
+fn wait_finished(dir: &Path) -> TaskResult {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match supervise::status(dir) {
+            TaskStatus::Finished(result) => return result,
+            TaskStatus::Lost(why) => panic!("task lost: {why}; supervisor log:\n{}", log_of(dir)),
+            TaskStatus::Running { .. } => {}
+        }
+        assert!(Instant::now() < deadline, "task in {} still running; supervisor log:\n{}", dir.display(), log_of(dir));
+        sleep(Duration::from_millis(20));
+    }
+}
+
+fn run_to_end(dir: &Path, launch: &TaskLaunch) -> TaskResult {
+    supervise::spawn(exe(), dir, launch).unwrap_or_else(|e| panic!("spawn failed: {e}"));
+    wait_finished(dir)
+}
+
+/// Waits for a file a script writes (`echo ... > file`) to be complete, i.e. end with a newline.
+fn wait_for_line(path: &Path) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Ok(text) = fs::read_to_string(path)
+            && text.ends_with('\n')
+        {
+            return text.trim().to_string();
+        }
+        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+        sleep(Duration::from_millis(20));
+    }
+}
+
+/// A pid is alive when a process holds it and it is not a zombie (our reaper, pid 1, may not reap).
+fn alive(pid: i32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            !matches!(stat.rsplit(')').next().and_then(|rest| rest.trim_start().chars().next()), Some('Z' | 'X'))
+        }
+        Err(_) => false,
+    }
+}
+
+fn wait_until_dead(pid: i32) {
+    let deadline = Instant::now() + PATIENCE;
+    while alive(pid) {
+        assert!(Instant::now() < deadline, "process {pid} is still alive");
+        sleep(Duration::from_millis(20));
+    }
+}
+
+fn send(pid: u32, signal: i32) {
+    // SAFETY: kill has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0, "kill({pid}, {signal})");
+}
+
+#[test]
+fn a_failing_task_leaves_its_output_its_exit_code_and_its_usage() {
+    let work = TempDir::new().unwrap();
+    let dir = work.path().join("task");
+    // Burns a little CPU so the accounting has something to count.
+    let script = "echo to stdout; echo to stderr >&2; i=0; while [ $i -lt 50000 ]; do i=$((i+1)); done; exit 3";
+
+    let result = run_to_end(&dir, &shell_task(work.path(), script));
+
+    assert_eq!(read(work.path().join("out")), "to stdout\n");
+    assert_eq!(read(work.path().join("err")), "to stderr\n");
+    assert_eq!((result.exit_code, result.signal, result.error.as_deref()), (3, 0, None));
+    assert!(result.cpu_ms > 0 && result.cpu_ms < 60_000, "cpu_ms {}", result.cpu_ms);
+    assert!(result.max_rss_kb > 0 && result.max_rss_kb < 1 << 20, "max_rss_kb {}", result.max_rss_kb);
+    assert!(result.started_ms > 1_600_000_000_000 && result.ended_ms >= result.started_ms, "{result:?}");
+}
+
+#[test]
+fn stderr_shares_the_stdout_file_unless_it_has_its_own() {
+    let work = TempDir::new().unwrap();
+    let mut launch = shell_task(work.path(), "echo one; echo two >&2; echo three");
+    launch.stderr = None;
+
+    let result = run_to_end(&work.path().join("task"), &launch);
+
+    assert_eq!(result.exit_code, 0);
+    assert_eq!(read(work.path().join("out")), "one\ntwo\nthree\n");
+    assert!(!work.path().join("err").exists());
+}
+
+#[test]
+fn the_task_sees_exactly_the_environment_it_was_given() {
+    let work = TempDir::new().unwrap();
+    let mut launch = shell_task(work.path(), "");
+    // A bare name, found through the task's PATH.
+    launch.argv = vec!["env".into()];
+    launch.env = vec![
+        ("PATH".into(), PATH.into()),
+        ("DROVER_GREETING".into(), "hello world".into()),
+        ("EMPTY".into(), String::new()),
+    ];
+    // The test process itself has plenty the task must not see (cargo sets CARGO_* for every test run).
+    assert!(std::env::vars_os().count() > 3);
+
+    let result = run_to_end(&work.path().join("task"), &launch);
+
+    assert_eq!(result.exit_code, 0, "{result:?}");
+    let mut seen: Vec<String> = read(work.path().join("out")).lines().map(String::from).collect();
+    seen.sort();
+    assert_eq!(seen, ["DROVER_GREETING=hello world".to_string(), "EMPTY=".into(), format!("PATH={PATH}")]);
+}
+
+#[test]
+fn append_mode_keeps_earlier_output_and_truncate_mode_replaces_it() {
+    let work = TempDir::new().unwrap();
+    let out = work.path().join("out");
+    fs::write(&out, "from an earlier run\n").unwrap();
+
+    let mut appending = shell_task(work.path(), "echo appended");
+    appending.append = true;
+    assert_eq!(run_to_end(&work.path().join("first"), &appending).exit_code, 0);
+    assert_eq!(read(&out), "from an earlier run\nappended\n");
+
+    let truncating = shell_task(work.path(), "echo fresh");
+    assert_eq!(run_to_end(&work.path().join("second"), &truncating).exit_code, 0);
+    assert_eq!(read(&out), "fresh\n");
+}
+
+#[test]
+fn a_missing_program_ends_with_127_and_says_so_in_the_stderr_file() {
+    let work = TempDir::new().unwrap();
+    let mut launch = shell_task(work.path(), "");
+    launch.argv = vec!["/bin/nonexistent".into(), "--flag".into()];
+
+    let result = run_to_end(&work.path().join("absolute"), &launch);
+
+    assert_eq!(result.exit_code, 127);
+    assert_eq!(result.error.as_deref(), Some("execve(/bin/nonexistent): No such file or directory"));
+    assert_eq!(
+        read(work.path().join("err")),
+        "slurmstepd: error: execve(): /bin/nonexistent: No such file or directory\n"
+    );
+
+    // A bare name that is nowhere on the task's PATH fails the same way.
+    launch.argv = vec!["no-such-drover-command".into()];
+    let result = run_to_end(&work.path().join("bare"), &launch);
+    assert_eq!(result.exit_code, 127);
+    assert_eq!(result.error.as_deref(), Some("execve(no-such-drover-command): No such file or directory"));
+}
+
+#[test]
+fn a_missing_working_directory_ends_with_1_and_says_so_in_the_stderr_file() {
+    let work = TempDir::new().unwrap();
+    let mut launch = shell_task(work.path(), "echo should not run");
+    launch.cwd = "/nonexistent-drover-dir".into();
+
+    let result = run_to_end(&work.path().join("task"), &launch);
+
+    assert_eq!(result.exit_code, 1);
+    assert_eq!(result.error.as_deref(), Some("chdir(/nonexistent-drover-dir): No such file or directory"));
+    assert!(read(work.path().join("err")).contains("couldn't chdir to `/nonexistent-drover-dir'"));
+    assert_eq!(read(work.path().join("out")), "");
+}
+
+#[test]
+fn sigterm_through_signal_ends_the_task_and_what_it_started_in_its_group() {
+    let work = TempDir::new().unwrap();
+    let dir = work.path().join("task");
+    let bg_pid_file = work.path().join("bg.pid");
+    let script = format!("sleep 30 & echo $! > {}; sleep 30; wait", bg_pid_file.display());
+    supervise::spawn(exe(), &dir, &shell_task(work.path(), &script)).unwrap();
+    // Once the supervisor has recorded the task (before that, signal() says NotStarted).
+    wait_for_line(&dir.join(supervise::TASK_PID_FILE));
+    let background: i32 = wait_for_line(&bg_pid_file).parse().unwrap();
+    assert!(alive(background), "the background sleep should be running before the signal");
+
+    assert!(supervise::signal(&dir, libc::SIGTERM).unwrap(), "the task was running, signal() must say so");
+    let result = wait_finished(&dir);
+
+    assert_eq!((result.exit_code, result.signal), (0, libc::SIGTERM), "{result:?}");
+    // SAFETY: kill(pid, 0) only checks for existence.
+    let probe = unsafe { libc::kill(background, 0) };
+    assert_eq!((probe, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::ESRCH)));
+    assert!(!supervise::signal(&dir, libc::SIGTERM).unwrap(), "a finished task is gone");
+}
+
+#[test]
+fn nothing_the_task_started_outlives_it() {
+    let work = TempDir::new().unwrap();
+    let (in_group, escaped) = (work.path().join("in_group.pid"), work.path().join("escaped.pid"));
+    // One leftover stays in the task's process group, one leaves it (and its session) with setsid.
+    let script = format!(
+        "sleep 300 & echo $! > {}; setsid sleep 300 & echo $! > {}; exit 0",
+        in_group.display(),
+        escaped.display()
+    );
+
+    let result = run_to_end(&work.path().join("task"), &shell_task(work.path(), &script));
+
+    assert_eq!((result.exit_code, result.signal), (0, 0), "{result:?}");
+    assert_eq!(read(work.path().join("err")), "", "both sleeps must have started");
+    for file in [&in_group, &escaped] {
+        let pid: i32 = wait_for_line(file).parse().unwrap();
+        assert!(!alive(pid), "{} ({pid}) outlived its task", file.display());
+    }
+}
+
+/// Set in a copy of this test binary that plays an agent: it starts the task and waits to be killed.
+const AGENT_DIR_VAR: &str = "DROVER_TEST_AGENT_TASK_DIR";
+
+fn release_file(work: &Path) -> PathBuf {
+    work.join("release")
+}
+
+fn waiting_task(work: &Path) -> TaskLaunch {
+    let release = release_file(work);
+    // Bounded, so a failed test cannot leave a task waiting forever for a file in a deleted directory.
+    let script = format!(
+        "i=0; while [ ! -e {} ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; echo finished",
+        release.display()
+    );
+    shell_task(work, &script)
+}
+
+#[test]
+fn the_task_outlives_the_agent_that_started_it() {
+    if let Some(dir) = std::env::var_os(AGENT_DIR_VAR) {
+        let dir = PathBuf::from(dir);
+        let pid = supervise::spawn(exe(), &dir, &waiting_task(dir.parent().unwrap())).unwrap();
+        println!("spawned {pid}");
+        sleep(PATIENCE);
+        return;
+    }
+    let work = TempDir::new().unwrap();
+    let dir = work.path().join("task");
+    let mut agent = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "the_task_outlives_the_agent_that_started_it", "--nocapture", "--test-threads=1"])
+        .env(AGENT_DIR_VAR, &dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let spawned = BufReader::new(agent.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        // libtest prints the line after its own "test NAME ... ".
+        .find_map(|line| line.rsplit_once("spawned ").map(|(_, pid)| pid.trim().parse::<u32>().unwrap()))
+        .expect("the agent never reported the supervisor's pid");
+
+    // The agent crashes.
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+
+    // A restarted agent knows nothing but the directory: the task is still there, under the same supervisor, which
+    // was never the agent's child.
+    assert_eq!(supervise::status(&dir), TaskStatus::Running { pid: spawned });
+    let stat = read(format!("/proc/{spawned}/stat"));
+    let parent: u32 = stat.rsplit(')').next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert_ne!(parent, agent.id(), "the supervisor must not be the agent's child");
+    assert_eq!(supervise::read_launch(&dir).unwrap(), waiting_task(work.path()));
+
+    fs::write(release_file(work.path()), "").unwrap();
+    let result = wait_finished(&dir);
+    assert_eq!((result.exit_code, result.signal), (0, 0), "{result:?}");
+    assert_eq!(read(work.path().join("out")), "finished\n");
+}
+
+#[test]
+fn terminating_the_supervisor_stops_its_task_and_still_records_how_it_ended() {
+    let work = TempDir::new().unwrap();
+    let dir = work.path().join("task");
+    let supervisor = supervise::spawn(exe(), &dir, &waiting_task(work.path())).unwrap();
+    wait_for_line(&dir.join(supervise::TASK_PID_FILE));
+
+    send(supervisor, libc::SIGTERM);
+    let result = wait_finished(&dir);
+
+    assert_eq!((result.exit_code, result.signal), (0, libc::SIGTERM), "{result:?}");
+    // The supervisor exits right after writing the result.
+    wait_until_dead(supervisor as i32);
+}
+
+#[test]
+fn a_killed_supervisor_is_reported_lost_and_its_task_can_still_be_stopped() {
+    let work = TempDir::new().unwrap();
+    let dir = work.path().join("task");
+    let supervisor = supervise::spawn(exe(), &dir, &waiting_task(work.path())).unwrap();
+    let task_pid: i32 = wait_for_line(&dir.join(supervise::TASK_PID_FILE)).split(' ').next().unwrap().parse().unwrap();
+
+    send(supervisor, libc::SIGKILL);
+    wait_until_dead(supervisor as i32);
+
+    match supervise::status(&dir) {
+        TaskStatus::Lost(why) => assert!(why.contains("died without a result"), "{why}"),
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    assert!(alive(task_pid), "SIGKILL on the supervisor leaves the task orphaned, not dead");
+    assert!(supervise::signal(&dir, libc::SIGKILL).unwrap());
+    wait_until_dead(task_pid);
+    assert!(!supervise::signal(&dir, libc::SIGKILL).unwrap(), "the task is gone now");
+}
+
+/// A directory the unprivileged `nobody` can enter (temporary directories are root-only).
+fn open_to_everyone(dir: &Path) {
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+fn chown_to_nobody(path: &Path) {
+    std::os::unix::fs::chown(path, Some(NOBODY), Some(NOBODY)).unwrap();
+}
+
+#[test]
+fn a_root_supervisor_runs_the_task_as_its_user_with_the_users_groups() {
+    if !is_root() {
+        eprintln!("skipped: switching to another user needs root");
+        return;
+    }
+    let work = TempDir::new().unwrap();
+    open_to_everyone(work.path());
+    let home = work.path().join("home");
+    fs::create_dir(&home).unwrap();
+    chown_to_nobody(&home);
+    let mut launch = shell_task(&home, "id -u; id -g; id -G");
+    (launch.uid, launch.gid, launch.user, launch.stderr) = (NOBODY, NOBODY, "nobody".into(), None);
+
+    let result = run_to_end(&work.path().join("task"), &launch);
+
+    assert_eq!(result.exit_code, 0, "{result:?}");
+    // Not root's uid, not root's group 0 among the supplementary groups.
+    assert_eq!(read(home.join("out")), "65534\n65534\n65534\n");
+    assert_eq!(fs::metadata(home.join("out")).unwrap().uid(), NOBODY, "the user owns the output file");
+}
+
+#[test]
+fn a_task_cannot_write_its_output_where_its_user_may_not() {
+    if !is_root() {
+        eprintln!("skipped: switching to another user needs root");
+        return;
+    }
+    let work = TempDir::new().unwrap();
+    open_to_everyone(work.path());
+    let private = work.path().join("root-only");
+    fs::create_dir(&private).unwrap();
+    fs::set_permissions(&private, fs::Permissions::from_mode(0o700)).unwrap();
+    let mut launch = shell_task(work.path(), "echo should not run");
+    (launch.uid, launch.gid, launch.user) = (NOBODY, NOBODY, "nobody".into());
+    launch.stdout = path_str(&private.join("out"));
+
+    let result = run_to_end(&work.path().join("task"), &launch);
+
+    assert_eq!(result.exit_code, 1);
+    assert_eq!(result.error, Some(format!("open({}): Permission denied", launch.stdout)));
+    assert!(!private.join("out").exists(), "the supervisor must not create the file with root's rights");
+}
+
+#[test]
+fn a_supervisor_that_is_not_root_refuses_a_task_of_another_user() {
+    let work = TempDir::new().unwrap();
+    let dir = work.path().join("task");
+    let mut launch = shell_task(work.path(), "echo should not run");
+    launch.uid = 0;
+    if is_root() {
+        // Play an unprivileged agent: the supervisor runs as nobody and is asked to run root's task.
+        open_to_everyone(work.path());
+        fs::create_dir(&dir).unwrap();
+        chown_to_nobody(&dir);
+        fs::write(dir.join(supervise::LAUNCH_FILE), serde_json::to_vec(&launch).unwrap()).unwrap();
+        let started =
+            Command::new(exe()).arg("supervise").arg(&dir).uid(NOBODY).gid(NOBODY).stdout(Stdio::null()).status();
+        assert!(started.unwrap().success(), "the supervisor itself should start; log:\n{}", log_of(&dir));
+    } else {
+        supervise::spawn(exe(), &dir, &launch).unwrap();
+    }
+
+    let result = wait_finished(&dir);
+
+    assert_eq!(result.exit_code, 1);
+    let error = result.error.unwrap_or_default();
+    assert!(error.starts_with("cannot switch user"), "{error}");
+    assert!(!work.path().join("out").exists(), "the task must not have run");
+}
+
+#[test]
+fn a_launch_without_a_program_is_refused_before_anything_runs() {
+    let work = TempDir::new().unwrap();
+    let dir = work.path().join("task");
+    let mut launch = shell_task(work.path(), "");
+    launch.argv.clear();
+
+    let refused = supervise::spawn(exe(), &dir, &launch);
+
+    assert!(matches!(refused, Err(SuperviseError::InvalidLaunch { .. })), "{refused:?}");
+    assert!(!dir.join(supervise::LAUNCH_FILE).exists());
+    let mut relative = shell_task(work.path(), "true");
+    relative.stdout = "out.txt".into();
+    let refused = supervise::spawn(exe(), &dir, &relative).unwrap_err();
+    assert!(refused.to_string().contains("\"out.txt\" is not an absolute path"), "{refused}");
+}
+
+#[test]
+fn an_oversized_launch_file_is_refused() {
+    let work = TempDir::new().unwrap();
+    let file = fs::File::create(work.path().join(supervise::LAUNCH_FILE)).unwrap();
+    file.set_len(supervise::MAX_LAUNCH_BYTES + 1).unwrap();
+
+    let refused = supervise::read_launch(work.path());
+
+    assert!(matches!(refused, Err(SuperviseError::TooLarge { .. })), "{refused:?}");
+}
+
+#[test]
+fn a_task_directory_is_used_for_one_task_only() {
+    let work = TempDir::new().unwrap();
+    let dir = work.path().join("task");
+    let launch = shell_task(work.path(), "true");
+    run_to_end(&dir, &launch);
+
+    let again = supervise::spawn(exe(), &dir, &launch);
+
+    assert!(matches!(again, Err(SuperviseError::AlreadyLaunched { .. })), "{again:?}");
+}

@@ -1,0 +1,115 @@
+//! The JSON payloads of the agent protocol (`AgentGateway.Session`, `AgentService.LaunchStep`). They are
+//! drover-state's types plus a few envelopes, so the agent, the leader and `srun` share one definition.
+
+use drover_state::{Job, JobEnd, JobId, NodeInfo};
+use serde::{Deserialize, Serialize};
+
+/// Agent → leader.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum AgentMessage {
+    /// First message of every session: the node's inventory (committed only if it changed or the node was down).
+    Register { info: NodeInfo },
+    /// Liveness (never logged), and problems that must keep new work off the node (a GPU failing its health
+    /// check, an inventory that disagrees with the config): the leader drains the node with them as reason.
+    Heartbeat { problems: Vec<String> },
+    /// A job's batch script (or the cancelled remains of an interactive job) ended on its first node.
+    JobEnded { job_id: JobId, incarnation: u64, end: JobEnd },
+}
+
+/// Leader → agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ControllerMessage {
+    /// Sent once a session is accepted: how often to heartbeat, and after how long without a leader the agent
+    /// must kill its tasks (it is then declared down and its jobs requeued elsewhere).
+    Welcome { leader_id: u64, heartbeat_ms: u64, fence_after_ms: u64 },
+    /// Every job that holds this node now. Jobs the agent runs that are not listed must not run.
+    Assignments { jobs: Vec<Assignment> },
+    /// A `JobEnded` report is committed (or stale); the agent may forget it.
+    EndAcked { job_id: JobId, incarnation: u64 },
+    /// `scancel --signal`: deliver to every task of the job on this node.
+    Signal { job_id: JobId, incarnation: u64, signal: i32 },
+    /// Answers each agent heartbeat, so an agent notices a leader that hangs (not only one that dies).
+    Alive,
+}
+
+/// One job on one node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub job: Job,
+    /// Per allocated node, in allocation order: the host others reach it by (the first is `MASTER_ADDR`).
+    pub hosts: Vec<String>,
+    /// Index of this node in the allocation (`SLURM_NODEID`); node 0 runs the batch script and reports the end.
+    pub node_index: u32,
+    /// The batch script, sent to node 0 only.
+    pub script: Option<String>,
+}
+
+impl Assignment {
+    /// True while the job's tasks must be stopped (cancelled, completing).
+    pub fn cancelled(&self) -> bool {
+        self.job.ending.is_some()
+    }
+}
+
+/// `srun` → agent: this node's part of a step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepLaunch {
+    pub job_id: JobId,
+    pub step_id: u32,
+    /// The requester (checked against the job's owner).
+    pub uid: u32,
+    pub argv: Vec<String>,
+    /// Variables srun passes on (`--export`), on top of what the agent sets for Slurm and torch.
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    /// The step's nodes (names, in order), this node's index among them, and every node's first global rank
+    /// and task count.
+    pub nodes: Vec<String>,
+    pub node_index: u32,
+    pub tasks_per_node: Vec<u32>,
+    /// `--output`/`--error` patterns (`%t` expands per task); `None` streams the output back to srun.
+    pub output: Option<String>,
+    pub error: Option<String>,
+    pub unbuffered: bool,
+}
+
+impl StepLaunch {
+    pub fn total_tasks(&self) -> u32 {
+        self.tasks_per_node.iter().sum()
+    }
+
+    /// Global ranks of the tasks on this node.
+    pub fn ranks_here(&self) -> std::ops::Range<u32> {
+        let first: u32 = self.tasks_per_node[..self.node_index as usize].iter().sum();
+        first..first + self.tasks_per_node[self.node_index as usize]
+    }
+}
+
+/// Agent → `srun`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum StepEvent {
+    Output {
+        rank: u32,
+        stderr: bool,
+        text: String,
+    },
+    Exited {
+        rank: u32,
+        exit_code: i32,
+        signal: i32,
+    },
+    /// The step could not start here; names the problem.
+    Refused {
+        message: String,
+    },
+}
+
+/// Encodes a payload (these types always serialize).
+pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("wire types serialize")
+}
+
+/// Decodes a payload, naming the type on failure.
+pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, String> {
+    serde_json::from_slice(bytes).map_err(|e| format!("malformed {}: {e}", std::any::type_name::<T>()))
+}

@@ -1,0 +1,118 @@
+//! The interim allocator: first fit in job-id order. The leader runs it over an immutable view of the state
+//! and commits the result as one `ApplyPlan`; `apply` re-checks it. The scheduler library replaces it.
+
+use std::collections::BTreeMap;
+
+use crate::command::Allocation;
+use crate::job::{Job, JobId, JobState, NodeAllocation, PendingReason};
+use crate::node::Node;
+use crate::state::State;
+
+/// What one pass decided.
+#[derive(Debug, Default, PartialEq)]
+pub struct Plan {
+    pub allocations: Vec<Allocation>,
+    /// Pending reasons that changed.
+    pub reasons: Vec<(JobId, PendingReason)>,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.allocations.is_empty() && self.reasons.is_empty()
+    }
+}
+
+/// Free capacity of one node during a pass.
+struct Free {
+    gpus: Vec<u32>,
+    cpus: u32,
+}
+
+/// Places pending jobs in id order on the first nodes that fit, at most `max_allocations` of them.
+pub fn first_fit(state: &State, max_allocations: usize) -> Plan {
+    let mut free: BTreeMap<&str, Free> = state
+        .nodes
+        .values()
+        .filter(|n| n.schedulable())
+        .map(|n| (n.info.name.as_str(), Free { gpus: n.free_gpus().collect(), cpus: n.free_cpus() }))
+        .collect();
+    let mut plan = Plan::default();
+    let mut membership: BTreeMap<(&str, &str), bool> = BTreeMap::new();
+    for job in state.jobs.values().filter(|j| j.state == JobState::Pending && !j.held) {
+        let reason = if plan.allocations.len() >= max_allocations {
+            None
+        } else {
+            match place(state, job, &mut free, &mut membership) {
+                Some(nodes) => {
+                    plan.allocations.push(Allocation { job_id: job.id, nodes });
+                    continue;
+                }
+                None => Some(blocked_reason(state, job)),
+            }
+        };
+        if let Some(reason) = reason
+            && reason != job.reason
+        {
+            plan.reasons.push((job.id, reason));
+        }
+    }
+    plan
+}
+
+fn place<'a>(
+    state: &'a State,
+    job: &'a Job,
+    free: &mut BTreeMap<&'a str, Free>,
+    membership: &mut BTreeMap<(&'a str, &'a str), bool>,
+) -> Option<Vec<NodeAllocation>> {
+    let spec = &job.spec;
+    let tasks = spec.tasks_per_node(spec.min_nodes);
+    let mut chosen: Vec<&str> = Vec::new();
+    for (name, capacity) in free.iter() {
+        if chosen.len() as u32 == spec.min_nodes {
+            break;
+        }
+        let node = &state.nodes[*name];
+        let cpus = tasks[chosen.len()].saturating_mul(spec.cpus_per_task);
+        let fits = capacity.gpus.len() as u32 >= spec.gpus_per_node
+            && (node.info.cpus == 0 || capacity.cpus >= cpus)
+            && spec.gpu_type.as_ref().is_none_or(|t| node.info.gpu_type.eq_ignore_ascii_case(t))
+            && *membership
+                .entry((name, job.partition.as_str()))
+                .or_insert_with(|| state.node_in_partition(&node.info, &job.partition));
+        if fits {
+            chosen.push(name);
+        }
+    }
+    if (chosen.len() as u32) < spec.min_nodes {
+        return None;
+    }
+    let shares = chosen
+        .iter()
+        .zip(tasks)
+        .map(|(name, tasks)| {
+            let capacity = free.get_mut(name).expect("chosen from free");
+            // Lowest indices first, so a node's GPUs fill in order and big jobs find whole nodes.
+            let gpus: Vec<u32> = capacity.gpus.drain(..spec.gpus_per_node as usize).collect();
+            let cpus = if state.nodes[*name].info.cpus == 0 { 0 } else { tasks * spec.cpus_per_task };
+            capacity.cpus -= cpus;
+            NodeAllocation { node: name.to_string(), gpus, cpus, tasks }
+        })
+        .collect();
+    Some(shares)
+}
+
+/// Slurm's wording: `Resources` when nodes exist that could run the job once freed, `ReqNodeNotAvail` when the
+/// only nodes that could are down or drained.
+fn blocked_reason(state: &State, job: &Job) -> PendingReason {
+    let could_fit = |n: &&Node| {
+        n.schedulable()
+            && n.info.gpus.len() as u32 >= job.spec.gpus_per_node
+            && state.node_in_partition(&n.info, &job.partition)
+    };
+    if (state.nodes.values().filter(could_fit).count() as u32) < job.spec.min_nodes {
+        PendingReason::ReqNodeNotAvail
+    } else {
+        PendingReason::Resources
+    }
+}

@@ -1,0 +1,572 @@
+//! The running half of a job's life, and the nodes it runs on: registration, plans, ends, node failure.
+//!
+//! Kept apart from `state.rs` (submission, cancel, hold) because it is where the invariant that matters most
+//! lives: a GPU is held by at most one job, and every hold is released exactly once, whichever way the job ends.
+
+use crate::command::{Allocation, JobEnd, Reply, Response};
+use crate::error::CommandError;
+use crate::job::{Job, JobId, JobState, NodeAllocation, PendingReason};
+use crate::node::{Node, NodeHealth, NodeInfo};
+use crate::state::{Change, State};
+
+impl State {
+    pub(crate) fn register_node(&mut self, info: &NodeInfo, now_ms: u64, changes: &mut Vec<Change>) -> Response {
+        if info.name.is_empty() || info.name.len() > 64 || info.name.contains(|c: char| c == ',' || c.is_whitespace()) {
+            return Err(CommandError::InvalidNodeName { name: info.name.clone() });
+        }
+        let node = match self.nodes.remove(&info.name) {
+            Some(mut node) => {
+                if node.health == NodeHealth::Down {
+                    node.health = NodeHealth::Up;
+                    node.since_ms = now_ms;
+                    if !node.drain {
+                        node.reason.clear();
+                    }
+                }
+                node.info = info.clone();
+                node
+            }
+            None => Node::new(info.clone(), now_ms),
+        };
+        changes.push(Change::PutNode(node.clone()));
+        self.nodes.insert(info.name.clone(), node);
+        Ok(Reply::Nothing)
+    }
+
+    pub(crate) fn node_down(&mut self, name: &str, reason: &str, now_ms: u64, changes: &mut Vec<Change>) -> Response {
+        let node = self.nodes.get_mut(name).ok_or_else(|| CommandError::InvalidNodeName { name: name.to_string() })?;
+        if node.health == NodeHealth::Down {
+            return Ok(Reply::Nothing);
+        }
+        node.health = NodeHealth::Down;
+        node.reason = reason.to_string();
+        node.since_ms = now_ms;
+        let jobs: Vec<JobId> = node.jobs.iter().copied().collect();
+        for id in jobs {
+            self.end_on_node_failure(id, name, now_ms, changes);
+        }
+        let node = self.nodes[name].clone();
+        changes.push(Change::PutNode(node));
+        Ok(Reply::Nothing)
+    }
+
+    /// A job lost a node: a job that was being cancelled is cancelled, a requeue-able one goes back to the queue
+    /// as a new incarnation, any other ends as NODE_FAIL.
+    fn end_on_node_failure(&mut self, id: JobId, node: &str, now_ms: u64, changes: &mut Vec<Change>) {
+        let mut job = self.jobs.remove(&id).expect("a node's job is active");
+        self.release_allocation(&job, changes);
+        job.message = Some(format!("node {node} failed"));
+        if job.ending.is_none() && job.spec.requeue != Some(false) && !job.spec.interactive {
+            job.state = JobState::Pending;
+            job.reason = PendingReason::None;
+            job.restart_count += 1;
+            job.incarnation += 1;
+            job.start_time_ms = None;
+            job.allocation.clear();
+            job.nodes.clear();
+            changes.push(Change::PutJob(job.clone()));
+            self.jobs.insert(id, job);
+            return;
+        }
+        job.state = job.ending.take().unwrap_or(JobState::NodeFail);
+        job.end_time_ms = Some(now_ms);
+        changes.push(Change::ArchiveJob(job));
+    }
+
+    /// Frees the job's GPUs and CPUs on every node it holds (the nodes are written to `changes`, except the
+    /// caller's own node in `node_down`, which writes it last).
+    fn release_allocation(&mut self, job: &Job, changes: &mut Vec<Change>) {
+        for share in &job.allocation {
+            let node = self.nodes.get_mut(&share.node).expect("an allocation names a known node");
+            for gpu in &share.gpus {
+                let holder = node.allocated_gpus.remove(gpu);
+                assert_eq!(holder, Some(job.id), "GPU {gpu} on {} was not held by job {}", share.node, job.id);
+            }
+            node.allocated_cpus = node.allocated_cpus.checked_sub(share.cpus).expect("CPU count underflow");
+            assert!(node.jobs.remove(&job.id), "node {} did not list job {}", share.node, job.id);
+            changes.push(Change::PutNode(node.clone()));
+        }
+    }
+
+    pub(crate) fn drain_nodes(
+        &mut self,
+        names: &[String],
+        drain: bool,
+        reason: &str,
+        now_ms: u64,
+        changes: &mut Vec<Change>,
+    ) -> Response {
+        if let Some(unknown) = names.iter().find(|n| !self.nodes.contains_key(*n)) {
+            return Err(CommandError::InvalidNodeName { name: unknown.clone() });
+        }
+        if drain && reason.trim().is_empty() {
+            return Err(CommandError::InvalidRequest("you must specify a reason when draining a node".to_string()));
+        }
+        for name in names {
+            let node = self.nodes.get_mut(name).expect("checked above");
+            node.drain = drain;
+            node.reason = if drain { reason.to_string() } else { String::new() };
+            node.since_ms = now_ms;
+            changes.push(Change::PutNode(node.clone()));
+        }
+        Ok(Reply::Nothing)
+    }
+
+    pub(crate) fn apply_plan(
+        &mut self,
+        allocations: &[Allocation],
+        reasons: &[(JobId, PendingReason)],
+        now_ms: u64,
+        changes: &mut Vec<Change>,
+    ) -> Response {
+        let mut started = Vec::new();
+        let mut refused = Vec::new();
+        for allocation in allocations {
+            match self.check_allocation(allocation) {
+                Ok(()) => {
+                    self.start_job(allocation, now_ms, changes);
+                    started.push(allocation.job_id);
+                }
+                Err(why) => refused.push((allocation.job_id, why)),
+            }
+        }
+        for (id, reason) in reasons {
+            if let Some(job) = self.jobs.get_mut(id)
+                && job.state == JobState::Pending
+                && !job.held
+                && job.reason != *reason
+            {
+                job.reason = reason.clone();
+                changes.push(Change::PutJob(job.clone()));
+            }
+        }
+        Ok(Reply::Planned { started, refused })
+    }
+
+    /// Whether an allocation still fits the current state exactly as planned.
+    fn check_allocation(&self, allocation: &Allocation) -> Result<(), String> {
+        let job = self.jobs.get(&allocation.job_id).ok_or("job is no longer active")?;
+        if job.state != JobState::Pending || job.held {
+            return Err(format!("job is {} (held: {})", job.state.name(), job.held));
+        }
+        let count = allocation.nodes.len() as u32;
+        if count < job.spec.min_nodes || count > job.spec.max_nodes {
+            return Err(format!(
+                "{count} nodes planned, the job asks for {}-{}",
+                job.spec.min_nodes, job.spec.max_nodes
+            ));
+        }
+        for (i, share) in allocation.nodes.iter().enumerate() {
+            if allocation.nodes[..i].iter().any(|other| other.node == share.node) {
+                return Err(format!("node {} planned twice", share.node));
+            }
+            let node = self.nodes.get(&share.node).ok_or_else(|| format!("unknown node {}", share.node))?;
+            if !node.schedulable() {
+                return Err(format!("node {} is {}", share.node, node.state_name()));
+            }
+            if share.gpus.len() as u32 != job.spec.gpus_per_node {
+                return Err(format!(
+                    "{} GPUs planned on {}, the job asks for {}",
+                    share.gpus.len(),
+                    share.node,
+                    job.spec.gpus_per_node
+                ));
+            }
+            for (k, gpu) in share.gpus.iter().enumerate() {
+                if !node.info.gpus.iter().any(|g| g.index == *gpu) || share.gpus[..k].contains(gpu) {
+                    return Err(format!("GPU {gpu} on {} does not exist or is planned twice", share.node));
+                }
+                if let Some(holder) = node.allocated_gpus.get(gpu) {
+                    return Err(format!("GPU {gpu} on {} is held by job {holder}", share.node));
+                }
+            }
+            if share.cpus > node.free_cpus() {
+                return Err(format!("{} CPUs planned on {}, {} free", share.cpus, share.node, node.free_cpus()));
+            }
+        }
+        Ok(())
+    }
+
+    fn start_job(&mut self, allocation: &Allocation, now_ms: u64, changes: &mut Vec<Change>) {
+        let id = allocation.job_id;
+        for share in &allocation.nodes {
+            let node = self.nodes.get_mut(&share.node).expect("checked");
+            for gpu in &share.gpus {
+                node.allocated_gpus.insert(*gpu, id);
+            }
+            node.allocated_cpus += share.cpus;
+            node.jobs.insert(id);
+            changes.push(Change::PutNode(node.clone()));
+        }
+        let job = self.jobs.get_mut(&id).expect("checked");
+        job.state = JobState::Running;
+        job.reason = PendingReason::None;
+        job.start_time_ms = Some(now_ms);
+        job.allocation = allocation.nodes.clone();
+        job.nodes = allocation.nodes.iter().map(|n| n.node.clone()).collect();
+        job.next_step_id = 0;
+        changes.push(Change::PutJob(job.clone()));
+    }
+
+    pub(crate) fn job_ended(
+        &mut self,
+        id: JobId,
+        incarnation: u64,
+        end: &JobEnd,
+        now_ms: u64,
+        changes: &mut Vec<Change>,
+    ) -> Response {
+        let Some(job) = self.jobs.get(&id) else {
+            return Err(CommandError::StaleReport { id, incarnation, why: "the job is no longer active".to_string() });
+        };
+        if job.incarnation != incarnation || !matches!(job.state, JobState::Running | JobState::Completing) {
+            return Err(CommandError::StaleReport {
+                id,
+                incarnation,
+                why: format!("the job is {} in incarnation {}", job.state.name(), job.incarnation),
+            });
+        }
+        let mut job = self.jobs.remove(&id).expect("checked");
+        self.release_allocation(&job, changes);
+        job.state = match job.ending.take() {
+            Some(state) => state,
+            None if end.timed_out => JobState::Timeout,
+            None if end.exit_code == 0 && end.signal == 0 => JobState::Completed,
+            None => JobState::Failed,
+        };
+        job.exit_code = end.exit_code;
+        job.exit_signal = end.signal;
+        job.usage = end.usage;
+        job.message = end.message.clone();
+        job.end_time_ms = Some(now_ms);
+        changes.push(Change::ArchiveJob(job));
+        Ok(Reply::Nothing)
+    }
+
+    /// Cancelling a job that holds nodes: it shows COMPLETING until its batch node reports the tasks gone, so its
+    /// GPUs are never given away while its processes may still use them.
+    pub(crate) fn cancel_running(&mut self, id: JobId, by_uid: u32, changes: &mut Vec<Change>) {
+        let job = self.jobs.get_mut(&id).expect("checked by the caller");
+        job.state = JobState::Completing;
+        job.ending = Some(JobState::Cancelled);
+        job.cancelled_by = Some(by_uid);
+        changes.push(Change::PutJob(job.clone()));
+    }
+
+    pub(crate) fn create_step(&mut self, id: JobId, by_uid: u32, changes: &mut Vec<Change>) -> Response {
+        let job = self.active_job(id, by_uid)?;
+        if job.state != JobState::Running {
+            return Err(CommandError::NotRunning { id, state: job.state.name().to_string() });
+        }
+        let job = self.jobs.get_mut(&id).expect("checked");
+        let step_id = job.next_step_id;
+        job.next_step_id += 1;
+        changes.push(Change::PutJob(job.clone()));
+        Ok(Reply::Step { step_id })
+    }
+
+    /// Whether `node` belongs to `partition` (its hostlist, or the partitions the node registered with).
+    pub fn node_in_partition(&self, node: &NodeInfo, partition: &str) -> bool {
+        let Some(p) = self.config().and_then(|c| c.partition(partition)) else { return false };
+        if node.partitions.iter().any(|n| n == partition) {
+            return true;
+        }
+        if p.nodes.is_empty() {
+            return node.partitions.is_empty();
+        }
+        crate::hostlist::expand_hostlist(&p.nodes).map(|hosts| hosts.contains(&node.name)).unwrap_or(false)
+    }
+
+    /// Refuses, at submit, a request that no registered node of the partition could ever hold (Slurm's
+    /// "Requested node configuration is not available"). Before any node registers, everything is accepted.
+    pub(crate) fn check_satisfiable(&self, job: &crate::job::JobSpec, partition: &str) -> Result<(), CommandError> {
+        let members: Vec<&Node> = self.nodes.values().filter(|n| self.node_in_partition(&n.info, partition)).collect();
+        if members.is_empty() {
+            return Ok(());
+        }
+        let per_node_tasks = job.tasks_per_node(job.min_nodes).into_iter().max().unwrap_or(1);
+        let cpus = per_node_tasks.saturating_mul(job.cpus_per_task);
+        let fits = |n: &&&Node| {
+            n.info.gpus.len() as u32 >= job.gpus_per_node
+                && (n.info.cpus == 0 || n.info.cpus >= cpus)
+                && job.gpu_type.as_ref().is_none_or(|t| n.info.gpu_type.eq_ignore_ascii_case(t))
+        };
+        let fitting = members.iter().filter(fits).count() as u32;
+        if fitting >= job.min_nodes {
+            return Ok(());
+        }
+        let most_gpus = members.iter().map(|n| n.info.gpus.len()).max().unwrap_or(0);
+        Err(CommandError::NodeConfigUnavailable(format!(
+            "{} node(s) with {} GPU(s){} and {cpus} CPU(s) each requested; partition {partition} has {} node(s), {fitting} of them big enough (at most {most_gpus} GPUs per node)",
+            job.min_nodes,
+            job.gpus_per_node,
+            job.gpu_type.as_ref().map(|t| format!(" of type {t}")).unwrap_or_default(),
+            members.len(),
+        )))
+    }
+}
+
+/// A node's share in the allocation of `job`, if it has one.
+pub fn share_on<'a>(job: &'a Job, node: &str) -> Option<&'a NodeAllocation> {
+    job.allocation.iter().find(|a| a.node == node)
+}
+
+impl State {
+    /// Checks that nodes and jobs agree on every hold: each GPU a node lists is held by an active job whose
+    /// allocation names it, and each job's allocation is recorded on its nodes. Panics with the first mismatch.
+    pub fn check_invariants(&self) {
+        for node in self.nodes.values() {
+            for (gpu, holder) in &node.allocated_gpus {
+                let job = self
+                    .jobs
+                    .get(holder)
+                    .unwrap_or_else(|| panic!("{} GPU {gpu}: holder {holder} gone", node.info.name));
+                let share = share_on(job, &node.info.name).expect("holder has a share on the node");
+                assert!(share.gpus.contains(gpu), "{} GPU {gpu} not in job {holder}'s share", node.info.name);
+            }
+            let cpus: u32 =
+                node.jobs.iter().map(|id| share_on(&self.jobs[id], &node.info.name).map_or(0, |s| s.cpus)).sum();
+            assert_eq!(cpus, node.allocated_cpus, "{} CPU count", node.info.name);
+        }
+        for job in self.jobs.values() {
+            assert_eq!(job.allocation.is_empty(), job.state == JobState::Pending, "job {} allocation vs state", job.id);
+            for share in &job.allocation {
+                let node = &self.nodes[&share.node];
+                assert!(node.jobs.contains(&job.id), "job {} missing on {}", job.id, share.node);
+                for gpu in &share.gpus {
+                    assert_eq!(
+                        node.allocated_gpus.get(gpu),
+                        Some(&job.id),
+                        "job {} GPU {gpu} on {}",
+                        job.id,
+                        share.node
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::command::{Command, Request};
+    use crate::config::ClusterConfig;
+    use crate::first_fit::first_fit;
+    use crate::job::JobSpec;
+    use crate::node::GpuInfo;
+
+    fn at(time_ms: u64, command: Command) -> Request {
+        Request { time_ms, command }
+    }
+
+    fn node(name: &str, gpus: u32) -> NodeInfo {
+        NodeInfo {
+            name: name.into(),
+            cpus: 64,
+            gpus: (0..gpus).map(|index| GpuInfo { index, ..GpuInfo::default() }).collect(),
+            ..NodeInfo::default()
+        }
+    }
+
+    fn cluster(nodes: &[(&str, u32)]) -> State {
+        let mut state = State::default();
+        state.apply(&at(0, Command::InitCluster { config: ClusterConfig::default() }));
+        for (name, gpus) in nodes {
+            state.apply(&at(1, Command::RegisterNode { info: node(name, *gpus) })).response.unwrap();
+        }
+        state
+    }
+
+    fn job(nodes: u32, gpus: u32, tasks_per_node: u32) -> JobSpec {
+        JobSpec {
+            name: "train".into(),
+            uid: 1000,
+            min_nodes: nodes,
+            max_nodes: nodes,
+            ntasks_per_node: Some(tasks_per_node),
+            cpus_per_task: 1,
+            gpus_per_node: gpus,
+            script: "#!/bin/bash\n".into(),
+            ..JobSpec::default()
+        }
+    }
+
+    fn submit(state: &mut State, spec: JobSpec) -> JobId {
+        match state.apply(&at(2, Command::SubmitJob { spec: Box::new(spec), request_id: None })).response {
+            Ok(Reply::Submitted { job_id, .. }) => job_id,
+            other => panic!("submit failed: {other:?}"),
+        }
+    }
+
+    fn schedule(state: &mut State, time_ms: u64) -> Vec<JobId> {
+        let plan = first_fit(state, 1000);
+        let reply =
+            state.apply(&at(time_ms, Command::ApplyPlan { allocations: plan.allocations, reasons: plan.reasons }));
+        state.check_invariants();
+        match reply.response {
+            Ok(Reply::Planned { started, .. }) => started,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn end(state: &mut State, id: JobId, exit_code: i32) -> Response {
+        let incarnation = state.job(id).map_or(0, |j| j.incarnation);
+        let end = JobEnd { exit_code, ..JobEnd::default() };
+        let response = state.apply(&at(50, Command::JobEnded { job_id: id, incarnation, end })).response;
+        state.check_invariants();
+        response
+    }
+
+    #[test]
+    fn a_two_node_job_gets_disjoint_gpus_and_block_distributed_tasks() {
+        let mut state = cluster(&[("gpu01", 4), ("gpu02", 4)]);
+        let big = submit(&mut state, job(2, 4, 4));
+        let small = submit(&mut state, job(1, 1, 1));
+        assert_eq!(schedule(&mut state, 10), vec![big], "the 2x4 job fills both nodes; the small one waits");
+        let running = state.job(big).unwrap();
+        assert_eq!(running.state, JobState::Running);
+        assert_eq!(running.nodes, ["gpu01", "gpu02"]);
+        assert_eq!(running.allocation[0].gpus, [0, 1, 2, 3]);
+        assert_eq!(running.allocation[1].tasks, 4);
+        assert_eq!(state.job(small).unwrap().reason, PendingReason::Resources);
+        assert_eq!(state.nodes["gpu01"].state_name(), "ALLOCATED");
+        end(&mut state, big, 0).unwrap();
+        assert!(state.job(big).is_none(), "a finished job leaves the active table");
+        assert_eq!(schedule(&mut state, 60), vec![small]);
+        assert_eq!(state.nodes["gpu01"].state_name(), "MIXED");
+    }
+
+    #[test]
+    fn a_stale_plan_never_double_books_a_gpu() {
+        let mut state = cluster(&[("gpu01", 2)]);
+        let a = submit(&mut state, job(1, 2, 1));
+        let b = submit(&mut state, job(1, 2, 1));
+        let stale = first_fit(&state, 10);
+        schedule(&mut state, 10);
+        // The same plan again, and a plan giving job b the GPUs job a holds.
+        let mut forged = stale.allocations.clone();
+        forged[0].job_id = b;
+        let reply = state.apply(&at(11, Command::ApplyPlan { allocations: forged, reasons: vec![] }));
+        let Ok(Reply::Planned { started, refused }) = reply.response else { panic!() };
+        assert!(started.is_empty());
+        assert!(refused[0].1.contains(&format!("held by job {a}")), "{refused:?}");
+        state.check_invariants();
+    }
+
+    #[test]
+    fn cancelling_a_running_job_holds_its_gpus_until_the_tasks_are_gone() {
+        let mut state = cluster(&[("gpu01", 1)]);
+        let id = submit(&mut state, job(1, 1, 1));
+        schedule(&mut state, 10);
+        state.apply(&at(20, Command::CancelJobs { ids: vec![id], by_uid: 1000 }));
+        assert_eq!(state.job(id).unwrap().state, JobState::Completing);
+        let next = submit(&mut state, job(1, 1, 1));
+        assert!(schedule(&mut state, 21).is_empty(), "the GPU is still held while the job completes");
+        let applied = state.apply(&at(
+            30,
+            Command::JobEnded { job_id: id, incarnation: 0, end: JobEnd { signal: 15, ..JobEnd::default() } },
+        ));
+        let Some(Change::ArchiveJob(done)) = applied.changes.last() else { panic!("{:?}", applied.changes) };
+        assert_eq!((done.state, done.exit_signal), (JobState::Cancelled, 15));
+        assert_eq!(schedule(&mut state, 31), vec![next]);
+    }
+
+    #[test]
+    fn a_failed_node_requeues_its_jobs_as_a_new_incarnation_and_refuses_old_reports() {
+        let mut state = cluster(&[("gpu01", 8), ("gpu02", 8)]);
+        let requeued = submit(&mut state, job(1, 8, 1));
+        let mut no_requeue = job(1, 8, 1);
+        no_requeue.requeue = Some(false);
+        let failing = submit(&mut state, no_requeue);
+        schedule(&mut state, 10);
+        state.apply(&at(20, Command::NodeDown { name: "gpu01".into(), reason: "Not responding".into() }));
+        state.apply(&at(21, Command::NodeDown { name: "gpu02".into(), reason: "Not responding".into() }));
+        state.check_invariants();
+        let job = state.job(requeued).unwrap();
+        assert_eq!((job.state, job.restart_count, job.incarnation), (JobState::Pending, 1, 1));
+        assert!(state.job(failing).is_none(), "--no-requeue ends as NODE_FAIL");
+        let stale =
+            state.apply(&at(22, Command::JobEnded { job_id: requeued, incarnation: 0, end: JobEnd::default() }));
+        assert!(matches!(stale.response, Err(CommandError::StaleReport { .. })));
+        assert_eq!(state.nodes["gpu01"].state_name(), "DOWN");
+        assert_eq!(first_fit(&state, 10).reasons, vec![(requeued, PendingReason::ReqNodeNotAvail)]);
+        state.apply(&at(30, Command::RegisterNode { info: node("gpu02", 8) }));
+        assert_eq!(schedule(&mut state, 31), vec![requeued], "the requeued job restarts on the node that came back");
+        assert_eq!(state.job(requeued).unwrap().nodes, ["gpu02"]);
+    }
+
+    #[test]
+    fn an_impossible_request_is_refused_with_slurms_words() {
+        let mut state = cluster(&[("gpu01", 8)]);
+        let response =
+            state.apply(&at(2, Command::SubmitJob { spec: Box::new(job(1, 9, 1)), request_id: None })).response;
+        let err = response.unwrap_err();
+        assert!(err.to_string().starts_with("Requested node configuration is not available"), "{err}");
+        let response =
+            state.apply(&at(2, Command::SubmitJob { spec: Box::new(job(2, 1, 1)), request_id: None })).response;
+        assert!(matches!(response, Err(CommandError::NodeConfigUnavailable(_))));
+    }
+
+    #[test]
+    fn draining_needs_a_reason_and_stops_new_work() {
+        let mut state = cluster(&[("gpu01", 8)]);
+        let drain =
+            |reason: &str| Command::DrainNodes { names: vec!["gpu01".into()], drain: true, reason: reason.into() };
+        assert!(state.apply(&at(3, drain(""))).response.is_err());
+        state.apply(&at(3, drain("bad GPU 3"))).response.unwrap();
+        let id = submit(&mut state, job(1, 1, 1));
+        assert!(schedule(&mut state, 4).is_empty());
+        assert_eq!(state.job(id).unwrap().reason, PendingReason::ReqNodeNotAvail);
+        assert_eq!(state.nodes["gpu01"].state_name(), "DRAINED");
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Submit { nodes: u32, gpus: u32 },
+        Schedule,
+        End { pick: usize, exit_code: i32 },
+        Cancel { pick: usize },
+        Down { node: usize },
+        Up { node: usize },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (1u32..3, 0u32..5).prop_map(|(nodes, gpus)| Op::Submit { nodes, gpus }),
+            Just(Op::Schedule),
+            (any::<usize>(), 0i32..2).prop_map(|(pick, exit_code)| Op::End { pick, exit_code }),
+            any::<usize>().prop_map(|pick| Op::Cancel { pick }),
+            (0usize..3).prop_map(|node| Op::Down { node }),
+            (0usize..3).prop_map(|node| Op::Up { node }),
+        ]
+    }
+
+    proptest! {
+        /// Whatever happens, in any order, no GPU is ever held twice and every hold is released with its job.
+        #[test]
+        fn no_gpu_is_ever_double_booked(ops in proptest::collection::vec(op(), 1..80)) {
+            let names = ["n1", "n2", "n3"];
+            let mut state = cluster(&[("n1", 4), ("n2", 4), ("n3", 4)]);
+            for (t, op) in ops.into_iter().enumerate() {
+                let t = 100 + t as u64;
+                let active: Vec<JobId> = state.jobs.keys().copied().collect();
+                match op {
+                    Op::Submit { nodes, gpus } => { let _ = state.apply(&at(t, Command::SubmitJob { spec: Box::new(job(nodes, gpus, 1)), request_id: None })); }
+                    Op::Schedule => { schedule(&mut state, t); }
+                    Op::End { pick, exit_code } if !active.is_empty() => { let _ = end(&mut state, active[pick % active.len()], exit_code); }
+                    Op::Cancel { pick } if !active.is_empty() => { state.apply(&at(t, Command::CancelJobs { ids: vec![active[pick % active.len()]], by_uid: 0 })); }
+                    Op::Down { node: i } => { state.apply(&at(t, Command::NodeDown { name: names[i].into(), reason: "test".into() })); }
+                    Op::Up { node: i } => { state.apply(&at(t, Command::RegisterNode { info: node(names[i], 4) })); }
+                    _ => {}
+                }
+                state.check_invariants();
+                let held: usize = state.nodes.values().map(|n| n.allocated_gpus.len()).sum();
+                let allocated: usize = state.jobs.values().map(|j| j.allocated_gpus()).sum();
+                prop_assert_eq!(held, allocated);
+            }
+        }
+    }
+}

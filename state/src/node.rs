@@ -1,0 +1,135 @@
+//! GPU nodes as the replicated state knows them: the inventory an agent registered, and what is allocated on it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::JobId;
+
+/// One GPU as NVML (or the simulated backend) reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct GpuInfo {
+    /// NVML's index; what `CUDA_VISIBLE_DEVICES` and `SLURM_JOB_GPUS` name.
+    pub index: u32,
+    pub uuid: String,
+    /// Product name, e.g. `NVIDIA H200`.
+    pub name: String,
+    pub memory_mb: u64,
+    pub pci_bus_id: String,
+}
+
+/// What an agent registers: everything the allocator and the scheduler need to know about the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct NodeInfo {
+    /// The node's name (`gpu01`): unique in the cluster, what hostlists and `SLURM_JOB_NODELIST` hold.
+    pub name: String,
+    /// The agent's gRPC address (`srun` launches steps there) ...
+    pub agent_addr: String,
+    /// ... and the host every other node can reach it by (`MASTER_ADDR` of jobs whose first node this is).
+    pub host: String,
+    pub cpus: u32,
+    pub memory_mb: u64,
+    pub gpus: Vec<GpuInfo>,
+    /// The GPU type jobs name in `--gres=gpu:TYPE:N` (e.g. `h200`); empty for untyped.
+    pub gpu_type: String,
+    /// Partitions this node belongs to (in addition to partitions whose hostlist names it).
+    pub partitions: Vec<String>,
+    /// `--constraint` features.
+    pub features: Vec<String>,
+    /// Topology labels (`site`, `rack`, `switch`) for placement.
+    pub topology: BTreeMap<String, String>,
+    /// The agent's version, for `sinfo`/`scontrol show node`.
+    pub version: String,
+}
+
+/// Slurm's base node states; `DRAIN` is a flag on top of them (`drain` below), as in Slurm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeHealth {
+    /// Registered and heartbeating (as far as the last committed transition says).
+    Up,
+    /// Declared down by the leader (missed heartbeats) or by an administrator.
+    Down,
+}
+
+/// One GPU node in the replicated state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    pub info: NodeInfo,
+    pub health: NodeHealth,
+    /// Set by `scontrol update nodename=X state=drain reason=...` or a failed health check: no new jobs.
+    pub drain: bool,
+    /// Why the node is down or drained (Slurm's `Reason=`).
+    pub reason: String,
+    /// When the current state began (leader's stamp).
+    pub since_ms: u64,
+    /// GPUs held by jobs, by index.
+    pub allocated_gpus: BTreeMap<u32, JobId>,
+    /// CPUs held by jobs.
+    pub allocated_cpus: u32,
+    /// Jobs with an allocation on this node.
+    pub jobs: BTreeSet<JobId>,
+}
+
+impl Node {
+    pub fn new(info: NodeInfo, now_ms: u64) -> Node {
+        Node {
+            info,
+            health: NodeHealth::Up,
+            drain: false,
+            reason: String::new(),
+            since_ms: now_ms,
+            allocated_gpus: BTreeMap::new(),
+            allocated_cpus: 0,
+            jobs: BTreeSet::new(),
+        }
+    }
+
+    /// Slurm's state word: `IDLE`, `MIXED`, `ALLOCATED`, `DOWN`, `DRAINING` (drained with jobs), `DRAINED`.
+    pub fn state_name(&self) -> &'static str {
+        match (self.health, self.drain, self.jobs.is_empty()) {
+            (NodeHealth::Down, _, _) => "DOWN",
+            (NodeHealth::Up, true, true) => "DRAINED",
+            (NodeHealth::Up, true, false) => "DRAINING",
+            (NodeHealth::Up, false, true) => "IDLE",
+            (NodeHealth::Up, false, false) => {
+                let gpus_full = !self.info.gpus.is_empty() && self.free_gpus().next().is_none();
+                let cpus_full = self.info.cpus > 0 && self.allocated_cpus >= self.info.cpus;
+                if gpus_full || cpus_full { "ALLOCATED" } else { "MIXED" }
+            }
+        }
+    }
+
+    /// Whether new work may be placed here.
+    pub fn schedulable(&self) -> bool {
+        self.health == NodeHealth::Up && !self.drain
+    }
+
+    pub fn free_gpus(&self) -> impl Iterator<Item = u32> + '_ {
+        self.info.gpus.iter().map(|g| g.index).filter(|i| !self.allocated_gpus.contains_key(i))
+    }
+
+    pub fn free_cpus(&self) -> u32 {
+        self.info.cpus.saturating_sub(self.allocated_cpus)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_state_follows_allocation() {
+        let gpus = (0..2).map(|index| GpuInfo { index, ..GpuInfo::default() }).collect();
+        let mut node = Node::new(NodeInfo { name: "n1".into(), cpus: 8, gpus, ..NodeInfo::default() }, 0);
+        assert_eq!(node.state_name(), "IDLE");
+        node.jobs.insert(1);
+        node.allocated_gpus.insert(0, 1);
+        assert_eq!(node.state_name(), "MIXED");
+        node.allocated_gpus.insert(1, 1);
+        assert_eq!(node.state_name(), "ALLOCATED");
+        node.drain = true;
+        assert_eq!(node.state_name(), "DRAINING");
+        node.health = NodeHealth::Down;
+        assert_eq!(node.state_name(), "DOWN");
+    }
+}
