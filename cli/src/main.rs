@@ -43,8 +43,10 @@ enum Top {
         #[command(subcommand)]
         command: bench::BenchCmd,
     },
-    /// Symlink sbatch, squeue, scancel and scontrol to this binary in DIR.
+    /// Symlink sbatch, srun, squeue, scancel, scontrol, sacct and sinfo to this binary in DIR.
     InstallShims { dir: PathBuf },
+    /// An env:// rendezvous of a step's ranks at MASTER_ADDR:MASTER_PORT (run it under srun).
+    Rendezvous,
     /// Slurm commands, also reachable as `drover sbatch ...`.
     #[command(external_subcommand)]
     Slurm(Vec<String>),
@@ -120,6 +122,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             std::process::exit(code);
         }
         Top::InstallShims { dir } => commands::shims::install(&dir),
+        Top::Rendezvous => commands::rendezvous::run(),
         Top::Cluster { command } => {
             let client = connect::client(cli.controllers.as_deref())?;
             let rt = connect::runtime();

@@ -97,6 +97,8 @@ pub enum SbatchOption {
     },
     /// `--requeue` (true) / `--no-requeue` (false).
     Requeue(bool),
+    /// `--open-mode=append` (true) or `truncate` (false).
+    OpenAppend(bool),
     Hold,
     Parsable,
     /// An accepted-and-ignored option (`--mail-type`, `--mail-user`, `--comment`); dropped by [`build_spec`].
@@ -178,6 +180,7 @@ enum Kind {
     Error,
     Chdir,
     Export,
+    OpenMode,
     Requeue,
     NoRequeue,
     Hold,
@@ -213,6 +216,7 @@ const OPTIONS: &[OptDef] = &[
     OptDef { long: "error", short: Some('e'), kind: Kind::Error },
     OptDef { long: "chdir", short: Some('D'), kind: Kind::Chdir },
     OptDef { long: "export", short: None, kind: Kind::Export },
+    OptDef { long: "open-mode", short: None, kind: Kind::OpenMode },
     OptDef { long: "requeue", short: None, kind: Kind::Requeue },
     OptDef { long: "no-requeue", short: None, kind: Kind::NoRequeue },
     OptDef { long: "hold", short: Some('H'), kind: Kind::Hold },
@@ -363,6 +367,11 @@ fn parse_value(def: &OptDef, flag: &str, value: Option<String>) -> Result<Item, 
             }
         },
         Kind::Export => parse_export(flag, &value)?,
+        Kind::OpenMode => match value.to_ascii_lowercase().as_str() {
+            "append" | "a" => SbatchOption::OpenAppend(true),
+            "truncate" | "t" => SbatchOption::OpenAppend(false),
+            _ => return Err(invalid(flag, &value, "expected append or truncate")),
+        },
         Kind::Wrap => return Ok(Item::Wrap(value)),
         Kind::Ignored => SbatchOption::Ignored { flag: def.long, value },
         Kind::Requeue | Kind::NoRequeue | Kind::Hold | Kind::Parsable => {
@@ -759,6 +768,7 @@ pub fn build_spec(
             }
             SbatchOption::Requeue(v) => spec.requeue = Some(*v),
             SbatchOption::Hold => spec.hold = true,
+            SbatchOption::OpenAppend(v) => spec.open_append = *v,
             SbatchOption::Parsable => parsable = true,
             SbatchOption::Ignored { .. } => {}
         }

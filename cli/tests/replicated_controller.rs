@@ -142,9 +142,13 @@ async fn a_wiped_replica_rejoins_and_catches_up_by_snapshot() {
     cluster.wipe(victim).unwrap();
     // With the victim down, the log moves far past it and is purged behind a snapshot.
     let load = Load::start(client.clone(), 8);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Enough entries (however long a busy machine takes) that the log is purged behind a snapshot.
+    let started = Instant::now();
+    while load.acked.lock().unwrap().len() < 400 && started.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let acked = load.stop().await;
-    assert!(acked.len() > 300, "need enough entries to force a snapshot: {}", acked.len());
+    assert!(acked.len() >= 400, "need enough entries to force a snapshot: {}", acked.len());
     cluster.start(victim).unwrap();
     let solo = Client::from_list(&cluster.process(victim).unwrap().address).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);

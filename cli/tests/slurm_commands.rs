@@ -70,7 +70,9 @@ fn a_user_submits_inspects_holds_and_cancels_jobs_with_slurm_commands() {
         lines[0].split_whitespace().collect::<Vec<_>>(),
         ["JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "NODES", "NODELIST(REASON)"]
     );
-    assert!(lines[1].contains("pretrain") && lines[1].contains(" PD ") && lines[1].contains("(None)"), "{queue}");
+    // With no node agents in this cluster, the scheduler (once it has looked) says no node can hold the job.
+    let reason_ok = lines[1].contains("(None)") || lines[1].contains("(ReqNodeNotAvail)");
+    assert!(lines[1].contains("pretrain") && lines[1].contains(" PD ") && reason_ok, "{queue}");
     assert_eq!(
         sh.ok("squeue", &["-h", "-o", "%i %P %j %l %D", "-j", "1,2"]),
         "1 gpu pretrain 1-00:00:00 2\n2 debug wrap 5:00 1\n"

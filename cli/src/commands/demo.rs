@@ -1,26 +1,38 @@
-//! `drover demo`: starts a 3-controller local cluster, submits a multi-node GPU job and a stream of jobs,
-//! SIGKILLs the leader in the middle of the stream, and shows that every acknowledged job survived and that
-//! submissions resumed on the new leader. (Running the jobs needs node agents, which this build does not have
-//! yet: the jobs stay PENDING.)
+//! `drover demo`: starts 3 controller replicas and 2 node agents (4 simulated GPUs each), runs a 2-node job
+//! whose 8 tasks rendezvous at MASTER_ADDR:MASTER_PORT, SIGKILLs the leader while the job runs and clients
+//! are submitting, and shows the job finishing with its output and every acknowledged submission kept.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use drover_client::{Client, JobFilter};
+use drover_state::JobState;
 
 use crate::local::{LocalCluster, UpOptions};
 use crate::sbatch_args::{SubmitContext, build_spec, parse_command_line};
 
-const TRAIN_SCRIPT: &str = "#!/bin/bash
+/// The training job: a rendezvous of all ranks (as torch.distributed's env:// does), some "training", then a
+/// step that reports where each rank ran.
+fn train_script(drover: &Path) -> String {
+    format!(
+        "#!/bin/bash
 #SBATCH --job-name=llm-pretrain
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=4
 #SBATCH --gres=gpu:4
 #SBATCH --time=14-00:00:00
 #SBATCH --requeue
-srun python train.py --resume-from \"${DROVER_RESUME_FROM:-none}\"
-";
+#SBATCH --output=llm-pretrain-%j.out
+echo \"job $SLURM_JOB_ID on $SLURM_JOB_NODELIST; rendezvous at $MASTER_ADDR:$MASTER_PORT\"
+srun {drover} rendezvous
+sleep 4   # training...
+srun --label bash -c 'echo \"rank $RANK/$WORLD_SIZE on $SLURMD_NODENAME (local rank $LOCAL_RANK, GPUs $CUDA_VISIBLE_DEVICES): epoch done\"'
+echo \"training finished\"
+",
+        drover = drover.display()
+    )
+}
 
 pub fn run(dir: Option<PathBuf>) -> anyhow::Result<()> {
     let tmp;
@@ -34,30 +46,76 @@ pub fn run(dir: Option<PathBuf>) -> anyhow::Result<()> {
     crate::connect::runtime().block_on(demo(dir))
 }
 
-fn spec(args: &[&str], script: Option<&str>) -> anyhow::Result<drover_state::JobSpec> {
+/// A job spec as `sbatch ARGS` would submit it from `cwd`, with the demo's Slurm commands first on PATH.
+fn spec(args: &[&str], script: Option<&str>, cwd: &Path) -> anyhow::Result<drover_state::JobSpec> {
     let (user, uid, gid) = crate::identity::current_user();
-    let ctx = SubmitContext { user, uid, gid, cwd: std::env::current_dir()?.display().to_string(), env: vec![] };
+    let shims = cwd.parent().unwrap_or(cwd).join("bin");
+    let path = format!("{}:{}", shims.display(), std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()));
+    let mut env: Vec<(String, String)> = std::env::vars().filter(|(k, _)| k == "HOME").collect();
+    env.push(("PATH".to_string(), path));
+    let ctx = SubmitContext { user, uid, gid, cwd: cwd.display().to_string(), env };
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     Ok(build_spec(&parse_command_line(&args)?, script, &ctx)?.spec)
 }
 
+async fn wait_for(
+    client: &Client,
+    id: u64,
+    done: impl Fn(JobState) -> bool,
+    timeout: Duration,
+) -> anyhow::Result<drover_state::Job> {
+    let start = Instant::now();
+    loop {
+        let (job, _) = client.get_job(id, false, false).await?;
+        if done(job.state) {
+            return Ok(job);
+        }
+        if start.elapsed() > timeout {
+            anyhow::bail!("job {id} is still {} after {timeout:?}", job.state.name());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn print_jobs(jobs: &[drover_state::Job]) -> anyhow::Result<()> {
+    let formatter = crate::format::JobFormatter::new(crate::format::SQUEUE_DEFAULT).map_err(|e| anyhow::anyhow!(e))?;
+    println!("{}", formatter.header());
+    for job in jobs {
+        println!("{}", formatter.line(job, super::now_ms()));
+    }
+    Ok(())
+}
+
 async fn demo(dir: PathBuf) -> anyhow::Result<()> {
-    println!("== Starting 3 controller replicas under {}", dir.display());
-    let mut cluster = LocalCluster::up(&dir, UpOptions::default())?;
-    let leader = cluster.wait_ready(Duration::from_secs(30)).await?;
+    println!("== Starting 3 controller replicas and 2 node agents (4 simulated GPUs each) under {}", dir.display());
+    let options = UpOptions { agents: 2, gpus_per_agent: 4, ..UpOptions::default() };
+    let mut cluster = LocalCluster::up(&dir, options)?;
+    cluster.wait_ready(Duration::from_secs(30)).await?;
+    cluster.wait_agents(Duration::from_secs(30)).await?;
     let client = Arc::new(Client::from_list(&cluster.addresses())?);
     super::cluster::status(&client, false).await?;
-    println!("\n== sbatch llm-pretrain.sh   (2 nodes x 4 GPUs, 14 days, --requeue)");
-    let train = client.submit(&spec(&["train.sh"], Some(TRAIN_SCRIPT))?).await?;
-    println!("Submitted batch job {train}");
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work)?;
+    let drover = super::shims::link_all(&dir.join("bin"))?;
 
-    println!("\n== 4 clients submit jobs; replica {leader} (the leader) is SIGKILLed mid-stream");
+    println!("\n== sbatch llm-pretrain.sh   (2 nodes x 4 tasks x 4 GPUs, 14 days, --requeue)");
+    let script = train_script(&drover);
+    println!("{}", script.lines().map(|l| format!("    {l}")).collect::<Vec<_>>().join("\n"));
+    let train = client.submit(&spec(&["llm-pretrain.sh"], Some(&script), &work)?).await?;
+    println!("Submitted batch job {train}");
+    wait_for(&client, train, |s| s != JobState::Pending, Duration::from_secs(30)).await?;
+    let (running, _) = client.list_jobs(&JobFilter::default()).await?;
+    print_jobs(&running)?;
+
+    let leader = cluster.wait_ready(Duration::from_secs(10)).await?;
+    println!("\n== While it runs, 4 clients submit (held) jobs; replica {leader}, the leader, is SIGKILLed");
     let acked = Arc::new(std::sync::Mutex::new(Vec::new()));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut workers = Vec::new();
     for w in 0..4 {
         let (client, acked, stop) = (client.clone(), acked.clone(), stop.clone());
-        let spec = spec(&["--job-name", &format!("sweep-{w}"), "--gres=gpu:1", "--wrap", "python sweep.py"], None)?;
+        let spec =
+            spec(&["--job-name", &format!("sweep-{w}"), "--gres=gpu:1", "--hold", "--wrap", "true"], None, &work)?;
         workers.push(tokio::spawn(async move {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let sent = Instant::now();
@@ -67,7 +125,7 @@ async fn demo(dir: PathBuf) -> anyhow::Result<()> {
             }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     let before = acked.lock().unwrap().len();
     let killed_at = Instant::now();
     cluster.kill(leader)?;
@@ -105,22 +163,36 @@ async fn demo(dir: PathBuf) -> anyhow::Result<()> {
         lost,
         acked.len() - unique.len()
     );
+
+    println!("\n== The training job goes on under the new leader and finishes");
+    let done = wait_for(&client, train, |s| s.is_terminal(), Duration::from_secs(120)).await?;
+    let output = std::fs::read_to_string(work.join(format!("llm-pretrain-{train}.out"))).unwrap_or_default();
+    println!("-- llm-pretrain-{train}.out:");
+    print!("{output}");
+    println!(
+        "-- job {train}: {} (exit {}:{}) on {}",
+        done.state.name(),
+        done.exit_code,
+        done.exit_signal,
+        drover_state::hostlist::compress_hostlist(&done.nodes)
+    );
+
     println!("\n== Restarting replica {leader}; it catches up from the new leader");
     cluster.start(leader)?;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     super::cluster::status(&client, false).await?;
-    println!("\n== squeue -j {train}");
-    let (train_jobs, _) = client.list_jobs(&JobFilter { ids: vec![train], ..Default::default() }).await?;
-    let formatter = crate::format::JobFormatter::new(crate::format::SQUEUE_DEFAULT).map_err(|e| anyhow::anyhow!(e))?;
-    println!("{}", formatter.header());
-    for job in &train_jobs {
-        println!("{}", formatter.line(job, super::now_ms()));
+    for chunk in unique.chunks(5_000) {
+        client.cancel(chunk, crate::identity::current_user().1).await?;
     }
-    println!("(the job stays PENDING: node agents arrive with the next milestone)");
     cluster.down()?;
-    println!("\n== Cluster stopped. Acknowledged jobs lost: {lost}.");
-    if lost > 0 {
-        anyhow::bail!("{lost} acknowledged jobs were lost");
+    let met = output.lines().filter(|l| l.contains("met rank 0") || l.contains("ranks met")).count();
+    println!("\n== Cluster stopped. Ranks that met at the rendezvous: {met}/8. Acknowledged jobs lost: {lost}.");
+    if lost > 0 || done.state != JobState::Completed || met != 8 {
+        anyhow::bail!(
+            "the demo failed: job {} ended {}, {met}/8 ranks met, {lost} jobs lost",
+            train,
+            done.state.name()
+        );
     }
     Ok(())
 }

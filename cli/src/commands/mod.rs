@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod cluster;
 pub mod demo;
+pub mod rendezvous;
 pub mod sacct;
 pub mod sbatch;
 pub mod scancel;

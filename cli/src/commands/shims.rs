@@ -6,6 +6,16 @@ use std::path::Path;
 pub const SHIMS: [&str; 7] = ["sbatch", "squeue", "scancel", "scontrol", "srun", "sacct", "sinfo"];
 
 pub fn install(dir: &Path) -> anyhow::Result<()> {
+    let exe = link_all(dir)?;
+    for name in SHIMS {
+        println!("{} -> {}", dir.join(name).display(), exe.display());
+    }
+    println!("Add {} to PATH to use Slurm's commands with Drover.", dir.display());
+    Ok(())
+}
+
+/// Creates (or replaces) the links; returns the binary they point to.
+pub fn link_all(dir: &Path) -> anyhow::Result<std::path::PathBuf> {
     let exe = std::env::current_exe()?;
     std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
     for name in SHIMS {
@@ -15,8 +25,6 @@ pub fn install(dir: &Path) -> anyhow::Result<()> {
         }
         std::os::unix::fs::symlink(&exe, &link)
             .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", link.display()))?;
-        println!("{} -> {}", link.display(), exe.display());
     }
-    println!("Add {} to PATH to use Slurm's commands with Drover.", dir.display());
-    Ok(())
+    Ok(exe)
 }

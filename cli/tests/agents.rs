@@ -1,0 +1,280 @@
+//! Jobs really running on node agents: real controllers and agents (simulated GPUs) on loopback, driven through
+//! Slurm's commands as a user would.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use drover_cli::local::{LocalCluster, UpOptions};
+
+struct Shell {
+    bin: PathBuf,
+    controllers: String,
+    cwd: PathBuf,
+}
+
+impl Shell {
+    fn run(&self, name: &str, args: &[&str]) -> Output {
+        Command::new(self.bin.join(name))
+            .args(args)
+            .current_dir(&self.cwd)
+            .env("DROVER_CONTROLLERS", &self.controllers)
+            .env("PATH", format!("{}:{}:/usr/bin:/bin", self.bin.display(), drover_dir().display()))
+            .env_remove("SLURM_JOB_ID")
+            .output()
+            .expect("command runs")
+    }
+
+    fn ok(&self, name: &str, args: &[&str]) -> String {
+        let out = self.run(name, args);
+        assert!(out.status.success(), "{name} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn submit(&self, args: &[&str]) -> u64 {
+        let mut all = vec!["--parsable"];
+        all.extend_from_slice(args);
+        self.ok("sbatch", &all).trim().parse().expect("a job id")
+    }
+
+    /// `sacct -P` fields of one job.
+    fn acct(&self, id: u64, fields: &str) -> Vec<String> {
+        let out = self.ok("sacct", &["-j", &id.to_string(), "-n", "-P", "-o", fields]);
+        out.trim().split('|').map(str::to_string).collect()
+    }
+
+    /// Waits until the job reaches a state that is not PENDING/RUNNING/COMPLETING, and returns it.
+    fn wait_done(&self, id: u64, timeout: Duration) -> String {
+        let start = Instant::now();
+        loop {
+            let state = self.acct(id, "State").remove(0);
+            if !["PENDING", "RUNNING", "COMPLETING", ""].contains(&state.as_str()) {
+                return state;
+            }
+            assert!(start.elapsed() < timeout, "job {id} still {state} after {timeout:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn wait_state(&self, id: u64, want: &str, timeout: Duration) {
+        let start = Instant::now();
+        while self.acct(id, "State")[0] != want {
+            assert!(start.elapsed() < timeout, "job {id} never became {want}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn read(&self, file: &str) -> String {
+        std::fs::read_to_string(self.cwd.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
+    }
+}
+
+/// Where the `drover` binary itself is (jobs run `drover rendezvous`).
+fn drover_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_drover")).parent().unwrap().to_path_buf()
+}
+
+fn setup(dir: &Path, options: UpOptions) -> (LocalCluster, Shell) {
+    let cluster = LocalCluster::up(&dir.join("cluster"), options).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(cluster.wait_ready(Duration::from_secs(30))).unwrap();
+    rt.block_on(cluster.wait_agents(Duration::from_secs(30))).unwrap();
+    let bin = dir.join("bin");
+    let out = Command::new(env!("CARGO_BIN_EXE_drover")).arg("install-shims").arg(&bin).output().unwrap();
+    assert!(out.status.success());
+    let cwd = dir.join("work");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let shell = Shell { bin, controllers: cluster.addresses(), cwd };
+    (cluster, shell)
+}
+
+fn two_agents() -> UpOptions {
+    UpOptions { agents: 2, gpus_per_agent: 4, kill_wait_ms: 1_000, ..UpOptions::default() }
+}
+
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("{key} in {line}"))
+}
+
+#[test]
+fn a_two_node_job_runs_eight_ranks_that_meet_at_one_master() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, sh) = setup(dir.path(), two_agents());
+    // Another job first takes one GPU on node01, so the big job's GPUs there must avoid it.
+    let blocker = sh.submit(&["--gres=gpu:1", "-J", "blocker", "--wrap", "sleep 30"]);
+    sh.wait_state(blocker, "RUNNING", Duration::from_secs(20));
+    std::fs::write(
+        sh.cwd.join("train.sh"),
+        "#!/bin/bash\n#SBATCH -N 2 --ntasks-per-node=4 --gres=gpu:3 -J ranks -o ranks-%j.out\n\
+         srun bash -c 'echo \"task RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE NODE=$SLURMD_NODENAME CUDA=$CUDA_VISIBLE_DEVICES MASTER=$MASTER_ADDR:$MASTER_PORT NODELIST=$SLURM_JOB_NODELIST PROCID=$SLURM_PROCID\"'\n\
+         srun drover rendezvous\n\
+         echo \"batch done NODELIST=$SLURM_JOB_NODELIST NNODES=$SLURM_NNODES TASKS=$SLURM_TASKS_PER_NODE\"\n",
+    )
+    .unwrap();
+    let id = sh.submit(&["train.sh"]);
+    assert_eq!(sh.wait_done(id, Duration::from_secs(60)), "COMPLETED", "{}", sh.read(&format!("ranks-{id}.out")));
+    let out = sh.read(&format!("ranks-{id}.out"));
+    let tasks: Vec<&str> = out.lines().filter(|l| l.starts_with("task ")).collect();
+    assert_eq!(tasks.len(), 8, "{out}");
+    let mut ranks: Vec<u32> = tasks.iter().map(|l| field(l, "RANK").parse().unwrap()).collect();
+    ranks.sort();
+    assert_eq!(ranks, (0..8).collect::<Vec<_>>(), "every rank exactly once");
+    let masters: std::collections::BTreeSet<&str> = tasks.iter().map(|l| field(l, "MASTER")).collect();
+    assert_eq!(masters.len(), 1, "one MASTER_ADDR:MASTER_PORT for all ranks: {masters:?}");
+    for line in &tasks {
+        assert_eq!(field(line, "WORLD_SIZE"), "8");
+        assert_eq!(field(line, "NODELIST"), "node[01-02]");
+        assert_eq!(field(line, "PROCID"), field(line, "RANK"));
+        let rank: u32 = field(line, "RANK").parse().unwrap();
+        assert_eq!(field(line, "NODE"), if rank < 4 { "node01" } else { "node02" }, "block distribution");
+        assert_eq!(field(line, "LOCAL_RANK"), (rank % 4).to_string());
+        let cuda = field(line, "CUDA");
+        assert_eq!(cuda.split(',').count(), 3, "three GPUs per node: {line}");
+        if rank < 4 {
+            assert!(!cuda.split(',').any(|g| g == "0"), "node01's GPU 0 belongs to the blocker: {line}");
+        }
+    }
+    assert_eq!(out.lines().filter(|l| l.contains("met rank 0") || l.contains("all 8 ranks met")).count(), 8, "{out}");
+    assert!(out.contains("batch done NODELIST=node[01-02] NNODES=2 TASKS=4(x2)"), "{out}");
+    let acct = sh.acct(id, "JobID,State,ExitCode,NodeList,AllocTRES");
+    assert_eq!(acct[1..], ["COMPLETED", "0:0", "node[01-02]", "billing=8,cpu=8,gres/gpu=6,node=2"]);
+    sh.ok("scancel", &[&blocker.to_string()]);
+    assert_eq!(sh.wait_done(blocker, Duration::from_secs(20)), "CANCELLED by 0");
+}
+
+#[test]
+fn cancel_timeout_a_missing_program_and_a_deleted_script() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, sh) = setup(dir.path(), two_agents());
+    // scancel: SIGTERM reaches the script, which gets to say goodbye.
+    let cancelled = sh.submit(&[
+        "-o",
+        "cancel.out",
+        "--wrap",
+        "trap 'echo got TERM; exit 143' TERM; echo started; sleep 60 & wait",
+    ]);
+    sh.wait_state(cancelled, "RUNNING", Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(500));
+    sh.ok("scancel", &[&cancelled.to_string()]);
+    assert_eq!(sh.wait_done(cancelled, Duration::from_secs(20)), "CANCELLED by 0");
+    assert!(sh.read("cancel.out").contains("got TERM"), "{}", sh.read("cancel.out"));
+
+    // --time: ended as TIMEOUT the same way.
+    let timed = sh.submit(&[
+        "-t",
+        "0:02",
+        "-o",
+        "timeout.out",
+        "--wrap",
+        "trap 'echo time is up; exit 1' TERM; sleep 60 & wait",
+    ]);
+    assert_eq!(sh.wait_done(timed, Duration::from_secs(30)), "TIMEOUT");
+    assert!(sh.read("timeout.out").contains("time is up"));
+
+    // scancel --signal: delivered, the job goes on.
+    let signalled =
+        sh.submit(&["-o", "usr1.out", "--wrap", "trap 'echo got USR1' USR1; for i in $(seq 100); do sleep 0.1; done"]);
+    sh.wait_state(signalled, "RUNNING", Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(500));
+    sh.ok("scancel", &["--signal=USR1", &signalled.to_string()]);
+    assert_eq!(sh.wait_done(signalled, Duration::from_secs(30)), "COMPLETED");
+    assert!(sh.read("usr1.out").contains("got USR1"));
+
+    // A missing executable: FAILED, and the error file says why.
+    let missing = sh.submit(&["-e", "missing.err", "-o", "missing.out", "--wrap", "/opt/no/such/program --flag"]);
+    assert_eq!(sh.wait_done(missing, Duration::from_secs(20)), "FAILED");
+    assert_eq!(sh.acct(missing, "ExitCode")[0], "127:0");
+    assert!(sh.read("missing.err").contains("/opt/no/such/program: No such file or directory"));
+
+    // The script file is deleted right after submission: the stored copy runs.
+    std::fs::write(
+        sh.cwd.join("gone.sh"),
+        "#!/bin/bash\n#SBATCH -o gone.out\necho \"ran from the stored copy in $PWD\"\n",
+    )
+    .unwrap();
+    let gone = sh.submit(&["--hold", "gone.sh"]);
+    std::fs::remove_file(sh.cwd.join("gone.sh")).unwrap();
+    sh.ok("scontrol", &["release", &gone.to_string()]);
+    assert_eq!(sh.wait_done(gone, Duration::from_secs(20)), "COMPLETED");
+    assert!(sh.read("gone.out").contains("ran from the stored copy"));
+
+    // An impossible request is refused at submit, in Slurm's words.
+    let out = sh.run("sbatch", &["--gres=gpu:5", "--wrap", "true"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Requested node configuration is not available"));
+
+    // srun outside a job makes its own allocation and returns the worst exit code.
+    let out = sh
+        .run("srun", &["-N", "2", "--ntasks-per-node=2", "bash", "-c", "echo rank=$SLURM_PROCID; exit $SLURM_PROCID"]);
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().filter(|l| l.starts_with("rank=")).count(), 4, "{text}");
+}
+
+#[test]
+fn an_agent_restart_leaves_tasks_running_and_reports_their_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut cluster, sh) = setup(dir.path(), two_agents());
+    let id = sh.submit(&["-o", "upgrade.out", "--wrap", "echo before $$; sleep 3; echo after $$"]);
+    sh.wait_state(id, "RUNNING", Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, agent) = cluster.agents()[0].clone();
+    cluster.kill(agent).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(sh.acct(id, "State")[0], "RUNNING", "the job outlives its agent");
+    cluster.start(agent).unwrap();
+    assert_eq!(sh.wait_done(id, Duration::from_secs(30)), "COMPLETED");
+    let out = sh.read("upgrade.out");
+    let pids: Vec<&str> = out.lines().map(|l| l.split_whitespace().nth(1).unwrap()).collect();
+    assert_eq!(pids.len(), 2, "{out}");
+    assert_eq!(pids[0], pids[1], "the same process ran from start to end: {out}");
+}
+
+#[test]
+fn a_leader_failover_during_a_job_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut cluster, sh) = setup(dir.path(), two_agents());
+    let id = sh.submit(&["-N", "2", "--gres=gpu:4", "-o", "failover.out", "--wrap", "sleep 2; srun hostname"]);
+    sh.wait_state(id, "RUNNING", Duration::from_secs(20));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let leader = rt.block_on(cluster.wait_ready(Duration::from_secs(10))).unwrap();
+    cluster.kill(leader).unwrap();
+    // Submissions during and after the failover are all kept and all run.
+    let more: Vec<u64> = (0..4).map(|_| sh.submit(&["--gres=gpu:1", "--wrap", "true"])).collect();
+    assert_eq!(sh.wait_done(id, Duration::from_secs(40)), "COMPLETED", "{}", sh.read("failover.out"));
+    assert_eq!(sh.read("failover.out").lines().count(), 2, "srun ran on both nodes after the failover");
+    for job in more {
+        assert_eq!(sh.wait_done(job, Duration::from_secs(30)), "COMPLETED");
+    }
+}
+
+#[test]
+fn a_dead_node_requeues_its_job_on_a_live_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let options =
+        UpOptions { agent_heartbeat_ms: 200, agent_fence_after_ms: 1_000, node_timeout_ms: 2_000, ..two_agents() };
+    let (mut cluster, sh) = setup(dir.path(), options);
+    let id = sh.submit(&[
+        "--gres=gpu:4",
+        "-o",
+        "requeue-%j.out",
+        "--open-mode=append",
+        "--wrap",
+        "echo restart=$SLURM_RESTART_COUNT on $SLURMD_NODENAME; sleep 2",
+    ]);
+    sh.wait_state(id, "RUNNING", Duration::from_secs(20));
+    let node = sh.acct(id, "NodeList").remove(0);
+    let (_, agent) = cluster.agents().into_iter().find(|(name, _)| *name == node).unwrap();
+    // The node dies: its agent and every task on it.
+    cluster.kill(agent).unwrap();
+    drover_cli::local::kill_tasks(&cluster.process(agent).unwrap().data_dir.join("tasks"));
+    assert_eq!(sh.wait_done(id, Duration::from_secs(40)), "COMPLETED");
+    let acct = sh.acct(id, "Restarts,NodeList");
+    assert_eq!(acct[0], "1", "requeued once");
+    assert_ne!(acct[1], node, "restarted on the other node");
+    let sinfo = sh.ok("sinfo", &["-R", "-h"]);
+    assert!(sinfo.contains("Not responding") && sinfo.contains(&node), "{sinfo}");
+    assert!(sh.read(&format!("requeue-{id}.out")).contains("restart=1 on"));
+}
