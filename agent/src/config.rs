@@ -39,7 +39,8 @@ pub struct AgentConfig {
     pub topology: BTreeMap<String, String>,
     #[serde(default)]
     pub gpus: GpuConfig,
-    /// Between SIGTERM and SIGKILL when a job is cancelled or times out (Slurm's `KillWait`).
+    /// Between SIGTERM and SIGKILL when a job is cancelled or times out (Slurm's `KillWait`), until a leader
+    /// sends the cluster's value.
     #[serde(default = "default_kill_wait_ms")]
     pub kill_wait_ms: u64,
 }

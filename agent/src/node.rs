@@ -21,7 +21,7 @@ use crate::patterns::{PatternContext, expand_output_path};
 use crate::supervise::{self, TaskLaunch, TaskResult, TaskStatus};
 
 /// How often the task directories are checked (task ends, time limits, kill deadlines).
-pub const RECONCILE_INTERVAL_MS: u64 = 100;
+pub const RECONCILE_INTERVAL_MS: u64 = 25;
 /// An unacknowledged end report is sent again after this long.
 const REPORT_RETRY_MS: u64 = 2_000;
 /// Written into a batch directory when the agent ended the job at its time limit (survives a restart).
@@ -51,7 +51,7 @@ impl TaskDir {
     }
 }
 
-/// Timing the leader decides (sent in its welcome) and the config's kill grace.
+/// Timing the leader decides (sent in its welcome); until the first welcome, the config's kill grace applies.
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
     pub heartbeat_ms: u64,
@@ -132,13 +132,12 @@ impl NodeAgent {
         self.lock().timing
     }
 
-    /// A session with the leader began.
-    pub fn connected(&self, outbox: mpsc::Sender<AgentMessage>, heartbeat_ms: u64, fence_after_ms: u64) {
+    /// A session with the leader began; its timing is the cluster's from now on.
+    pub fn connected(&self, outbox: mpsc::Sender<AgentMessage>, timing: Timing) {
         let mut inner = self.lock();
         inner.outbox = Some(outbox);
         inner.synced = false;
-        inner.timing.heartbeat_ms = heartbeat_ms;
-        inner.timing.fence_after_ms = fence_after_ms;
+        inner.timing = timing;
         inner.last_contact = Instant::now();
         if inner.fenced {
             tracing::info!("a leader answers again; leaving the fence");

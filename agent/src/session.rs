@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tonic::transport::Endpoint;
 
-use crate::node::NodeAgent;
+use crate::node::{NodeAgent, Timing};
 
 /// Messages queued towards the leader.
 const OUTBOX: usize = 1_024;
@@ -97,10 +97,10 @@ async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
                 };
                 agent.contact();
                 match decode::<ControllerMessage>(&envelope.json) {
-                    Ok(ControllerMessage::Welcome { leader_id, heartbeat_ms: hb, fence_after_ms }) => {
+                    Ok(ControllerMessage::Welcome { leader_id, heartbeat_ms: hb, fence_after_ms, kill_wait_ms }) => {
                         heartbeat_ms = hb.max(10);
                         ticker = tokio::time::interval(Duration::from_millis(heartbeat_ms));
-                        agent.connected(tx.clone(), heartbeat_ms, fence_after_ms);
+                        agent.connected(tx.clone(), Timing { heartbeat_ms, fence_after_ms, kill_wait_ms });
                         welcomed = true;
                         tracing::info!(%addr, leader_id, "session with the leader established");
                     }

@@ -54,6 +54,9 @@ pub struct UpOptions {
     pub agent_heartbeat_ms: u64,
     pub agent_fence_after_ms: u64,
     pub node_timeout_ms: u64,
+    /// The GPU count the agents' config promises (`[gpus] count`); a value other than `gpus_per_agent` makes
+    /// each agent report an inventory mismatch.
+    pub agent_expected_gpus: Option<u32>,
 }
 
 impl Default for UpOptions {
@@ -73,6 +76,7 @@ impl Default for UpOptions {
             agent_heartbeat_ms: 500,
             agent_fence_after_ms: 5_000,
             node_timeout_ms: 8_000,
+            agent_expected_gpus: None,
         }
     }
 }
@@ -167,6 +171,10 @@ impl LocalCluster {
             self.options.kill_wait_ms,
             self.options.gpus_per_agent,
         );
+        let mut toml = toml;
+        if let Some(count) = self.options.agent_expected_gpus {
+            toml.push_str(&format!("count = {count}\n"));
+        }
         let config = home.join("agent.toml");
         std::fs::write(&config, toml)?;
         let process = Process {

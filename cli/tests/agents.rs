@@ -278,3 +278,60 @@ fn a_dead_node_requeues_its_job_on_a_live_one() {
     assert!(sinfo.contains("Not responding") && sinfo.contains(&node), "{sinfo}");
     assert!(sh.read(&format!("requeue-{id}.out")).contains("restart=1 on"));
 }
+
+#[test]
+fn an_agent_cut_off_from_every_controller_kills_its_tasks_before_its_node_is_declared_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let options =
+        UpOptions { agent_heartbeat_ms: 200, agent_fence_after_ms: 1_500, node_timeout_ms: 3_000, ..two_agents() };
+    let (mut cluster, sh) = setup(dir.path(), options);
+    let id = sh.submit(&["--no-requeue", "--wrap", "echo $$ > task.pid; exec sleep 120"]);
+    sh.wait_state(id, "RUNNING", Duration::from_secs(20));
+    let pid_file = sh.cwd.join("task.pid");
+    let start = Instant::now();
+    while !pid_file.exists() {
+        assert!(start.elapsed() < Duration::from_secs(10), "the task never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    let alive = |pid: i32| unsafe { libc::kill(pid, 0) } == 0 && !is_zombie(pid);
+    assert!(alive(pid));
+    // Every controller freezes: the agent hears no leader.
+    for id in [1, 2, 3] {
+        cluster.signal(id, libc::SIGSTOP).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(2_500));
+    let fenced = !alive(pid);
+    for id in [1, 2, 3] {
+        cluster.signal(id, libc::SIGCONT).unwrap();
+    }
+    assert!(fenced, "the task must be dead once the agent fenced itself (after 1.5 s without a leader)");
+    // The controllers come back: the killed job ends, as FAILED (killed by the fence) or NODE_FAIL (if the leader
+    // declared the node down first); it never runs twice.
+    let state = sh.wait_done(id, Duration::from_secs(30));
+    assert!(state == "FAILED" || state == "NODE_FAIL", "{state}");
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+        .unwrap_or(true)
+}
+
+#[test]
+fn an_agent_whose_gpus_disagree_with_its_config_is_drained_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = UpOptions { agents: 1, gpus_per_agent: 4, agent_expected_gpus: Some(8), ..UpOptions::default() };
+    let (_cluster, sh) = setup(dir.path(), options);
+    let start = Instant::now();
+    loop {
+        let reasons = sh.ok("sinfo", &["-R", "-h"]);
+        if reasons.contains("config expects 8 GPUs but found 4") {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "no drain reason: {reasons}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(sh.ok("sinfo", &["-h"]).contains("drain"));
+}

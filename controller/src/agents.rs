@@ -31,6 +31,8 @@ const SESSION_QUEUE: usize = 256;
 const REGISTER_TIMEOUT_MS: u64 = 5_000;
 /// Coalesces bursts of state changes into one assignment update per node.
 const ASSIGNMENT_COALESCE_MS: u64 = 5;
+/// Nodes declared down per liveness tick (the rest follow on the next ticks).
+const MAX_NODE_DOWNS_PER_TICK: usize = 1_024;
 /// Largest inventory an agent may register (GPU list, labels).
 const MAX_NODE_GPUS: usize = 64;
 
@@ -67,11 +69,11 @@ impl AgentHub {
     }
 
     fn is_leader(&self) -> bool {
-        self.raft.metrics().borrow_watched().current_leader == Some(self.id)
+        self.raft.server_metrics().borrow_watched().current_leader == Some(self.id)
     }
 
     fn leader_addr(&self) -> Option<String> {
-        let metrics = self.raft.metrics().borrow_watched().clone();
+        let metrics = self.raft.server_metrics().borrow_watched().clone();
         let leader = metrics.current_leader?;
         metrics.membership_config.membership().get_node(&leader).map(|n| n.addr.clone())
     }
@@ -202,6 +204,7 @@ impl AgentGateway for Gateway {
             leader_id: hub.id,
             heartbeat_ms: hub.timing.heartbeat_ms,
             fence_after_ms: hub.timing.fence_after_ms,
+            kill_wait_ms: hub.timing.kill_wait_ms,
         };
         tx.send(welcome).await.map_err(|_| Status::cancelled("session closed"))?;
         tracing::info!(node = %name, "agent session opened");
@@ -222,7 +225,9 @@ async fn run_session(
     tx: mpsc::Sender<ControllerMessage>,
     changed: Arc<Notify>,
 ) {
-    let mut metrics = hub.raft.metrics();
+    // Server metrics change only with leadership or membership. (The full metrics change on every Raft event:
+    // waking every session on each of them cost a core at 2,000 agents.)
+    let mut metrics = hub.raft.server_metrics();
     let mut last_sent: Option<Vec<(JobId, u64, bool)>> = None;
     changed.notify_one();
     loop {
@@ -315,6 +320,8 @@ pub async fn leader_loops(hub: Arc<AgentHub>) {
     let mut changes = hub.view.node_changes();
     let mut tick = tokio::time::interval(Duration::from_millis(hub.timing.heartbeat_ms.min(1_000)));
     let mut leading_since: Option<Instant> = None;
+    // One liveness check at a time, off this loop, so node-change notices keep flowing while it commits.
+    let checking = Arc::new(std::sync::atomic::AtomicBool::new(false));
     loop {
         tokio::select! {
             change = changes.recv() => {
@@ -338,7 +345,13 @@ pub async fn leader_loops(hub: Arc<AgentHub>) {
                     continue;
                 }
                 let since = *leading_since.get_or_insert_with(Instant::now);
-                declare_silent_nodes_down(&hub, since).await;
+                if !checking.swap(true, Ordering::AcqRel) {
+                    let (hub, checking) = (hub.clone(), checking.clone());
+                    tokio::spawn(async move {
+                        declare_silent_nodes_down(&hub, since).await;
+                        checking.store(false, Ordering::Release);
+                    });
+                }
             }
         }
     }
@@ -356,11 +369,16 @@ async fn declare_silent_nodes_down(hub: &Arc<AgentHub>, leading_since: Instant) 
             .filter(|name| seen.get(name).copied().unwrap_or(leading_since).max(leading_since).elapsed() > timeout)
             .collect()
     };
-    for name in silent {
-        tracing::warn!(node = %name, "no heartbeat for {} ms: declaring the node DOWN", hub.timing.node_timeout_ms);
-        let reason = "Not responding".to_string();
-        if let Err(e) = commit(&hub.raft, Command::NodeDown { name: name.clone(), reason }).await {
-            tracing::warn!(node = %name, "declaring the node down failed: {}", e.message());
+    // All at once: openraft batches concurrent proposals, so a rack going dark costs a few fsyncs, not one each.
+    let downs = silent.into_iter().take(MAX_NODE_DOWNS_PER_TICK).map(|name| {
+        let hub = hub.clone();
+        async move {
+            tracing::warn!(node = %name, "no heartbeat for {} ms: declaring the node DOWN", hub.timing.node_timeout_ms);
+            let reason = "Not responding".to_string();
+            if let Err(e) = commit(&hub.raft, Command::NodeDown { name: name.clone(), reason }).await {
+                tracing::warn!(node = %name, "declaring the node down failed: {}", e.message());
+            }
         }
-    }
+    });
+    futures::future::join_all(downs).await;
 }

@@ -101,7 +101,8 @@ impl Api {
 
     /// The leader's id and address as this replica knows them.
     fn leader(&self) -> Option<(u64, String)> {
-        let metrics = self.raft.metrics().borrow_watched().clone();
+        // Server metrics change only with leadership and membership: cheap to read on every call.
+        let metrics = self.raft.server_metrics().borrow_watched().clone();
         let leader = metrics.current_leader?;
         let node = metrics.membership_config.membership().get_node(&leader)?.clone();
         Some((leader, node.addr))

@@ -19,9 +19,10 @@ pub enum AgentMessage {
 /// Leader → agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ControllerMessage {
-    /// Sent once a session is accepted: how often to heartbeat, and after how long without a leader the agent
-    /// must kill its tasks (it is then declared down and its jobs requeued elsewhere).
-    Welcome { leader_id: u64, heartbeat_ms: u64, fence_after_ms: u64 },
+    /// Sent once a session is accepted: how often to heartbeat, after how long without a leader the agent must
+    /// kill its tasks (it is then declared down and its jobs requeued elsewhere), and the cluster's grace between
+    /// SIGTERM and SIGKILL (Slurm's `KillWait`).
+    Welcome { leader_id: u64, heartbeat_ms: u64, fence_after_ms: u64, kill_wait_ms: u64 },
     /// Every job that holds this node now. Jobs the agent runs that are not listed must not run.
     Assignments { jobs: Vec<Assignment> },
     /// A `JobEnded` report is committed (or stale); the agent may forget it.

@@ -28,6 +28,11 @@ struct Free {
     cpus: u32,
 }
 
+/// Pending reasons are refreshed for at most this many jobs per pass, in queue order (Slurm's main scheduler
+/// likewise looks at a bounded queue depth); jobs further back keep their reason until they move up. Without a
+/// bound, a flood of submissions would cost one reason update per job, and a pass would walk the whole queue.
+pub const MAX_REASON_UPDATES: usize = 1_000;
+
 /// Places pending jobs in id order on the first nodes that fit, at most `max_allocations` of them.
 pub fn first_fit(state: &State, max_allocations: usize) -> Plan {
     let mut free: BTreeMap<&str, Free> = state
@@ -38,22 +43,26 @@ pub fn first_fit(state: &State, max_allocations: usize) -> Plan {
         .collect();
     let mut plan = Plan::default();
     let mut membership: BTreeMap<(&str, &str), bool> = BTreeMap::new();
-    for job in state.jobs.values().filter(|j| j.state == JobState::Pending && !j.held) {
-        let reason = if plan.allocations.len() >= max_allocations {
-            None
-        } else {
-            match place(state, job, &mut free, &mut membership) {
-                Some(nodes) => {
-                    plan.allocations.push(Allocation { job_id: job.id, nodes });
-                    continue;
-                }
-                None => Some(blocked_reason(state, job)),
+    // Whether any node can take any more work (nodes that declare no CPU count never run out of CPUs).
+    let has_room = |free: &BTreeMap<&str, Free>| {
+        free.iter().any(|(name, f)| !f.gpus.is_empty() || f.cpus > 0 || state.nodes[*name].info.cpus == 0)
+    };
+    let mut room = has_room(&free);
+    for (examined, job) in state.jobs.values().filter(|j| j.state == JobState::Pending && !j.held).enumerate() {
+        let can_place = room && plan.allocations.len() < max_allocations;
+        if examined >= MAX_REASON_UPDATES && !can_place {
+            break;
+        }
+        if can_place && let Some(nodes) = place(state, job, &mut free, &mut membership) {
+            plan.allocations.push(Allocation { job_id: job.id, nodes });
+            room = has_room(&free);
+            continue;
+        }
+        if examined < MAX_REASON_UPDATES && plan.allocations.len() < max_allocations {
+            let reason = blocked_reason(state, job);
+            if reason != job.reason {
+                plan.reasons.push((job.id, reason));
             }
-        };
-        if let Some(reason) = reason
-            && reason != job.reason
-        {
-            plan.reasons.push((job.id, reason));
         }
     }
     plan

@@ -10,6 +10,7 @@ use clap::Subcommand;
 use drover_client::{Client, JobFilter};
 use hdrhistogram::Histogram;
 
+use super::bench_agents;
 use crate::local::{LocalCluster, UpOptions};
 
 #[derive(Subcommand)]
@@ -41,6 +42,30 @@ pub enum BenchCmd {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// End to end: N trivial one-GPU jobs through one agent with G simulated GPUs, first submission to last
+    /// completion.
+    Jobs {
+        #[arg(long, default_value_t = 1_000)]
+        count: usize,
+        #[arg(long, default_value_t = 8)]
+        gpus: u32,
+        #[arg(long, default_value_t = 8)]
+        clients: usize,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Heartbeat load: N simulated agents heartbeating on one leader; leader CPU and Raft log growth (zero
+    /// expected from heartbeats).
+    Heartbeats {
+        #[arg(long, default_value_t = 2_000)]
+        agents: usize,
+        #[arg(long, default_value_t = 5_000)]
+        heartbeat_ms: u64,
+        #[arg(long, default_value_t = 60)]
+        duration_s: u64,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 pub fn run(cmd: BenchCmd, _controllers: Option<&str>) -> anyhow::Result<()> {
@@ -52,6 +77,12 @@ pub fn run(cmd: BenchCmd, _controllers: Option<&str>) -> anyhow::Result<()> {
             }
             BenchCmd::Failover { kills, clients, dir } => failover(kills, clients, bench_dir(dir, "failover")).await,
             BenchCmd::State { jobs, clients, dir } => state(jobs, clients, bench_dir(dir, "state")).await,
+            BenchCmd::Jobs { count, gpus, clients, dir } => {
+                bench_agents::jobs(count, gpus, clients, bench_dir(dir, "jobs")).await
+            }
+            BenchCmd::Heartbeats { agents, heartbeat_ms, duration_s, dir } => {
+                bench_agents::heartbeats(agents, heartbeat_ms, duration_s, bench_dir(dir, "heartbeats")).await
+            }
         }
     })
 }

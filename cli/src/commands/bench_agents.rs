@@ -1,0 +1,577 @@
+//! `drover bench jobs` and `drover bench heartbeats`: the node-agent figures of BENCHMARKS.md. Like the other
+//! benches, each starts its own local cluster and prints one summary line per measurement.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use drover_client::{Client, JobFilter};
+use drover_proto::LEADER_HINT_KEY;
+use drover_proto::v1::agent_gateway_client::AgentGatewayClient;
+use drover_proto::v1::{AgentEnvelope, ControllerEnvelope};
+use drover_proto::wire::{AgentMessage, ControllerMessage, decode, encode};
+use drover_state::{ExportPolicy, GpuInfo, JobSpec, JobState, NodeHealth, NodeInfo};
+use hdrhistogram::Histogram;
+// tonic re-exports tokio-stream for generated code; using it keeps this crate's dependency list unchanged.
+use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Streaming};
+
+use crate::local::{LocalCluster, UpOptions};
+
+/// How often the jobs bench asks whether every job has ended (the resolution of its end-to-end figure).
+const POLL_MS: u64 = 20;
+/// The jobs bench gives up when no job has ended for this long (a stuck agent, a lost job).
+const NO_PROGRESS_S: u64 = 60;
+/// Simulated agents registering at once: each registration is one Raft commit, and a thundering herd of 2,000
+/// would measure the ramp, not the steady state.
+const RAMP_CONCURRENCY: usize = 64;
+/// Attempts to open one simulated session (a redirect to the leader counts as one).
+const OPEN_ATTEMPTS: u32 = 5;
+/// One attempt to connect and register may take this long (the registration waits for its commit).
+const OPEN_TIMEOUT_S: u64 = 30;
+/// Heartbeats queued towards the leader per simulated agent; a full outbox means the leader stopped reading.
+const SIM_OUTBOX: usize = 8;
+/// Heartbeats awaiting their `Alive` per simulated agent (older ones are not timed).
+const SIM_IN_FLIGHT: usize = 64;
+
+/// A trivial one-GPU `--wrap true` job whose files stay in `work_dir` and whose output goes nowhere.
+fn true_job(work_dir: &Path) -> JobSpec {
+    let (user, uid, gid) = crate::identity::current_user();
+    let dir = work_dir.display().to_string();
+    JobSpec {
+        name: "wrap".into(),
+        user,
+        uid,
+        gid,
+        script: crate::sbatch_args::wrap_script("true"),
+        work_dir: dir.clone(),
+        submit_dir: dir,
+        stdout: Some("/dev/null".into()),
+        min_nodes: 1,
+        max_nodes: 1,
+        cpus_per_task: 1,
+        gpus_per_node: 1,
+        export: ExportPolicy::None,
+        ..Default::default()
+    }
+}
+
+/// The leader's id and address, as the cluster reports them.
+async fn leader_of(client: &Client) -> anyhow::Result<(u64, String, u64)> {
+    let status = client.cluster_status().await?;
+    let leader = status.replicas.iter().find(|r| r.role == "leader").context("the cluster reports no leader")?;
+    Ok((leader.id, leader.address.clone(), leader.last_log_index))
+}
+
+/// A client that asks the leader first: a follower learns of commits a Raft heartbeat later, which would blur a
+/// 20 ms poll.
+fn leader_first_client(cluster: &LocalCluster, leader: &str, deadline: Duration) -> anyhow::Result<Client> {
+    let mut addresses: Vec<String> = cluster.addresses().split(',').map(str::to_string).collect();
+    addresses.sort_by_key(|a| a != leader);
+    Ok(Client::new(addresses)?.with_deadline(deadline))
+}
+
+pub async fn jobs(count: usize, gpus: u32, clients: usize, dir: PathBuf) -> anyhow::Result<()> {
+    if count == 0 || clients == 0 || gpus == 0 {
+        bail!("--count, --clients and --gpus must be at least 1");
+    }
+    let cluster = LocalCluster::up(&dir, UpOptions { agents: 1, gpus_per_agent: gpus, ..UpOptions::default() })?;
+    cluster.wait_ready(Duration::from_secs(30)).await?;
+    cluster.wait_agents(Duration::from_secs(30)).await?;
+    let work_dir = cluster.dir.join("work");
+    std::fs::create_dir_all(&work_dir)?;
+    let client = Arc::new(Client::from_list(&cluster.addresses())?);
+    let (_, leader_addr, _) = leader_of(&client).await?;
+    let poller = leader_first_client(&cluster, &leader_addr, Duration::from_secs(2))?;
+    println!("bench jobs: {count} one-GPU `true` jobs, {clients} submitting clients, 1 agent x {gpus} GPUs");
+
+    // Clients take job numbers from one counter, so exactly `count` are submitted however the work divides.
+    let next = Arc::new(AtomicUsize::new(0));
+    let first_submission = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients.min(count) {
+        let (client, next, spec) = (client.clone(), next.clone(), true_job(&work_dir));
+        tasks.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            while next.fetch_add(1, Ordering::Relaxed) < count {
+                ids.push(client.submit(&spec).await?);
+            }
+            anyhow::Ok(ids)
+        }));
+    }
+    let mut submitted = Vec::with_capacity(count);
+    for t in tasks {
+        submitted.extend(t.await??);
+    }
+    let submit_s = first_submission.elapsed().as_secs_f64();
+    println!(
+        "submission: {} jobs acknowledged in {submit_s:.2} s ({:.1}/s)",
+        submitted.len(),
+        submitted.len() as f64 / submit_s
+    );
+
+    // Every job is submitted; the state holds active jobs only, so an empty one means every job has ended.
+    let mut last_active = u64::MAX;
+    let mut progress_at = Instant::now();
+    loop {
+        if let Ok(status) = poller.cluster_status().await {
+            let active = status.pending_jobs + status.running_jobs;
+            if active == 0 {
+                break;
+            }
+            if active < last_active {
+                last_active = active;
+                progress_at = Instant::now();
+            }
+        }
+        if progress_at.elapsed() > Duration::from_secs(NO_PROGRESS_S) {
+            bail!(
+                "no job ended for {NO_PROGRESS_S} s with {last_active} still active; see the logs in {}",
+                cluster.dir.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+    let total_s = first_submission.elapsed().as_secs_f64();
+
+    let filter = JobFilter { include_finished: true, limit: 0, ..Default::default() };
+    let (jobs, truncated) = client.list_jobs(&filter).await?;
+    let ours: HashSet<u64> = submitted.iter().copied().collect();
+    let mut states: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for job in jobs.iter().filter(|j| ours.contains(&j.id)) {
+        *states.entry(job.state.name()).or_default() += 1;
+    }
+    let found: usize = states.values().sum();
+    let completed = states.get(JobState::Completed.name()).copied().unwrap_or(0);
+    let verdict = if found == count && completed == count && jobs.len() == count {
+        "all COMPLETED".to_string()
+    } else {
+        let by_state: Vec<String> = states.iter().map(|(s, n)| format!("{s}={n}")).collect();
+        let example = jobs
+            .iter()
+            .find(|j| j.state != JobState::Completed)
+            .map(|j| format!("; e.g. job {}: exit {} {}", j.id, j.exit_code, j.message.as_deref().unwrap_or("")))
+            .unwrap_or_default();
+        format!(
+            "NOT all COMPLETED: {} jobs listed{}, {found} of the {count} submitted: {}{example}",
+            jobs.len(),
+            if truncated { " (truncated)" } else { "" },
+            by_state.join(" ")
+        )
+    };
+    // The leader's own stamps (same clock on one machine) bound the figure without the poll's 20 ms resolution.
+    let stamped = jobs.iter().filter_map(|j| j.end_time_ms).max().zip(jobs.iter().map(|j| j.submit_time_ms).min());
+    let stamped =
+        stamped.map(|(end, start)| format!("; leader's stamps: {:.2} s", end.saturating_sub(start) as f64 / 1e3));
+    println!(
+        "jobs: {count} one-GPU jobs through 1 agent x {gpus} GPUs: {total_s:.2} s first submission to last completion = {:.1} jobs/s ({verdict}){}",
+        count as f64 / total_s,
+        stamped.unwrap_or_default()
+    );
+    drop(cluster);
+    Ok(())
+}
+
+/// Raises this process's open-file limit towards `want` (capped by the hard limit) before the cluster starts,
+/// so the controllers inherit it too: every simulated agent holds one connection here and one on the leader.
+fn raise_nofile(want: libc::rlim_t) -> libc::rlim_t {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 0;
+        }
+        let target = want.min(limit.rlim_max);
+        if limit.rlim_cur < target {
+            limit.rlim_cur = target;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+            }
+        }
+    }
+    limit.rlim_cur
+}
+
+/// utime + stime of a process (`self` or a pid), in clock ticks.
+fn cpu_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces; the fields after it start with the state (field 3).
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn clock_ticks_per_s() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 { ticks as f64 } else { 100.0 }
+}
+
+/// What every simulated agent shares: where to go, when to beat, and the counters the summary reads.
+struct Sim {
+    /// Every controller; the leader first.
+    controllers: Vec<String>,
+    heartbeat: Duration,
+    /// Agent i beats at `epoch + i/N` of an interval, so the load is spread evenly over each interval.
+    epoch: Instant,
+    agents: usize,
+    /// Bounds sessions being opened at once, for the first registration and for reconnections alike.
+    ramp: tokio::sync::Semaphore,
+    registered: AtomicUsize,
+    /// Agents that never registered, or gave up reconnecting.
+    failed: AtomicUsize,
+    /// Sessions that ended after registering (the leader closed them, or they broke) ...
+    lost: AtomicUsize,
+    /// ... and sessions opened again after that, as a real agent does.
+    reconnected: AtomicUsize,
+    heartbeats: AtomicU64,
+    alive: AtomicU64,
+    outbox_full: AtomicU64,
+    /// Only heartbeats answered inside the measurement window are timed.
+    measuring: AtomicBool,
+    /// Heartbeat → `Alive` round trip (µs).
+    round_trip: Mutex<Histogram<u64>>,
+    first_error: Mutex<Option<String>>,
+}
+
+impl Sim {
+    fn note_error(&self, why: String) {
+        self.first_error.lock().expect("first_error poisoned").get_or_insert(why);
+    }
+
+    fn first_error(&self) -> Option<String> {
+        self.first_error.lock().expect("first_error poisoned").clone()
+    }
+}
+
+fn sim_node(i: usize) -> NodeInfo {
+    let name = format!("sim{i:04}");
+    let gpus = (0..8)
+        .map(|index| GpuInfo {
+            index,
+            uuid: format!("GPU-{name}-{index}"),
+            name: "NVIDIA H200".into(),
+            memory_mb: 143_771,
+            pci_bus_id: format!("00000000:{:02X}:00.0", 0x18 + index),
+        })
+        .collect();
+    NodeInfo {
+        name,
+        agent_addr: "127.0.0.1:1".into(),
+        host: "127.0.0.1".into(),
+        cpus: 64,
+        memory_mb: 1 << 20,
+        gpus,
+        gpu_type: "h200".into(),
+        ..Default::default()
+    }
+}
+
+fn envelope(message: &AgentMessage) -> AgentEnvelope {
+    AgentEnvelope { json: encode(message) }
+}
+
+enum Open {
+    Redirect(String),
+    Failed(String),
+}
+
+type SimSession =
+    (AgentGatewayClient<Channel>, tokio::sync::mpsc::Sender<AgentEnvelope>, Streaming<ControllerEnvelope>);
+
+/// Connects (its own connection, as a real agent has) and registers; the leader answers once the node is committed.
+async fn open_session(addr: &str, info: &NodeInfo) -> Result<SimSession, Open> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| Open::Failed(format!("bad address {addr}: {e}")))?
+        .connect_timeout(Duration::from_millis(2_000))
+        .tcp_nodelay(true);
+    let channel = endpoint.connect().await.map_err(|e| Open::Failed(format!("cannot connect to {addr}: {e}")))?;
+    let mut client = AgentGatewayClient::new(channel);
+    let (tx, rx) = tokio::sync::mpsc::channel(SIM_OUTBOX);
+    tx.try_send(envelope(&AgentMessage::Register { info: info.clone() })).expect("a new outbox has room");
+    match client.session(ReceiverStream::new(rx)).await {
+        Ok(response) => Ok((client, tx, response.into_inner())),
+        Err(status) => match status.metadata().get(LEADER_HINT_KEY).and_then(|v| v.to_str().ok()) {
+            Some(leader) if status.code() == Code::FailedPrecondition => Err(Open::Redirect(leader.to_string())),
+            _ => Err(Open::Failed(format!("{addr}: {:?} {}", status.code(), status.message()))),
+        },
+    }
+}
+
+/// Opens a session within the ramp's bound: the leader first, following its hints, then every controller in turn.
+async fn open_bounded(sim: &Sim, addr: &mut String, info: &NodeInfo) -> Result<SimSession, String> {
+    let _permit = sim.ramp.acquire().await.expect("the ramp semaphore is never closed");
+    let mut last = String::new();
+    for attempt in 0..OPEN_ATTEMPTS {
+        match tokio::time::timeout(Duration::from_secs(OPEN_TIMEOUT_S), open_session(addr, info)).await {
+            Ok(Ok(session)) => return Ok(session),
+            Ok(Err(Open::Redirect(leader))) => *addr = leader,
+            Ok(Err(Open::Failed(why))) => {
+                last = why;
+                let next = sim.controllers.iter().position(|c| c == addr).map_or(0, |p| p + 1);
+                *addr = sim.controllers[next % sim.controllers.len()].clone();
+                tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+            }
+            Err(_) => last = format!("{addr}: no answer to the registration within {OPEN_TIMEOUT_S} s"),
+        }
+    }
+    Err(format!("{}: {last}", info.name))
+}
+
+/// One simulated agent: register, heartbeat until `stop` while draining everything the leader sends, and open a
+/// new session when one ends (as a real agent does, so a lost session shows as a count, not as a node down).
+async fn sim_agent(sim: Arc<Sim>, i: usize, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let info = sim_node(i);
+    let mut addr = sim.controllers[0].clone();
+    let mut registered = false;
+    loop {
+        let opened = tokio::select! {
+            _ = stop.changed() => return,
+            opened = open_bounded(&sim, &mut addr, &info) => opened,
+        };
+        let (_client, tx, inbound) = match opened {
+            Ok(session) => session,
+            Err(why) => {
+                sim.note_error(why);
+                sim.failed.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        if registered {
+            sim.reconnected.fetch_add(1, Ordering::Relaxed);
+        } else {
+            registered = true;
+            sim.registered.fetch_add(1, Ordering::Relaxed);
+        }
+        match beat(&sim, i, tx, inbound, &mut stop).await {
+            None => return,
+            Some(why) => {
+                sim.lost.fetch_add(1, Ordering::Relaxed);
+                sim.note_error(format!("{}: {why}", info.name));
+            }
+        }
+    }
+}
+
+/// Heartbeats on one session until `stop` (None) or until the session ends (why).
+async fn beat(
+    sim: &Sim,
+    i: usize,
+    tx: tokio::sync::mpsc::Sender<AgentEnvelope>,
+    mut inbound: Streaming<ControllerEnvelope>,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) -> Option<String> {
+    // The first beat is this agent's next slot on the shared schedule.
+    let phase = sim.epoch + sim.heartbeat.mul_f64(i as f64 / sim.agents as f64);
+    let behind = Instant::now().saturating_duration_since(phase).as_nanos();
+    let period = sim.heartbeat.as_nanos().max(1);
+    let first = phase + Duration::from_nanos((behind.div_ceil(period) * period) as u64);
+    let mut ticker = tokio::time::interval_at(first.into(), sim.heartbeat);
+    // A stalled bench process must not make up for lost time with a burst the leader never sees in reality.
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut in_flight: VecDeque<Instant> = VecDeque::with_capacity(SIM_IN_FLIGHT);
+    let heartbeat = envelope(&AgentMessage::Heartbeat { problems: Vec::new() });
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return None,
+            _ = ticker.tick() => {
+                if tx.try_send(heartbeat.clone()).is_ok() {
+                    sim.heartbeats.fetch_add(1, Ordering::Relaxed);
+                    if in_flight.len() < SIM_IN_FLIGHT {
+                        in_flight.push_back(Instant::now());
+                    }
+                } else {
+                    sim.outbox_full.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            message = inbound.message() => {
+                let why = match message {
+                    Ok(Some(envelope)) => match decode::<ControllerMessage>(&envelope.json) {
+                        Ok(ControllerMessage::Alive) => {
+                            sim.alive.fetch_add(1, Ordering::Relaxed);
+                            if let Some(sent) = in_flight.pop_front()
+                                && sim.measuring.load(Ordering::Relaxed)
+                            {
+                                let us = sent.elapsed().as_micros() as u64;
+                                let _ = sim.round_trip.lock().expect("round_trip poisoned").record(us.max(1));
+                            }
+                            continue;
+                        }
+                        // Welcome, (empty) Assignments: a real agent acts on them; the simulation only drains them.
+                        Ok(_) => continue,
+                        Err(e) => format!("undecodable message: {e}"),
+                    },
+                    Ok(None) => "the leader closed the session".to_string(),
+                    Err(status) => format!("session broke: {:?} {}", status.code(), status.message()),
+                };
+                return Some(why);
+            }
+        }
+    }
+}
+
+pub async fn heartbeats(agents: usize, heartbeat_ms: u64, duration_s: u64, dir: PathBuf) -> anyhow::Result<()> {
+    if agents == 0 || heartbeat_ms == 0 || duration_s == 0 {
+        bail!("--agents, --heartbeat-ms and --duration-s must be at least 1");
+    }
+    let nofile = raise_nofile(65_536.max(agents as libc::rlim_t * 2 + 4_096));
+    if nofile < agents as libc::rlim_t + 1_024 {
+        bail!("the open-file limit is {nofile} (hard limit); {agents} simulated agents need about {}", agents + 1_024);
+    }
+    let options = UpOptions {
+        agents: 0,
+        agent_heartbeat_ms: heartbeat_ms,
+        agent_fence_after_ms: 3 * heartbeat_ms,
+        node_timeout_ms: 4 * heartbeat_ms,
+        ..UpOptions::default()
+    };
+    let cluster = LocalCluster::up(&dir, options)?;
+    let first_leader = cluster.wait_ready(Duration::from_secs(30)).await?;
+    let client = Client::from_list(&cluster.addresses())?;
+    let (_, leader_addr, log_before_ramp) = leader_of(&client).await?;
+    let mut controllers: Vec<String> = cluster.addresses().split(',').map(str::to_string).collect();
+    controllers.sort_by_key(|a| *a != leader_addr);
+    println!(
+        "bench heartbeats: {agents} simulated agents, one heartbeat every {heartbeat_ms} ms each, {duration_s} s \
+         window; leader replica {first_leader}; open-file limit {nofile}"
+    );
+
+    let sim = Arc::new(Sim {
+        controllers,
+        heartbeat: Duration::from_millis(heartbeat_ms),
+        epoch: Instant::now(),
+        agents,
+        ramp: tokio::sync::Semaphore::new(RAMP_CONCURRENCY),
+        registered: AtomicUsize::new(0),
+        failed: AtomicUsize::new(0),
+        lost: AtomicUsize::new(0),
+        reconnected: AtomicUsize::new(0),
+        heartbeats: AtomicU64::new(0),
+        alive: AtomicU64::new(0),
+        outbox_full: AtomicU64::new(0),
+        measuring: AtomicBool::new(false),
+        round_trip: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds")),
+        first_error: Mutex::new(None),
+    });
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let ramp_start = Instant::now();
+    let tasks: Vec<_> = (0..agents).map(|i| tokio::spawn(sim_agent(sim.clone(), i, stop_rx.clone()))).collect();
+    // Every task ends up registered or failed: its attempts are bounded and each is under a timeout.
+    while sim.registered.load(Ordering::Relaxed) + sim.failed.load(Ordering::Relaxed) < agents {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ramp_s = ramp_start.elapsed().as_secs_f64();
+    let (ramp_leader, _, log_after_ramp) = leader_of(&client).await?;
+    let registered = sim.registered.load(Ordering::Relaxed);
+    let lost_in_ramp = sim.lost.load(Ordering::Relaxed);
+    println!(
+        "registration: {registered} of {agents} agents registered in {ramp_s:.2} s ({RAMP_CONCURRENCY} at a time, \
+         {:.0}/s); leader log +{} entries{}{}",
+        registered as f64 / ramp_s,
+        log_after_ramp.saturating_sub(log_before_ramp),
+        if ramp_leader == first_leader { String::new() } else { format!("; LEADER CHANGED to replica {ramp_leader}") },
+        if lost_in_ramp > 0 { format!("; {lost_in_ramp} sessions lost") } else { String::new() },
+    );
+    if registered == 0 {
+        bail!("no simulated agent registered; see the controller logs in {}", cluster.dir.display());
+    }
+
+    tokio::time::sleep(2 * sim.heartbeat).await;
+    let ticks = clock_ticks_per_s();
+    // The leader now, which is the one measured (a change during the ramp is reported above).
+    let (leader, _, log_before) = leader_of(&client).await?;
+    let pid = cluster.process(leader).and_then(|p| p.pid).context("the leader has no recorded pid")?;
+    let (leader_cpu0, self_cpu0) = (cpu_ticks(&pid.to_string()), cpu_ticks("self"));
+    let snapshot = |sim: &Sim| {
+        (
+            sim.heartbeats.load(Ordering::Relaxed),
+            sim.alive.load(Ordering::Relaxed),
+            sim.lost.load(Ordering::Relaxed),
+            sim.reconnected.load(Ordering::Relaxed),
+            sim.outbox_full.load(Ordering::Relaxed),
+        )
+    };
+    let before = snapshot(&sim);
+    sim.measuring.store(true, Ordering::Relaxed);
+    let window_start = Instant::now();
+    let mut rss_max = rss_kib(pid);
+    while window_start.elapsed() < Duration::from_secs(duration_s) {
+        let left = Duration::from_secs(duration_s).saturating_sub(window_start.elapsed());
+        tokio::time::sleep(left.min(Duration::from_secs(1))).await;
+        rss_max = rss_max.max(rss_kib(pid));
+    }
+    let (leader_cpu1, self_cpu1) = (cpu_ticks(&pid.to_string()), cpu_ticks("self"));
+    let window = window_start.elapsed().as_secs_f64();
+    sim.measuring.store(false, Ordering::Relaxed);
+    let after = snapshot(&sim);
+    let (sent, answered, lost, reconnected, full) =
+        (after.0 - before.0, after.1 - before.1, after.2 - before.2, after.3 - before.3, after.4 - before.4);
+    let (leader_after, _, log_after) = leader_of(&client).await?;
+    let rss_end = rss_kib(pid);
+
+    let names: HashSet<String> = (0..agents).map(|i| sim_node(i).name).collect();
+    let nodes = client.list_nodes(false).await?;
+    let up = nodes.iter().filter(|n| names.contains(&n.info.name) && n.health == NodeHealth::Up).count();
+
+    let percent = |a: Option<u64>, b: Option<u64>| match (a, b) {
+        (Some(a), Some(b)) => format!("{:.1}%", b.saturating_sub(a) as f64 / ticks / window * 100.0),
+        _ => "n/a".to_string(),
+    };
+    let leader_cpu_s = leader_cpu0.zip(leader_cpu1).map(|(a, b)| b.saturating_sub(a) as f64 / ticks);
+    let per_heartbeat = match leader_cpu_s {
+        Some(s) if sent > 0 => format!(" = {:.0} µs per heartbeat", s * 1e6 / sent as f64),
+        _ => String::new(),
+    };
+    let (p50, p99, max) = {
+        let h = sim.round_trip.lock().expect("round_trip poisoned");
+        let ms = |v: u64| v as f64 / 1e3;
+        (ms(h.value_at_quantile(0.5)), ms(h.value_at_quantile(0.99)), ms(h.max()))
+    };
+    let mut trouble = Vec::new();
+    if leader_after != leader {
+        trouble.push(format!("LEADER CHANGED in the window: replica {leader}, then {leader_after}"));
+    }
+    if lost > 0 {
+        trouble.push(format!("{lost} sessions ended in the window, {reconnected} reopened"));
+    }
+    if full > 0 {
+        trouble.push(format!("{full} heartbeats not sent (outbox full)"));
+    }
+    if let Some(e) = sim.first_error() {
+        trouble.push(format!("first error: {e}"));
+    }
+    let trouble = if trouble.is_empty() { String::new() } else { format!("; {}", trouble.join("; ")) };
+    println!(
+        "heartbeats: {registered} simulated agents x 1 per {heartbeat_ms} ms, {window:.1} s on leader replica {leader}: \
+         leader CPU {} of one core{per_heartbeat}, RSS {} MiB (max {} MiB); Raft log +{} entries; {sent} heartbeats \
+         sent ({:.0}/s), {answered} answered (p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms); {up}/{agents} nodes \
+         Up; bench process CPU {}{trouble}",
+        percent(leader_cpu0, leader_cpu1),
+        rss_end / 1024,
+        rss_max / 1024,
+        log_after as i64 - log_before as i64,
+        sent as f64 / window,
+        percent(self_cpu0, self_cpu1),
+    );
+
+    let _ = stop_tx.send(true);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for task in tasks {
+        let _ = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), task).await;
+    }
+    drop(cluster);
+    Ok(())
+}
