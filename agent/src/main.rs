@@ -153,7 +153,16 @@ async fn run(config: AgentConfig) -> anyhow::Result<()> {
     tracing::info!(node = %agent.info.name, addr = %agent.info.agent_addr, "agent started");
     let server = tonic::transport::Server::builder()
         .add_service(AgentServiceServer::new(drover_agent::steps::StepServer(agent.clone())))
-        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
+        // Accepted sockets need TCP_NODELAY set by hand (the builder's applies only to listeners it binds), or
+        // step output and exits wait on delayed ACKs.
+        .serve_with_incoming(tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            |s| {
+                s.inspect(|stream| {
+                    let _ = stream.set_nodelay(true);
+                })
+            },
+        ));
     tokio::spawn(async move {
         if let Err(e) = server.await {
             tracing::error!("agent gRPC server stopped: {e}");

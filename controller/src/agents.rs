@@ -30,7 +30,7 @@ const SESSION_QUEUE: usize = 256;
 /// How long an agent has to send its registration after opening a session.
 const REGISTER_TIMEOUT_MS: u64 = 5_000;
 /// Coalesces bursts of state changes into one assignment update per node.
-const ASSIGNMENT_COALESCE_MS: u64 = 5;
+const ASSIGNMENT_COALESCE_MS: u64 = 1;
 /// Nodes declared down per liveness tick (the rest follow on the next ticks).
 const MAX_NODE_DOWNS_PER_TICK: usize = 1_024;
 /// Largest inventory an agent may register (GPU list, labels).

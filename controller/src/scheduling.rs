@@ -14,7 +14,7 @@ use crate::types::Raft;
 /// Most job starts in one plan entry (bounds the entry's size and the apply's latency).
 const MAX_PLAN_ALLOCATIONS: usize = 1_000;
 /// Passes run at most this often; bursts of submissions and ends share a pass.
-const MIN_PASS_INTERVAL_MS: u64 = 5;
+const MIN_PASS_INTERVAL_MS: u64 = 2;
 /// A pass runs at least this often, even without changes.
 const IDLE_PASS_INTERVAL_MS: u64 = 1_000;
 

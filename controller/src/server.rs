@@ -95,7 +95,13 @@ impl Controller {
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)
                     .max_encoding_message_size(256 << 20),
             );
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // The builder's tcp_nodelay applies only to listeners tonic binds itself; accepted sockets of our own
+        // listener need it set here, or Nagle's algorithm holds small replies for a delayed ACK (~40 ms).
+        let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |s| {
+            s.inspect(|stream| {
+                let _ = stream.set_nodelay(true);
+            })
+        });
         tokio::spawn(async move {
             let stop = async move {
                 let _ = shutdown_rx.wait_for(|s| *s).await;
