@@ -335,3 +335,34 @@ fn an_agent_whose_gpus_disagree_with_its_config_is_drained_with_the_reason() {
     }
     assert!(sh.ok("sinfo", &["-h"]).contains("drain"));
 }
+
+#[test]
+fn ctrl_c_on_srun_stops_its_tasks_and_cancels_its_allocation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, sh) = setup(dir.path(), two_agents());
+    let mut srun = Command::new(sh.bin.join("srun"))
+        .args(["-J", "interactive", "bash", "-c", "echo $$ > srun-task.pid; exec sleep 60"])
+        .current_dir(&sh.cwd)
+        .env("DROVER_CONTROLLERS", &sh.controllers)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid_file = sh.cwd.join("srun-task.pid");
+    let start = Instant::now();
+    while std::fs::read_to_string(&pid_file).map_or(true, |s| s.trim().is_empty()) {
+        assert!(start.elapsed() < Duration::from_secs(20), "the step never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let task: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    unsafe { libc::kill(srun.id() as i32, libc::SIGINT) };
+    let status = srun.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "srun exits as interrupted");
+    let id = 1; // srun's allocation is the first job of this cluster
+    assert_eq!(sh.wait_done(id, Duration::from_secs(20)), "CANCELLED by 0");
+    let start = Instant::now();
+    while unsafe { libc::kill(task, 0) } == 0 && !is_zombie(task) {
+        assert!(start.elapsed() < Duration::from_secs(10), "the step's task outlived srun");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

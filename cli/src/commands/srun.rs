@@ -19,6 +19,8 @@ use crate::sbatch_args::{SbatchOption, SubmitContext, build_spec, parse_command_
 /// How long srun waits for an allocation before giving up (Slurm waits forever unless `--immediate`).
 const ALLOCATION_WAIT_S: u64 = 24 * 3600;
 const AGENT_CONNECT_TIMEOUT_MS: u64 = 3_000;
+/// srun's exit status after Ctrl-C (128 + SIGINT, as a shell reports it).
+const INTERRUPTED: i32 = 130;
 
 pub fn run(args: &[String]) -> i32 {
     match crate::connect::runtime().block_on(srun(args)) {
@@ -112,6 +114,13 @@ async fn srun(args: &[String]) -> anyhow::Result<i32> {
     let layout = step_layout(&job, None, spec.ntasks, spec.ntasks_per_node)?;
     let step = StepPlan { argv, env: step_env, cwd, output, error, flags, layout };
     let result = run_step(&client, &job, uid, step).await;
+    if matches!(result, Ok(INTERRUPTED)) {
+        // Ctrl-C: the allocation is cancelled, as Slurm's srun does; the agents stop the tasks as the streams drop.
+        if let Err(e) = client.cancel(&[job_id], uid).await {
+            eprintln!("srun: error: could not cancel allocation {job_id}: {e}");
+        }
+        return result;
+    }
     let (exit_code, signal) = match &result {
         Ok(code) if *code > 128 => (0, code - 128),
         Ok(code) => (*code, 0),
@@ -238,7 +247,7 @@ async fn run_step(client: &Client, job: &Job, uid: u32, plan: StepPlan) -> anyho
             item = rx.recv() => item,
             _ = &mut interrupt => {
                 eprintln!("srun: interrupted; cancelling step {}.{step_id}", job.id);
-                return Ok(130);
+                return Ok(INTERRUPTED);
             }
         };
         let Some((node, event)) = item else { break };
