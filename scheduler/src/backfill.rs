@@ -1,0 +1,934 @@
+//! One scheduling pass: priority order, start-now with best-fit placement, backfill reservations for blocked jobs.
+//!
+//! Every pending job is tried for "start now" against the availability profiles, which already hold the
+//! reservations of higher-priority blocked jobs; so a job that starts now can never delay them. Blocked jobs up to
+//! `max_reservations` get a reservation at their earliest start.
+//!
+//! Cost: start-now is O(log nodes) for a job that fits the first node it tries, and O(1) once the partition has
+//! too few nodes with enough free GPUs (per-partition counts by free-GPU level), plus a per-shape memo of the
+//! shortest time limit that already failed (resources only shrink within a pass). Each reservation is O(nodes in
+//! the partition × steps per node).
+
+use std::collections::BTreeSet;
+
+use crate::fxhash::FxMap;
+
+use crate::error::ScheduleError;
+use crate::fairshare::FairShareTree;
+use crate::model::{ClusterView, DependencyState, PartitionState, PendingJob, SchedulerConfig};
+use crate::placement::{Candidate, choose_nodes, lowest_gpus};
+use crate::plan::{NodeAlloc, Plan, Reason};
+use crate::priority::{PriorityBreakdown, PriorityContext};
+use crate::profile::Profile;
+
+/// GPUs per node the bit masks can hold.
+const MAX_GPUS_PER_NODE: u32 = 64;
+/// Partitions and features are bit masks.
+const MAX_DISTINCT_BITS: usize = 64;
+/// Rounds of the multi-node earliest-start search before giving up on a reservation for that job.
+const MAX_EARLIEST_START_ROUNDS: usize = 256;
+
+/// Per-node state of a pass.
+struct NodeRt {
+    total: u32,
+    free_mask: u64,
+    cpus_free: u32,
+    part_mask: u64,
+    feature_mask: u64,
+    /// 0: no type; otherwise an interned GPU type.
+    gpu_type: u32,
+    site: u32,
+    rack: u32,
+    switch: u32,
+    schedulable: bool,
+    /// Free GPUs for jobs outside any advance reservation.
+    general: Profile,
+    /// Per advance reservation on this node: its reserved GPUs not yet used by its own jobs.
+    resv: Vec<(usize, Profile)>,
+    /// `general` at now, clamped at 0; the key of the per-partition free-GPU index.
+    avail_now: u32,
+}
+
+/// What makes two jobs interchangeable for "can it start now" except the time limit.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct ShapeKey {
+    partition: usize,
+    nodes: u32,
+    gpus_per_node: u32,
+    cpus_per_node: u32,
+    gpu_type: u32,
+    features: u64,
+    exclusive: bool,
+    multi_site: bool,
+}
+
+struct Resv {
+    start_s: u64,
+    end_s: u64,
+    users: Vec<String>,
+    accounts: Vec<String>,
+}
+
+/// A job's static node filter, resolved to indices.
+struct Filter {
+    part_bit: u64,
+    features: u64,
+    gpu_type: u32,
+    /// Sorted node indices; empty: no `--nodelist`.
+    nodelist: Vec<u32>,
+    /// Sorted node indices.
+    exclude: Vec<u32>,
+}
+
+impl Filter {
+    fn admits(&self, idx: u32, n: &NodeRt) -> bool {
+        n.schedulable
+            && n.part_mask & self.part_bit != 0
+            && n.feature_mask & self.features == self.features
+            && (self.gpu_type == 0 || n.gpu_type == self.gpu_type)
+            && (self.nodelist.is_empty() || self.nodelist.binary_search(&idx).is_ok())
+            && self.exclude.binary_search(&idx).is_err()
+    }
+}
+
+pub struct Pass<'a> {
+    view: &'a ClusterView,
+    config: &'a SchedulerConfig,
+    now_s: u64,
+    nodes: Vec<NodeRt>,
+    node_index: FxMap<&'a str, u32>,
+    node_names: Vec<&'a str>,
+    part_index: FxMap<&'a str, usize>,
+    /// Per partition: (avail_now, node) ordered, for best-fit scans.
+    part_free: Vec<BTreeSet<(u32, u32)>>,
+    /// Per partition: number of nodes at each avail_now level (0..=64), for O(1) "not enough anywhere".
+    part_levels: Vec<[u32; MAX_GPUS_PER_NODE as usize + 1]>,
+    part_nodes: Vec<Vec<u32>>,
+    feature_index: FxMap<&'a str, u32>,
+    gpu_type_index: FxMap<&'a str, u32>,
+    resv_index: FxMap<&'a str, usize>,
+    resvs: Vec<Resv>,
+}
+
+impl<'a> Pass<'a> {
+    pub fn new(view: &'a ClusterView, config: &'a SchedulerConfig) -> Result<Self, ScheduleError> {
+        let now_s = view.now_s;
+        let mut part_index = FxMap::default();
+        for (i, p) in view.partitions.iter().enumerate() {
+            if part_index.insert(p.name.as_str(), i).is_some() {
+                return Err(ScheduleError::Duplicate { kind: "partition", name: p.name.clone() });
+            }
+        }
+        if part_index.len() > MAX_DISTINCT_BITS {
+            return Err(ScheduleError::TooManyDistinct { kind: "partitions", max: MAX_DISTINCT_BITS });
+        }
+        let mut feature_index: FxMap<&str, u32> = FxMap::default();
+        let mut gpu_type_index: FxMap<&str, u32> = FxMap::default();
+        let mut topo_index: FxMap<(&str, &str, &str), u32> = FxMap::default();
+        let mut node_index = FxMap::with_capacity_and_hasher(view.nodes.len(), Default::default());
+        let mut node_names = Vec::with_capacity(view.nodes.len());
+        let mut nodes = Vec::with_capacity(view.nodes.len());
+        for (i, n) in view.nodes.iter().enumerate() {
+            if node_index.insert(n.name.as_str(), i as u32).is_some() {
+                return Err(ScheduleError::Duplicate { kind: "node", name: n.name.clone() });
+            }
+            node_names.push(n.name.as_str());
+            if n.gpus_total > MAX_GPUS_PER_NODE {
+                return Err(ScheduleError::TooManyGpus {
+                    node: n.name.clone(),
+                    gpus: n.gpus_total,
+                    max: MAX_GPUS_PER_NODE,
+                });
+            }
+            let mut free_mask = 0u64;
+            for &g in &n.free_gpus {
+                if g >= n.gpus_total || free_mask & (1 << g) != 0 {
+                    return Err(ScheduleError::BadGpuIndex { node: n.name.clone(), index: g });
+                }
+                free_mask |= 1 << g;
+            }
+            let mut part_mask = 0u64;
+            for p in &n.partitions {
+                // A node may list a partition the view does not define (being created); it just is not used.
+                if let Some(&pi) = part_index.get(p.as_str()) {
+                    part_mask |= 1 << pi;
+                }
+            }
+            let mut feature_mask = 0u64;
+            for f in &n.features {
+                let next = feature_index.len() as u32;
+                let fi = *feature_index.entry(f.as_str()).or_insert(next);
+                if fi as usize >= MAX_DISTINCT_BITS {
+                    return Err(ScheduleError::TooManyDistinct { kind: "features", max: MAX_DISTINCT_BITS });
+                }
+                feature_mask |= 1 << fi;
+            }
+            let gpu_type = match &n.gpu_type {
+                Some(t) => {
+                    let next = gpu_type_index.len() as u32 + 1;
+                    *gpu_type_index.entry(t.as_str()).or_insert(next)
+                }
+                None => 0,
+            };
+            let t = &n.topology;
+            let mut intern = |key: (&'a str, &'a str, &'a str)| {
+                let next = topo_index.len() as u32;
+                *topo_index.entry(key).or_insert(next)
+            };
+            let site = intern((t.site.as_str(), "", ""));
+            let rack = intern((t.site.as_str(), t.rack.as_str(), ""));
+            let switch = intern((t.site.as_str(), t.rack.as_str(), t.switch.as_str()));
+            nodes.push(NodeRt {
+                total: n.gpus_total,
+                free_mask,
+                cpus_free: n.cpus_free,
+                part_mask,
+                feature_mask,
+                gpu_type,
+                site,
+                rack,
+                switch,
+                schedulable: n.schedulable,
+                general: Profile::new(now_s, free_mask.count_ones() as i32),
+                resv: Vec::new(),
+                avail_now: 0,
+            });
+        }
+
+        // Running jobs give their GPUs back at their expected end. One still running past it is about to be
+        // killed; it gives them back "just after now" so nothing is planned onto GPUs it still holds.
+        for job in &view.running {
+            let end_s = job.expected_end_s().max(now_s + 1);
+            for (name, gpus) in &job.alloc {
+                let Some(&ni) = node_index.get(name.as_str()) else {
+                    return Err(ScheduleError::Unknown { kind: "node of a running job", name: name.clone() });
+                };
+                let node = &mut nodes[ni as usize];
+                for &g in gpus {
+                    if g >= node.total || node.free_mask & (1 << g) != 0 {
+                        return Err(ScheduleError::BadGpuIndex { node: name.clone(), index: g });
+                    }
+                }
+                node.general.add(end_s, u64::MAX, gpus.len() as i32);
+                if job.exclusive {
+                    // It owns the node's other GPUs too until it ends.
+                    let rest = node.free_mask.count_ones() as i32;
+                    node.free_mask = 0;
+                    node.general.add(now_s, end_s, -rest);
+                }
+            }
+        }
+
+        // Advance reservations: their GPUs leave the general profile for their window and become a separate
+        // capacity that only their own jobs draw from.
+        let mut resv_index = FxMap::default();
+        let mut resvs = Vec::with_capacity(view.reservations.len());
+        for (ri, r) in view.reservations.iter().enumerate() {
+            if resv_index.insert(r.name.as_str(), ri).is_some() {
+                return Err(ScheduleError::Duplicate { kind: "reservation", name: r.name.clone() });
+            }
+            let (start_s, end_s) = (r.start_s, r.end_s());
+            resvs.push(Resv { start_s, end_s, users: r.users.clone(), accounts: r.accounts.clone() });
+            if end_s <= now_s {
+                continue;
+            }
+            let grant = |node: &mut NodeRt, gpus: u32| {
+                node.general.add(start_s, end_s, -(gpus as i32));
+                let mut p = Profile::new(now_s, 0);
+                p.add(start_s, end_s, gpus as i32);
+                node.resv.push((ri, p));
+            };
+            if !r.nodes.is_empty() {
+                for name in &r.nodes {
+                    let Some(&ni) = node_index.get(name.as_str()) else {
+                        return Err(ScheduleError::Unknown { kind: "node of a reservation", name: name.clone() });
+                    };
+                    let node = &mut nodes[ni as usize];
+                    let total = node.total;
+                    grant(node, total);
+                }
+            } else if let Some(count) = r.gpu_count {
+                // A GPU-count reservation is pinned to the first schedulable nodes in view order, whole nodes first
+                // used up: deterministic, and it keeps the reserved GPUs together.
+                let mut left = count;
+                for node in nodes.iter_mut().filter(|n| n.schedulable) {
+                    if left == 0 {
+                        break;
+                    }
+                    let take = left.min(node.total);
+                    grant(node, take);
+                    left -= take;
+                }
+            }
+        }
+        for job in &view.running {
+            let Some(rname) = &job.reservation else { continue };
+            let Some(&ri) = resv_index.get(rname.as_str()) else { continue };
+            let (rs, re) = (resvs[ri].start_s, resvs[ri].end_s);
+            let end_s = job.expected_end_s().max(now_s + 1);
+            for (name, gpus) in &job.alloc {
+                let Some(&ni) = node_index.get(name.as_str()) else { continue };
+                let node = &mut nodes[ni as usize];
+                let g = gpus.len() as i32;
+                // Its GPUs were counted both as busy and as reserved; they are the reservation's.
+                node.general.add(rs.max(now_s), re.min(end_s), g);
+                if let Some((_, p)) = node.resv.iter_mut().find(|(r, _)| *r == ri) {
+                    p.add(now_s, end_s, -g);
+                }
+            }
+        }
+
+        let mut part_free = vec![BTreeSet::new(); view.partitions.len()];
+        let mut part_levels = vec![[0u32; MAX_GPUS_PER_NODE as usize + 1]; view.partitions.len()];
+        let mut part_nodes = vec![Vec::new(); view.partitions.len()];
+        for (i, node) in nodes.iter_mut().enumerate() {
+            node.avail_now = node.general.value_at(now_s).max(0) as u32;
+            if !node.schedulable {
+                continue;
+            }
+            for (p, set) in part_free.iter_mut().enumerate() {
+                if node.part_mask & (1 << p) != 0 {
+                    set.insert((node.avail_now, i as u32));
+                    part_levels[p][node.avail_now as usize] += 1;
+                    part_nodes[p].push(i as u32);
+                }
+            }
+        }
+        Ok(Self {
+            view,
+            config,
+            now_s,
+            nodes,
+            node_index,
+            node_names,
+            part_index,
+            part_free,
+            part_levels,
+            part_nodes,
+            feature_index,
+            gpu_type_index,
+            resv_index,
+            resvs,
+        })
+    }
+
+    /// Runs the pass and returns the plan.
+    pub fn run(mut self) -> Result<Plan, ScheduleError> {
+        let view = self.view;
+        let config = self.config;
+        let now_s = self.now_s;
+        let tree = FairShareTree::new(&view.accounts)?;
+        let qos_index: FxMap<&str, usize> = view.qos.iter().enumerate().map(|(i, q)| (q.name.as_str(), i)).collect();
+        let ctx = PriorityContext {
+            now_s,
+            total_gpus: self.nodes.iter().map(|n| u64::from(n.total)).sum(),
+            max_partition_tier: view.partitions.iter().map(|p| p.priority_tier).max().unwrap_or(0),
+            max_qos_priority: view.qos.iter().map(|q| q.priority).max().unwrap_or(0),
+        };
+        // Fair-share factors once per account, not per job.
+        let mut fs_cache: FxMap<&str, f64> = FxMap::default();
+        let mut order: Vec<(u32, u64, u64, u64, usize)> = Vec::with_capacity(view.pending.len());
+        let mut breakdowns = Vec::with_capacity(view.pending.len());
+        for (i, job) in view.pending.iter().enumerate() {
+            let fs = *fs_cache.entry(job.account.as_str()).or_insert_with(|| tree.factor(&job.account));
+            let tier = self.part_index.get(job.partition.as_str()).map_or(0, |&p| view.partitions[p].priority_tier);
+            let qos_prio = qos_index.get(job.qos.as_str()).map_or(0, |&q| view.qos[q].priority);
+            let b = PriorityBreakdown::compute(job, &config.weights, &ctx, fs, tier, qos_prio);
+            // Slurm order: partition tier, then priority, then submit time; the id makes it total.
+            order.push((tier, b.priority, job.submit_s, job.id, i));
+            breakdowns.push(b);
+        }
+        order.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)).then(a.3.cmp(&b.3)));
+
+        // Per (user, QOS): running jobs and GPUs, for the per-user limits.
+        let mut user_usage: FxMap<(&str, usize), (u64, u64)> = FxMap::default();
+        for job in &view.running {
+            if let Some(&q) = qos_index.get(job.qos.as_str()) {
+                let e = user_usage.entry((job.user.as_str(), q)).or_default();
+                e.0 += 1;
+                e.1 += job.alloc.iter().map(|(_, g)| g.len() as u64).sum::<u64>();
+            }
+        }
+
+        let mut plan = Plan {
+            starts: Vec::new(),
+            reasons: Vec::with_capacity(view.pending.len()),
+            expected_start: Vec::new(),
+            priorities: Vec::with_capacity(view.pending.len()),
+        };
+        let mut failed_limit: FxMap<ShapeKey, u64> = FxMap::default();
+        let mut static_ok: FxMap<ShapeKey, bool> = FxMap::default();
+        let mut blocked_in_partition = vec![false; view.partitions.len()];
+        let mut any_blocked = false;
+        let mut examined = 0usize;
+        let mut reservations_made = 0usize;
+
+        'jobs: for &(_, _, _, _, i) in &order {
+            let job = &view.pending[i];
+            plan.priorities.push((job.id, breakdowns[i].clone()));
+            let reason = 'job: {
+                if job.held {
+                    break 'job Reason::JobHeldUser;
+                }
+                match job.dependency {
+                    DependencyState::Satisfied => {}
+                    DependencyState::Waiting => break 'job Reason::Dependency,
+                    DependencyState::NeverSatisfied => break 'job Reason::DependencyNeverSatisfied,
+                }
+                let Some(&p) = self.part_index.get(job.partition.as_str()) else {
+                    break 'job Reason::ReqNodeNotAvail;
+                };
+                let part = &view.partitions[p];
+                if part.state != PartitionState::Up {
+                    break 'job Reason::PartitionDown;
+                }
+                if part.max_time_s.is_some_and(|m| job.time_limit_s > m) {
+                    break 'job Reason::PartitionTimeLimit;
+                }
+                if job.nodes == 0 || job.time_limit_s == 0 {
+                    break 'job Reason::ReqNodeNotAvail;
+                }
+                if !config.backfill && any_blocked {
+                    // Strict priority order: nothing passes a blocked job.
+                    break 'job Reason::Priority;
+                }
+                if config.max_backfill_jobs.is_some_and(|m| examined >= m) {
+                    break 'job Reason::Priority;
+                }
+                // Counts only jobs that reach the resource checks, like Slurm's bf_max_job_test.
+                examined = examined.saturating_add(1);
+                let qos = qos_index.get(job.qos.as_str()).map(|&q| (q, &view.qos[q]));
+                if let Some((q, qos)) = qos {
+                    let (jobs, gpus) = user_usage.get(&(job.user.as_str(), q)).copied().unwrap_or_default();
+                    if qos.max_jobs_per_user.is_some_and(|m| jobs + 1 > u64::from(m)) {
+                        break 'job Reason::QOSMaxJobsPerUserLimit;
+                    }
+                    if qos.max_gpus_per_user.is_some_and(|m| gpus + job.total_gpus() > u64::from(m)) {
+                        break 'job Reason::QOSMaxGRESPerUser;
+                    }
+                }
+                let Some(filter) = self.filter(job, p) else {
+                    break 'job Reason::ReqNodeNotAvail;
+                };
+
+                if let Some(rname) = &job.reservation {
+                    let Some(&ri) = self.resv_index.get(rname.as_str()) else {
+                        break 'job Reason::Reservation;
+                    };
+                    let r = &self.resvs[ri];
+                    let allowed = (r.users.is_empty() && r.accounts.is_empty())
+                        || r.users.contains(&job.user)
+                        || r.accounts.contains(&job.account);
+                    if !allowed || now_s < r.start_s || now_s >= r.end_s {
+                        break 'job Reason::Reservation;
+                    }
+                    match self.try_start_in_reservation(job, &filter, ri) {
+                        Some(alloc) => {
+                            if let Some((q, _)) = qos {
+                                let e = user_usage.entry((job.user.as_str(), q)).or_default();
+                                e.0 += 1;
+                                e.1 += job.total_gpus();
+                            }
+                            plan.starts.push((job.id, alloc));
+                            continue 'jobs;
+                        }
+                        None => {
+                            any_blocked = true;
+                            break 'job Reason::Reservation;
+                        }
+                    }
+                }
+
+                let key = ShapeKey {
+                    partition: p,
+                    nodes: job.nodes,
+                    gpus_per_node: job.gpus_per_node,
+                    cpus_per_node: job.cpus_per_node,
+                    gpu_type: filter.gpu_type,
+                    features: filter.features,
+                    exclusive: job.exclusive,
+                    multi_site: job.allow_multi_site,
+                };
+                // Jobs with a node list or exclusions are rare and not interchangeable: no memo for them.
+                let memo = filter.nodelist.is_empty() && filter.exclude.is_empty();
+                let known_fail = memo && failed_limit.get(&key).is_some_and(|&l| l <= job.time_limit_s);
+                if !known_fail {
+                    if let Some(alloc) = self.try_start_now(job, &filter, p) {
+                        if let Some((q, _)) = qos {
+                            let e = user_usage.entry((job.user.as_str(), q)).or_default();
+                            e.0 += 1;
+                            e.1 += job.total_gpus();
+                        }
+                        plan.starts.push((job.id, alloc));
+                        continue 'jobs;
+                    }
+                    if memo {
+                        let e = failed_limit.entry(key.clone()).or_insert(u64::MAX);
+                        *e = (*e).min(job.time_limit_s);
+                    }
+                }
+                any_blocked = true;
+                let can_ever = if memo {
+                    *static_ok.entry(key).or_insert_with(|| self.could_ever_fit(job, &filter, p))
+                } else {
+                    self.could_ever_fit(job, &filter, p)
+                };
+                if !can_ever {
+                    break 'job Reason::ReqNodeNotAvail;
+                }
+                let first = !blocked_in_partition[p];
+                blocked_in_partition[p] = true;
+                if config.backfill && reservations_made < config.max_reservations {
+                    reservations_made += 1;
+                    if let Some(t) = self.reserve(job, &filter, p) {
+                        plan.expected_start.push((job.id, t));
+                    }
+                }
+                if first { Reason::Resources } else { Reason::Priority }
+            };
+            plan.reasons.push((job.id, reason));
+        }
+        Ok(plan)
+    }
+
+    /// Resolves the job's static node filter; None when it names an unknown node, feature or GPU type (then no
+    /// node can ever match).
+    fn filter(&self, job: &PendingJob, p: usize) -> Option<Filter> {
+        let mut features = 0u64;
+        for f in &job.constraint {
+            features |= 1 << *self.feature_index.get(f.as_str())?;
+        }
+        let gpu_type = match &job.gpu_type {
+            Some(t) => *self.gpu_type_index.get(t.as_str())?,
+            None => 0,
+        };
+        let resolve = |names: &[String]| -> Option<Vec<u32>> {
+            let mut v: Vec<u32> =
+                names.iter().map(|n| self.node_index.get(n.as_str()).copied()).collect::<Option<_>>()?;
+            v.sort_unstable();
+            Some(v)
+        };
+        let nodelist = resolve(&job.nodelist)?;
+        // Unknown excluded nodes are harmless: they are excluded anyway.
+        let mut exclude: Vec<u32> =
+            job.exclude.iter().filter_map(|n| self.node_index.get(n.as_str()).copied()).collect();
+        exclude.sort_unstable();
+        Some(Filter { part_bit: 1 << p, features, gpu_type, nodelist, exclude })
+    }
+
+    /// GPUs the job needs on this node.
+    fn need_on(job: &PendingJob, node: &NodeRt) -> u32 {
+        if job.exclusive { node.total.max(job.gpus_per_node) } else { job.gpus_per_node }
+    }
+
+    fn candidate(&self, idx: u32, free: i32) -> Candidate {
+        let n = &self.nodes[idx as usize];
+        Candidate { node: idx, site: n.site, rack: n.rack, switch: n.switch, free }
+    }
+
+    fn could_ever_fit(&self, job: &PendingJob, filter: &Filter, p: usize) -> bool {
+        let ok = self.part_nodes[p]
+            .iter()
+            .filter(|&&i| {
+                let n = &self.nodes[i as usize];
+                filter.admits(i, n) && n.total >= Self::need_on(job, n)
+            })
+            .map(|&i| self.candidate(i, 0))
+            .collect::<Vec<_>>();
+        choose_nodes(&ok, job.nodes as usize, job.allow_multi_site).is_some()
+    }
+
+    fn try_start_now(&mut self, job: &PendingJob, filter: &Filter, p: usize) -> Option<Vec<NodeAlloc>> {
+        let n_nodes = job.nodes as usize;
+        let g = job.gpus_per_node;
+        let min_level = if job.exclusive { g.max(1) } else { g };
+        if min_level > MAX_GPUS_PER_NODE {
+            return None;
+        }
+        let enough: u32 = self.part_levels[p][min_level as usize..].iter().sum();
+        if (enough as usize) < n_nodes {
+            return None;
+        }
+        let end_s = self.now_s.saturating_add(job.time_limit_s);
+        let mut cands = Vec::new();
+        for &(avail, idx) in self.part_free[p].range((min_level, 0)..) {
+            let n = &self.nodes[idx as usize];
+            let need = Self::need_on(job, n);
+            if avail < need
+                || !filter.admits(idx, n)
+                || n.free_mask.count_ones() < need
+                || n.cpus_free < job.cpus_per_node
+                || n.general.min_over(self.now_s, end_s) < need as i32
+                || (need == 0 && self.in_advance_reservation(n, end_s))
+            {
+                continue;
+            }
+            cands.push(self.candidate(idx, avail as i32));
+            if n_nodes == 1 {
+                // The set is ordered by free GPUs: the first that fits is the best fit.
+                break;
+            }
+        }
+        let chosen = choose_nodes(&cands, n_nodes, job.allow_multi_site)?;
+        Some(self.commit_now(job, &chosen, None))
+    }
+
+    /// Whether an advance reservation holds part of the node during `[now, end_s)`. GPU jobs see that in the
+    /// profile; a GPU-less job would not, so it is checked explicitly.
+    fn in_advance_reservation(&self, n: &NodeRt, end_s: u64) -> bool {
+        n.resv.iter().any(|&(ri, _)| self.resvs[ri].start_s < end_s && self.now_s < self.resvs[ri].end_s)
+    }
+
+    fn try_start_in_reservation(&mut self, job: &PendingJob, filter: &Filter, ri: usize) -> Option<Vec<NodeAlloc>> {
+        let end_s = self.now_s.saturating_add(job.time_limit_s);
+        let mut cands = Vec::new();
+        for (idx, n) in self.nodes.iter().enumerate() {
+            let idx = idx as u32;
+            let Some((_, rp)) = n.resv.iter().find(|(r, _)| *r == ri) else { continue };
+            let need = Self::need_on(job, n) as i32;
+            // Reserved capacity left, minus what overrunning work outside the reservation still holds.
+            let room = rp.min_over(self.now_s, end_s) + n.general.min_over(self.now_s, end_s).min(0);
+            if !filter.admits(idx, n)
+                || room < need
+                || (n.free_mask.count_ones() as i32) < need
+                || n.cpus_free < job.cpus_per_node
+            {
+                continue;
+            }
+            cands.push(self.candidate(idx, room));
+        }
+        let chosen = choose_nodes(&cands, job.nodes as usize, job.allow_multi_site)?;
+        Some(self.commit_now(job, &chosen, Some(ri)))
+    }
+
+    /// Takes the GPUs now: concrete indices from the free masks (lowest first) and the window from the profiles.
+    fn commit_now(&mut self, job: &PendingJob, chosen: &[u32], resv: Option<usize>) -> Vec<NodeAlloc> {
+        let now_s = self.now_s;
+        let end_s = now_s.saturating_add(job.time_limit_s);
+        let mut alloc = Vec::with_capacity(chosen.len());
+        for &idx in chosen {
+            let n = &mut self.nodes[idx as usize];
+            let need = Self::need_on(job, n);
+            // Candidates were checked against the mask, so this always finds enough bits.
+            let gpus = lowest_gpus(n.free_mask, need).unwrap_or_default();
+            for &b in &gpus {
+                n.free_mask &= !(1u64 << b);
+            }
+            n.cpus_free = n.cpus_free.saturating_sub(job.cpus_per_node);
+            match resv {
+                None => n.general.add(now_s, end_s, -(need as i32)),
+                Some(ri) => {
+                    if let Some((_, p)) = n.resv.iter_mut().find(|(r, _)| *r == ri) {
+                        p.add(now_s, end_s, -(need as i32));
+                    }
+                }
+            }
+            self.refresh_level(idx);
+            alloc.push((self.node_names[idx as usize].to_string(), gpus));
+        }
+        alloc
+    }
+
+    /// Re-files a node in the per-partition free-GPU index after its profile at `now` changed.
+    fn refresh_level(&mut self, idx: u32) {
+        let n = &mut self.nodes[idx as usize];
+        let new = n.general.value_at(self.now_s).max(0) as u32;
+        let old = n.avail_now;
+        if new == old || !n.schedulable {
+            n.avail_now = new;
+            return;
+        }
+        n.avail_now = new;
+        let mask = n.part_mask;
+        for p in 0..self.part_free.len() {
+            if mask & (1 << p) != 0 {
+                self.part_free[p].remove(&(old, idx));
+                self.part_free[p].insert((new, idx));
+                self.part_levels[p][old as usize] -= 1;
+                self.part_levels[p][new as usize] += 1;
+            }
+        }
+    }
+
+    /// Finds the job's earliest start on the profiles and takes its GPUs there, so later jobs cannot delay it.
+    fn reserve(&mut self, job: &PendingJob, filter: &Filter, p: usize) -> Option<u64> {
+        let dur_s = job.time_limit_s;
+        let nodes: Vec<u32> = self.part_nodes[p]
+            .iter()
+            .copied()
+            .filter(|&i| {
+                let n = &self.nodes[i as usize];
+                filter.admits(i, n) && n.total >= Self::need_on(job, n)
+            })
+            .collect();
+        let (t, chosen) = if job.nodes == 1 {
+            let mut best: Option<(u64, u32)> = None;
+            for &i in &nodes {
+                let n = &self.nodes[i as usize];
+                if let Some(e) = n.general.earliest_fit(self.now_s, dur_s, Self::need_on(job, n) as i32)
+                    && best.is_none_or(|b| (e, i) < b)
+                {
+                    best = Some((e, i));
+                }
+            }
+            let (t, i) = best?;
+            (t, vec![i])
+        } else if job.allow_multi_site {
+            self.earliest_multi(job, &nodes)?
+        } else {
+            // One search per site; the earliest wins.
+            let mut sites: Vec<u32> = nodes.iter().map(|&i| self.nodes[i as usize].site).collect();
+            sites.sort_unstable();
+            sites.dedup();
+            let mut best: Option<(u64, Vec<u32>)> = None;
+            for s in sites {
+                let group: Vec<u32> = nodes.iter().copied().filter(|&i| self.nodes[i as usize].site == s).collect();
+                if let Some((t, c)) = self.earliest_multi(job, &group)
+                    && best.as_ref().is_none_or(|(bt, _)| t < *bt)
+                {
+                    best = Some((t, c));
+                }
+            }
+            best?
+        };
+        let end_s = t.saturating_add(dur_s);
+        for &i in &chosen {
+            let n = &mut self.nodes[i as usize];
+            let need = Self::need_on(job, n) as i32;
+            n.general.add(t, end_s, -need);
+            if t <= self.now_s {
+                self.refresh_level(i);
+            }
+        }
+        Some(t)
+    }
+
+    /// Earliest time `n` of `nodes` are all free for the job's whole window, and which nodes.
+    fn earliest_multi(&self, job: &PendingJob, nodes: &[u32]) -> Option<(u64, Vec<u32>)> {
+        let want = job.nodes as usize;
+        if nodes.len() < want {
+            return None;
+        }
+        let mut t = self.now_s;
+        for _ in 0..MAX_EARLIEST_START_ROUNDS {
+            let mut es: Vec<(u64, u32)> = nodes
+                .iter()
+                .filter_map(|&i| {
+                    let n = &self.nodes[i as usize];
+                    n.general.earliest_fit(t, job.time_limit_s, Self::need_on(job, n) as i32).map(|e| (e, i))
+                })
+                .collect();
+            if es.len() < want {
+                return None;
+            }
+            let (_, &mut (tn, _), _) = es.select_nth_unstable(want - 1);
+            if tn == t {
+                let cands: Vec<Candidate> = es
+                    .iter()
+                    .filter(|&&(e, _)| e == t)
+                    .map(|&(_, i)| self.candidate(i, self.nodes[i as usize].general.value_at(t)))
+                    .collect();
+                if let Some(chosen) = choose_nodes(&cands, want, true) {
+                    return Some((t, chosen));
+                }
+                return None;
+            }
+            t = tn;
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::{
+        AdvanceReservation, DependencyState, PartitionState, PendingJob, PriorityWeights, SchedulerConfig,
+    };
+    use crate::plan::Reason;
+    use crate::schedule;
+    use crate::synth::{cluster, occupy};
+
+    fn job(id: u64, nodes: u32, gpus: u32, limit_s: u64) -> PendingJob {
+        PendingJob::simple(id, 0, nodes, gpus, limit_s)
+    }
+
+    /// All priority weights zero: jobs go in submit order, then id order, which keeps scenarios readable.
+    fn cfg() -> SchedulerConfig {
+        let weights = PriorityWeights { age: 0, fairshare: 0, job_size: 0, partition: 0, qos: 0, ..Default::default() };
+        SchedulerConfig { weights, ..SchedulerConfig::default() }
+    }
+
+    #[test]
+    fn topology_four_node_job_stays_under_one_switch() {
+        // 48 nodes, 3 switches of 16. Free whole nodes: 3 under sw0, 5 under sw1, 16 under sw2.
+        let mut v = cluster(48, 8);
+        v.now_s = 1_000;
+        for i in 0..48 {
+            let free = match i / 16 {
+                0 => i % 16 < 3,
+                1 => i % 16 < 5,
+                _ => true,
+            };
+            if !free {
+                occupy(&mut v, 10_000 + i as u64, i, &[0], 0, 5_000);
+            }
+        }
+        v.pending.push(job(1, 4, 8, 100));
+        let plan = schedule(&v, &cfg()).unwrap();
+        let alloc = plan.start_of(1).expect("starts");
+        let names: Vec<&str> = alloc.iter().map(|(n, _)| n.as_str()).collect();
+        // The smallest switch that holds it whole is sw1 (nodes 16..21), leaving sw2 whole for bigger jobs.
+        assert_eq!(names, ["n00016", "n00017", "n00018", "n00019"]);
+        assert!(alloc.iter().all(|(_, g)| g == &(0..8).collect::<Vec<u32>>()));
+    }
+
+    #[test]
+    fn fragmentation_one_gpu_job_goes_to_partly_used_node() {
+        let mut v = cluster(3, 8);
+        v.now_s = 10;
+        occupy(&mut v, 100, 1, &[0, 1, 2, 4, 5], 0, 1_000);
+        occupy(&mut v, 101, 2, &[0], 0, 1_000);
+        v.pending.push(job(1, 1, 1, 100));
+        v.pending.push(job(2, 1, 3, 100));
+        let plan = schedule(&v, &cfg()).unwrap();
+        // Node 1 has 3 free (3, 6, 7): the best fit; lowest free index first.
+        assert_eq!(plan.start_of(1), Some(&[("n00001".to_string(), vec![3])][..]));
+        // Then a 3-GPU job: node 1 has 2 left, node 2 has 7, node 0 has 8: node 2.
+        assert_eq!(plan.start_of(2), Some(&[("n00002".to_string(), vec![1, 2, 3])][..]));
+    }
+
+    #[test]
+    fn backfill_starts_only_what_cannot_delay_the_reservation() {
+        let mut v = cluster(2, 8);
+        v.now_s = 0;
+        occupy(&mut v, 100, 0, &[0, 1, 2, 3, 4, 5], 0, 100); // node 0: 2 free until t=100
+        occupy(&mut v, 101, 1, &[0, 1, 2, 3], 0, 1_000); // node 1: 4 free until t=1000
+        v.pending.push(job(1, 1, 8, 500)); // top job: needs a whole node -> node 0 at t=100
+        v.pending.push(job(2, 1, 2, 50)); // ends before t=100: backfills on node 0
+        v.pending.push(job(3, 1, 2, 500)); // would delay job 1 on node 0: goes to node 1
+        v.pending.push(job(4, 1, 4, 500)); // nothing left without delaying job 1
+        let plan = schedule(&v, &cfg()).unwrap();
+        assert_eq!(plan.expected_start_of(1), Some(100));
+        assert_eq!(plan.reason_of(1), Some(Reason::Resources));
+        assert_eq!(plan.start_of(2).map(|a| a[0].0.as_str()), Some("n00000"));
+        assert_eq!(plan.start_of(3).map(|a| a[0].0.as_str()), Some("n00001"));
+        assert_eq!(plan.reason_of(4), Some(Reason::Priority));
+        assert_eq!(plan.expected_start_of(4), Some(500)); // node 1 once job 3 ends
+
+        // FIFO without backfill: nothing passes job 1.
+        let fifo = SchedulerConfig { backfill: false, ..cfg() };
+        let plan = schedule(&v, &fifo).unwrap();
+        assert!(plan.starts.is_empty());
+        assert_eq!(plan.reason_of(2), Some(Reason::Priority));
+    }
+
+    #[test]
+    fn multi_node_job_gets_an_expected_start() {
+        let mut v = cluster(4, 8);
+        occupy(&mut v, 100, 0, &[0], 0, 300);
+        occupy(&mut v, 101, 1, &[0], 0, 200);
+        occupy(&mut v, 102, 2, &[0], 0, 400);
+        occupy(&mut v, 103, 3, &[0], 0, 100);
+        v.pending.push(job(1, 3, 8, 50));
+        let plan = schedule(&v, &cfg()).unwrap();
+        assert_eq!(plan.expected_start_of(1), Some(300));
+    }
+
+    #[test]
+    fn advance_reservation_is_honoured() {
+        let mut v = cluster(2, 8);
+        v.now_s = 100;
+        v.reservations.push(AdvanceReservation {
+            name: "maint".into(),
+            nodes: vec!["n00000".into()],
+            gpu_count: None,
+            start_s: 100,
+            duration_s: Some(1_000),
+            users: vec!["alice".into()],
+            accounts: Vec::new(),
+            flags: Vec::new(),
+        });
+        v.reservations.push(AdvanceReservation {
+            name: "later".into(),
+            nodes: vec!["n00001".into()],
+            gpu_count: None,
+            start_s: 500,
+            duration_s: None,
+            users: Vec::new(),
+            accounts: Vec::new(),
+            flags: Vec::new(),
+        });
+        let mut inside = job(1, 1, 8, 100);
+        inside.user = "alice".into();
+        inside.reservation = Some("maint".into());
+        let mut stranger = job(2, 1, 1, 100);
+        stranger.reservation = Some("maint".into());
+        let mut waits = job(3, 1, 1, 100);
+        waits.reservation = Some("later".into());
+        v.pending.extend([inside, stranger, waits, job(4, 1, 8, 300), job(5, 1, 8, 500)]);
+        let plan = schedule(&v, &cfg()).unwrap();
+        assert_eq!(plan.start_of(1).map(|a| a[0].0.as_str()), Some("n00000"));
+        assert_eq!(plan.reason_of(2), Some(Reason::Reservation));
+        assert_eq!(plan.reason_of(3), Some(Reason::Reservation));
+        // Job 4 ends before "later" begins on node 1; job 5 would run into it, and node 0 is reserved.
+        assert_eq!(plan.start_of(4).map(|a| a[0].0.as_str()), Some("n00001"));
+        assert_eq!(plan.reason_of(5), Some(Reason::Resources));
+        assert_eq!(plan.expected_start_of(5), Some(1_100));
+    }
+
+    #[test]
+    fn pending_reasons() {
+        let mut v = cluster(1, 8);
+        v.partitions.push(crate::model::Partition {
+            name: "down".into(),
+            max_time_s: None,
+            priority_tier: 1,
+            state: PartitionState::Down,
+        });
+        v.qos[0].max_gpus_per_user = Some(4);
+        let mut held = job(1, 1, 1, 10);
+        held.held = true;
+        let mut dep = job(2, 1, 1, 10);
+        dep.dependency = DependencyState::Waiting;
+        let mut down = job(3, 1, 1, 10);
+        down.partition = "down".into();
+        let greedy = job(4, 1, 5, 10);
+        let mut nowhere = job(5, 1, 1, 10);
+        nowhere.nodelist = vec!["ghost".into()];
+        let too_big = job(6, 2, 1, 10);
+        let ok = job(7, 1, 4, 10);
+        let over = job(8, 1, 1, 10);
+        v.pending.extend([held, dep, down, greedy, nowhere, too_big, ok, over]);
+        let plan = schedule(&v, &cfg()).unwrap();
+        assert_eq!(plan.reason_of(1), Some(Reason::JobHeldUser));
+        assert_eq!(plan.reason_of(2), Some(Reason::Dependency));
+        assert_eq!(plan.reason_of(3), Some(Reason::PartitionDown));
+        assert_eq!(plan.reason_of(4), Some(Reason::QOSMaxGRESPerUser));
+        assert_eq!(plan.reason_of(5), Some(Reason::ReqNodeNotAvail));
+        assert_eq!(plan.reason_of(6), Some(Reason::ReqNodeNotAvail));
+        assert!(plan.start_of(7).is_some());
+        assert_eq!(plan.reason_of(8), Some(Reason::QOSMaxGRESPerUser));
+        assert_eq!(plan.priorities.len(), 8);
+    }
+
+    #[test]
+    fn exclusive_takes_whole_node() {
+        let mut v = cluster(2, 4);
+        occupy(&mut v, 100, 0, &[0], 0, 1_000);
+        let mut ex = job(1, 1, 1, 10);
+        ex.exclusive = true;
+        v.pending.extend([ex, job(2, 1, 1, 10)]);
+        let plan = schedule(&v, &cfg()).unwrap();
+        assert_eq!(plan.start_of(1), Some(&[("n00001".to_string(), vec![0, 1, 2, 3])][..]));
+        assert_eq!(plan.start_of(2).map(|a| a[0].0.as_str()), Some("n00000"));
+    }
+
+    #[test]
+    fn deterministic() {
+        let v = crate::synth::bench_view(200, 2_000, 7);
+        let a = schedule(&v, &cfg()).unwrap();
+        let b = schedule(&v, &cfg()).unwrap();
+        assert_eq!(a, b);
+        assert!(!a.starts.is_empty() && !a.expected_start.is_empty());
+    }
+}

@@ -1,0 +1,264 @@
+//! Plain-data inputs of a scheduling pass: an immutable view of the replicated state.
+//!
+//! Everything here is serde-serializable so the leader can log or ship the exact view a plan was computed from,
+//! and a test can replay it. Time is always an input (`now_s`), never read from a clock.
+
+use serde::{Deserialize, Serialize};
+
+/// Job ids come from the replicated job-id counter.
+pub type JobId = u64;
+
+/// Where a node sits in the network; placement prefers few switches, then few racks, and never spans sites
+/// unless the job asks for it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Topology {
+    pub site: String,
+    pub rack: String,
+    pub switch: String,
+}
+
+/// One GPU node as the scheduler sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    pub name: String,
+    /// GPUs are indexed `0..gpus_total`; at most 64 per node (a bit mask per node keeps placement cheap).
+    pub gpus_total: u32,
+    /// Indices of GPUs no running job holds. Authoritative for "start now": a plan only hands out these.
+    pub free_gpus: Vec<u32>,
+    pub cpus_total: u32,
+    pub cpus_free: u32,
+    pub partitions: Vec<String>,
+    /// `--constraint` matches against these.
+    pub features: Vec<String>,
+    /// e.g. "a100"; a job asking `--gres=gpu:a100:N` only lands on matching nodes.
+    pub gpu_type: Option<String>,
+    pub topology: Topology,
+    /// False for drained / down nodes: nothing new starts or is reserved there.
+    pub schedulable: bool,
+}
+
+/// A job that holds resources now. Its expected end (`start_s + time_limit_s`) is when the scheduler may plan
+/// to reuse its GPUs; time limits are enforced, so that is a safe upper bound.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunningJob {
+    pub id: JobId,
+    pub user: String,
+    pub account: String,
+    pub qos: String,
+    /// (node name, GPU indices held there).
+    pub alloc: Vec<(String, Vec<u32>)>,
+    pub start_s: u64,
+    pub time_limit_s: u64,
+    /// An exclusive job owns its whole nodes, GPUs it did not ask for included.
+    pub exclusive: bool,
+    /// The advance reservation it runs in, if any: it consumes that reservation's capacity.
+    pub reservation: Option<String>,
+}
+
+impl RunningJob {
+    pub fn expected_end_s(&self) -> u64 {
+        self.start_s.saturating_add(self.time_limit_s)
+    }
+}
+
+/// State of a job's `--dependency`, evaluated by the caller (see [`crate::dependency`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DependencyState {
+    /// No dependency, or all satisfied.
+    #[default]
+    Satisfied,
+    /// Some dependency may still be satisfied later.
+    Waiting,
+    /// A dependency can never be satisfied (e.g. afterok on a failed job).
+    NeverSatisfied,
+}
+
+/// A job waiting to start.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingJob {
+    pub id: JobId,
+    pub submit_s: u64,
+    pub user: String,
+    pub account: String,
+    pub partition: String,
+    pub qos: String,
+    /// Number of nodes (`--nodes`), at least 1.
+    pub nodes: u32,
+    /// GPUs on each node (`--gres=gpu:N`), may be 0 for CPU-only work.
+    pub gpus_per_node: u32,
+    pub cpus_per_node: u32,
+    pub gpu_type: Option<String>,
+    pub time_limit_s: u64,
+    pub exclusive: bool,
+    /// `--constraint`: every listed feature must be present on each node.
+    pub constraint: Vec<String>,
+    /// `--nodelist`: when non-empty, only these nodes are used.
+    pub nodelist: Vec<String>,
+    /// `--exclude`.
+    pub exclude: Vec<String>,
+    /// `--reservation`: the job runs only inside it.
+    pub reservation: Option<String>,
+    pub held: bool,
+    pub dependency: DependencyState,
+    /// Multi-node jobs stay within one site unless they set this.
+    pub allow_multi_site: bool,
+}
+
+impl PendingJob {
+    /// A job with the common defaults, for tests, benches and the simulator.
+    pub fn simple(id: JobId, submit_s: u64, nodes: u32, gpus_per_node: u32, time_limit_s: u64) -> Self {
+        Self {
+            id,
+            submit_s,
+            user: "user".into(),
+            account: "root".into(),
+            partition: "gpu".into(),
+            qos: "normal".into(),
+            nodes,
+            gpus_per_node,
+            cpus_per_node: 0,
+            gpu_type: None,
+            time_limit_s,
+            exclusive: false,
+            constraint: Vec::new(),
+            nodelist: Vec::new(),
+            exclude: Vec::new(),
+            reservation: None,
+            held: false,
+            dependency: DependencyState::Satisfied,
+            allow_multi_site: false,
+        }
+    }
+
+    pub fn total_gpus(&self) -> u64 {
+        u64::from(self.nodes) * u64::from(self.gpus_per_node)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PartitionState {
+    #[default]
+    Up,
+    /// Nothing starts; queued jobs stay queued.
+    Down,
+    /// Nothing new starts (running jobs finish); treated like Down by the scheduler.
+    Drain,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partition {
+    pub name: String,
+    /// Jobs asking for more than this never start here (`PartitionTimeLimit`).
+    pub max_time_s: Option<u64>,
+    /// Slurm's PriorityTier: higher tiers are scheduled first, and feed the partition priority factor.
+    pub priority_tier: u32,
+    pub state: PartitionState,
+}
+
+/// A node of the fair-share account tree. The root has `parent: None`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Account {
+    pub name: String,
+    pub parent: Option<String>,
+    /// Raw shares, relative to siblings.
+    pub shares: u32,
+    /// Decayed GPU-seconds charged directly to this account (children's usage is added up by the scheduler).
+    pub usage_gpu_s: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReservationFlag {
+    /// Maintenance: blocks the nodes for everyone not named in the reservation (same placement effect).
+    Maint,
+}
+
+/// An advance reservation (`scontrol create reservation`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdvanceReservation {
+    pub name: String,
+    /// Whole nodes reserved. If empty, `gpu_count` GPUs are reserved instead, on nodes chosen deterministically.
+    pub nodes: Vec<String>,
+    pub gpu_count: Option<u32>,
+    pub start_s: u64,
+    /// None: open-ended.
+    pub duration_s: Option<u64>,
+    pub users: Vec<String>,
+    pub accounts: Vec<String>,
+    pub flags: Vec<ReservationFlag>,
+}
+
+impl AdvanceReservation {
+    pub fn end_s(&self) -> u64 {
+        self.duration_s.map_or(u64::MAX, |d| self.start_s.saturating_add(d))
+    }
+}
+
+/// Quality of service: a priority factor and per-user limits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Qos {
+    pub name: String,
+    pub priority: u32,
+    pub max_jobs_per_user: Option<u32>,
+    pub max_gpus_per_user: Option<u32>,
+}
+
+/// Slurm's PriorityWeight* settings. Each factor is in [0, 1] and multiplied by its weight.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PriorityWeights {
+    pub age: u32,
+    pub fairshare: u32,
+    pub job_size: u32,
+    pub partition: u32,
+    pub qos: u32,
+    /// PriorityMaxAge: age factor saturates at 1 after this long in the queue.
+    pub max_age_s: u64,
+    /// PriorityFavorSmall: small jobs get the larger size factor.
+    pub favor_small: bool,
+}
+
+impl Default for PriorityWeights {
+    fn default() -> Self {
+        Self {
+            age: 1_000,
+            fairshare: 10_000,
+            job_size: 1_000,
+            partition: 1_000,
+            qos: 1_000,
+            max_age_s: 7 * 24 * 3600,
+            favor_small: false,
+        }
+    }
+}
+
+/// How a pass runs; the defaults are Drover's policy, other settings reproduce FIFO or Slurm-like passes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SchedulerConfig {
+    pub weights: PriorityWeights,
+    /// False: strict priority order, nothing starts after the first job that cannot (FIFO without backfill).
+    pub backfill: bool,
+    /// How many blocked jobs get a reservation at their earliest start (the backfill "depth").
+    /// Every job is still tried for starting now regardless of this. Each reservation scans the partition's nodes,
+    /// so at 10,000 nodes a depth of 100 costs ~7 ms and 1,000 costs ~700 ms (see SIMULATION.md).
+    pub max_reservations: usize,
+    /// Slurm's bf_max_job_test: only the first N jobs in priority order are examined at all. None: every job.
+    pub max_backfill_jobs: Option<usize>,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self { weights: PriorityWeights::default(), backfill: true, max_reservations: 100, max_backfill_jobs: None }
+    }
+}
+
+/// The immutable view a pass reads.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterView {
+    pub now_s: u64,
+    pub nodes: Vec<Node>,
+    pub running: Vec<RunningJob>,
+    pub pending: Vec<PendingJob>,
+    pub partitions: Vec<Partition>,
+    pub accounts: Vec<Account>,
+    pub reservations: Vec<AdvanceReservation>,
+    pub qos: Vec<Qos>,
+}

@@ -1,0 +1,133 @@
+//! Availability timeline of one node: free GPUs as a step function of time.
+//!
+//! Running jobs release GPUs at their expected end; planned reservations take them for a window. A node rarely
+//! has more than a handful of steps, so a sorted `Vec` beats any tree here, and every query is one linear walk.
+
+/// Step function `t -> free GPUs`, defined from `origin_s` to infinity. `steps[i] = (t, v)`: value `v` from `t`
+/// until the next step. Values may go negative when reservations overlap already-running work (the view was
+/// already overcommitted); callers treat negative as "nothing free".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Profile {
+    steps: Vec<(u64, i32)>,
+}
+
+impl Profile {
+    pub fn new(origin_s: u64, free: i32) -> Self {
+        Self { steps: vec![(origin_s, free)] }
+    }
+
+    pub fn origin_s(&self) -> u64 {
+        self.steps[0].0
+    }
+
+    pub fn steps(&self) -> &[(u64, i32)] {
+        &self.steps
+    }
+
+    /// Index of the step containing `t` (clamped to the first step for `t` before the origin).
+    fn index_at(&self, t: u64) -> usize {
+        // partition_point: first step strictly after t; the one before it contains t.
+        self.steps.partition_point(|&(s, _)| s <= t).saturating_sub(1)
+    }
+
+    pub fn value_at(&self, t: u64) -> i32 {
+        self.steps[self.index_at(t)].1
+    }
+
+    /// Makes sure a step starts exactly at `t` (t >= origin), returning its index.
+    fn split_at(&mut self, t: u64) -> usize {
+        let i = self.index_at(t);
+        if self.steps[i].0 == t {
+            return i;
+        }
+        let v = self.steps[i].1;
+        self.steps.insert(i + 1, (t, v));
+        i + 1
+    }
+
+    /// Adds `delta` over `[from_s, to_s)`; `to_s == u64::MAX` means forever.
+    pub fn add(&mut self, from_s: u64, to_s: u64, delta: i32) {
+        let from_s = from_s.max(self.origin_s());
+        if from_s >= to_s || delta == 0 {
+            return;
+        }
+        let a = self.split_at(from_s);
+        let b = if to_s == u64::MAX { self.steps.len() } else { self.split_at(to_s) };
+        for step in &mut self.steps[a..b] {
+            step.1 += delta;
+        }
+        self.merge_equal();
+    }
+
+    /// Drops steps that repeat the previous value, so the profile stays as short as the information in it.
+    fn merge_equal(&mut self) {
+        self.steps.dedup_by(|later, earlier| later.1 == earlier.1);
+    }
+
+    /// Minimum value over `[from_s, to_s)`.
+    pub fn min_over(&self, from_s: u64, to_s: u64) -> i32 {
+        let mut i = self.index_at(from_s);
+        let mut m = self.steps[i].1;
+        i += 1;
+        while i < self.steps.len() && self.steps[i].0 < to_s {
+            m = m.min(self.steps[i].1);
+            i += 1;
+        }
+        m
+    }
+
+    /// Earliest `s >= from_s` such that the value is at least `need` over all of `[s, s + duration_s)`.
+    /// None if never (the last step stays below `need`).
+    pub fn earliest_fit(&self, from_s: u64, duration_s: u64, need: i32) -> Option<u64> {
+        let mut s = from_s.max(self.origin_s());
+        let mut i = self.index_at(s);
+        loop {
+            let (_, v) = self.steps[i];
+            let seg_end = self.steps.get(i + 1).map_or(u64::MAX, |&(t, _)| t);
+            if v < need {
+                // The window cannot include this step: the earliest candidate is right after it.
+                if seg_end == u64::MAX {
+                    return None;
+                }
+                s = seg_end;
+            } else if seg_end >= s.saturating_add(duration_s) {
+                return Some(s);
+            }
+            i += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_and_query() {
+        let mut p = Profile::new(0, 4);
+        p.add(10, 20, -3);
+        assert_eq!(p.value_at(5), 4);
+        assert_eq!(p.value_at(10), 1);
+        assert_eq!(p.value_at(19), 1);
+        assert_eq!(p.value_at(20), 4);
+        assert_eq!(p.min_over(0, 10), 4);
+        assert_eq!(p.min_over(0, 11), 1);
+        assert_eq!(p.min_over(20, u64::MAX), 4);
+        p.add(10, 20, 3);
+        assert_eq!(p.steps(), &[(0, 4)]);
+    }
+
+    #[test]
+    fn earliest_fit_skips_dips() {
+        let mut p = Profile::new(0, 2);
+        p.add(0, 50, -2); // busy until 50
+        p.add(60, 70, -1); // a reservation dips to 1 in [60, 70)
+        assert_eq!(p.earliest_fit(0, 10, 2), Some(50));
+        assert_eq!(p.earliest_fit(0, 11, 2), Some(70));
+        assert_eq!(p.earliest_fit(0, 100, 1), Some(50));
+        assert_eq!(p.earliest_fit(0, 1, 3), None);
+        p.add(80, u64::MAX, -2);
+        assert_eq!(p.earliest_fit(0, 20, 2), None);
+        assert_eq!(p.earliest_fit(0, 10, 2), Some(50));
+    }
+}
