@@ -105,6 +105,7 @@ fn a_two_node_job_runs_eight_ranks_that_meet_at_one_master() {
     // Another job first takes one GPU on node01, so the big job's GPUs there must avoid it.
     let blocker = sh.submit(&["--gres=gpu:1", "-J", "blocker", "--wrap", "sleep 30"]);
     sh.wait_state(blocker, "RUNNING", Duration::from_secs(20));
+    let blocker_node = sh.acct(blocker, "NodeList").remove(0);
     std::fs::write(
         sh.cwd.join("train.sh"),
         "#!/bin/bash\n#SBATCH -N 2 --ntasks-per-node=4 --gres=gpu:3 -J ranks -o ranks-%j.out\n\
@@ -132,8 +133,8 @@ fn a_two_node_job_runs_eight_ranks_that_meet_at_one_master() {
         assert_eq!(field(line, "LOCAL_RANK"), (rank % 4).to_string());
         let cuda = field(line, "CUDA");
         assert_eq!(cuda.split(',').count(), 3, "three GPUs per node: {line}");
-        if rank < 4 {
-            assert!(!cuda.split(',').any(|g| g == "0"), "node01's GPU 0 belongs to the blocker: {line}");
+        if field(line, "NODE") == blocker_node {
+            assert!(!cuda.split(',').any(|g| g == "0"), "{blocker_node}'s GPU 0 belongs to the blocker: {line}");
         }
     }
     assert_eq!(out.lines().filter(|l| l.contains("met rank 0") || l.contains("all 8 ranks met")).count(), 8, "{out}");

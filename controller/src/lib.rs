@@ -4,6 +4,7 @@ pub mod agents;
 pub mod api;
 pub mod config;
 pub mod network;
+pub mod planner;
 pub mod raft_service;
 pub mod scheduling;
 pub mod server;

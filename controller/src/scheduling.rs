@@ -1,26 +1,25 @@
-//! The leader's scheduling loop: after every applied change (and on a slow tick), plan over an immutable view of
-//! the state and commit the plan as one `ApplyPlan` entry, which `apply` re-validates.
+//! The leader's scheduling loop: after every applied change (and on a slow tick), run one pass of the scheduler
+//! library over a view of the state and commit the plan as one `ApplyPlan` entry, which `apply` re-validates.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use drover_state::Command;
-use drover_state::first_fit::first_fit;
+use drover_scheduler::SchedulerConfig;
 use openraft::async_runtime::WatchReceiver;
 
 use crate::api::commit;
+use crate::planner;
 use crate::store::StateView;
 use crate::types::Raft;
 
-/// Most job starts in one plan entry (bounds the entry's size and the apply's latency).
-const MAX_PLAN_ALLOCATIONS: usize = 1_000;
 /// Passes run at most this often; bursts of submissions and ends share a pass.
 const MIN_PASS_INTERVAL_MS: u64 = 2;
-/// A pass runs at least this often, even without changes.
+/// A pass runs at least this often, even without changes (time moves reservations and ages priorities).
 const IDLE_PASS_INTERVAL_MS: u64 = 1_000;
 
 pub async fn scheduling_loop(raft: Raft, view: StateView, id: u64) {
     let mut metrics = raft.metrics();
     let mut planned_at: Option<u64> = None;
+    let config = SchedulerConfig::default();
     loop {
         let (leading, applied) = {
             let m = metrics.borrow_watched();
@@ -28,15 +27,25 @@ pub async fn scheduling_loop(raft: Raft, view: StateView, id: u64) {
         };
         if leading && applied != planned_at {
             planned_at = applied;
-            let plan = {
-                let state = view.read();
-                first_fit(&state.state, MAX_PLAN_ALLOCATIONS)
-            };
-            if !plan.is_empty() {
-                let command = Command::ApplyPlan { allocations: plan.allocations, reasons: plan.reasons };
-                if let Err(e) = commit(&raft, command).await {
-                    tracing::warn!("committing a plan failed: {}", e.message());
+            let (view, config) = (view.clone(), config.clone());
+            // A pass over a large queue takes milliseconds to a few hundred: keep it off the async workers.
+            let command = tokio::task::spawn_blocking(move || {
+                let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+                // The state lock is held only to copy the view out: the pass itself must not stall `apply`.
+                let cluster = planner::view(&view.read().state, now_ms);
+                match drover_scheduler::schedule(&cluster, &config) {
+                    Ok(plan) => planner::command(&view.read().state, &plan),
+                    Err(e) => {
+                        tracing::error!("scheduling pass failed: {e}");
+                        None
+                    }
                 }
+            })
+            .await;
+            if let Ok(Some(command)) = command
+                && let Err(e) = commit(&raft, command).await
+            {
+                tracing::warn!("committing a plan failed: {}", e.message());
             }
             tokio::time::sleep(Duration::from_millis(MIN_PASS_INTERVAL_MS)).await;
             continue;

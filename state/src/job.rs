@@ -220,6 +220,14 @@ pub enum PendingReason {
     Dependency,
     /// No node in the partition could ever satisfy the request (nodes down or drained).
     ReqNodeNotAvail,
+    /// Its advance reservation is missing, not active yet, or full.
+    Reservation,
+    /// A dependency can never be satisfied (Slurm: `DependencyNeverSatisfied`).
+    DependencyNeverSatisfied,
+    QOSMaxGRESPerUser,
+    QOSMaxJobsPerUserLimit,
+    /// The time limit exceeds the partition's.
+    PartitionTimeLimit,
 }
 
 impl PendingReason {
@@ -234,6 +242,11 @@ impl PendingReason {
             PendingReason::BeginTime => "BeginTime",
             PendingReason::Dependency => "Dependency",
             PendingReason::ReqNodeNotAvail => "ReqNodeNotAvail",
+            PendingReason::Reservation => "Reservation",
+            PendingReason::DependencyNeverSatisfied => "DependencyNeverSatisfied",
+            PendingReason::QOSMaxGRESPerUser => "QOSMaxGRESPerUser",
+            PendingReason::QOSMaxJobsPerUserLimit => "QOSMaxJobsPerUserLimit",
+            PendingReason::PartitionTimeLimit => "PartitionTimeLimit",
         }
     }
 }

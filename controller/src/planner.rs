@@ -1,0 +1,278 @@
+//! The leader's planner: turns the replicated state into the scheduler library's view, runs one pass, and turns
+//! its plan into an `ApplyPlan` command (which `apply` re-validates, so a stale plan never double-books).
+//!
+//! Pure: the same state and `now_ms` give the same command. No I/O, no clock.
+
+use std::collections::BTreeSet;
+
+use drover_scheduler as sched;
+use drover_state::first_fit::MAX_REASON_UPDATES;
+use drover_state::{Allocation, Command, JobState, NodeAllocation, PartitionState, PendingReason, State};
+
+/// Stand-in for `--time=UNLIMITED` in the scheduler's timeline (it needs an end to reserve around).
+const UNLIMITED_S: u64 = 365 * 24 * 3600;
+/// Most job starts in one plan entry (bounds the entry's size and the apply's latency).
+pub const MAX_PLAN_ALLOCATIONS: usize = 1_000;
+/// CPU count the scheduler sees for a node that declares none (CPUs are then not a constraint there).
+const UNDECLARED_CPUS: u32 = 1 << 20;
+
+/// The scheduler's view of `state` at `now_ms`.
+pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
+    let config = state.config().cloned().unwrap_or_default();
+    let nodes = state
+        .nodes
+        .values()
+        .map(|n| {
+            let cpus = if n.info.cpus == 0 { UNDECLARED_CPUS } else { n.info.cpus };
+            sched::Node {
+                name: n.info.name.clone(),
+                gpus_total: n.info.gpus.len() as u32,
+                free_gpus: n.free_gpus().collect(),
+                cpus_total: cpus,
+                cpus_free: cpus.saturating_sub(n.allocated_cpus),
+                partitions: config
+                    .partitions
+                    .iter()
+                    .filter(|p| state.node_in_partition(&n.info, &p.name))
+                    .map(|p| p.name.clone())
+                    .collect(),
+                features: n.info.features.clone(),
+                gpu_type: Some(n.info.gpu_type.clone()).filter(|t| !t.is_empty()),
+                topology: sched::Topology {
+                    site: n.info.topology.get("site").cloned().unwrap_or_default(),
+                    rack: n.info.topology.get("rack").cloned().unwrap_or_default(),
+                    switch: n.info.topology.get("switch").cloned().unwrap_or_default(),
+                },
+                schedulable: n.schedulable(),
+            }
+        })
+        .collect();
+    let account = |a: &Option<String>| a.clone().unwrap_or_else(|| "root".to_string());
+    let mut running = Vec::new();
+    let mut pending = Vec::new();
+    let mut accounts = BTreeSet::new();
+    for job in state.jobs.values() {
+        accounts.insert(account(&job.spec.account));
+        if !job.allocation.is_empty() {
+            running.push(sched::RunningJob {
+                id: job.id,
+                user: job.spec.user.clone(),
+                account: account(&job.spec.account),
+                qos: "normal".to_string(),
+                alloc: job.allocation.iter().map(|a| (a.node.clone(), a.gpus.clone())).collect(),
+                start_s: job.start_time_ms.unwrap_or(now_ms) / 1_000,
+                time_limit_s: job.time_limit_s.unwrap_or(UNLIMITED_S),
+                exclusive: false,
+                reservation: None,
+            });
+        } else if job.state == JobState::Pending {
+            let spec = &job.spec;
+            let per_node_tasks = spec.tasks_per_node(spec.min_nodes).into_iter().max().unwrap_or(1);
+            pending.push(sched::PendingJob {
+                id: job.id,
+                submit_s: job.submit_time_ms / 1_000,
+                user: spec.user.clone(),
+                account: account(&spec.account),
+                partition: job.partition.clone(),
+                qos: "normal".to_string(),
+                nodes: spec.min_nodes,
+                gpus_per_node: spec.gpus_per_node,
+                cpus_per_node: per_node_tasks.saturating_mul(spec.cpus_per_task),
+                gpu_type: spec.gpu_type.clone(),
+                time_limit_s: job.time_limit_s.unwrap_or(UNLIMITED_S),
+                exclusive: false,
+                constraint: Vec::new(),
+                nodelist: Vec::new(),
+                exclude: Vec::new(),
+                reservation: None,
+                held: job.held,
+                dependency: sched::DependencyState::Satisfied,
+                allow_multi_site: false,
+            });
+        }
+    }
+    // Until accounts are replicated (issue 4's `drover account`), every account is an equal child of root.
+    let mut account_tree = vec![sched::Account { name: "root".into(), parent: None, shares: 1, usage_gpu_s: 0.0 }];
+    account_tree.extend(accounts.into_iter().filter(|a| a != "root").map(|name| sched::Account {
+        name,
+        parent: Some("root".into()),
+        shares: 1,
+        usage_gpu_s: 0.0,
+    }));
+    let partitions = config
+        .partitions
+        .iter()
+        .map(|p| sched::Partition {
+            name: p.name.clone(),
+            max_time_s: p.max_time_s,
+            priority_tier: 0,
+            state: match p.state {
+                PartitionState::Up => sched::PartitionState::Up,
+                PartitionState::Drain => sched::PartitionState::Drain,
+                PartitionState::Down | PartitionState::Inactive => sched::PartitionState::Down,
+            },
+        })
+        .collect();
+    sched::ClusterView {
+        now_s: now_ms / 1_000,
+        nodes,
+        running,
+        pending,
+        partitions,
+        accounts: account_tree,
+        reservations: Vec::new(),
+        qos: vec![sched::Qos { name: "normal".into(), priority: 0, max_jobs_per_user: None, max_gpus_per_user: None }],
+    }
+}
+
+fn reason(r: sched::Reason) -> PendingReason {
+    match r {
+        sched::Reason::Priority => PendingReason::Priority,
+        sched::Reason::Resources => PendingReason::Resources,
+        sched::Reason::ReqNodeNotAvail => PendingReason::ReqNodeNotAvail,
+        sched::Reason::Reservation => PendingReason::Reservation,
+        sched::Reason::Dependency => PendingReason::Dependency,
+        sched::Reason::DependencyNeverSatisfied => PendingReason::DependencyNeverSatisfied,
+        sched::Reason::QOSMaxGRESPerUser => PendingReason::QOSMaxGRESPerUser,
+        sched::Reason::QOSMaxJobsPerUserLimit => PendingReason::QOSMaxJobsPerUserLimit,
+        sched::Reason::PartitionDown => PendingReason::PartitionDown,
+        sched::Reason::PartitionTimeLimit => PendingReason::PartitionTimeLimit,
+        sched::Reason::JobHeldUser => PendingReason::JobHeldUser,
+    }
+}
+
+/// Turns a plan into the command to commit: starts with their tasks and CPUs per node, and the pending reasons
+/// that changed (at most `MAX_REASON_UPDATES`, in the plan's priority order). `None` when nothing changes.
+pub fn command(state: &State, plan: &sched::Plan) -> Option<Command> {
+    let allocations: Vec<Allocation> = plan
+        .starts
+        .iter()
+        .take(MAX_PLAN_ALLOCATIONS)
+        .filter_map(|(id, nodes)| {
+            let job = state.jobs.get(id)?;
+            let tasks = job.spec.tasks_per_node(nodes.len() as u32);
+            let shares = nodes
+                .iter()
+                .zip(tasks)
+                .map(|((node, gpus), tasks)| {
+                    let declared = state.nodes.get(node).is_some_and(|n| n.info.cpus > 0);
+                    let cpus = if declared { tasks.saturating_mul(job.spec.cpus_per_task) } else { 0 };
+                    NodeAllocation { node: node.clone(), gpus: gpus.clone(), cpus, tasks }
+                })
+                .collect();
+            Some(Allocation { job_id: *id, nodes: shares })
+        })
+        .collect();
+    let reasons: Vec<(u64, PendingReason)> = plan
+        .reasons
+        .iter()
+        .filter_map(|(id, r)| {
+            let job = state.jobs.get(id)?;
+            let r = reason(*r);
+            (job.state == JobState::Pending && !job.held && job.reason != r).then_some((*id, r))
+        })
+        .take(MAX_REASON_UPDATES)
+        .collect();
+    if allocations.is_empty() && reasons.is_empty() {
+        return None;
+    }
+    Some(Command::ApplyPlan { allocations, reasons })
+}
+
+#[cfg(test)]
+mod tests {
+    use drover_state::{ClusterConfig, GpuInfo, JobSpec, NodeInfo, Reply, Request};
+
+    use super::*;
+
+    fn at(time_ms: u64, command: Command) -> Request {
+        Request { time_ms, command }
+    }
+
+    fn node(name: &str, gpus: u32, switch: &str) -> NodeInfo {
+        NodeInfo {
+            name: name.into(),
+            cpus: 64,
+            gpus: (0..gpus).map(|index| GpuInfo { index, ..GpuInfo::default() }).collect(),
+            topology: [("switch".to_string(), switch.to_string())].into(),
+            ..NodeInfo::default()
+        }
+    }
+
+    fn job(nodes: u32, gpus: u32, time_s: u64) -> JobSpec {
+        JobSpec {
+            name: "j".into(),
+            user: "alice".into(),
+            min_nodes: nodes,
+            max_nodes: nodes,
+            cpus_per_task: 1,
+            gpus_per_node: gpus,
+            time_limit_s: Some(time_s),
+            script: "#!/bin/sh\n".into(),
+            ..JobSpec::default()
+        }
+    }
+
+    /// Runs passes and commits their plans, as the leader does.
+    fn schedule(state: &mut State, now_ms: u64) -> Vec<u64> {
+        let plan = sched::schedule(&view(state, now_ms), &sched::SchedulerConfig::default()).unwrap();
+        let Some(command) = command(state, &plan) else { return Vec::new() };
+        let applied = state.apply(&at(now_ms, command));
+        state.check_invariants();
+        match applied.response {
+            Ok(Reply::Planned { started, refused }) => {
+                assert!(refused.is_empty(), "a fresh plan is never refused: {refused:?}");
+                started
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn cluster() -> State {
+        let mut state = State::default();
+        state.apply(&at(0, Command::InitCluster { config: ClusterConfig::default() }));
+        for (name, switch) in [("n1", "s1"), ("n2", "s2"), ("n3", "s1"), ("n4", "s2")] {
+            state.apply(&at(1, Command::RegisterNode { info: node(name, 8, switch) })).response.unwrap();
+        }
+        state
+    }
+
+    fn submit(state: &mut State, spec: JobSpec, time_ms: u64) -> u64 {
+        match state.apply(&at(time_ms, Command::SubmitJob { spec: Box::new(spec), request_id: None })).response {
+            Ok(Reply::Submitted { job_id, .. }) => job_id,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_two_node_job_stays_under_one_switch_and_small_jobs_pack() {
+        let mut state = cluster();
+        let small = submit(&mut state, job(1, 2, 600), 1_000);
+        schedule(&mut state, 2_000);
+        let on = state.job(small).unwrap().nodes[0].clone();
+        let pair = submit(&mut state, job(2, 8, 600), 3_000);
+        let second_small = submit(&mut state, job(1, 2, 600), 3_000);
+        schedule(&mut state, 4_000);
+        let pair_nodes = &state.job(pair).unwrap().nodes;
+        let switch = |n: &str| state.nodes[n].info.topology["switch"].clone();
+        assert_eq!(switch(&pair_nodes[0]), switch(&pair_nodes[1]), "{pair_nodes:?} span two switches");
+        assert_eq!(state.job(second_small).unwrap().nodes[0], on, "a small job fills the partly used node");
+    }
+
+    #[test]
+    fn backfill_starts_a_short_job_but_not_one_that_would_delay_the_big_one() {
+        let mut state = cluster();
+        // 3 of 4 nodes busy for an hour; a 4-node job must wait for them; one node is free now.
+        for _ in 0..3 {
+            submit(&mut state, job(1, 8, 3_600), 1_000);
+        }
+        schedule(&mut state, 1_000);
+        let big = submit(&mut state, job(4, 8, 3_600), 2_000);
+        let long = submit(&mut state, job(1, 8, 7_200), 3_000);
+        let short = submit(&mut state, job(1, 8, 600), 4_000);
+        let started = schedule(&mut state, 5_000);
+        assert_eq!(started, vec![short], "only the job that ends before the big one's reserved start may backfill");
+        assert_eq!(state.job(big).unwrap().reason, PendingReason::Resources);
+        assert_ne!(state.job(long).unwrap().state, JobState::Running);
+    }
+}
