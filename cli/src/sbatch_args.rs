@@ -99,6 +99,12 @@ pub enum SbatchOption {
     Requeue(bool),
     /// `--open-mode=append` (true) or `truncate` (false).
     OpenAppend(bool),
+    Exclusive,
+    /// `--constraint`: features all required (`a&b`).
+    Constraint(Vec<String>),
+    /// `--nodelist` / `--exclude`: expanded host names.
+    Nodelist(Vec<String>),
+    Exclude(Vec<String>),
     Hold,
     Parsable,
     /// An accepted-and-ignored option (`--mail-type`, `--mail-user`, `--comment`); dropped by [`build_spec`].
@@ -181,6 +187,10 @@ enum Kind {
     Chdir,
     Export,
     OpenMode,
+    Exclusive,
+    Constraint,
+    Nodelist,
+    Exclude,
     Requeue,
     NoRequeue,
     Hold,
@@ -191,7 +201,7 @@ enum Kind {
 
 impl Kind {
     fn takes_value(self) -> bool {
-        !matches!(self, Kind::Requeue | Kind::NoRequeue | Kind::Hold | Kind::Parsable)
+        !matches!(self, Kind::Requeue | Kind::NoRequeue | Kind::Hold | Kind::Parsable | Kind::Exclusive)
     }
 }
 
@@ -217,6 +227,10 @@ const OPTIONS: &[OptDef] = &[
     OptDef { long: "chdir", short: Some('D'), kind: Kind::Chdir },
     OptDef { long: "export", short: None, kind: Kind::Export },
     OptDef { long: "open-mode", short: None, kind: Kind::OpenMode },
+    OptDef { long: "exclusive", short: None, kind: Kind::Exclusive },
+    OptDef { long: "constraint", short: Some('C'), kind: Kind::Constraint },
+    OptDef { long: "nodelist", short: Some('w'), kind: Kind::Nodelist },
+    OptDef { long: "exclude", short: Some('x'), kind: Kind::Exclude },
     OptDef { long: "requeue", short: None, kind: Kind::Requeue },
     OptDef { long: "no-requeue", short: None, kind: Kind::NoRequeue },
     OptDef { long: "hold", short: Some('H'), kind: Kind::Hold },
@@ -333,6 +347,7 @@ fn parse_value(def: &OptDef, flag: &str, value: Option<String>) -> Result<Item, 
             Kind::NoRequeue => SbatchOption::Requeue(false),
             Kind::Hold => SbatchOption::Hold,
             Kind::Parsable => SbatchOption::Parsable,
+            Kind::Exclusive => SbatchOption::Exclusive,
             _ => return Err(OptionError::MissingValue { flag: flag.to_string() }),
         }));
     };
@@ -367,6 +382,18 @@ fn parse_value(def: &OptDef, flag: &str, value: Option<String>) -> Result<Item, 
             }
         },
         Kind::Export => parse_export(flag, &value)?,
+        Kind::Constraint => {
+            if value.contains(['|', '[', ']', '*']) {
+                return Err(invalid(flag, &value, "only AND constraints are supported (features joined with &)"));
+            }
+            SbatchOption::Constraint(
+                value.split(['&', ',']).map(|f| f.trim().to_string()).filter(|f| !f.is_empty()).collect(),
+            )
+        }
+        Kind::Nodelist | Kind::Exclude => {
+            let hosts = drover_state::hostlist::expand_hostlist(&value).map_err(|e| invalid(flag, &value, e))?;
+            if def.kind == Kind::Nodelist { SbatchOption::Nodelist(hosts) } else { SbatchOption::Exclude(hosts) }
+        }
         Kind::OpenMode => match value.to_ascii_lowercase().as_str() {
             "append" | "a" => SbatchOption::OpenAppend(true),
             "truncate" | "t" => SbatchOption::OpenAppend(false),
@@ -374,7 +401,7 @@ fn parse_value(def: &OptDef, flag: &str, value: Option<String>) -> Result<Item, 
         },
         Kind::Wrap => return Ok(Item::Wrap(value)),
         Kind::Ignored => SbatchOption::Ignored { flag: def.long, value },
-        Kind::Requeue | Kind::NoRequeue | Kind::Hold | Kind::Parsable => {
+        Kind::Requeue | Kind::NoRequeue | Kind::Hold | Kind::Parsable | Kind::Exclusive => {
             unreachable!("value-less options never get a value here")
         }
     };
@@ -769,6 +796,10 @@ pub fn build_spec(
             SbatchOption::Requeue(v) => spec.requeue = Some(*v),
             SbatchOption::Hold => spec.hold = true,
             SbatchOption::OpenAppend(v) => spec.open_append = *v,
+            SbatchOption::Exclusive => spec.exclusive = true,
+            SbatchOption::Constraint(v) => spec.constraint = v.clone(),
+            SbatchOption::Nodelist(v) => spec.nodelist = v.clone(),
+            SbatchOption::Exclude(v) => spec.exclude = v.clone(),
             SbatchOption::Parsable => parsable = true,
             SbatchOption::Ignored { .. } => {}
         }

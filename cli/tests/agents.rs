@@ -371,3 +371,33 @@ fn ctrl_c_on_srun_stops_its_tasks_and_cancels_its_allocation() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn nodelist_exclude_constraint_and_exclusive_steer_placement() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, sh) = setup(dir.path(), two_agents());
+    let pinned = sh.submit(&["-w", "node02", "--gres=gpu:1", "--wrap", "true"]);
+    let avoided = sh.submit(&["-x", "node01", "--gres=gpu:1", "--wrap", "true"]);
+    assert_eq!(sh.wait_done(pinned, Duration::from_secs(20)), "COMPLETED");
+    assert_eq!(sh.wait_done(avoided, Duration::from_secs(20)), "COMPLETED");
+    assert_eq!(sh.acct(pinned, "NodeList")[0], "node02");
+    assert_eq!(sh.acct(avoided, "NodeList")[0], "node02");
+
+    // --exclusive takes the whole node: all 4 GPUs, and nothing else runs there until it ends.
+    let whole = sh.submit(&["--exclusive", "-w", "node01", "--gres=gpu:1", "--wrap", "sleep 3"]);
+    sh.wait_state(whole, "RUNNING", Duration::from_secs(20));
+    assert_eq!(sh.acct(whole, "AllocTRES")[0], "billing=64,cpu=64,gres/gpu=4,node=1");
+    let waiting = sh.submit(&["-w", "node01", "--gres=gpu:1", "--wrap", "true"]);
+    std::thread::sleep(Duration::from_millis(1_000));
+    assert_eq!(sh.acct(waiting, "State")[0], "PENDING", "node01 is held exclusively");
+    assert_eq!(sh.wait_done(waiting, Duration::from_secs(30)), "COMPLETED");
+    assert_eq!(sh.acct(whole, "State")[0], "COMPLETED");
+
+    // Requests no node can meet are refused at submit, naming the problem.
+    let out = sh.run("sbatch", &["-C", "nvlink", "--wrap", "true"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Requested node configuration is not available"));
+    let out = sh.run("sbatch", &["-w", "gpu99", "--wrap", "true"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Invalid node name specified: gpu99"));
+    let out = sh.run("sbatch", &["-C", "a|b", "--wrap", "true"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("only AND constraints are supported"));
+}

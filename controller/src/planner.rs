@@ -62,7 +62,7 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                 alloc: job.allocation.iter().map(|a| (a.node.clone(), a.gpus.clone())).collect(),
                 start_s: job.start_time_ms.unwrap_or(now_ms) / 1_000,
                 time_limit_s: job.time_limit_s.unwrap_or(UNLIMITED_S),
-                exclusive: false,
+                exclusive: job.spec.exclusive,
                 reservation: None,
             });
         } else if job.state == JobState::Pending {
@@ -80,10 +80,10 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                 cpus_per_node: per_node_tasks.saturating_mul(spec.cpus_per_task),
                 gpu_type: spec.gpu_type.clone(),
                 time_limit_s: job.time_limit_s.unwrap_or(UNLIMITED_S),
-                exclusive: false,
-                constraint: Vec::new(),
-                nodelist: Vec::new(),
-                exclude: Vec::new(),
+                exclusive: spec.exclusive,
+                constraint: spec.constraint.clone(),
+                nodelist: spec.nodelist.clone(),
+                exclude: spec.exclude.clone(),
                 reservation: None,
                 held: job.held,
                 dependency: sched::DependencyState::Satisfied,
@@ -155,8 +155,13 @@ pub fn command(state: &State, plan: &sched::Plan) -> Option<Command> {
                 .iter()
                 .zip(tasks)
                 .map(|((node, gpus), tasks)| {
-                    let declared = state.nodes.get(node).is_some_and(|n| n.info.cpus > 0);
-                    let cpus = if declared { tasks.saturating_mul(job.spec.cpus_per_task) } else { 0 };
+                    let declared = state.nodes.get(node).map_or(0, |n| n.info.cpus);
+                    let cpus = match (declared, job.spec.exclusive) {
+                        (0, _) => 0,
+                        // An exclusive job holds the whole node, CPUs included.
+                        (all, true) => all,
+                        (_, false) => tasks.saturating_mul(job.spec.cpus_per_task),
+                    };
                     NodeAllocation { node: node.clone(), gpus: gpus.clone(), cpus, tasks }
                 })
                 .collect();

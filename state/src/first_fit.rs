@@ -83,7 +83,9 @@ fn place<'a>(
         }
         let node = &state.nodes[*name];
         let cpus = tasks[chosen.len()].saturating_mul(spec.cpus_per_task);
-        let fits = capacity.gpus.len() as u32 >= spec.gpus_per_node
+        let fits = !spec.exclusive
+            && spec.accepts_node(name, &node.info.features)
+            && capacity.gpus.len() as u32 >= spec.gpus_per_node
             && (node.info.cpus == 0 || capacity.cpus >= cpus)
             && spec.gpu_type.as_ref().is_none_or(|t| node.info.gpu_type.eq_ignore_ascii_case(t))
             && *membership

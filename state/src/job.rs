@@ -68,9 +68,24 @@ pub struct JobSpec {
     /// An allocation without a batch script (`srun` outside a job, `salloc`): the agents run nothing until a
     /// step is launched, and the client that made it reports its end.
     pub interactive: bool,
+    /// `--exclusive`: whole nodes, shared with no other job.
+    pub exclusive: bool,
+    /// `--constraint/-C`: features every allocated node must have (Slurm's `a&b`).
+    pub constraint: Vec<String>,
+    /// `--nodelist/-w`: the job runs only on these nodes (expanded hostlist); empty = any.
+    pub nodelist: Vec<String>,
+    /// `--exclude/-x`: never on these nodes.
+    pub exclude: Vec<String>,
 }
 
 impl JobSpec {
+    /// Whether a node passes the job's `--nodelist`, `--exclude` and `--constraint` (not its size).
+    pub fn accepts_node(&self, name: &str, features: &[String]) -> bool {
+        (self.nodelist.is_empty() || self.nodelist.iter().any(|n| n == name))
+            && !self.exclude.iter().any(|n| n == name)
+            && self.constraint.iter().all(|c| features.iter().any(|f| f == c))
+    }
+
     /// Total tasks the job will run (Slurm: `ntasks`, else `ntasks-per-node × nodes`, else one per node).
     pub fn total_tasks(&self) -> u32 {
         match (self.ntasks, self.ntasks_per_node) {

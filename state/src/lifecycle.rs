@@ -164,7 +164,23 @@ impl State {
             if !node.schedulable() {
                 return Err(format!("node {} is {}", share.node, node.state_name()));
             }
-            if share.gpus.len() as u32 != job.spec.gpus_per_node {
+            if !job.spec.accepts_node(&share.node, &node.info.features) {
+                return Err(format!("node {} is outside the job's --nodelist/--exclude/--constraint", share.node));
+            }
+            if job.spec.exclusive {
+                // A whole node: no other job on it, and every GPU to this one.
+                if !node.jobs.is_empty() || share.gpus.len() != node.info.gpus.len() {
+                    return Err(format!(
+                        "--exclusive needs all of node {} and it is shared or partly given",
+                        share.node
+                    ));
+                }
+            } else if let Some(other) = node.jobs.iter().find(|id| self.jobs.get(id).is_some_and(|j| j.spec.exclusive))
+            {
+                return Err(format!("node {} is held exclusively by job {other}", share.node));
+            }
+            let wanted = if job.spec.exclusive { node.info.gpus.len() as u32 } else { job.spec.gpus_per_node };
+            if share.gpus.len() as u32 != wanted {
                 return Err(format!(
                     "{} GPUs planned on {}, the job asks for {}",
                     share.gpus.len(),
@@ -286,10 +302,14 @@ impl State {
         }
         let per_node_tasks = job.tasks_per_node(job.min_nodes).into_iter().max().unwrap_or(1);
         let cpus = per_node_tasks.saturating_mul(job.cpus_per_task);
+        if let Some(unknown) = job.nodelist.iter().find(|n| !self.nodes.contains_key(*n)) {
+            return Err(CommandError::InvalidNodeName { name: unknown.clone() });
+        }
         let fits = |n: &&&Node| {
             n.info.gpus.len() as u32 >= job.gpus_per_node
                 && (n.info.cpus == 0 || n.info.cpus >= cpus)
                 && job.gpu_type.as_ref().is_none_or(|t| n.info.gpu_type.eq_ignore_ascii_case(t))
+                && job.accepts_node(&n.info.name, &n.info.features)
         };
         let fitting = members.iter().filter(fits).count() as u32;
         if fitting >= job.min_nodes {
@@ -297,10 +317,15 @@ impl State {
         }
         let most_gpus = members.iter().map(|n| n.info.gpus.len()).max().unwrap_or(0);
         Err(CommandError::NodeConfigUnavailable(format!(
-            "{} node(s) with {} GPU(s){} and {cpus} CPU(s) each requested; partition {partition} has {} node(s), {fitting} of them big enough (at most {most_gpus} GPUs per node)",
+            "{} node(s) with {} GPU(s){}{} and {cpus} CPU(s) each requested; partition {partition} has {} node(s), {fitting} of them big enough and allowed by --nodelist/--exclude/--constraint (at most {most_gpus} GPUs per node)",
             job.min_nodes,
             job.gpus_per_node,
             job.gpu_type.as_ref().map(|t| format!(" of type {t}")).unwrap_or_default(),
+            if job.constraint.is_empty() {
+                String::new()
+            } else {
+                format!(" with features {}", job.constraint.join("&"))
+            },
             members.len(),
         )))
     }
@@ -508,6 +533,37 @@ mod tests {
         let response =
             state.apply(&at(2, Command::SubmitJob { spec: Box::new(job(2, 1, 1)), request_id: None })).response;
         assert!(matches!(response, Err(CommandError::NodeConfigUnavailable(_))));
+    }
+
+    #[test]
+    fn apply_refuses_plans_that_break_nodelist_exclude_or_exclusive() {
+        let mut state = cluster(&[("gpu01", 4), ("gpu02", 4)]);
+        let mut pinned = job(1, 1, 1);
+        pinned.exclude = vec!["gpu01".into()];
+        let pinned = submit(&mut state, pinned);
+        let share = |node: &str, gpus: Vec<u32>| NodeAllocation { node: node.into(), gpus, cpus: 1, tasks: 1 };
+        let forged = Allocation { job_id: pinned, nodes: vec![share("gpu01", vec![0])] };
+        let reply = state.apply(&at(3, Command::ApplyPlan { allocations: vec![forged], reasons: vec![] }));
+        let Ok(Reply::Planned { refused, .. }) = reply.response else { panic!() };
+        assert!(refused[0].1.contains("outside the job's --nodelist/--exclude/--constraint"), "{refused:?}");
+
+        let mut whole = job(1, 1, 1);
+        whole.exclusive = true;
+        let whole = submit(&mut state, whole);
+        let partial = Allocation { job_id: whole, nodes: vec![share("gpu02", vec![0])] };
+        let reply = state.apply(&at(4, Command::ApplyPlan { allocations: vec![partial], reasons: vec![] }));
+        let Ok(Reply::Planned { refused, .. }) = reply.response else { panic!() };
+        assert!(refused[0].1.contains("--exclusive needs all of node gpu02"), "{refused:?}");
+        let all = Allocation { job_id: whole, nodes: vec![share("gpu02", vec![0, 1, 2, 3])] };
+        state.apply(&at(5, Command::ApplyPlan { allocations: vec![all], reasons: vec![] }));
+        assert_eq!(state.job(whole).unwrap().state, JobState::Running);
+        let other = submit(&mut state, job(1, 1, 1));
+        state.apply(&at(6, Command::DrainNodes { names: vec!["gpu01".into()], drain: true, reason: "x".into() }));
+        let shared = Allocation { job_id: other, nodes: vec![share("gpu02", vec![])] };
+        let reply = state.apply(&at(7, Command::ApplyPlan { allocations: vec![shared], reasons: vec![] }));
+        let Ok(Reply::Planned { refused, .. }) = reply.response else { panic!() };
+        assert!(refused[0].1.contains("held exclusively"), "{refused:?}");
+        state.check_invariants();
     }
 
     #[test]
