@@ -109,6 +109,7 @@ fn slurm_command(name: &str, args: &[String]) -> Option<i32> {
         "srun" => Some(commands::srun::run(args)),
         "sacct" => Some(commands::sacct::run(args)),
         "sinfo" => Some(commands::sinfo::run(args)),
+        "sprio" => Some(commands::sprio::run(args)),
         _ => None,
     }
 }

@@ -401,3 +401,31 @@ fn nodelist_exclude_constraint_and_exclusive_steer_placement() {
     let out = sh.run("sbatch", &["-C", "a|b", "--wrap", "true"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("only AND constraints are supported"));
 }
+
+#[test]
+fn sprio_and_squeue_start_show_the_schedulers_view_of_waiting_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, sh) = setup(dir.path(), two_agents());
+    let running = sh.submit(&["-N", "2", "--gres=gpu:4", "-t", "10:00", "--wrap", "sleep 30"]);
+    sh.wait_state(running, "RUNNING", Duration::from_secs(20));
+    let waiting = sh.submit(&["-N", "2", "--gres=gpu:4", "-t", "5:00", "-J", "next", "--wrap", "true"]);
+    let start = Instant::now();
+    let line = loop {
+        let out = sh.ok("squeue", &["--start", "-h", "-j", &waiting.to_string()]);
+        if !out.contains("N/A") && out.contains("(Resources)") {
+            break out;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "no expected start: {out}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(line.contains("next") && line.contains(" PD "), "{line}");
+    let sprio = sh.ok("sprio", &["-j", &waiting.to_string()]);
+    let lines: Vec<&str> = sprio.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        ["JOBID", "PRIORITY", "AGE", "FAIRSHARE", "JOBSIZE", "PARTITION", "QOS"]
+    );
+    let row: Vec<u64> = lines[1].split_whitespace().map(|v| v.parse().unwrap()).collect();
+    assert_eq!(row[0], waiting);
+    assert!(row[1] > 0 && row[1] >= row[2..].iter().sum::<u64>().saturating_sub(5), "{sprio}");
+}

@@ -302,6 +302,18 @@ impl Client {
         Ok((nodes, config))
     }
 
+    /// The leader's latest priorities and expected starts of pending jobs (all of them when `ids` is empty).
+    pub async fn job_insights(&self, ids: &[u64]) -> Result<Vec<drover_proto::wire::JobInsight>, ClientError> {
+        let request = JobIdsRequest { job_ids: ids.to_vec(), by_uid: 0 };
+        let reply = self
+            .call(|mut c| {
+                let request = request.clone();
+                async move { c.job_insights(request).await }
+            })
+            .await?;
+        drover_proto::wire::decode(&reply.json).map_err(ClientError::Protocol)
+    }
+
     /// `scontrol update nodename=... state=drain|resume reason=...`.
     pub async fn drain_nodes(&self, names: &[String], drain: bool, reason: &str) -> Result<(), ClientError> {
         let request = DrainNodesRequest { names: names.to_vec(), drain, reason: reason.to_string() };

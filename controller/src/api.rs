@@ -37,6 +37,8 @@ pub struct Api {
     pub id: u64,
     /// The leader's agent sessions (signals go to agents directly, not through the log).
     pub hub: std::sync::Arc<crate::agents::AgentHub>,
+    /// The latest scheduling pass's priorities and expected starts (leader only).
+    insights: crate::scheduling::Insights,
     /// Forwarded calls leave from this replica's own address, like its Raft traffic.
     local_ip: Option<std::net::IpAddr>,
     pub raft: Raft,
@@ -95,8 +97,9 @@ impl Api {
         view: StateView,
         local_ip: Option<std::net::IpAddr>,
         hub: std::sync::Arc<crate::agents::AgentHub>,
+        insights: crate::scheduling::Insights,
     ) -> Api {
-        Api { id, hub, local_ip, raft, view, peers: Mutex::new(HashMap::new()) }
+        Api { id, hub, insights, local_ip, raft, view, peers: Mutex::new(HashMap::new()) }
     }
 
     /// The leader's id and address as this replica knows them.
@@ -573,6 +576,24 @@ impl DroverService for Api {
         let nodes_json = serde_json::to_vec(&nodes).map_err(|e| internal("encoding nodes", e))?;
         let config_json = serde_json::to_vec(&config).map_err(|e| internal("encoding config", e))?;
         Ok(Response::new(ListNodesReply { nodes_json, config_json }))
+    }
+
+    async fn job_insights(&self, request: Request<JobIdsRequest>) -> Result<Response<InsightsReply>, Status> {
+        if let Route::Forward(addr) = self.route(&request)? {
+            let fwd = self.forwarded(request.into_inner());
+            return self.peer(&addr)?.job_insights(fwd).await.map_err(|s| forward_failed(&addr, s));
+        }
+        let ids = request.into_inner().job_ids;
+        let mut list: Vec<drover_proto::wire::JobInsight> = {
+            let latest = self.insights.read().expect("insights lock poisoned");
+            if ids.is_empty() {
+                latest.values().take(MAX_LIST_JOBS).cloned().collect()
+            } else {
+                ids.iter().filter_map(|id| latest.get(id).cloned()).collect()
+            }
+        };
+        list.sort_by_key(|i| i.job_id);
+        Ok(Response::new(InsightsReply { json: drover_proto::wire::encode(&list) }))
     }
 
     async fn drain_nodes(&self, request: Request<DrainNodesRequest>) -> Result<Response<Empty>, Status> {

@@ -3,6 +3,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use drover_proto::wire::JobInsight;
 use drover_scheduler::SchedulerConfig;
 use openraft::async_runtime::WatchReceiver;
 
@@ -16,7 +20,38 @@ const MIN_PASS_INTERVAL_MS: u64 = 2;
 /// A pass runs at least this often, even without changes (time moves reservations and ages priorities).
 const IDLE_PASS_INTERVAL_MS: u64 = 1_000;
 
-pub async fn scheduling_loop(raft: Raft, view: StateView, id: u64) {
+/// The latest pass's view of pending jobs, on the leader only (`sprio`, `squeue --start`).
+pub type Insights = Arc<RwLock<HashMap<u64, JobInsight>>>;
+
+/// Slurm prints each factor multiplied by its weight.
+fn insights(plan: &drover_scheduler::Plan, config: &SchedulerConfig) -> HashMap<u64, JobInsight> {
+    let w = &config.weights;
+    let weighted = |weight: u32, factor: f64| (f64::from(weight) * factor).round() as u64;
+    let mut out: HashMap<u64, JobInsight> = plan
+        .priorities
+        .iter()
+        .map(|(id, p)| {
+            let insight = JobInsight {
+                job_id: *id,
+                priority: p.priority,
+                age: weighted(w.age, p.age),
+                fairshare: weighted(w.fairshare, p.fairshare),
+                job_size: weighted(w.job_size, p.job_size),
+                partition: weighted(w.partition, p.partition),
+                qos: weighted(w.qos, p.qos),
+                expected_start_s: None,
+            };
+            (*id, insight)
+        })
+        .collect();
+    for (id, start_s) in &plan.expected_start {
+        out.entry(*id).or_insert_with(|| JobInsight { job_id: *id, ..JobInsight::default() }).expected_start_s =
+            Some(*start_s);
+    }
+    out
+}
+
+pub async fn scheduling_loop(raft: Raft, view: StateView, id: u64, latest: Insights) {
     let mut metrics = raft.metrics();
     let mut planned_at: Option<u64> = None;
     let config = SchedulerConfig::default();
@@ -27,14 +62,17 @@ pub async fn scheduling_loop(raft: Raft, view: StateView, id: u64) {
         };
         if leading && applied != planned_at {
             planned_at = applied;
-            let (view, config) = (view.clone(), config.clone());
+            let (view, config, latest) = (view.clone(), config.clone(), latest.clone());
             // A pass over a large queue takes milliseconds to a few hundred: keep it off the async workers.
             let command = tokio::task::spawn_blocking(move || {
                 let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
                 // The state lock is held only to copy the view out: the pass itself must not stall `apply`.
                 let cluster = planner::view(&view.read().state, now_ms);
                 match drover_scheduler::schedule(&cluster, &config) {
-                    Ok(plan) => planner::command(&view.read().state, &plan),
+                    Ok(plan) => {
+                        *latest.write().expect("insights lock poisoned") = insights(&plan, &config);
+                        planner::command(&view.read().state, &plan)
+                    }
                     Err(e) => {
                         tracing::error!("scheduling pass failed: {e}");
                         None

@@ -79,7 +79,8 @@ impl Controller {
         let raft_server =
             RaftServer { raft: raft.clone(), snapshot_dir: db.snapshot_dir(), received: AtomicU64::new(0) };
         let hub = AgentHub::new(config.id, raft.clone(), view.clone(), config.agents.clone());
-        let api = Api::new(config.id, raft.clone(), view.clone(), local_ip, hub.clone());
+        let insights = crate::scheduling::Insights::default();
+        let api = Api::new(config.id, raft.clone(), view.clone(), local_ip, hub.clone(), insights.clone());
         let router = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             // Bound concurrent streams per connection so one client cannot hog a replica.
@@ -114,7 +115,7 @@ impl Controller {
         tokio::spawn(bootstrap(raft.clone(), config.id, config.initial_members.clone()));
         tokio::spawn(leader_duties(raft.clone(), view.clone(), config.id, config.cluster.clone()));
         tokio::spawn(crate::agents::leader_loops(hub));
-        tokio::spawn(crate::scheduling::scheduling_loop(raft.clone(), view.clone(), config.id));
+        tokio::spawn(crate::scheduling::scheduling_loop(raft.clone(), view.clone(), config.id, insights));
         tracing::info!(id = config.id, %addr, data_dir = %config.data_dir.display(), "controller replica started");
         Ok(Controller { id: config.id, raft, view, addr, shutdown })
     }

@@ -105,6 +105,21 @@ pub enum StepEvent {
     },
 }
 
+/// The leader's latest view of one pending job (`sprio`, `squeue --start`): weighted priority factors as Slurm
+/// prints them, and the start time a backfill reservation holds for it, if any.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct JobInsight {
+    pub job_id: JobId,
+    pub priority: u64,
+    pub age: u64,
+    pub fairshare: u64,
+    pub job_size: u64,
+    pub partition: u64,
+    pub qos: u64,
+    /// Seconds since the Unix epoch.
+    pub expected_start_s: Option<u64>,
+}
+
 /// Encodes a payload (these types always serialize).
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("wire types serialize")

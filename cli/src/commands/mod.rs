@@ -11,6 +11,7 @@ pub mod scancel;
 pub mod scontrol;
 pub mod shims;
 pub mod sinfo;
+pub mod sprio;
 pub mod squeue;
 pub mod srun;
 

@@ -28,6 +28,9 @@ struct Args {
     /// Read from whichever controller answers, without confirming leadership (remote sites).
     #[arg(long = "stale")]
     stale: bool,
+    /// Expected start times of pending jobs (from the scheduler's backfill reservations).
+    #[arg(long = "start")]
+    start: bool,
     #[arg(long = "controllers")]
     controllers: Option<String>,
     #[arg(long = "help", action = clap::ArgAction::Help)]
@@ -60,6 +63,9 @@ fn list(args: &[String]) -> anyhow::Result<()> {
             anyhow::bail!("Invalid job state specified: {s}");
         }
     }
+    if args.start && states.is_empty() {
+        states = vec!["PENDING".into()];
+    }
     // squeue shows pending and running jobs unless states are named.
     if states.is_empty() && !args.states.iter().any(|s| s.eq_ignore_ascii_case("all")) {
         states = vec!["PENDING".into(), "RUNNING".into(), "SUSPENDED".into(), "COMPLETING".into(), "REQUEUED".into()];
@@ -67,6 +73,13 @@ fn list(args: &[String]) -> anyhow::Result<()> {
     let client = crate::connect::client(args.controllers.as_deref())?;
     let filter = drover_client::JobFilter { ids, users, states, include_finished: false, stale: args.stale, limit: 0 };
     let (jobs, truncated) = crate::connect::runtime().block_on(client.list_jobs(&filter))?;
+    if args.start {
+        let ids: Vec<u64> = jobs.iter().map(|j| j.id).collect();
+        let insights =
+            if ids.is_empty() { Vec::new() } else { crate::connect::runtime().block_on(client.job_insights(&ids))? };
+        print!("{}", start_table(&jobs, &insights, args.noheader));
+        return Ok(());
+    }
     let now = super::now_ms();
     let mut out = String::new();
     if !args.noheader {
@@ -82,4 +95,37 @@ fn list(args: &[String]) -> anyhow::Result<()> {
         eprintln!("squeue: warning: output truncated at {} jobs; narrow it with -j, -u or -t", jobs.len());
     }
     Ok(())
+}
+
+/// `squeue --start`: Slurm's columns, with the expected start from the leader's latest pass (`N/A` when the
+/// job holds no reservation).
+fn start_table(jobs: &[drover_state::Job], insights: &[drover_proto::wire::JobInsight], noheader: bool) -> String {
+    let mut out = String::new();
+    if !noheader {
+        out.push_str(&format!(
+            "{:>18} {:>9} {:>8} {:>8} {:>2} {:>19} {:>6} {}\n",
+            "JOBID", "PARTITION", "NAME", "USER", "ST", "START_TIME", "NODES", "NODELIST(REASON)"
+        ));
+    }
+    for job in jobs {
+        let start = insights
+            .iter()
+            .find(|i| i.job_id == job.id)
+            .and_then(|i| i.expected_start_s)
+            .map_or("N/A".to_string(), |s| crate::format::format_timestamp(Some(s * 1_000)));
+        let name: String = job.spec.name.chars().take(8).collect();
+        let user: String = job.spec.user.chars().take(8).collect();
+        out.push_str(&format!(
+            "{:>18} {:>9} {:>8} {:>8} {:>2} {:>19} {:>6} ({})\n",
+            job.id,
+            job.partition,
+            name,
+            user,
+            job.state.short(),
+            start,
+            job.spec.min_nodes,
+            job.reason.name()
+        ));
+    }
+    out
 }
