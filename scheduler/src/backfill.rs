@@ -6,10 +6,12 @@
 //!
 //! Cost: start-now is O(log nodes) for a job that fits the first node it tries, and O(1) once the partition has
 //! too few nodes with enough free GPUs (per-partition counts by free-GPU level), plus a per-shape memo of the
-//! shortest time limit that already failed (resources only shrink within a pass). Each reservation is O(nodes in
-//! the partition × steps per node).
+//! shortest time limit that already failed (resources only shrink within a pass). A single-node reservation without
+//! node filters evaluates only the nodes whose lower-bound start (a lazy heap) can still beat the best found; other
+//! reservations scan the partition's nodes once, multi-node searches then re-evaluate only a few nodes per round.
 
-use std::collections::BTreeSet;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 use crate::fxhash::FxMap;
 
@@ -49,6 +51,59 @@ struct NodeRt {
     avail_now: u32,
 }
 
+/// A set of node indices (one partition, one free-GPU level): O(1) insert and remove, ascending iteration that
+/// skips empty 64-node blocks through a summary word per 4,096 nodes.
+#[derive(Clone)]
+struct NodeBits {
+    words: Vec<u64>,
+    summary: Vec<u64>,
+}
+
+impl NodeBits {
+    fn new(nodes: usize) -> Self {
+        let w = nodes.div_ceil(64);
+        Self { words: vec![0; w], summary: vec![0; w.div_ceil(64)] }
+    }
+
+    fn insert(&mut self, i: u32) {
+        let w = (i / 64) as usize;
+        self.words[w] |= 1 << (i % 64);
+        self.summary[w / 64] |= 1 << (w % 64);
+    }
+
+    fn remove(&mut self, i: u32) {
+        let w = (i / 64) as usize;
+        self.words[w] &= !(1 << (i % 64));
+        if self.words[w] == 0 {
+            self.summary[w / 64] &= !(1 << (w % 64));
+        }
+    }
+
+    /// Members in ascending order.
+    fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.summary
+            .iter()
+            .enumerate()
+            .flat_map(|(si, &s)| Bits(s).map(move |b| si * 64 + b as usize))
+            .flat_map(move |w| Bits(self.words[w]).map(move |b| (w * 64) as u32 + b))
+    }
+}
+
+/// The set bits of a word, lowest first.
+struct Bits(u64);
+
+impl Iterator for Bits {
+    type Item = u32;
+    fn next(&mut self) -> Option<u32> {
+        if self.0 == 0 {
+            return None;
+        }
+        let b = self.0.trailing_zeros();
+        self.0 &= self.0 - 1;
+        Some(b)
+    }
+}
+
 /// What makes two jobs interchangeable for "can it start now" except the time limit.
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct ShapeKey {
@@ -60,6 +115,37 @@ struct ShapeKey {
     features: u64,
     exclusive: bool,
     multi_site: bool,
+}
+
+/// Min-heap of (lower bound of the earliest start, node).
+type StartBounds = BinaryHeap<Reverse<(u64, u32)>>;
+
+/// Sentinel for "no memoized shape".
+const NO_SHAPE: u32 = u32::MAX;
+
+/// Per job shape: what the pass learned about it.
+struct ShapeMemo {
+    /// The shortest time limit with which this shape failed to start now (u64::MAX: none yet).
+    failed_limit: u64,
+    /// Whether the shape fits the partition's nodes at all, once computed.
+    could_ever: Option<bool>,
+}
+
+/// The per-job facts the main loop needs, resolved once in view order.
+struct JobPre {
+    id: u64,
+    time_limit_s: u64,
+    total_gpus: u64,
+    /// A reason that needs no pass state (held, dependency, partition, limits).
+    early: Option<Reason>,
+    /// Partition index (valid when `early` is None).
+    p: u32,
+    /// QOS index when that QOS has per-user limits, else u32::MAX.
+    q_limited: u32,
+    /// Interned user when `q_limited` is set.
+    user: u32,
+    /// Index into the shape memo, or NO_SHAPE.
+    shape: u32,
 }
 
 struct Resv {
@@ -99,8 +185,8 @@ pub struct Pass<'a> {
     node_index: FxMap<&'a str, u32>,
     node_names: Vec<&'a str>,
     part_index: FxMap<&'a str, usize>,
-    /// Per partition: (avail_now, node) ordered, for best-fit scans.
-    part_free: Vec<BTreeSet<(u32, u32)>>,
+    /// Per partition, per avail_now level: the nodes at that level, for best-fit scans in (level, node) order.
+    part_free: Vec<Vec<NodeBits>>,
     /// Per partition: number of nodes at each avail_now level (0..=64), for O(1) "not enough anywhere".
     part_levels: Vec<[u32; MAX_GPUS_PER_NODE as usize + 1]>,
     part_nodes: Vec<Vec<u32>>,
@@ -108,6 +194,10 @@ pub struct Pass<'a> {
     gpu_type_index: FxMap<&'a str, u32>,
     resv_index: FxMap<&'a str, usize>,
     resvs: Vec<Resv>,
+    /// Per (partition, GPUs needed): a min-heap of (lower bound of the earliest start, node) for single-node
+    /// reservations. Profiles only lose GPUs during a pass, so a key, once exact, stays a lower bound; stale keys
+    /// are refreshed when they surface. Built on first use.
+    start_bounds: FxMap<(usize, i32), StartBounds>,
 }
 
 impl<'a> Pass<'a> {
@@ -278,7 +368,8 @@ impl<'a> Pass<'a> {
             }
         }
 
-        let mut part_free = vec![BTreeSet::new(); view.partitions.len()];
+        let max_level = nodes.iter().map(|n| n.total).max().unwrap_or(0) as usize;
+        let mut part_free = vec![vec![NodeBits::new(nodes.len()); max_level + 1]; view.partitions.len()];
         let mut part_levels = vec![[0u32; MAX_GPUS_PER_NODE as usize + 1]; view.partitions.len()];
         let mut part_nodes = vec![Vec::new(); view.partitions.len()];
         for (i, node) in nodes.iter_mut().enumerate() {
@@ -286,9 +377,9 @@ impl<'a> Pass<'a> {
             if !node.schedulable {
                 continue;
             }
-            for (p, set) in part_free.iter_mut().enumerate() {
+            for (p, levels) in part_free.iter_mut().enumerate() {
                 if node.part_mask & (1 << p) != 0 {
-                    set.insert((node.avail_now, i as u32));
+                    levels[node.avail_now as usize].insert(i as u32);
                     part_levels[p][node.avail_now as usize] += 1;
                     part_nodes[p].push(i as u32);
                 }
@@ -309,6 +400,7 @@ impl<'a> Pass<'a> {
             gpu_type_index,
             resv_index,
             resvs,
+            start_bounds: FxMap::default(),
         })
     }
 
@@ -327,24 +419,101 @@ impl<'a> Pass<'a> {
         };
         // Fair-share factors once per account, not per job.
         let mut fs_cache: FxMap<&str, f64> = FxMap::default();
+        // Users, interned for the per-user QOS limits (running jobs' users too).
+        let mut user_ids: FxMap<&str, u32> = FxMap::default();
+        let mut intern_user = |u: &'a str| {
+            let next = user_ids.len() as u32;
+            *user_ids.entry(u).or_insert(next)
+        };
+        // Only a QOS with a per-user limit needs usage counts.
+        let qos_limited: Vec<bool> =
+            view.qos.iter().map(|q| q.max_jobs_per_user.is_some() || q.max_gpus_per_user.is_some()).collect();
+        let mut shapes: Vec<ShapeMemo> = Vec::new();
+        let mut shape_filters: Vec<Filter> = Vec::new();
+        let mut shape_index: FxMap<ShapeKey, u32> = FxMap::default();
         let mut order: Vec<(u32, u64, u64, u64, usize)> = Vec::with_capacity(view.pending.len());
         let mut breakdowns = Vec::with_capacity(view.pending.len());
+        let mut pre: Vec<JobPre> = Vec::with_capacity(view.pending.len());
+        // Everything per job that does not depend on what the pass has done so far, resolved in view order (the
+        // main loop goes in priority order and would otherwise chase every job's strings at random).
         for (i, job) in view.pending.iter().enumerate() {
             let fs = *fs_cache.entry(job.account.as_str()).or_insert_with(|| tree.factor(&job.account));
-            let tier = self.part_index.get(job.partition.as_str()).map_or(0, |&p| view.partitions[p].priority_tier);
-            let qos_prio = qos_index.get(job.qos.as_str()).map_or(0, |&q| view.qos[q].priority);
+            let p = self.part_index.get(job.partition.as_str()).copied();
+            let tier = p.map_or(0, |p| view.partitions[p].priority_tier);
+            let q = qos_index.get(job.qos.as_str()).copied();
+            let qos_prio = q.map_or(0, |q| view.qos[q].priority);
             let b = PriorityBreakdown::compute(job, &config.weights, &ctx, fs, tier, qos_prio);
             // Slurm order: partition tier, then priority, then submit time; the id makes it total.
             order.push((tier, b.priority, job.submit_s, job.id, i));
             breakdowns.push(b);
+            let early = 'early: {
+                if job.held {
+                    break 'early Some(Reason::JobHeldUser);
+                }
+                match job.dependency {
+                    DependencyState::Satisfied => {}
+                    DependencyState::Waiting => break 'early Some(Reason::Dependency),
+                    DependencyState::NeverSatisfied => break 'early Some(Reason::DependencyNeverSatisfied),
+                }
+                let Some(p) = p else {
+                    break 'early Some(Reason::ReqNodeNotAvail);
+                };
+                let part = &view.partitions[p];
+                if part.state != PartitionState::Up {
+                    break 'early Some(Reason::PartitionDown);
+                }
+                if part.max_time_s.is_some_and(|m| job.time_limit_s > m) {
+                    break 'early Some(Reason::PartitionTimeLimit);
+                }
+                if job.nodes == 0 || job.time_limit_s == 0 {
+                    break 'early Some(Reason::ReqNodeNotAvail);
+                }
+                None
+            };
+            let q_limited = q.filter(|&q| qos_limited[q]);
+            let mut shape = NO_SHAPE;
+            if let (None, Some(p), None) = (early, p, &job.reservation)
+                && let Some(filter) = self.filter(job, p)
+                && filter.nodelist.is_empty()
+                && filter.exclude.is_empty()
+            {
+                let key = ShapeKey {
+                    partition: p,
+                    nodes: job.nodes,
+                    gpus_per_node: job.gpus_per_node,
+                    cpus_per_node: job.cpus_per_node,
+                    gpu_type: filter.gpu_type,
+                    features: filter.features,
+                    exclusive: job.exclusive,
+                    multi_site: job.allow_multi_site,
+                };
+                let next = shapes.len() as u32;
+                shape = *shape_index.entry(key).or_insert(next);
+                if shape == next {
+                    shapes.push(ShapeMemo { failed_limit: u64::MAX, could_ever: None });
+                    shape_filters.push(filter);
+                }
+            }
+            pre.push(JobPre {
+                id: job.id,
+                time_limit_s: job.time_limit_s,
+                total_gpus: job.total_gpus(),
+                early,
+                p: p.map_or(u32::MAX, |p| p as u32),
+                q_limited: q_limited.map_or(u32::MAX, |q| q as u32),
+                user: if q_limited.is_some() { intern_user(job.user.as_str()) } else { u32::MAX },
+                shape,
+            });
         }
         order.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)).then(a.3.cmp(&b.3)));
 
         // Per (user, QOS): running jobs and GPUs, for the per-user limits.
-        let mut user_usage: FxMap<(&str, usize), (u64, u64)> = FxMap::default();
+        let mut user_usage: FxMap<(u32, u32), (u64, u64)> = FxMap::default();
         for job in &view.running {
-            if let Some(&q) = qos_index.get(job.qos.as_str()) {
-                let e = user_usage.entry((job.user.as_str(), q)).or_default();
+            if let Some(&q) = qos_index.get(job.qos.as_str())
+                && qos_limited[q]
+            {
+                let e = user_usage.entry((intern_user(job.user.as_str()), q as u32)).or_default();
                 e.0 += 1;
                 e.1 += job.alloc.iter().map(|(_, g)| g.len() as u64).sum::<u64>();
             }
@@ -354,40 +523,22 @@ impl<'a> Pass<'a> {
             starts: Vec::new(),
             reasons: Vec::with_capacity(view.pending.len()),
             expected_start: Vec::new(),
-            priorities: Vec::with_capacity(view.pending.len()),
+            // A gather in one tight loop, which keeps many loads in flight.
+            priorities: order.iter().map(|&(_, _, _, id, i)| (id, breakdowns[i].clone())).collect(),
         };
-        let mut failed_limit: FxMap<ShapeKey, u64> = FxMap::default();
-        let mut static_ok: FxMap<ShapeKey, bool> = FxMap::default();
+        drop(breakdowns);
         let mut blocked_in_partition = vec![false; view.partitions.len()];
         let mut any_blocked = false;
         let mut examined = 0usize;
         let mut reservations_made = 0usize;
 
         'jobs: for &(_, _, _, _, i) in &order {
-            let job = &view.pending[i];
-            plan.priorities.push((job.id, breakdowns[i].clone()));
+            let pj = &pre[i];
             let reason = 'job: {
-                if job.held {
-                    break 'job Reason::JobHeldUser;
+                if let Some(r) = pj.early {
+                    break 'job r;
                 }
-                match job.dependency {
-                    DependencyState::Satisfied => {}
-                    DependencyState::Waiting => break 'job Reason::Dependency,
-                    DependencyState::NeverSatisfied => break 'job Reason::DependencyNeverSatisfied,
-                }
-                let Some(&p) = self.part_index.get(job.partition.as_str()) else {
-                    break 'job Reason::ReqNodeNotAvail;
-                };
-                let part = &view.partitions[p];
-                if part.state != PartitionState::Up {
-                    break 'job Reason::PartitionDown;
-                }
-                if part.max_time_s.is_some_and(|m| job.time_limit_s > m) {
-                    break 'job Reason::PartitionTimeLimit;
-                }
-                if job.nodes == 0 || job.time_limit_s == 0 {
-                    break 'job Reason::ReqNodeNotAvail;
-                }
+                let p = pj.p as usize;
                 if !config.backfill && any_blocked {
                     // Strict priority order: nothing passes a blocked job.
                     break 'job Reason::Priority;
@@ -397,21 +548,35 @@ impl<'a> Pass<'a> {
                 }
                 // Counts only jobs that reach the resource checks, like Slurm's bf_max_job_test.
                 examined = examined.saturating_add(1);
-                let qos = qos_index.get(job.qos.as_str()).map(|&q| (q, &view.qos[q]));
-                if let Some((q, qos)) = qos {
-                    let (jobs, gpus) = user_usage.get(&(job.user.as_str(), q)).copied().unwrap_or_default();
+                let usage_key = (pj.q_limited != u32::MAX).then_some((pj.user, pj.q_limited));
+                if let Some(key) = usage_key {
+                    let qos = &view.qos[key.1 as usize];
+                    let (jobs, gpus) = user_usage.get(&key).copied().unwrap_or_default();
                     if qos.max_jobs_per_user.is_some_and(|m| jobs + 1 > u64::from(m)) {
                         break 'job Reason::QOSMaxJobsPerUserLimit;
                     }
-                    if qos.max_gpus_per_user.is_some_and(|m| gpus + job.total_gpus() > u64::from(m)) {
+                    if qos.max_gpus_per_user.is_some_and(|m| gpus + pj.total_gpus > u64::from(m)) {
                         break 'job Reason::QOSMaxGRESPerUser;
                     }
                 }
-                let Some(filter) = self.filter(job, p) else {
-                    break 'job Reason::ReqNodeNotAvail;
+                let job = &view.pending[i];
+                // A memoized shape has no node list or exclusions and no advance reservation.
+                let shape = (pj.shape != NO_SHAPE).then_some(pj.shape as usize);
+                let own_filter;
+                let filter = match shape {
+                    Some(s) => &shape_filters[s],
+                    None => {
+                        let Some(f) = self.filter(job, p) else {
+                            break 'job Reason::ReqNodeNotAvail;
+                        };
+                        own_filter = f;
+                        &own_filter
+                    }
                 };
 
-                if let Some(rname) = &job.reservation {
+                if shape.is_none()
+                    && let Some(rname) = &job.reservation
+                {
                     let Some(&ri) = self.resv_index.get(rname.as_str()) else {
                         break 'job Reason::Reservation;
                     };
@@ -422,12 +587,12 @@ impl<'a> Pass<'a> {
                     if !allowed || now_s < r.start_s || now_s >= r.end_s {
                         break 'job Reason::Reservation;
                     }
-                    match self.try_start_in_reservation(job, &filter, ri) {
+                    match self.try_start_in_reservation(job, filter, ri) {
                         Some(alloc) => {
-                            if let Some((q, _)) = qos {
-                                let e = user_usage.entry((job.user.as_str(), q)).or_default();
+                            if let Some(key) = usage_key {
+                                let e = user_usage.entry(key).or_default();
                                 e.0 += 1;
-                                e.1 += job.total_gpus();
+                                e.1 += pj.total_gpus;
                             }
                             plan.starts.push((job.id, alloc));
                             continue 'jobs;
@@ -439,39 +604,33 @@ impl<'a> Pass<'a> {
                     }
                 }
 
-                let key = ShapeKey {
-                    partition: p,
-                    nodes: job.nodes,
-                    gpus_per_node: job.gpus_per_node,
-                    cpus_per_node: job.cpus_per_node,
-                    gpu_type: filter.gpu_type,
-                    features: filter.features,
-                    exclusive: job.exclusive,
-                    multi_site: job.allow_multi_site,
-                };
-                // Jobs with a node list or exclusions are rare and not interchangeable: no memo for them.
-                let memo = filter.nodelist.is_empty() && filter.exclude.is_empty();
-                let known_fail = memo && failed_limit.get(&key).is_some_and(|&l| l <= job.time_limit_s);
+                // Resources only shrink within a pass: a shape that failed with a time limit fails with any longer one.
+                let known_fail = shape.is_some_and(|s| shapes[s].failed_limit <= pj.time_limit_s);
                 if !known_fail {
-                    if let Some(alloc) = self.try_start_now(job, &filter, p) {
-                        if let Some((q, _)) = qos {
-                            let e = user_usage.entry((job.user.as_str(), q)).or_default();
+                    if let Some(alloc) = self.try_start_now(job, filter, p) {
+                        if let Some(key) = usage_key {
+                            let e = user_usage.entry(key).or_default();
                             e.0 += 1;
-                            e.1 += job.total_gpus();
+                            e.1 += pj.total_gpus;
                         }
                         plan.starts.push((job.id, alloc));
                         continue 'jobs;
                     }
-                    if memo {
-                        let e = failed_limit.entry(key.clone()).or_insert(u64::MAX);
-                        *e = (*e).min(job.time_limit_s);
+                    if let Some(s) = shape {
+                        shapes[s].failed_limit = shapes[s].failed_limit.min(pj.time_limit_s);
                     }
                 }
                 any_blocked = true;
-                let can_ever = if memo {
-                    *static_ok.entry(key).or_insert_with(|| self.could_ever_fit(job, &filter, p))
-                } else {
-                    self.could_ever_fit(job, &filter, p)
+                let can_ever = match shape {
+                    Some(s) => match shapes[s].could_ever {
+                        Some(c) => c,
+                        None => {
+                            let c = self.could_ever_fit(job, filter, p);
+                            shapes[s].could_ever = Some(c);
+                            c
+                        }
+                    },
+                    None => self.could_ever_fit(job, filter, p),
                 };
                 if !can_ever {
                     break 'job Reason::ReqNodeNotAvail;
@@ -480,13 +639,13 @@ impl<'a> Pass<'a> {
                 blocked_in_partition[p] = true;
                 if config.backfill && reservations_made < config.max_reservations {
                     reservations_made += 1;
-                    if let Some(t) = self.reserve(job, &filter, p) {
+                    if let Some(t) = self.reserve(job, filter, p) {
                         plan.expected_start.push((job.id, t));
                     }
                 }
                 if first { Reason::Resources } else { Reason::Priority }
             };
-            plan.reasons.push((job.id, reason));
+            plan.reasons.push((pj.id, reason));
         }
         Ok(plan)
     }
@@ -551,7 +710,9 @@ impl<'a> Pass<'a> {
         }
         let end_s = self.now_s.saturating_add(job.time_limit_s);
         let mut cands = Vec::new();
-        for &(avail, idx) in self.part_free[p].range((min_level, 0)..) {
+        let levels = &self.part_free[p];
+        let by_level = (min_level as usize..levels.len()).flat_map(|l| levels[l].iter().map(move |i| (l as u32, i)));
+        for (avail, idx) in by_level {
             let n = &self.nodes[idx as usize];
             let need = Self::need_on(job, n);
             if avail < need
@@ -581,6 +742,11 @@ impl<'a> Pass<'a> {
 
     fn try_start_in_reservation(&mut self, job: &PendingJob, filter: &Filter, ri: usize) -> Option<Vec<NodeAlloc>> {
         let end_s = self.now_s.saturating_add(job.time_limit_s);
+        if end_s > self.resvs[ri].end_s {
+            // It would outlive the reservation. (GPU jobs fail the room check below anyway; this also keeps
+            // GPU-less jobs inside it.)
+            return None;
+        }
         let mut cands = Vec::new();
         for (idx, n) in self.nodes.iter().enumerate() {
             let idx = idx as u32;
@@ -642,8 +808,8 @@ impl<'a> Pass<'a> {
         let mask = n.part_mask;
         for p in 0..self.part_free.len() {
             if mask & (1 << p) != 0 {
-                self.part_free[p].remove(&(old, idx));
-                self.part_free[p].insert((new, idx));
+                self.part_free[p][old as usize].remove(idx);
+                self.part_free[p][new as usize].insert(idx);
                 self.part_levels[p][old as usize] -= 1;
                 self.part_levels[p][new as usize] += 1;
             }
@@ -653,6 +819,20 @@ impl<'a> Pass<'a> {
     /// Finds the job's earliest start on the profiles and takes its GPUs there, so later jobs cannot delay it.
     fn reserve(&mut self, job: &PendingJob, filter: &Filter, p: usize) -> Option<u64> {
         let dur_s = job.time_limit_s;
+        let plain = filter.features == 0
+            && filter.gpu_type == 0
+            && filter.nodelist.is_empty()
+            && filter.exclude.is_empty()
+            && !job.exclusive;
+        if job.nodes == 1 && plain {
+            let (t, i) = self.earliest_single(p, job.gpus_per_node as i32, dur_s)?;
+            let n = &mut self.nodes[i as usize];
+            n.general.add(t, t.saturating_add(dur_s), -(job.gpus_per_node as i32));
+            if t <= self.now_s {
+                self.refresh_level(i);
+            }
+            return Some(t);
+        }
         let nodes: Vec<u32> = self.part_nodes[p]
             .iter()
             .copied()
@@ -703,6 +883,47 @@ impl<'a> Pass<'a> {
         Some(t)
     }
 
+    /// The (earliest start, node) minimum over the partition's nodes for a single-node job without node filters
+    /// other than the partition: the same answer as scanning every node, but it only evaluates nodes whose lower
+    /// bound is not already beaten.
+    fn earliest_single(&mut self, p: usize, need: i32, dur_s: u64) -> Option<(u64, u32)> {
+        let now_s = self.now_s;
+        let nodes = &self.nodes;
+        let heap = self.start_bounds.entry((p, need)).or_insert_with(|| {
+            self.part_nodes[p]
+                .iter()
+                .filter_map(|&i| nodes[i as usize].general.first_at_least(now_s, need).map(|t| Reverse((t, i))))
+                .collect()
+        });
+        let mut best: Option<(u64, u32)> = None;
+        let mut keep = Vec::new();
+        while let Some(&Reverse((key, i))) = heap.peek() {
+            // Every node still in the heap starts at (key, i) or later.
+            if best.is_some_and(|b| (key, i) > b) {
+                break;
+            }
+            heap.pop();
+            let prof = &nodes[i as usize].general;
+            match prof.first_at_least(now_s, need) {
+                // It never has enough again in this pass.
+                None => continue,
+                Some(lb) if lb > key => {
+                    heap.push(Reverse((lb, i)));
+                    continue;
+                }
+                Some(_) => {}
+            }
+            if let Some(e) = prof.earliest_fit(now_s, dur_s, need)
+                && best.is_none_or(|b| (e, i) < b)
+            {
+                best = Some((e, i));
+            }
+            keep.push(Reverse((key, i)));
+        }
+        heap.extend(keep);
+        best
+    }
+
     /// Earliest time `n` of `nodes` are all free for the job's whole window, and which nodes.
     fn earliest_multi(&self, job: &PendingJob, nodes: &[u32]) -> Option<(u64, Vec<u32>)> {
         let want = job.nodes as usize;
@@ -710,14 +931,12 @@ impl<'a> Pass<'a> {
             return None;
         }
         let mut t = self.now_s;
+        let fit = |i: u32, t: u64| {
+            let n = &self.nodes[i as usize];
+            n.general.earliest_fit(t, job.time_limit_s, Self::need_on(job, n) as i32)
+        };
+        let mut es: Vec<(u64, u32)> = nodes.iter().filter_map(|&i| fit(i, t).map(|e| (e, i))).collect();
         for _ in 0..MAX_EARLIEST_START_ROUNDS {
-            let mut es: Vec<(u64, u32)> = nodes
-                .iter()
-                .filter_map(|&i| {
-                    let n = &self.nodes[i as usize];
-                    n.general.earliest_fit(t, job.time_limit_s, Self::need_on(job, n) as i32).map(|e| (e, i))
-                })
-                .collect();
             if es.len() < want {
                 return None;
             }
@@ -734,6 +953,21 @@ impl<'a> Pass<'a> {
                 return None;
             }
             t = tn;
+            // A node whose earliest fit from the old t is at or after the new t has that same earliest fit from the
+            // new t; only the (fewer than `want`) nodes that fit earlier need a new search. Nodes that never fit
+            // from an earlier time never fit from a later one.
+            es.retain_mut(|(e, i)| {
+                if *e >= t {
+                    return true;
+                }
+                match fit(*i, t) {
+                    Some(e2) => {
+                        *e = e2;
+                        true
+                    }
+                    None => false,
+                }
+            });
         }
         None
     }

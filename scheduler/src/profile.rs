@@ -76,6 +76,14 @@ impl Profile {
         m
     }
 
+    /// Earliest `t >= from_s` at which the value is at least `need` (for any duration): a lower bound of
+    /// [`Self::earliest_fit`] that only grows as GPUs are taken. None if never.
+    pub fn first_at_least(&self, from_s: u64, need: i32) -> Option<u64> {
+        let from_s = from_s.max(self.origin_s());
+        let i = self.index_at(from_s);
+        self.steps[i..].iter().find(|&&(_, v)| v >= need).map(|&(t, _)| t.max(from_s))
+    }
+
     /// Earliest `s >= from_s` such that the value is at least `need` over all of `[s, s + duration_s)`.
     /// None if never (the last step stays below `need`).
     pub fn earliest_fit(&self, from_s: u64, duration_s: u64, need: i32) -> Option<u64> {
@@ -129,5 +137,8 @@ mod tests {
         p.add(80, u64::MAX, -2);
         assert_eq!(p.earliest_fit(0, 20, 2), None);
         assert_eq!(p.earliest_fit(0, 10, 2), Some(50));
+        assert_eq!(p.first_at_least(0, 2), Some(50));
+        assert_eq!(p.first_at_least(55, 1), Some(55));
+        assert_eq!(p.first_at_least(0, 3), None);
     }
 }
