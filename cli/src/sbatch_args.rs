@@ -1249,7 +1249,7 @@ mod tests {
         assert!(msg.starts_with("unrecognized option \"--mem\"; supported options: --job-name/-J,"), "{msg}");
         assert!(msg.contains("--gpus-per-node"), "{msg}");
         assert!(!msg.contains("mail-type"), "{msg}");
-        assert!(cmd_err(&["-x", "job.sh"]).starts_with("unrecognized option \"-x\""));
+        assert!(cmd_err(&["-Z", "job.sh"]).starts_with("unrecognized option \"-Z\""));
         assert!(cmd_err(&["-HX"]).starts_with("unrecognized option \"-X\""));
         // No abbreviations.
         assert!(cmd_err(&["--part=gpu"]).starts_with("unrecognized option \"--part\""));

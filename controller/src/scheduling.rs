@@ -15,7 +15,9 @@ use crate::planner;
 use crate::store::StateView;
 use crate::types::Raft;
 
-/// Passes run at most this often; bursts of submissions and ends share a pass.
+/// Passes run at most this often; bursts of submissions and ends share a pass. After a long pass the loop also
+/// waits as long as the pass took, so scheduling a huge queue takes at most half of one core from the leader's
+/// other work (commits, reads, agent sessions).
 const MIN_PASS_INTERVAL_MS: u64 = 2;
 /// A pass runs at least this often, even without changes (time moves reservations and ages priorities).
 const IDLE_PASS_INTERVAL_MS: u64 = 1_000;
@@ -63,6 +65,7 @@ pub async fn scheduling_loop(raft: Raft, view: StateView, id: u64, latest: Insig
         if leading && applied != planned_at {
             planned_at = applied;
             let (view, config, latest) = (view.clone(), config.clone(), latest.clone());
+            let pass_started = std::time::Instant::now();
             // A pass over a large queue takes milliseconds to a few hundred: keep it off the async workers.
             let command = tokio::task::spawn_blocking(move || {
                 let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
@@ -80,12 +83,14 @@ pub async fn scheduling_loop(raft: Raft, view: StateView, id: u64, latest: Insig
                 }
             })
             .await;
+            let pass_took = pass_started.elapsed();
             if let Ok(Some(command)) = command
                 && let Err(e) = commit(&raft, command).await
             {
                 tracing::warn!("committing a plan failed: {}", e.message());
             }
-            tokio::time::sleep(Duration::from_millis(MIN_PASS_INTERVAL_MS)).await;
+            let pause = pass_took.max(Duration::from_millis(MIN_PASS_INTERVAL_MS));
+            tokio::time::sleep(pause).await;
             continue;
         }
         tokio::select! {
