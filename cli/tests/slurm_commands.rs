@@ -146,3 +146,23 @@ fn local_up_prints_the_export_line_and_local_down_stops_everything() {
         );
     }
 }
+
+#[test]
+fn an_administrator_changes_a_partition_at_run_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, sh) = setup(dir.path());
+    sh.ok("scontrol", &["update", "partitionname=debug", "state=drain"]);
+    assert!(sh.ok("scontrol", &["show", "partition", "debug"]).contains("State=DRAIN"));
+    let refused = sh.err("sbatch", &["-p", "debug", "--wrap", "true"]);
+    assert!(refused.contains("partition debug is in state DRAIN"), "{refused}");
+    // MaxTime was 10 minutes; lift it and reopen.
+    sh.ok("scontrol", &["update", "partitionname=debug", "state=up", "maxtime=UNLIMITED", "default=yes"]);
+    let show = sh.ok("scontrol", &["show", "partition", "debug"]);
+    assert!(show.contains("Default=YES State=UP") && show.contains("MaxTime=UNLIMITED"), "{show}");
+    assert_eq!(sh.ok("sbatch", &["--parsable", "-t", "2-00:00:00", "--wrap", "true"]).trim(), "1");
+    assert!(sh.ok("squeue", &["-h", "-o", "%P"]).contains("debug"), "jobs without -p now go to the new default");
+    let bad = sh.err("scontrol", &["update", "partitionname=nope", "state=down"]);
+    assert!(bad.contains("invalid partition name specified: \"nope\""), "{bad}");
+    let bad = sh.err("scontrol", &["update", "partitionname=gpu", "state=sideways"]);
+    assert!(bad.contains("Invalid partition state"), "{bad}");
+}

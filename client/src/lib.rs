@@ -314,6 +314,17 @@ impl Client {
         drover_proto::wire::decode(&reply.json).map_err(ClientError::Protocol)
     }
 
+    /// `scontrol update partitionname=...`.
+    pub async fn update_partition(&self, update: &drover_state::PartitionUpdate) -> Result<(), ClientError> {
+        let update_json = serde_json::to_vec(update).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.call(|mut c| {
+            let request = UpdatePartitionRequest { update_json: update_json.clone() };
+            async move { c.update_partition(request).await }
+        })
+        .await?;
+        Ok(())
+    }
+
     /// `scontrol update nodename=... state=drain|resume reason=...`.
     pub async fn drain_nodes(&self, names: &[String], drain: bool, reason: &str) -> Result<(), ClientError> {
         let request = DrainNodesRequest { names: names.to_vec(), drain, reason: reason.to_string() };

@@ -596,6 +596,17 @@ impl DroverService for Api {
         Ok(Response::new(InsightsReply { json: drover_proto::wire::encode(&list) }))
     }
 
+    async fn update_partition(&self, request: Request<UpdatePartitionRequest>) -> Result<Response<Empty>, Status> {
+        if let Route::Forward(addr) = self.route(&request)? {
+            let fwd = self.forwarded(request.into_inner());
+            return self.peer(&addr)?.update_partition(fwd).await.map_err(|s| forward_failed(&addr, s));
+        }
+        let update: drover_state::PartitionUpdate = serde_json::from_slice(&request.into_inner().update_json)
+            .map_err(|e| Status::invalid_argument(format!("malformed partition update: {e}")))?;
+        self.write(Command::UpdatePartition { update }).await?;
+        Ok(Response::new(Empty {}))
+    }
+
     async fn drain_nodes(&self, request: Request<DrainNodesRequest>) -> Result<Response<Empty>, Status> {
         if let Route::Forward(addr) = self.route(&request)? {
             let fwd = self.forwarded(request.into_inner());

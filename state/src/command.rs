@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ClusterConfig;
+use crate::config::{ClusterConfig, PartitionUpdate};
 use crate::error::CommandError;
 use crate::job::{JobId, JobSpec, NodeAllocation, PendingReason, Usage};
 use crate::node::NodeInfo;
@@ -69,6 +69,10 @@ pub enum Command {
         incarnation: u64,
         end: JobEnd,
     },
+    /// `scontrol update partitionname=...`: state (UP, DOWN, DRAIN, INACTIVE), nodes and limits, at run time.
+    UpdatePartition {
+        update: PartitionUpdate,
+    },
     /// `srun` inside a job: numbers a new step.
     CreateStep {
         job_id: JobId,
@@ -110,6 +114,7 @@ impl Command {
             Command::ApplyPlan { .. } => "apply_plan",
             Command::JobEnded { .. } => "job_ended",
             Command::CreateStep { .. } => "create_step",
+            Command::UpdatePartition { .. } => "update_partition",
         }
     }
 }

@@ -73,6 +73,39 @@ impl Partition {
     }
 }
 
+/// A new value for a limit. (Not `Option<Option<T>>`: JSON cannot tell `Some(None)` from `None`.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Limit<T> {
+    Unlimited,
+    At(T),
+}
+
+impl<T: Copy> Limit<T> {
+    pub fn value(self) -> Option<T> {
+        match self {
+            Limit::Unlimited => None,
+            Limit::At(v) => Some(v),
+        }
+    }
+
+    pub fn from_option(value: Option<T>) -> Limit<T> {
+        value.map_or(Limit::Unlimited, Limit::At)
+    }
+}
+
+/// `scontrol update partitionname=X ...`: the fields to change (`None` leaves one as it is).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct PartitionUpdate {
+    pub name: String,
+    pub state: Option<PartitionState>,
+    pub nodes: Option<String>,
+    pub max_time_s: Option<Limit<u64>>,
+    pub default_time_s: Option<Limit<u64>>,
+    pub max_nodes: Option<Limit<u32>>,
+    /// `Default=YES` makes this the default partition (and no other).
+    pub make_default: bool,
+}
+
 /// Limits that protect the controllers from oversized or runaway input. Replicated, so every replica
 /// refuses the same things.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

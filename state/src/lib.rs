@@ -16,7 +16,7 @@ pub mod slurm_time;
 pub mod state;
 
 pub use command::{Allocation, Command, JobEnd, JobOutcome, Reply, Request, Response};
-pub use config::{ClusterConfig, Partition, PartitionState};
+pub use config::{ClusterConfig, Limit, Partition, PartitionState, PartitionUpdate};
 pub use error::CommandError;
 pub use job::{ExportPolicy, Job, JobId, JobSpec, JobState, NodeAllocation, PendingReason, Usage};
 pub use node::{GpuInfo, Node, NodeHealth, NodeInfo};

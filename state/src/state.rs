@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, JobOutcome, Reply, Request, Response};
-use crate::config::ClusterConfig;
+use crate::config::{ClusterConfig, Limit, PartitionUpdate};
 use crate::error::CommandError;
 use crate::job::{Job, JobId, JobSpec, JobState, PendingReason, Usage};
 use crate::node::Node;
@@ -145,6 +145,7 @@ impl State {
                 self.job_ended(*job_id, *incarnation, end, request.time_ms, &mut changes)
             }
             Command::CreateStep { job_id, by_uid } => self.create_step(*job_id, *by_uid, &mut changes),
+            Command::UpdatePartition { update } => self.update_partition(update, &mut changes),
         };
         debug_assert!(response.is_ok() || changes.is_empty(), "a refused command changed the state");
         Applied { response, changes }
@@ -157,6 +158,51 @@ impl State {
         self.meta.config = Some(config.clone().normalized());
         changes.push(Change::Meta(self.meta.clone()));
         Reply::Initialized { already: false }
+    }
+
+    fn update_partition(&mut self, update: &PartitionUpdate, changes: &mut Vec<Change>) -> Response {
+        let config = self.meta.config.as_mut().ok_or(CommandError::NotInitialized)?;
+        let known = config.partitions.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(",");
+        let Some(index) = config.partitions.iter().position(|p| p.name == update.name) else {
+            return Err(CommandError::InvalidPartition { name: update.name.clone(), known });
+        };
+        if let Some(nodes) = &update.nodes {
+            crate::hostlist::expand_hostlist(nodes)
+                .map_err(|e| CommandError::InvalidRequest(format!("Nodes={nodes}: {e}")))?;
+        }
+        let p = &mut config.partitions[index];
+        let new_max = update.max_time_s.map_or(p.max_time_s, Limit::value);
+        if let (Some(Limit::At(default)), Some(max)) = (update.default_time_s, new_max)
+            && default > max
+        {
+            return Err(CommandError::InvalidRequest(format!(
+                "DefaultTime {} exceeds MaxTime {}",
+                format_time_limit(Some(default)),
+                format_time_limit(Some(max))
+            )));
+        }
+        if let Some(state) = update.state {
+            p.state = state;
+        }
+        if let Some(nodes) = &update.nodes {
+            p.nodes = nodes.clone();
+        }
+        if let Some(v) = update.max_time_s {
+            p.max_time_s = v.value();
+        }
+        if let Some(v) = update.default_time_s {
+            p.default_time_s = v.value();
+        }
+        if let Some(v) = update.max_nodes {
+            p.max_nodes = v.value();
+        }
+        if update.make_default {
+            for (i, other) in config.partitions.iter_mut().enumerate() {
+                other.default = i == index;
+            }
+        }
+        changes.push(Change::Meta(self.meta.clone()));
+        Ok(Reply::Nothing)
     }
 
     /// Checks a submission against the configuration and limits without changing anything. The leader calls it
@@ -466,6 +512,31 @@ mod tests {
         assert_eq!(state.job(1).unwrap().reason, PendingReason::JobHeldUser);
         state.apply(&request(3, Command::ReleaseJobs { ids: vec![1], by_uid: 0 }));
         assert!(!state.job(1).unwrap().held);
+    }
+
+    #[test]
+    fn a_partition_changes_at_run_time_and_bad_updates_change_nothing() {
+        let mut state = initialized();
+        let down = PartitionUpdate { name: "gpu".into(), state: Some(PartitionState::Drain), ..Default::default() };
+        state.apply(&request(2, Command::UpdatePartition { update: down })).response.unwrap();
+        assert!(matches!(submit(&mut state, 3, spec(1), None), Err(CommandError::PartitionClosed { .. })));
+        let before = state.clone();
+        let bad = PartitionUpdate { name: "nope".into(), ..Default::default() };
+        assert!(state.apply(&request(4, Command::UpdatePartition { update: bad })).response.is_err());
+        let bad = PartitionUpdate { name: "gpu".into(), nodes: Some("gpu[1-".into()), ..Default::default() };
+        assert!(state.apply(&request(5, Command::UpdatePartition { update: bad })).response.is_err());
+        assert_eq!(state, before);
+        let open = PartitionUpdate {
+            name: "gpu".into(),
+            state: Some(PartitionState::Up),
+            max_time_s: Some(Limit::Unlimited),
+            make_default: true,
+            ..Default::default()
+        };
+        state.apply(&request(6, Command::UpdatePartition { update: open })).response.unwrap();
+        let mut long = spec(1);
+        long.time_limit_s = Some(30 * 24 * 3600);
+        assert!(submit(&mut state, 7, long, None).is_ok(), "MaxTime is UNLIMITED now");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `scontrol`: `show job [ID]`, `hold ID...`, `release ID...`, `show hostnames [LIST]`.
 
-use drover_state::Job;
 use drover_state::slurm_time::{format_duration, format_time_limit};
+use drover_state::{Job, Limit};
 
 use drover_state::hostlist::{compress_hostlist, expand_hostlist};
 
@@ -17,7 +17,7 @@ pub fn run(args: &[String]) -> i32 {
     }
 }
 
-const USAGE: &str = "usage: scontrol show job [ID] | scontrol show node [NAME] | scontrol hold ID... | scontrol release ID... | scontrol show hostnames [HOSTLIST] | scontrol update nodename=LIST state=drain|resume [reason=TEXT]";
+const USAGE: &str = "usage: scontrol show job [ID] | scontrol show node [NAME] | scontrol hold ID... | scontrol release ID... | scontrol show hostnames [HOSTLIST] | scontrol update nodename=LIST state=drain|resume [reason=TEXT] | scontrol show partition [NAME] | scontrol update partitionname=NAME [state=UP|DOWN|DRAIN|INACTIVE] [maxtime=T] [defaulttime=T] [maxnodes=N] [nodes=LIST] [default=yes]";
 
 fn dispatch(args: &[String]) -> anyhow::Result<i32> {
     let (controllers, args) = super::sbatch::take_controllers_flag(args);
@@ -26,7 +26,13 @@ fn dispatch(args: &[String]) -> anyhow::Result<i32> {
         ["show", "node" | "nodes", rest @ ..] if rest.len() <= 1 => {
             show_nodes(controllers.as_deref(), rest.first().copied())
         }
+        ["update", first, rest @ ..] if first.to_ascii_lowercase().starts_with("partitionname=") => {
+            update_partition(controllers.as_deref(), first, rest)
+        }
         ["update", rest @ ..] if !rest.is_empty() => update_nodes(controllers.as_deref(), rest),
+        ["show", "partition" | "partitions", rest @ ..] if rest.len() <= 1 => {
+            show_partitions(controllers.as_deref(), rest.first().copied())
+        }
         ["show", "job" | "jobs", rest @ ..] | ["show", rest @ ..]
             if rest.len() <= 1 && words.get(1) != Some(&"hostnames") =>
         {
@@ -43,6 +49,78 @@ fn dispatch(args: &[String]) -> anyhow::Result<i32> {
         }
         _ => anyhow::bail!("invalid command {:?}; {USAGE}", args.join(" ")),
     }
+}
+
+/// `scontrol update partitionname=gpu state=down maxtime=1-00:00:00 maxnodes=UNLIMITED nodes=gpu[01-08] default=yes`.
+fn update_partition(controllers: Option<&str>, first: &str, words: &[&str]) -> anyhow::Result<i32> {
+    let name = first.split_once('=').map(|(_, v)| v).unwrap_or_default();
+    let mut update = drover_state::PartitionUpdate { name: name.to_string(), ..Default::default() };
+    let limit = |value: &str| -> anyhow::Result<Option<u64>> {
+        drover_state::slurm_time::parse_time_limit(value)
+            .map_err(|e| anyhow::anyhow!("Invalid time limit {value:?}: {e}"))
+    };
+    for word in words {
+        let (key, value) = word.split_once('=').ok_or_else(|| anyhow::anyhow!("invalid update argument {word:?}"))?;
+        match key.to_ascii_lowercase().as_str() {
+            "state" => {
+                update.state = Some(match value.to_ascii_uppercase().as_str() {
+                    "UP" => drover_state::PartitionState::Up,
+                    "DOWN" => drover_state::PartitionState::Down,
+                    "DRAIN" => drover_state::PartitionState::Drain,
+                    "INACTIVE" => drover_state::PartitionState::Inactive,
+                    _ => anyhow::bail!("Invalid partition state {value:?}: UP, DOWN, DRAIN or INACTIVE"),
+                })
+            }
+            "maxtime" => update.max_time_s = Some(Limit::from_option(limit(value)?)),
+            "defaulttime" => update.default_time_s = Some(Limit::from_option(limit(value)?)),
+            "maxnodes" if value.eq_ignore_ascii_case("unlimited") => update.max_nodes = Some(Limit::Unlimited),
+            "maxnodes" => {
+                let n = value.parse().map_err(|_| anyhow::anyhow!("Invalid MaxNodes {value:?}"))?;
+                update.max_nodes = Some(Limit::At(n));
+            }
+            "nodes" => update.nodes = Some(value.to_string()),
+            "default" => update.make_default = value.eq_ignore_ascii_case("yes"),
+            other => anyhow::bail!(
+                "Update of partition {other} is not supported (State, MaxTime, DefaultTime, MaxNodes, Nodes, Default)"
+            ),
+        }
+    }
+    let client = crate::connect::client(controllers)?;
+    crate::connect::runtime().block_on(client.update_partition(&update))?;
+    Ok(0)
+}
+
+/// Slurm's `scontrol show partition` layout.
+fn show_partitions(controllers: Option<&str>, name: Option<&str>) -> anyhow::Result<i32> {
+    let client = crate::connect::client(controllers)?;
+    let (nodes, config) = crate::connect::runtime().block_on(client.nodes_and_config(false))?;
+    let config = config.unwrap_or_default();
+    let mut state = drover_state::State::default();
+    state.meta.config = Some(config.clone());
+    let mut shown = 0;
+    for p in config.partitions.iter().filter(|p| name.is_none_or(|n| n == p.name)) {
+        shown += 1;
+        let members: Vec<String> =
+            nodes.iter().filter(|n| state.node_in_partition(&n.info, &p.name)).map(|n| n.info.name.clone()).collect();
+        let gpus: usize = nodes.iter().filter(|n| members.contains(&n.info.name)).map(|n| n.info.gpus.len()).sum();
+        println!(
+            "PartitionName={}\n   Default={} State={}\n   MaxNodes={} MaxTime={} DefaultTime={}\n   Nodes={}\n   TotalNodes={} TotalGPUs={}\n",
+            p.name,
+            if p.default { "YES" } else { "NO" },
+            p.state.name(),
+            p.max_nodes.map_or("UNLIMITED".to_string(), |n| n.to_string()),
+            format_time_limit(p.max_time_s),
+            p.default_time_s.map_or("NONE".to_string(), |t| format_time_limit(Some(t))),
+            if members.is_empty() { "(null)".to_string() } else { compress_hostlist(&members) },
+            members.len(),
+            gpus
+        );
+    }
+    if shown == 0 {
+        eprintln!("Partition {} not found", name.unwrap_or(""));
+        return Ok(1);
+    }
+    Ok(0)
 }
 
 /// `scontrol update nodename=gpu[01-02] state=drain reason="bad fan"` (and `state=resume`/`undrain`).
