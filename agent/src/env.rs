@@ -1,8 +1,8 @@
 //! The environment of a task, as Slurm and PyTorch expect it. Pure: the same job and placement always give the
 //! same variables, so a requeued or re-attached task sees what the first one saw.
 
+use drover_state::Job;
 use drover_state::hostlist::compress_hostlist;
-use drover_state::{Job, JobSpec};
 
 /// Where one task runs within its job (and step, for `srun`).
 pub struct Placement<'a> {
@@ -48,11 +48,6 @@ pub fn tasks_per_node_string(counts: &[u32]) -> String {
         i = j + 1;
     }
     parts.join(",")
-}
-
-/// The submit-time variables `--export` lets through.
-pub fn exported(spec: &JobSpec) -> Vec<(String, String)> {
-    spec.exported_environment()
 }
 
 /// The whole environment of one task: the exported submit environment, then Slurm's and torch's variables
@@ -135,7 +130,7 @@ pub fn task_environment(p: &Placement, base: Vec<(String, String)>) -> Vec<(Stri
 
 #[cfg(test)]
 mod tests {
-    use drover_state::{ExportPolicy, JobState, NodeAllocation, PendingReason, Usage};
+    use drover_state::{ExportPolicy, JobSpec, JobState, NodeAllocation, PendingReason, Usage};
 
     use super::*;
 
@@ -197,7 +192,7 @@ mod tests {
             }),
             controllers: "127.0.0.1:1",
         };
-        let env = task_environment(&placement, exported(&job.spec));
+        let env = task_environment(&placement, job.spec.exported_environment());
         assert_eq!(get(&env, "SLURM_JOB_ID"), "42", "Slurm's variables win over stale exported ones");
         assert_eq!(get(&env, "HOME"), "/home/alice");
         assert_eq!(get(&env, "SLURM_JOB_NODELIST"), "gpu[01-02]");
@@ -214,9 +209,12 @@ mod tests {
     fn export_none_passes_nothing_from_the_submit_shell() {
         let mut job = job();
         job.spec.export = ExportPolicy::None;
-        assert!(exported(&job.spec).is_empty());
+        assert!(job.spec.exported_environment().is_empty());
         job.spec.export = ExportPolicy::Vars { all: false, names: vec!["HOME".into(), "X=1".into()] };
-        assert_eq!(exported(&job.spec), vec![("HOME".into(), "/home/alice".into()), ("X".into(), "1".into())]);
+        assert_eq!(
+            job.spec.exported_environment(),
+            vec![("HOME".into(), "/home/alice".into()), ("X".into(), "1".into())]
+        );
     }
 
     #[test]

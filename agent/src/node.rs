@@ -15,7 +15,7 @@ use drover_state::{JobEnd, JobId, NodeInfo, Usage};
 use tokio::sync::{Notify, mpsc};
 
 use crate::config::AgentConfig;
-use crate::env::{Placement, StepPlacement, exported, task_environment};
+use crate::env::{Placement, StepPlacement, task_environment};
 use crate::gpu::GpuBackend;
 use crate::patterns::{PatternContext, expand_output_path};
 use crate::supervise::{self, TaskLaunch, TaskResult, TaskStatus};
@@ -389,7 +389,7 @@ impl NodeAgent {
         argv.extend(spec.script_args.iter().cloned());
         let launch = TaskLaunch {
             argv,
-            env: task_environment(&placement, exported(spec)),
+            env: task_environment(&placement, spec.exported_environment()),
             cwd: work_dir,
             uid: spec.uid,
             gid: spec.gid,

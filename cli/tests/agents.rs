@@ -1,36 +1,18 @@
 //! Jobs really running on node agents: real controllers and agents (simulated GPUs) on loopback, driven through
 //! Slurm's commands as a user would.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use drover_cli::local::{LocalCluster, UpOptions};
 
-struct Shell {
-    bin: PathBuf,
-    controllers: String,
-    cwd: PathBuf,
-}
+mod common;
 
+use common::Shell;
+
+/// What these stories ask of a shell beyond running commands.
 impl Shell {
-    fn run(&self, name: &str, args: &[&str]) -> Output {
-        Command::new(self.bin.join(name))
-            .args(args)
-            .current_dir(&self.cwd)
-            .env("DROVER_CONTROLLERS", &self.controllers)
-            .env("PATH", format!("{}:{}:/usr/bin:/bin", self.bin.display(), drover_dir().display()))
-            .env_remove("SLURM_JOB_ID")
-            .output()
-            .expect("command runs")
-    }
-
-    fn ok(&self, name: &str, args: &[&str]) -> String {
-        let out = self.run(name, args);
-        assert!(out.status.success(), "{name} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap()
-    }
-
     fn submit(&self, args: &[&str]) -> u64 {
         let mut all = vec!["--parsable"];
         all.extend_from_slice(args);
@@ -69,22 +51,12 @@ impl Shell {
     }
 }
 
-/// Where the `drover` binary itself is (jobs run `drover rendezvous`).
-fn drover_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_drover")).parent().unwrap().to_path_buf()
-}
-
 fn setup(dir: &Path, options: UpOptions) -> (LocalCluster, Shell) {
     let cluster = LocalCluster::up(&dir.join("cluster"), options).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(cluster.wait_ready(Duration::from_secs(30))).unwrap();
     rt.block_on(cluster.wait_agents(Duration::from_secs(30))).unwrap();
-    let bin = dir.join("bin");
-    let out = Command::new(env!("CARGO_BIN_EXE_drover")).arg("install-shims").arg(&bin).output().unwrap();
-    assert!(out.status.success());
-    let cwd = dir.join("work");
-    std::fs::create_dir_all(&cwd).unwrap();
-    let shell = Shell { bin, controllers: cluster.addresses(), cwd };
+    let shell = Shell::install(dir, &cluster);
     (cluster, shell)
 }
 

@@ -1,52 +1,22 @@
 //! The Slurm personalities, driven as a user would: the `drover` binary under Slurm's names, against a real
 //! local cluster.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use drover_cli::local::{LocalCluster, UpOptions};
 
-struct Shell {
-    bin: PathBuf,
-    controllers: String,
-    cwd: PathBuf,
-}
+mod common;
 
-impl Shell {
-    fn run(&self, name: &str, args: &[&str]) -> Output {
-        Command::new(self.bin.join(name))
-            .args(args)
-            .current_dir(&self.cwd)
-            .env("DROVER_CONTROLLERS", &self.controllers)
-            .output()
-            .expect("command runs")
-    }
-
-    fn ok(&self, name: &str, args: &[&str]) -> String {
-        let out = self.run(name, args);
-        assert!(out.status.success(), "{name} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn err(&self, name: &str, args: &[&str]) -> String {
-        let out = self.run(name, args);
-        assert!(!out.status.success(), "{name} {args:?} should fail");
-        String::from_utf8(out.stderr).unwrap()
-    }
-}
+use common::Shell;
 
 fn setup(dir: &Path) -> (LocalCluster, Shell) {
     let extra = "[cluster]\ncluster_name = \"test\"\n[[cluster.partitions]]\nname = \"gpu\"\ndefault = true\nmax_time_s = 86400\nmax_nodes = 4\n[[cluster.partitions]]\nname = \"debug\"\nmax_time_s = 600\n";
     let cluster =
         LocalCluster::up(&dir.join("cluster"), UpOptions { extra_toml: extra.into(), ..UpOptions::default() }).unwrap();
     tokio::runtime::Runtime::new().unwrap().block_on(cluster.wait_ready(Duration::from_secs(30))).unwrap();
-    let bin = dir.join("bin");
-    let out = Command::new(env!("CARGO_BIN_EXE_drover")).arg("install-shims").arg(&bin).output().unwrap();
-    assert!(out.status.success());
-    let cwd = dir.join("work");
-    std::fs::create_dir_all(&cwd).unwrap();
-    let shell = Shell { bin, controllers: cluster.addresses(), cwd };
+    let shell = Shell::install(dir, &cluster);
     (cluster, shell)
 }
 

@@ -240,7 +240,8 @@ async fn failover(kills: usize, clients: usize, dir: PathBuf) -> anyhow::Result<
     Ok(())
 }
 
-fn rss_kib(pid: u32) -> u64 {
+/// Resident memory of a process, from /proc (0 when it is gone).
+pub(super) fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()

@@ -1,6 +1,7 @@
 //! `drover bench jobs` and `drover bench heartbeats`: the node-agent figures of BENCHMARKS.md. Like the other
 //! benches, each starts its own local cluster and prints one summary line per measurement.
 
+use super::bench::rss_kib;
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -202,16 +203,6 @@ fn cpu_ticks(pid: &str) -> Option<u64> {
     // The command name may hold spaces; the fields after it start with the state (field 3).
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 fn clock_ticks_per_s() -> f64 {

@@ -1,0 +1,54 @@
+//! A user's shell for the multi-process stories: Slurm's command names (the `drover` binary's shims) against a
+//! local cluster, run from a work directory.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use drover_cli::local::LocalCluster;
+
+pub struct Shell {
+    pub bin: PathBuf,
+    pub controllers: String,
+    pub cwd: PathBuf,
+}
+
+/// Where the `drover` binary itself is (jobs run `drover rendezvous`).
+pub fn drover_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_drover")).parent().unwrap().to_path_buf()
+}
+
+impl Shell {
+    /// Installs the shims under `dir/bin` and makes `dir/work` the working directory.
+    pub fn install(dir: &Path, cluster: &LocalCluster) -> Shell {
+        let bin = dir.join("bin");
+        let out = Command::new(env!("CARGO_BIN_EXE_drover")).arg("install-shims").arg(&bin).output().unwrap();
+        assert!(out.status.success());
+        let cwd = dir.join("work");
+        std::fs::create_dir_all(&cwd).unwrap();
+        Shell { bin, controllers: cluster.addresses(), cwd }
+    }
+
+    pub fn run(&self, name: &str, args: &[&str]) -> Output {
+        Command::new(self.bin.join(name))
+            .args(args)
+            .current_dir(&self.cwd)
+            .env("DROVER_CONTROLLERS", &self.controllers)
+            .env("PATH", format!("{}:{}:/usr/bin:/bin", self.bin.display(), drover_dir().display()))
+            .env_remove("SLURM_JOB_ID")
+            .output()
+            .expect("command runs")
+    }
+
+    pub fn ok(&self, name: &str, args: &[&str]) -> String {
+        let out = self.run(name, args);
+        assert!(out.status.success(), "{name} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    pub fn err(&self, name: &str, args: &[&str]) -> String {
+        let out = self.run(name, args);
+        assert!(!out.status.success(), "{name} {args:?} should fail");
+        String::from_utf8(out.stderr).unwrap()
+    }
+}
