@@ -6,9 +6,11 @@
 //!
 //! Cost: start-now is O(log nodes) for a job that fits the first node it tries, and O(1) once the partition has
 //! too few nodes with enough free GPUs (per-partition counts by free-GPU level), plus a per-shape memo of the
-//! shortest time limit that already failed (resources only shrink within a pass). A single-node reservation without
-//! node filters evaluates only the nodes whose lower-bound start (a lazy heap) can still beat the best found; other
-//! reservations scan the partition's nodes once, multi-node searches then re-evaluate only a few nodes per round.
+//! shortest time limit that already failed (resources only shrink within a pass). A reservation without node
+//! filters evaluates only the nodes whose lower-bound start (a lazy heap shared by the pass) can still be among the
+//! earliest; other reservations scan the partition's nodes once, multi-node searches then re-evaluate only a few
+//! nodes per round. Per-job facts are resolved once in view order and gathered into priority order (sorted as packed
+//! integer keys), so the main loop reads them sequentially; scratch buffers are dropped as soon as they are used.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -17,10 +19,10 @@ use crate::fxhash::FxMap;
 
 use crate::error::ScheduleError;
 use crate::fairshare::FairShareTree;
-use crate::model::{ClusterView, DependencyState, PartitionState, PendingJob, SchedulerConfig};
+use crate::model::{ClusterView, DependencyState, PartitionState, PendingJob, Qos, SchedulerConfig, Topology};
 use crate::placement::{Candidate, choose_nodes, lowest_gpus};
 use crate::plan::{NodeAlloc, Plan, Reason};
-use crate::priority::{PriorityBreakdown, PriorityContext};
+use crate::priority::{PriorityBreakdown, PriorityContext, apply_top};
 use crate::profile::Profile;
 
 /// GPUs per node the bit masks can hold.
@@ -122,31 +124,124 @@ type StartBounds = BinaryHeap<Reverse<(u64, u32)>>;
 
 /// Sentinel for "no memoized shape".
 const NO_SHAPE: u32 = u32::MAX;
+/// Sentinel for "no such index" in [`JobPre`].
+const NONE: u32 = u32::MAX;
+const NO_PARTITION: u8 = u8::MAX;
+
+/// What the QOS and job-array limits count: running jobs and their GPUs per (user, QOS) and per (account, QOS),
+/// and running tasks per job array, each including the jobs this pass has started so far.
+#[derive(Default)]
+struct Usage {
+    user: FxMap<(u32, u32), (u64, u64)>,
+    account: FxMap<(u32, u32), (u64, u64)>,
+    array: Vec<u32>,
+}
+
+impl Usage {
+    /// Why the job may not start now because of a limit (before looking at resources), if it may not.
+    fn limit_reason(&self, pj: &JobPre, qos: &[Qos]) -> Option<Reason> {
+        if pj.array != NONE && self.array[pj.array as usize] >= pj.array_max {
+            return Some(Reason::JobArrayTaskLimit);
+        }
+        if pj.q_limited == NONE {
+            return None;
+        }
+        let q = &qos[pj.q_limited as usize];
+        let over = |limit: Option<u32>, used: u64, more: u64| limit.is_some_and(|m| used + more > u64::from(m));
+        let (jobs, gpus) = self.user.get(&(pj.user, pj.q_limited)).copied().unwrap_or_default();
+        if over(q.max_jobs_per_user, jobs, 1) {
+            return Some(Reason::QOSMaxJobsPerUserLimit);
+        }
+        if over(q.max_gpus_per_user, gpus, pj.total_gpus) {
+            return Some(Reason::QOSMaxGRESPerUser);
+        }
+        let (jobs, gpus) = self.account.get(&(pj.account, pj.q_limited)).copied().unwrap_or_default();
+        if over(q.max_jobs_per_account, jobs, 1) {
+            return Some(Reason::QOSMaxJobsPerAccountLimit);
+        }
+        if over(q.max_gpus_per_account, gpus, pj.total_gpus) {
+            return Some(Reason::QOSMaxGRESPerAccount);
+        }
+        None
+    }
+
+    /// Counts a job (running, or started by this pass) against its limits.
+    fn add(&mut self, q_limited: u32, user: u32, account: u32, array: u32, gpus: u64) {
+        if array != NONE {
+            self.array[array as usize] += 1;
+        }
+        if q_limited != NONE {
+            for (map, who) in [(&mut self.user, user), (&mut self.account, account)] {
+                let e = map.entry((who, q_limited)).or_default();
+                e.0 += 1;
+                e.1 += gpus;
+            }
+        }
+    }
+}
+
+/// What placement needs of a job, copied out of the `PendingJob` (for a memoized shape, out of the shape) so the
+/// hot path does not touch the large, randomly ordered job structs.
+#[derive(Clone, Copy)]
+struct Req {
+    nodes: u32,
+    gpus_per_node: u32,
+    cpus_per_node: u32,
+    time_limit_s: u64,
+    exclusive: bool,
+    allow_multi_site: bool,
+}
+
+impl Req {
+    fn of(job: &PendingJob) -> Self {
+        Self {
+            nodes: job.nodes,
+            gpus_per_node: job.gpus_per_node,
+            cpus_per_node: job.cpus_per_node,
+            time_limit_s: job.time_limit_s,
+            exclusive: job.exclusive,
+            allow_multi_site: job.allow_multi_site,
+        }
+    }
+}
 
 /// Per job shape: what the pass learned about it.
 struct ShapeMemo {
+    /// The shape's requirements; `time_limit_s` is the first job's and is replaced per job.
+    req: Req,
     /// The shortest time limit with which this shape failed to start now (u64::MAX: none yet).
     failed_limit: u64,
     /// Whether the shape fits the partition's nodes at all, once computed.
     could_ever: Option<bool>,
 }
 
-/// The per-job facts the main loop needs, resolved once in view order.
+/// The per-job facts the main loop needs, resolved once in view order and then gathered into priority order, so
+/// the main loop reads them sequentially instead of chasing 100k random indices. Kept at 56 bytes: two copies of
+/// it per job are most of a pass's scratch memory, and fresh memory costs page faults.
+#[derive(Clone, Copy)]
 struct JobPre {
+    /// Index into `view.pending`.
+    idx: u32,
     id: u64,
     time_limit_s: u64,
     total_gpus: u64,
     /// A reason that needs no pass state (held, dependency, partition, limits).
     early: Option<Reason>,
-    /// Partition index (valid when `early` is None).
-    p: u32,
-    /// QOS index when that QOS has per-user limits, else u32::MAX.
+    /// Partition index (partitions are at most 64), or NO_PARTITION.
+    p: u8,
+    /// QOS index when that QOS has per-user or per-account limits, else NONE.
     q_limited: u32,
-    /// Interned user when `q_limited` is set.
+    /// Interned user and account when `q_limited` is set.
     user: u32,
+    account: u32,
+    /// Interned job array of a throttled task, else NONE; and its throttle.
+    array: u32,
+    array_max: u32,
     /// Index into the shape memo, or NO_SHAPE.
     shape: u32,
 }
+
+const _: () = assert!(std::mem::size_of::<JobPre>() <= 56);
 
 struct Resv {
     start_s: u64,
@@ -190,6 +285,8 @@ pub struct Pass<'a> {
     /// Per partition: number of nodes at each avail_now level (0..=64), for O(1) "not enough anywhere".
     part_levels: Vec<[u32; MAX_GPUS_PER_NODE as usize + 1]>,
     part_nodes: Vec<Vec<u32>>,
+    /// Per partition: whether all its nodes are on one site (then a multi-node search needs no per-site split).
+    part_one_site: Vec<bool>,
     feature_index: FxMap<&'a str, u32>,
     gpu_type_index: FxMap<&'a str, u32>,
     resv_index: FxMap<&'a str, usize>,
@@ -198,6 +295,87 @@ pub struct Pass<'a> {
     /// reservations. Profiles only lose GPUs during a pass, so a key, once exact, stays a lower bound; stale keys
     /// are refreshed when they surface. Built on first use.
     start_bounds: FxMap<(usize, i32), StartBounds>,
+}
+
+/// Dense ids for names (or other keys) in first-seen order.
+fn intern<K: std::hash::Hash + Eq>(ids: &mut FxMap<K, u32>, key: K) -> u32 {
+    let next = ids.len() as u32;
+    *ids.entry(key).or_insert(next)
+}
+
+/// What orders the queue: Slurm's partition tier (high first), then priority (high first), then the latest
+/// `scontrol top` (so a topped job also wins a tie, e.g. against its owner's equally old jobs, whose priority values
+/// it takes), then submit time and job id (old / low first). The view index breaks the remaining ties, so the order
+/// is total and deterministic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct OrderKey {
+    tier: u32,
+    priority: u64,
+    top_rank: u64,
+    submit_s: u64,
+    id: u64,
+}
+
+fn order_cmp(a: &(OrderKey, u32), b: &(OrderKey, u32)) -> std::cmp::Ordering {
+    let ((ka, ia), (kb, ib)) = (a, b);
+    kb.tier
+        .cmp(&ka.tier)
+        .then(kb.priority.cmp(&ka.priority))
+        .then(kb.top_rank.cmp(&ka.top_rank))
+        .then(ka.submit_s.cmp(&kb.submit_s))
+        .then(ka.id.cmp(&kb.id))
+        .then(ia.cmp(ib))
+}
+
+/// View indices in scheduling order (see [`OrderKey`]).
+///
+/// Every field is stored relative to its minimum (or maximum, for the descending ones) in as few bits as its range
+/// needs; when they all fit one u128 together with the index, which real queues always do, the sort is over plain
+/// integers, several times faster than the tuple comparator at 100k jobs. Otherwise it falls back to the
+/// comparator; both give the same order.
+fn scheduling_order(n: usize, key: impl Fn(usize) -> OrderKey) -> Vec<u32> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let first = key(0);
+    let (mut max_t, mut max_p, mut min_s, mut max_s, mut min_id, mut max_id) =
+        (first.tier, first.priority, first.submit_s, first.submit_s, first.id, first.id);
+    let (mut min_t, mut min_p) = (first.tier, first.priority);
+    let (mut min_r, mut max_r) = (first.top_rank, first.top_rank);
+    for k in (0..n).map(&key) {
+        (min_t, max_t) = (min_t.min(k.tier), max_t.max(k.tier));
+        (min_p, max_p) = (min_p.min(k.priority), max_p.max(k.priority));
+        (min_r, max_r) = (min_r.min(k.top_rank), max_r.max(k.top_rank));
+        (min_s, max_s) = (min_s.min(k.submit_s), max_s.max(k.submit_s));
+        (min_id, max_id) = (min_id.min(k.id), max_id.max(k.id));
+    }
+    let bits = |range: u64| u64::BITS - range.leading_zeros();
+    let bt = bits(u64::from(max_t - min_t));
+    let bp = bits(max_p - min_p);
+    let br = bits(max_r - min_r);
+    let bs = bits(max_s - min_s);
+    let bid = bits(max_id - min_id);
+    let bi = bits(n as u64 - 1);
+    if bt + bp + br + bs + bid + bi <= u128::BITS {
+        let mut packed: Vec<u128> = (0..n)
+            .map(|i| {
+                let k = key(i);
+                let mut x = u128::from(max_t - k.tier);
+                x = (x << bp) | u128::from(max_p - k.priority);
+                x = (x << br) | u128::from(max_r - k.top_rank);
+                x = (x << bs) | u128::from(k.submit_s - min_s);
+                x = (x << bid) | u128::from(k.id - min_id);
+                (x << bi) | i as u128
+            })
+            .collect();
+        packed.sort_unstable();
+        let mask = (1u128 << bi) - 1;
+        packed.iter().map(|&x| (x & mask) as u32).collect()
+    } else {
+        let mut v: Vec<(OrderKey, u32)> = (0..n).map(|i| (key(i), i as u32)).collect();
+        v.sort_unstable_by(order_cmp);
+        v.iter().map(|&(_, i)| i).collect()
+    }
 }
 
 impl<'a> Pass<'a> {
@@ -218,6 +396,9 @@ impl<'a> Pass<'a> {
         let mut node_index = FxMap::with_capacity_and_hasher(view.nodes.len(), Default::default());
         let mut node_names = Vec::with_capacity(view.nodes.len());
         let mut nodes = Vec::with_capacity(view.nodes.len());
+        let mut prev_topo: Option<(&Topology, (u32, u32, u32))> = None;
+        let mut prev_parts: Option<(&[String], u64)> = None;
+        let mut prev_features: Option<(&[String], u64)> = None;
         for (i, n) in view.nodes.iter().enumerate() {
             if node_index.insert(n.name.as_str(), i as u32).is_some() {
                 return Err(ScheduleError::Duplicate { kind: "node", name: n.name.clone() });
@@ -237,22 +418,37 @@ impl<'a> Pass<'a> {
                 }
                 free_mask |= 1 << g;
             }
-            let mut part_mask = 0u64;
-            for p in &n.partitions {
-                // A node may list a partition the view does not define (being created); it just is not used.
-                if let Some(&pi) = part_index.get(p.as_str()) {
-                    part_mask |= 1 << pi;
+            // Like topology, partition and feature lists repeat from node to node; the masks are reused then.
+            let part_mask = match prev_parts {
+                Some((pp, m)) if pp == n.partitions.as_slice() => m,
+                _ => {
+                    let mut m = 0u64;
+                    for p in &n.partitions {
+                        // A node may list a partition the view does not define (being created); it is not used.
+                        if let Some(&pi) = part_index.get(p.as_str()) {
+                            m |= 1 << pi;
+                        }
+                    }
+                    m
                 }
-            }
-            let mut feature_mask = 0u64;
-            for f in &n.features {
-                let next = feature_index.len() as u32;
-                let fi = *feature_index.entry(f.as_str()).or_insert(next);
-                if fi as usize >= MAX_DISTINCT_BITS {
-                    return Err(ScheduleError::TooManyDistinct { kind: "features", max: MAX_DISTINCT_BITS });
+            };
+            prev_parts = Some((n.partitions.as_slice(), part_mask));
+            let feature_mask = match prev_features {
+                Some((pf, m)) if pf == n.features.as_slice() => m,
+                _ => {
+                    let mut m = 0u64;
+                    for f in &n.features {
+                        let next = feature_index.len() as u32;
+                        let fi = *feature_index.entry(f.as_str()).or_insert(next);
+                        if fi as usize >= MAX_DISTINCT_BITS {
+                            return Err(ScheduleError::TooManyDistinct { kind: "features", max: MAX_DISTINCT_BITS });
+                        }
+                        m |= 1 << fi;
+                    }
+                    m
                 }
-                feature_mask |= 1 << fi;
-            }
+            };
+            prev_features = Some((n.features.as_slice(), feature_mask));
             let gpu_type = match &n.gpu_type {
                 Some(t) => {
                     let next = gpu_type_index.len() as u32 + 1;
@@ -265,9 +461,17 @@ impl<'a> Pass<'a> {
                 let next = topo_index.len() as u32;
                 *topo_index.entry(key).or_insert(next)
             };
-            let site = intern((t.site.as_str(), "", ""));
-            let rack = intern((t.site.as_str(), t.rack.as_str(), ""));
-            let switch = intern((t.site.as_str(), t.rack.as_str(), t.switch.as_str()));
+            // Neighbouring nodes nearly always share a switch: reusing the previous node's ids skips three hash
+            // lookups (same ids, as the previous node interned them).
+            let (site, rack, switch) = match prev_topo {
+                Some((pt, ids)) if pt == t => ids,
+                _ => (
+                    intern((t.site.as_str(), "", "")),
+                    intern((t.site.as_str(), t.rack.as_str(), "")),
+                    intern((t.site.as_str(), t.rack.as_str(), t.switch.as_str())),
+                ),
+            };
+            prev_topo = Some((t, (site, rack, switch)));
             nodes.push(NodeRt {
                 total: n.gpus_total,
                 free_mask,
@@ -385,10 +589,15 @@ impl<'a> Pass<'a> {
                 }
             }
         }
+        let part_one_site = part_nodes
+            .iter()
+            .map(|ns| ns.first().is_none_or(|&f| ns.iter().all(|&i| nodes[i as usize].site == nodes[f as usize].site)))
+            .collect();
         Ok(Self {
             view,
             config,
             now_s,
+            part_one_site,
             nodes,
             node_index,
             node_names,
@@ -419,32 +628,43 @@ impl<'a> Pass<'a> {
         };
         // Fair-share factors once per account, not per job.
         let mut fs_cache: FxMap<&str, f64> = FxMap::default();
-        // Users, interned for the per-user QOS limits (running jobs' users too).
+        // Users and accounts, interned for the QOS limits (running jobs' too); job arrays for their throttles.
         let mut user_ids: FxMap<&str, u32> = FxMap::default();
-        let mut intern_user = |u: &'a str| {
-            let next = user_ids.len() as u32;
-            *user_ids.entry(u).or_insert(next)
-        };
-        // Only a QOS with a per-user limit needs usage counts.
-        let qos_limited: Vec<bool> =
-            view.qos.iter().map(|q| q.max_jobs_per_user.is_some() || q.max_gpus_per_user.is_some()).collect();
+        let mut account_ids: FxMap<&str, u32> = FxMap::default();
+        let mut array_ids: FxMap<u64, u32> = FxMap::default();
+        // Only a QOS with a limit needs usage counts.
+        let qos_limited: Vec<bool> = view.qos.iter().map(Qos::has_limits).collect();
+        let mut any_top = false;
         let mut shapes: Vec<ShapeMemo> = Vec::new();
         let mut shape_filters: Vec<Filter> = Vec::new();
         let mut shape_index: FxMap<ShapeKey, u32> = FxMap::default();
-        let mut order: Vec<(u32, u64, u64, u64, usize)> = Vec::with_capacity(view.pending.len());
         let mut breakdowns = Vec::with_capacity(view.pending.len());
+        // Submit times for the sort key; the rest of it is in `pre` and `breakdowns`. (Reading them back from the
+        // jobs would be another walk over the big, strided `PendingJob`s; a full key vector, more scratch memory.)
+        let mut submits: Vec<u64> = Vec::with_capacity(view.pending.len());
         let mut pre: Vec<JobPre> = Vec::with_capacity(view.pending.len());
         // Everything per job that does not depend on what the pass has done so far, resolved in view order (the
         // main loop goes in priority order and would otherwise chase every job's strings at random).
+        // Consecutive jobs mostly share partition and QOS: comparing with the previous job's names is cheaper than
+        // hashing them again.
+        let mut prev_part: Option<(&str, Option<usize>)> = None;
+        let mut prev_qos: Option<(&str, Option<usize>)> = None;
         for (i, job) in view.pending.iter().enumerate() {
             let fs = *fs_cache.entry(job.account.as_str()).or_insert_with(|| tree.factor(&job.account));
-            let p = self.part_index.get(job.partition.as_str()).copied();
+            let p = match prev_part {
+                Some((name, p)) if name == job.partition => p,
+                _ => self.part_index.get(job.partition.as_str()).copied(),
+            };
+            prev_part = Some((job.partition.as_str(), p));
             let tier = p.map_or(0, |p| view.partitions[p].priority_tier);
-            let q = qos_index.get(job.qos.as_str()).copied();
+            let q = match prev_qos {
+                Some((name, q)) if name == job.qos => q,
+                _ => qos_index.get(job.qos.as_str()).copied(),
+            };
+            prev_qos = Some((job.qos.as_str(), q));
             let qos_prio = q.map_or(0, |q| view.qos[q].priority);
             let b = PriorityBreakdown::compute(job, &config.weights, &ctx, fs, tier, qos_prio);
-            // Slurm order: partition tier, then priority, then submit time; the id makes it total.
-            order.push((tier, b.priority, job.submit_s, job.id, i));
+            submits.push(job.submit_s);
             breakdowns.push(b);
             let early = 'early: {
                 if job.held {
@@ -471,6 +691,11 @@ impl<'a> Pass<'a> {
                 None
             };
             let q_limited = q.filter(|&q| qos_limited[q]);
+            any_top |= job.top_rank != 0;
+            let (array, array_max) = match job.array {
+                Some(a) => (intern(&mut array_ids, a.array_id), a.max_running),
+                None => (NONE, u32::MAX),
+            };
             let mut shape = NO_SHAPE;
             if let (None, Some(p), None) = (early, p, &job.reservation)
                 && let Some(filter) = self.filter(job, p)
@@ -490,50 +715,83 @@ impl<'a> Pass<'a> {
                 let next = shapes.len() as u32;
                 shape = *shape_index.entry(key).or_insert(next);
                 if shape == next {
-                    shapes.push(ShapeMemo { failed_limit: u64::MAX, could_ever: None });
+                    shapes.push(ShapeMemo { req: Req::of(job), failed_limit: u64::MAX, could_ever: None });
                     shape_filters.push(filter);
                 }
             }
             pre.push(JobPre {
+                idx: i as u32,
                 id: job.id,
                 time_limit_s: job.time_limit_s,
                 total_gpus: job.total_gpus(),
                 early,
-                p: p.map_or(u32::MAX, |p| p as u32),
-                q_limited: q_limited.map_or(u32::MAX, |q| q as u32),
-                user: if q_limited.is_some() { intern_user(job.user.as_str()) } else { u32::MAX },
+                p: p.map_or(NO_PARTITION, |p| p as u8),
+                q_limited: q_limited.map_or(NONE, |q| q as u32),
+                user: if q_limited.is_some() { intern(&mut user_ids, job.user.as_str()) } else { NONE },
+                account: if q_limited.is_some() { intern(&mut account_ids, job.account.as_str()) } else { NONE },
+                array,
+                array_max,
                 shape,
             });
         }
-        order.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)).then(a.3.cmp(&b.3)));
-
-        // Per (user, QOS): running jobs and GPUs, for the per-user limits.
-        let mut user_usage: FxMap<(u32, u32), (u64, u64)> = FxMap::default();
-        for job in &view.running {
-            if let Some(&q) = qos_index.get(job.qos.as_str())
-                && qos_limited[q]
-            {
-                let e = user_usage.entry((intern_user(job.user.as_str()), q as u32)).or_default();
-                e.0 += 1;
-                e.1 += job.alloc.iter().map(|(_, g)| g.len() as u64).sum::<u64>();
+        if any_top {
+            // `scontrol top` permutes priority values within users, after they are computed and before ordering.
+            let mut prio: Vec<u64> = breakdowns.iter().map(|b| b.priority).collect();
+            apply_top(&view.pending, &mut prio);
+            for (b, p) in breakdowns.iter_mut().zip(prio) {
+                b.priority = p;
             }
+        }
+        let tier_of = |p: u8| if p == NO_PARTITION { 0 } else { view.partitions[p as usize].priority_tier };
+        let order = scheduling_order(view.pending.len(), |i| OrderKey {
+            tier: tier_of(pre[i].p),
+            priority: breakdowns[i].priority,
+            top_rank: view.pending[i].top_rank,
+            submit_s: submits[i],
+            id: pre[i].id,
+        });
+        drop(submits);
+        // Gathers into priority order, each in one tight loop (which keeps many loads in flight), and each reading
+        // one random place per job (the ids come from the already sorted `pre`). Every big buffer is dropped as
+        // soon as it is used, so the next one can reuse its memory instead of growing the heap.
+        let pre: Vec<JobPre> = {
+            let by_view = pre;
+            order.iter().map(|&i| by_view[i as usize]).collect()
+        };
+        let priorities: Vec<(u64, PriorityBreakdown)> =
+            pre.iter().map(|pj| (pj.id, breakdowns[pj.idx as usize].clone())).collect();
+        drop(breakdowns);
+        drop(order);
+
+        let mut usage = Usage { array: vec![0; array_ids.len()], ..Usage::default() };
+        for job in &view.running {
+            let q = qos_index.get(job.qos.as_str()).copied().filter(|&q| qos_limited[q]);
+            // Only arrays with a throttled task pending matter.
+            let array = job.array_id.and_then(|a| array_ids.get(&a).copied()).unwrap_or(NONE);
+            if q.is_none() && array == NONE {
+                continue;
+            }
+            let (user, account) = match q {
+                Some(_) => (intern(&mut user_ids, job.user.as_str()), intern(&mut account_ids, job.account.as_str())),
+                None => (NONE, NONE),
+            };
+            let gpus = job.alloc.iter().map(|(_, g)| g.len() as u64).sum::<u64>();
+            usage.add(q.map_or(NONE, |q| q as u32), user, account, array, gpus);
         }
 
         let mut plan = Plan {
             starts: Vec::new(),
             reasons: Vec::with_capacity(view.pending.len()),
             expected_start: Vec::new(),
-            // A gather in one tight loop, which keeps many loads in flight.
-            priorities: order.iter().map(|&(_, _, _, id, i)| (id, breakdowns[i].clone())).collect(),
+            priorities,
         };
-        drop(breakdowns);
         let mut blocked_in_partition = vec![false; view.partitions.len()];
         let mut any_blocked = false;
         let mut examined = 0usize;
         let mut reservations_made = 0usize;
 
-        'jobs: for &(_, _, _, _, i) in &order {
-            let pj = &pre[i];
+        'jobs: for pj in &pre {
+            let i = pj.idx as usize;
             let reason = 'job: {
                 if let Some(r) = pj.early {
                     break 'job r;
@@ -548,20 +806,17 @@ impl<'a> Pass<'a> {
                 }
                 // Counts only jobs that reach the resource checks, like Slurm's bf_max_job_test.
                 examined = examined.saturating_add(1);
-                let usage_key = (pj.q_limited != u32::MAX).then_some((pj.user, pj.q_limited));
-                if let Some(key) = usage_key {
-                    let qos = &view.qos[key.1 as usize];
-                    let (jobs, gpus) = user_usage.get(&key).copied().unwrap_or_default();
-                    if qos.max_jobs_per_user.is_some_and(|m| jobs + 1 > u64::from(m)) {
-                        break 'job Reason::QOSMaxJobsPerUserLimit;
-                    }
-                    if qos.max_gpus_per_user.is_some_and(|m| gpus + pj.total_gpus > u64::from(m)) {
-                        break 'job Reason::QOSMaxGRESPerUser;
-                    }
+                // Over a limit: it waits without a reservation (it could not use one).
+                if let Some(r) = usage.limit_reason(pj, &view.qos) {
+                    break 'job r;
                 }
                 let job = &view.pending[i];
                 // A memoized shape has no node list or exclusions and no advance reservation.
                 let shape = (pj.shape != NO_SHAPE).then_some(pj.shape as usize);
+                let req = match shape {
+                    Some(s) => Req { time_limit_s: pj.time_limit_s, ..shapes[s].req },
+                    None => Req::of(job),
+                };
                 let own_filter;
                 let filter = match shape {
                     Some(s) => &shape_filters[s],
@@ -587,14 +842,10 @@ impl<'a> Pass<'a> {
                     if !allowed || now_s < r.start_s || now_s >= r.end_s {
                         break 'job Reason::Reservation;
                     }
-                    match self.try_start_in_reservation(job, filter, ri) {
+                    match self.try_start_in_reservation(&req, filter, ri) {
                         Some(alloc) => {
-                            if let Some(key) = usage_key {
-                                let e = user_usage.entry(key).or_default();
-                                e.0 += 1;
-                                e.1 += pj.total_gpus;
-                            }
-                            plan.starts.push((job.id, alloc));
+                            usage.add(pj.q_limited, pj.user, pj.account, pj.array, pj.total_gpus);
+                            plan.starts.push((pj.id, alloc));
                             continue 'jobs;
                         }
                         None => {
@@ -607,13 +858,9 @@ impl<'a> Pass<'a> {
                 // Resources only shrink within a pass: a shape that failed with a time limit fails with any longer one.
                 let known_fail = shape.is_some_and(|s| shapes[s].failed_limit <= pj.time_limit_s);
                 if !known_fail {
-                    if let Some(alloc) = self.try_start_now(job, filter, p) {
-                        if let Some(key) = usage_key {
-                            let e = user_usage.entry(key).or_default();
-                            e.0 += 1;
-                            e.1 += pj.total_gpus;
-                        }
-                        plan.starts.push((job.id, alloc));
+                    if let Some(alloc) = self.try_start_now(&req, filter, p) {
+                        usage.add(pj.q_limited, pj.user, pj.account, pj.array, pj.total_gpus);
+                        plan.starts.push((pj.id, alloc));
                         continue 'jobs;
                     }
                     if let Some(s) = shape {
@@ -625,12 +872,12 @@ impl<'a> Pass<'a> {
                     Some(s) => match shapes[s].could_ever {
                         Some(c) => c,
                         None => {
-                            let c = self.could_ever_fit(job, filter, p);
+                            let c = self.could_ever_fit(&req, filter, p);
                             shapes[s].could_ever = Some(c);
                             c
                         }
                     },
-                    None => self.could_ever_fit(job, filter, p),
+                    None => self.could_ever_fit(&req, filter, p),
                 };
                 if !can_ever {
                     break 'job Reason::ReqNodeNotAvail;
@@ -639,8 +886,8 @@ impl<'a> Pass<'a> {
                 blocked_in_partition[p] = true;
                 if config.backfill && reservations_made < config.max_reservations {
                     reservations_made += 1;
-                    if let Some(t) = self.reserve(job, filter, p) {
-                        plan.expected_start.push((job.id, t));
+                    if let Some(t) = self.reserve(&req, filter, p) {
+                        plan.expected_start.push((pj.id, t));
                     }
                 }
                 if first { Reason::Resources } else { Reason::Priority }
@@ -653,6 +900,11 @@ impl<'a> Pass<'a> {
     /// Resolves the job's static node filter; None when it names an unknown node, feature or GPU type (then no
     /// node can ever match).
     fn filter(&self, job: &PendingJob, p: usize) -> Option<Filter> {
+        let part_bit = 1 << p;
+        if job.constraint.is_empty() && job.gpu_type.is_none() && job.nodelist.is_empty() && job.exclude.is_empty() {
+            // The common case, without the lookups and sorts below.
+            return Some(Filter { part_bit, features: 0, gpu_type: 0, nodelist: Vec::new(), exclude: Vec::new() });
+        }
         let mut features = 0u64;
         for f in &job.constraint {
             features |= 1 << *self.feature_index.get(f.as_str())?;
@@ -672,11 +924,11 @@ impl<'a> Pass<'a> {
         let mut exclude: Vec<u32> =
             job.exclude.iter().filter_map(|n| self.node_index.get(n.as_str()).copied()).collect();
         exclude.sort_unstable();
-        Some(Filter { part_bit: 1 << p, features, gpu_type, nodelist, exclude })
+        Some(Filter { part_bit, features, gpu_type, nodelist, exclude })
     }
 
     /// GPUs the job needs on this node.
-    fn need_on(job: &PendingJob, node: &NodeRt) -> u32 {
+    fn need_on(job: &Req, node: &NodeRt) -> u32 {
         if job.exclusive { node.total.max(job.gpus_per_node) } else { job.gpus_per_node }
     }
 
@@ -685,19 +937,27 @@ impl<'a> Pass<'a> {
         Candidate { node: idx, site: n.site, rack: n.rack, switch: n.switch, free }
     }
 
-    fn could_ever_fit(&self, job: &PendingJob, filter: &Filter, p: usize) -> bool {
-        let ok = self.part_nodes[p]
-            .iter()
-            .filter(|&&i| {
-                let n = &self.nodes[i as usize];
-                filter.admits(i, n) && n.total >= Self::need_on(job, n)
-            })
-            .map(|&i| self.candidate(i, 0))
-            .collect::<Vec<_>>();
+    /// Whether all of `nodes` sit on one site.
+    fn one_site(&self, nodes: &[u32]) -> bool {
+        let mut sites = nodes.iter().map(|&i| self.nodes[i as usize].site);
+        let first = sites.next();
+        sites.all(|s| Some(s) == first)
+    }
+
+    fn could_ever_fit(&self, job: &Req, filter: &Filter, p: usize) -> bool {
+        let fits = |i: u32| {
+            let n = &self.nodes[i as usize];
+            filter.admits(i, n) && n.total >= Self::need_on(job, n)
+        };
+        if job.nodes == 1 {
+            // One node: any node that fits will do, no placement needed.
+            return self.part_nodes[p].iter().any(|&i| fits(i));
+        }
+        let ok = self.part_nodes[p].iter().filter(|&&i| fits(i)).map(|&i| self.candidate(i, 0)).collect::<Vec<_>>();
         choose_nodes(&ok, job.nodes as usize, job.allow_multi_site).is_some()
     }
 
-    fn try_start_now(&mut self, job: &PendingJob, filter: &Filter, p: usize) -> Option<Vec<NodeAlloc>> {
+    fn try_start_now(&mut self, job: &Req, filter: &Filter, p: usize) -> Option<Vec<NodeAlloc>> {
         let n_nodes = job.nodes as usize;
         let g = job.gpus_per_node;
         let min_level = if job.exclusive { g.max(1) } else { g };
@@ -740,7 +1000,7 @@ impl<'a> Pass<'a> {
         n.resv.iter().any(|&(ri, _)| self.resvs[ri].start_s < end_s && self.now_s < self.resvs[ri].end_s)
     }
 
-    fn try_start_in_reservation(&mut self, job: &PendingJob, filter: &Filter, ri: usize) -> Option<Vec<NodeAlloc>> {
+    fn try_start_in_reservation(&mut self, job: &Req, filter: &Filter, ri: usize) -> Option<Vec<NodeAlloc>> {
         let end_s = self.now_s.saturating_add(job.time_limit_s);
         if end_s > self.resvs[ri].end_s {
             // It would outlive the reservation. (GPU jobs fail the room check below anyway; this also keeps
@@ -768,7 +1028,7 @@ impl<'a> Pass<'a> {
     }
 
     /// Takes the GPUs now: concrete indices from the free masks (lowest first) and the window from the profiles.
-    fn commit_now(&mut self, job: &PendingJob, chosen: &[u32], resv: Option<usize>) -> Vec<NodeAlloc> {
+    fn commit_now(&mut self, job: &Req, chosen: &[u32], resv: Option<usize>) -> Vec<NodeAlloc> {
         let now_s = self.now_s;
         let end_s = now_s.saturating_add(job.time_limit_s);
         let mut alloc = Vec::with_capacity(chosen.len());
@@ -817,7 +1077,7 @@ impl<'a> Pass<'a> {
     }
 
     /// Finds the job's earliest start on the profiles and takes its GPUs there, so later jobs cannot delay it.
-    fn reserve(&mut self, job: &PendingJob, filter: &Filter, p: usize) -> Option<u64> {
+    fn reserve(&mut self, job: &Req, filter: &Filter, p: usize) -> Option<u64> {
         let dur_s = job.time_limit_s;
         let plain = filter.features == 0
             && filter.gpu_type == 0
@@ -833,14 +1093,16 @@ impl<'a> Pass<'a> {
             }
             return Some(t);
         }
-        let nodes: Vec<u32> = self.part_nodes[p]
-            .iter()
-            .copied()
-            .filter(|&i| {
-                let n = &self.nodes[i as usize];
-                filter.admits(i, n) && n.total >= Self::need_on(job, n)
-            })
-            .collect();
+        if job.nodes > 1 && plain && (job.allow_multi_site || self.part_one_site[p]) {
+            let (t, chosen) = self.earliest_multi_plain(p, job.gpus_per_node as i32, dur_s, job.nodes as usize)?;
+            self.take_window(job, &chosen, t);
+            return Some(t);
+        }
+        let mut nodes: Vec<u32> = Vec::with_capacity(self.part_nodes[p].len());
+        nodes.extend(self.part_nodes[p].iter().copied().filter(|&i| {
+            let n = &self.nodes[i as usize];
+            filter.admits(i, n) && n.total >= Self::need_on(job, n)
+        }));
         let (t, chosen) = if job.nodes == 1 {
             let mut best: Option<(u64, u32)> = None;
             for &i in &nodes {
@@ -853,7 +1115,8 @@ impl<'a> Pass<'a> {
             }
             let (t, i) = best?;
             (t, vec![i])
-        } else if job.allow_multi_site {
+        } else if job.allow_multi_site || self.one_site(&nodes) {
+            // A single site needs no per-site split (and no copy of the node list).
             self.earliest_multi(job, &nodes)?
         } else {
             // One search per site; the earliest wins.
@@ -871,8 +1134,14 @@ impl<'a> Pass<'a> {
             }
             best?
         };
-        let end_s = t.saturating_add(dur_s);
-        for &i in &chosen {
+        self.take_window(job, &chosen, t);
+        Some(t)
+    }
+
+    /// Takes the job's GPUs on `chosen` for its window from `t` (a reservation, or now).
+    fn take_window(&mut self, job: &Req, chosen: &[u32], t: u64) {
+        let end_s = t.saturating_add(job.time_limit_s);
+        for &i in chosen {
             let n = &mut self.nodes[i as usize];
             let need = Self::need_on(job, n) as i32;
             n.general.add(t, end_s, -need);
@@ -880,7 +1149,75 @@ impl<'a> Pass<'a> {
                 self.refresh_level(i);
             }
         }
-        Some(t)
+    }
+
+    /// The shared lower-bound heap of a (partition, GPUs needed), built on first use (see `start_bounds`).
+    fn start_bounds(&mut self, p: usize, need: i32) -> &mut StartBounds {
+        let (now_s, nodes) = (self.now_s, &self.nodes);
+        self.start_bounds.entry((p, need)).or_insert_with(|| {
+            self.part_nodes[p]
+                .iter()
+                .filter_map(|&i| nodes[i as usize].general.first_at_least(now_s, need).map(|t| Reverse((t, i))))
+                .collect()
+        })
+    }
+
+    /// [`Self::earliest_multi`] over all of a partition's nodes for a job without node filters, with the same
+    /// answer, but lazily: nodes are visited in order of a lower bound of their earliest fit (the shared
+    /// `start_bounds` heap), so only those that can still be among the `want` earliest are evaluated, not every
+    /// node of the partition.
+    ///
+    /// Each round needs the `want` smallest exact earliest fits from `t`. A heap entry is either a lower bound or
+    /// exact for the current `t`; an exact value `e >= t` stays exact when `t` grows to at most `e`, and lower
+    /// bounds stay lower bounds (earliest fits only grow with `t`, and GPUs are only taken during a pass).
+    fn earliest_multi_plain(&mut self, p: usize, need: i32, dur_s: u64, want: usize) -> Option<(u64, Vec<u32>)> {
+        // A private copy: the exact values below belong to this search's `t`; the shared heap keeps bounds only.
+        let shared = self.start_bounds(p, need).clone().into_vec();
+        let mut heap: BinaryHeap<Reverse<(u64, u32, bool)>> =
+            shared.into_iter().map(|Reverse((k, i))| Reverse((k, i, false))).collect();
+        let fit = |i: u32, t: u64| self.nodes[i as usize].general.earliest_fit(t, dur_s, need);
+        let mut t = self.now_s;
+        let mut smallest: Vec<(u64, u32)> = Vec::with_capacity(want);
+        for _ in 0..MAX_EARLIEST_START_ROUNDS {
+            // The `want` smallest exact earliest fits, in ascending order.
+            while smallest.len() < want {
+                let Reverse((k, i, exact)) = heap.pop()?; // fewer than `want` nodes fit at all
+                if exact {
+                    smallest.push((k, i));
+                } else if let Some(e) = fit(i, t) {
+                    heap.push(Reverse((e, i, true)));
+                }
+            }
+            let tn = smallest[want - 1].0;
+            if tn == t {
+                // Every node that fits at t: these, and any still in the heap whose bound allows t.
+                let mut at_t: Vec<u32> = smallest.iter().map(|&(_, i)| i).collect();
+                while let Some(&Reverse((k, i, exact))) = heap.peek() {
+                    if k > t {
+                        break;
+                    }
+                    heap.pop();
+                    let e = if exact { Some(k) } else { fit(i, t) };
+                    match e {
+                        Some(e) if e == t => at_t.push(i),
+                        Some(e) => heap.push(Reverse((e, i, true))),
+                        None => {}
+                    }
+                }
+                let cands: Vec<Candidate> =
+                    at_t.iter().map(|&i| self.candidate(i, self.nodes[i as usize].general.value_at(t))).collect();
+                return choose_nodes(&cands, want, true).map(|chosen| (t, chosen));
+            }
+            t = tn;
+            // Fits earlier than the new t must be searched again from it; the others are still exact.
+            for (e, i) in smallest.drain(..) {
+                let e = if e >= t { Some(e) } else { fit(i, t) };
+                if let Some(e) = e {
+                    heap.push(Reverse((e, i, true)));
+                }
+            }
+        }
+        None
     }
 
     /// The (earliest start, node) minimum over the partition's nodes for a single-node job without node filters
@@ -888,13 +1225,9 @@ impl<'a> Pass<'a> {
     /// bound is not already beaten.
     fn earliest_single(&mut self, p: usize, need: i32, dur_s: u64) -> Option<(u64, u32)> {
         let now_s = self.now_s;
+        self.start_bounds(p, need);
         let nodes = &self.nodes;
-        let heap = self.start_bounds.entry((p, need)).or_insert_with(|| {
-            self.part_nodes[p]
-                .iter()
-                .filter_map(|&i| nodes[i as usize].general.first_at_least(now_s, need).map(|t| Reverse((t, i))))
-                .collect()
-        });
+        let heap = self.start_bounds.get_mut(&(p, need))?;
         let mut best: Option<(u64, u32)> = None;
         let mut keep = Vec::new();
         while let Some(&Reverse((key, i))) = heap.peek() {
@@ -925,7 +1258,7 @@ impl<'a> Pass<'a> {
     }
 
     /// Earliest time `n` of `nodes` are all free for the job's whole window, and which nodes.
-    fn earliest_multi(&self, job: &PendingJob, nodes: &[u32]) -> Option<(u64, Vec<u32>)> {
+    fn earliest_multi(&self, job: &Req, nodes: &[u32]) -> Option<(u64, Vec<u32>)> {
         let want = job.nodes as usize;
         if nodes.len() < want {
             return None;
@@ -935,7 +1268,8 @@ impl<'a> Pass<'a> {
             let n = &self.nodes[i as usize];
             n.general.earliest_fit(t, job.time_limit_s, Self::need_on(job, n) as i32)
         };
-        let mut es: Vec<(u64, u32)> = nodes.iter().filter_map(|&i| fit(i, t).map(|e| (e, i))).collect();
+        let mut es: Vec<(u64, u32)> = Vec::with_capacity(nodes.len());
+        es.extend(nodes.iter().filter_map(|&i| fit(i, t).map(|e| (e, i))));
         for _ in 0..MAX_EARLIEST_START_ROUNDS {
             if es.len() < want {
                 return None;
@@ -976,7 +1310,7 @@ impl<'a> Pass<'a> {
 #[cfg(test)]
 mod tests {
     use crate::model::{
-        AdvanceReservation, DependencyState, PartitionState, PendingJob, PriorityWeights, SchedulerConfig,
+        AdvanceReservation, ArrayLimit, DependencyState, PartitionState, PendingJob, PriorityWeights, SchedulerConfig,
     };
     use crate::plan::Reason;
     use crate::schedule;
@@ -1155,6 +1489,156 @@ mod tests {
         let plan = schedule(&v, &cfg()).unwrap();
         assert_eq!(plan.start_of(1), Some(&[("n00001".to_string(), vec![0, 1, 2, 3])][..]));
         assert_eq!(plan.start_of(2).map(|a| a[0].0.as_str()), Some("n00000"));
+    }
+
+    fn task(id: u64, array_id: u64, max_running: u32) -> PendingJob {
+        let mut j = job(id, 1, 1, 100);
+        j.array = Some(ArrayLimit { array_id, max_running });
+        j
+    }
+
+    #[test]
+    fn array_throttle_counts_running_and_started_tasks() {
+        let mut v = cluster(4, 8);
+        occupy(&mut v, 50, 0, &[0], 0, 1_000);
+        v.running[0].array_id = Some(7);
+        // Array 7 (%3, one task running) and array 8 (%1), all of which fit right now.
+        v.pending.extend((1..=6).map(|id| task(id, 7, 3)));
+        v.pending.extend((11..=13).map(|id| task(id, 8, 1)));
+        let plan = schedule(&v, &cfg()).unwrap();
+        let started: Vec<u64> = plan.starts.iter().map(|(id, _)| *id).collect();
+        assert_eq!(started, [1, 2, 11]);
+        for id in [3, 4, 5, 6, 12, 13] {
+            assert_eq!(plan.reason_of(id), Some(Reason::JobArrayTaskLimit));
+            assert_eq!(plan.expected_start_of(id), None, "a throttled task holds no reservation");
+        }
+        assert_eq!(Reason::JobArrayTaskLimit.name(), "JobArrayTaskLimit");
+    }
+
+    #[test]
+    fn per_account_qos_limits() {
+        let mut v = cluster(4, 8);
+        v.qos[0].max_jobs_per_account = Some(3);
+        v.qos[0].max_gpus_per_account = Some(6);
+        occupy(&mut v, 50, 0, &[0], 0, 1_000); // account "root", 1 GPU, QOS normal
+        let mut jobs = Vec::new();
+        for (id, user, account, gpus) in
+            [(1, "u1", "root", 2), (2, "u2", "root", 4), (3, "u3", "root", 1), (4, "u1", "other", 2)]
+        {
+            let mut j = job(id, 1, gpus, 100);
+            j.user = user.into();
+            j.account = account.into();
+            jobs.push(j);
+        }
+        v.pending.extend(jobs);
+        let plan = schedule(&v, &cfg()).unwrap();
+        // Account root: the running job (1 GPU) + job 1 (2 GPUs); job 2 would make 7 > 6 GPUs; job 3 makes 3 jobs
+        // and 4 GPUs, exactly the job limit.
+        assert!(plan.start_of(1).is_some());
+        assert_eq!(plan.reason_of(2), Some(Reason::QOSMaxGRESPerAccount));
+        assert!(plan.start_of(3).is_some());
+        assert!(plan.start_of(4).is_some(), "another account is not limited by root's usage");
+        let mut more = v.clone();
+        more.pending = vec![job(5, 1, 1, 100), job(6, 1, 1, 100), job(7, 1, 1, 100)];
+        let plan = schedule(&more, &cfg()).unwrap();
+        assert!(plan.start_of(5).is_some() && plan.start_of(6).is_some());
+        assert_eq!(plan.reason_of(7), Some(Reason::QOSMaxJobsPerAccountLimit));
+        assert_eq!(plan.expected_start_of(7), None);
+    }
+
+    #[test]
+    fn nice_and_top_reorder_the_queue() {
+        // One GPU free: only the first job in priority order starts.
+        let mut v = cluster(1, 1);
+        v.now_s = 100;
+        let weights = PriorityWeights {
+            age: 1_000,
+            fairshare: 0,
+            job_size: 0,
+            partition: 0,
+            qos: 0,
+            max_age_s: 100,
+            favor_small: false,
+        };
+        let config = SchedulerConfig { weights, ..cfg() };
+        let mut a = job(1, 1, 1, 10); // age 100 -> 1000
+        let mut b = job(2, 1, 1, 10);
+        b.submit_s = 50; // age 50 -> 500
+        a.nice = 600; // 1000 - 600 = 400 < 500
+        v.pending = vec![a.clone(), b.clone()];
+        let plan = schedule(&v, &config).unwrap();
+        assert!(plan.start_of(2).is_some());
+        assert_eq!(plan.priorities[0].1.priority, 500);
+        assert_eq!((plan.priorities[1].1.priority, plan.priorities[1].1.nice), (400, 600));
+
+        // Same user, no nice: topping job 2 swaps the two values and so the order.
+        a.nice = 0;
+        b.top_rank = 1;
+        v.pending = vec![a, b];
+        let plan = schedule(&v, &config).unwrap();
+        assert!(plan.start_of(2).is_some());
+        assert_eq!(plan.priorities[0], (2, plan.priorities[0].1.clone()));
+        assert_eq!(plan.priorities[0].1.priority, 1000);
+        assert_eq!(plan.priorities[1].1.priority, 500);
+    }
+
+    #[test]
+    fn scheduling_order_packed_matches_comparator() {
+        use super::{OrderKey, order_cmp, scheduling_order};
+        let mut rng = crate::synth::XorShift::new(3);
+        for wide in [false, true] {
+            let keys: Vec<OrderKey> = (0..500)
+                .map(|_| {
+                    let big =
+                        |r: &mut crate::synth::XorShift, small: u64| if wide { r.next_u64() } else { r.below(small) };
+                    OrderKey {
+                        tier: rng.below(3) as u32,
+                        priority: big(&mut rng, 20),
+                        top_rank: if rng.below(4) == 0 { big(&mut rng, 5) } else { 0 },
+                        submit_s: big(&mut rng, 20),
+                        id: big(&mut rng, 20),
+                    }
+                })
+                .collect();
+            let mut want: Vec<(OrderKey, u32)> = keys.iter().enumerate().map(|(i, &k)| (k, i as u32)).collect();
+            want.sort_by(order_cmp);
+            let want: Vec<u32> = want.iter().map(|&(_, i)| i).collect();
+            assert_eq!(scheduling_order(keys.len(), |i| keys[i]), want, "wide={wide}");
+        }
+        assert!(scheduling_order(0, |_| unreachable!()).is_empty());
+    }
+
+    #[test]
+    fn lazy_multi_node_search_matches_the_full_scan() {
+        use super::{Pass, Req};
+        let config = cfg();
+        let (mut found, mut later) = (0, 0);
+        for seed in 0..40 {
+            let v = crate::synth::bench_view(64, 200, seed + 1);
+            let mut pass = Pass::new(&v, &config).unwrap();
+            let mut rng = crate::synth::XorShift::new(seed + 99);
+            for _ in 0..30 {
+                let req = Req {
+                    nodes: 2 + rng.below(6) as u32,
+                    gpus_per_node: rng.below(9) as u32,
+                    cpus_per_node: 0,
+                    time_limit_s: 600 * (1 + rng.below(100)),
+                    exclusive: false,
+                    allow_multi_site: false,
+                };
+                let nodes: Vec<u32> = pass.part_nodes[0].clone();
+                let full = pass.earliest_multi(&req, &nodes);
+                let lazy = pass.earliest_multi_plain(0, req.gpus_per_node as i32, req.time_limit_s, req.nodes as usize);
+                assert_eq!(full, lazy, "seed {seed} {:?}", (req.nodes, req.gpus_per_node, req.time_limit_s));
+                // Take the window, as a reservation would, so later searches see a busier profile.
+                if let Some((t, chosen)) = full {
+                    found += 1;
+                    later += usize::from(t > v.now_s);
+                    pass.take_window(&req, &chosen, t);
+                }
+            }
+        }
+        assert!(found > 600 && later > 300, "{found} found, {later} in the future");
     }
 
     #[test]

@@ -2,14 +2,16 @@
 
 use std::collections::HashMap;
 
+use serde::{Deserialize, Serialize};
+
 use crate::error::ScheduleError;
 use crate::model::{Account, RunningJob};
 
 /// Usage decayed over `elapsed_s` with the given half-life: `usage * 2^(-elapsed/half_life)`.
-/// A zero half-life means "no memory": all past usage is forgotten.
+/// A zero half-life turns decay off (Slurm's `PriorityDecayHalfLife=0`): usage is kept as is.
 pub fn decay(usage: f64, elapsed_s: u64, half_life_s: u64) -> f64 {
-    if half_life_s == 0 {
-        return if elapsed_s == 0 { usage } else { 0.0 };
+    if half_life_s == 0 || elapsed_s == 0 {
+        return usage;
     }
     usage * (-(elapsed_s as f64) / half_life_s as f64).exp2()
 }
@@ -20,15 +22,27 @@ pub fn decay(usage: f64, elapsed_s: u64, half_life_s: u64) -> f64 {
 /// `gpus * ∫_0^elapsed 2^(-(elapsed - s)/h) ds = gpus * h/ln2 * (1 - 2^(-elapsed/h))`. This makes accrual
 /// independent of how often the leader charges usage (one 1-hour step equals sixty 1-minute steps).
 pub fn accrue(usage: f64, gpus: u64, elapsed_s: u64, half_life_s: u64) -> f64 {
-    let decayed = decay(usage, elapsed_s, half_life_s);
+    decay(usage, elapsed_s, half_life_s) + decayed_usage_f(gpus as f64, elapsed_s, 0, half_life_s)
+}
+
+/// GPU-seconds of `gpus` GPUs busy over `[start_s, end_s]`, each second decayed to `now_s` (`now_s >= end_s`):
+/// `g * H/ln2 * (2^(-(now-end)/H) - 2^(-(now-start)/H))`, exactly `g * (end - start)` when `H = 0` (no decay).
+/// The closed form makes the charge independent of how often it is taken.
+pub fn decayed_usage(gpus: u32, start_s: u64, end_s: u64, now_s: u64, half_life_s: u64) -> f64 {
+    let span_s = end_s.saturating_sub(start_s);
+    decayed_usage_f(f64::from(gpus), span_s, now_s.saturating_sub(end_s.max(start_s)), half_life_s)
+}
+
+/// `gpus` GPUs busy for `span_s`, the span ending `since_end_s` before now.
+fn decayed_usage_f(gpus: f64, span_s: u64, since_end_s: u64, half_life_s: u64) -> f64 {
     if half_life_s == 0 {
-        return decayed;
+        return gpus * span_s as f64;
     }
     let h = half_life_s as f64;
-    // -expm1 keeps precision when elapsed << half-life (1 - 2^-x would cancel to zero).
-    let gained =
-        gpus as f64 * h / std::f64::consts::LN_2 * -(-(elapsed_s as f64) * std::f64::consts::LN_2 / h).exp_m1();
-    decayed + gained
+    // 2^(-a/h) - 2^(-(a+s)/h) = 2^(-a/h) * -expm1(-s ln2 / h): expm1 keeps precision when s << h, where the
+    // difference of two nearly equal powers would cancel.
+    let tail = (-(since_end_s as f64) / h).exp2();
+    gpus * h / std::f64::consts::LN_2 * tail * -(-(span_s as f64) * std::f64::consts::LN_2 / h).exp_m1()
 }
 
 /// Decays every account over `[from_s, to_s)` and charges the running jobs' GPU-seconds in that interval to
@@ -59,7 +73,7 @@ pub fn charge_interval(accounts: &mut [Account], running: &[RunningJob], from_s:
 }
 
 /// Per-account fair-share numbers, for `sshare` and the priority factor.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct FairShare {
     pub account: String,
     /// S: product of the account's share fractions among its siblings down from the root.
@@ -81,6 +95,80 @@ pub struct FairShareTree {
 impl FairShareTree {
     /// Builds the tree. Accounts name their parent; exactly the accounts with `parent: None` are roots.
     pub fn new(accounts: &[Account]) -> Result<Self, ScheduleError> {
+        let tree = Tree::compute(accounts)?;
+        let by_name = accounts.iter().zip(tree.numbers).map(|(a, f)| (a.name.clone(), f)).collect();
+        Ok(Self { by_name })
+    }
+
+    pub fn get(&self, account: &str) -> Option<&FairShare> {
+        self.by_name.get(account)
+    }
+
+    /// Fair-share factor of an account; an account the tree does not know gets 0 (lowest priority, but it can run).
+    pub fn factor(&self, account: &str) -> f64 {
+        self.by_name.get(account).map_or(0.0, |f| f.factor)
+    }
+}
+
+/// One `sshare` row.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShareRow {
+    pub account: String,
+    pub parent: Option<String>,
+    /// 0 for a root; `sshare` indents by it.
+    pub depth: u32,
+    pub raw_shares: u32,
+    /// S (see [`FairShare::norm_shares`]).
+    pub norm_shares: f64,
+    /// Decayed GPU-seconds of the account's whole subtree.
+    pub raw_usage: f64,
+    pub norm_usage: f64,
+    pub effective_usage: f64,
+    /// F, the account's fair-share factor.
+    pub fairshare: f64,
+}
+
+/// The rows `sshare` prints: depth-first in tree order, roots and each account's children sorted by name, with the
+/// numbers the pass uses for priorities (the same computation). An invalid tree (duplicate names, unknown parent,
+/// cycle), which no pass would accept either, gives no rows.
+pub fn share_report(accounts: &[Account]) -> Vec<ShareRow> {
+    let Ok(tree) = Tree::compute(accounts) else { return Vec::new() };
+    let by_name = |v: &mut Vec<usize>| v.sort_by(|&a, &b| accounts[a].name.cmp(&accounts[b].name));
+    let mut roots = tree.roots.clone();
+    by_name(&mut roots);
+    let mut rows = Vec::with_capacity(accounts.len());
+    let mut stack: Vec<(usize, u32)> = roots.iter().rev().map(|&r| (r, 0)).collect();
+    while let Some((i, depth)) = stack.pop() {
+        let (a, f) = (&accounts[i], &tree.numbers[i]);
+        rows.push(ShareRow {
+            account: a.name.clone(),
+            parent: a.parent.clone(),
+            depth,
+            raw_shares: a.shares,
+            norm_shares: f.norm_shares,
+            raw_usage: tree.subtree_usage[i],
+            norm_usage: f.norm_usage,
+            effective_usage: f.effective_usage,
+            fairshare: f.factor,
+        });
+        let mut kids = tree.children[i].clone();
+        by_name(&mut kids);
+        stack.extend(kids.iter().rev().map(|&c| (c, depth + 1)));
+    }
+    rows
+}
+
+/// The classic fair-share arithmetic over the account tree, indexed like the input accounts.
+struct Tree {
+    roots: Vec<usize>,
+    /// In input order (the sums below run in that order, so the numbers do not depend on how a report sorts).
+    children: Vec<Vec<usize>>,
+    subtree_usage: Vec<f64>,
+    numbers: Vec<FairShare>,
+}
+
+impl Tree {
+    fn compute(accounts: &[Account]) -> Result<Self, ScheduleError> {
         let index: HashMap<&str, usize> = accounts.iter().enumerate().map(|(i, a)| (a.name.as_str(), i)).collect();
         if index.len() != accounts.len() {
             return Err(ScheduleError::Duplicate { kind: "account", name: duplicate_name(accounts) });
@@ -121,7 +209,7 @@ impl FairShareTree {
         let total_usage: f64 = roots.iter().map(|&r| subtree_usage[r]).sum();
         let root_shares: f64 = roots.iter().map(|&r| f64::from(accounts[r].shares)).sum();
 
-        let mut by_name = HashMap::with_capacity(accounts.len());
+        let mut numbers: Vec<Option<FairShare>> = vec![None; accounts.len()];
         let mut stack: Vec<(usize, f64, f64, f64, f64)> = Vec::new(); // (idx, sibling shares, parent S, parent U, parent UE)
         for &r in &roots {
             stack.push((r, root_shares, 1.0, 0.0, 0.0));
@@ -135,25 +223,16 @@ impl FairShareTree {
             // the parent is the whole cluster (U = UE), so UE = U.
             let ue = u + (parent_ue - parent_u) * local;
             let factor = if s > 0.0 { (-ue / s).exp2() } else { 0.0 };
-            by_name.insert(
-                a.name.clone(),
-                FairShare { account: a.name.clone(), norm_shares: s, norm_usage: u, effective_usage: ue, factor },
-            );
+            numbers[i] =
+                Some(FairShare { account: a.name.clone(), norm_shares: s, norm_usage: u, effective_usage: ue, factor });
             let child_shares: f64 = children[i].iter().map(|&c| f64::from(accounts[c].shares)).sum();
             for &c in &children[i] {
                 stack.push((c, child_shares, s, u, ue));
             }
         }
-        Ok(Self { by_name })
-    }
-
-    pub fn get(&self, account: &str) -> Option<&FairShare> {
-        self.by_name.get(account)
-    }
-
-    /// Fair-share factor of an account; an account the tree does not know gets 0 (lowest priority, but it can run).
-    pub fn factor(&self, account: &str) -> f64 {
-        self.by_name.get(account).map_or(0.0, |f| f.factor)
+        // Every account is reachable (checked above), so every one got its numbers.
+        let numbers = numbers.into_iter().map(Option::unwrap_or_default).collect();
+        Ok(Self { roots, children, subtree_usage, numbers })
     }
 }
 
@@ -175,7 +254,53 @@ mod tests {
         assert!((decay(100.0, 3600, 3600) - 50.0).abs() < 1e-9);
         assert!((decay(100.0, 7200, 3600) - 25.0).abs() < 1e-9);
         assert_eq!(decay(100.0, 0, 3600), 100.0);
-        assert_eq!(decay(100.0, 5, 0), 0.0);
+        // Half-life 0: no decay at all.
+        assert_eq!(decay(100.0, 5, 0), 100.0);
+    }
+
+    #[test]
+    fn decayed_usage_matches_numeric_integration() {
+        let (g, h) = (8, 3_600);
+        for (start, end, now) in [(0, 7_200, 7_200), (1_000, 4_000, 10_000), (5, 6, 6), (0, 86_400, 90_000)] {
+            let closed = decayed_usage(g, start, end, now, h);
+            // Midpoint rule, one-second steps: each second's usage decayed to `now`.
+            let numeric: f64 =
+                (start..end).map(|t| f64::from(g) * (-((now as f64 - (t as f64 + 0.5)) / h as f64)).exp2()).sum();
+            assert!((closed - numeric).abs() <= 1e-6 * numeric.max(1.0), "{start}..{end}@{now}: {closed} vs {numeric}");
+        }
+        // No half-life: plain GPU-seconds, whenever it is read.
+        assert_eq!(decayed_usage(4, 100, 400, 1_000_000, 0), 1_200.0);
+        assert_eq!(decayed_usage(4, 400, 100, 1_000, h), 0.0);
+        // Charging in two pieces equals charging once.
+        let whole = decayed_usage(g, 0, 1_000, 5_000, h);
+        let parts = decayed_usage(g, 0, 400, 5_000, h) + decayed_usage(g, 400, 1_000, 5_000, h);
+        assert!((whole - parts).abs() < 1e-9 * whole);
+    }
+
+    #[test]
+    fn share_report_is_in_tree_order_and_shares_add_up() {
+        let accounts = [
+            acct("zeta", Some("root"), 1, 10.0),
+            acct("root", None, 1, 0.0),
+            acct("alpha", Some("root"), 3, 30.0),
+            acct("a2", Some("alpha"), 1, 5.0),
+            acct("a1", Some("alpha"), 2, 0.0),
+        ];
+        let rows = share_report(&accounts);
+        let names: Vec<(&str, u32)> = rows.iter().map(|r| (r.account.as_str(), r.depth)).collect();
+        assert_eq!(names, [("root", 0), ("alpha", 1), ("a1", 2), ("a2", 2), ("zeta", 1)]);
+        let row = |n: &str| rows.iter().find(|r| r.account == n).unwrap();
+        assert!((row("alpha").norm_shares + row("zeta").norm_shares - row("root").norm_shares).abs() < 1e-12);
+        assert!((row("a1").norm_shares + row("a2").norm_shares - row("alpha").norm_shares).abs() < 1e-12);
+        assert_eq!(row("alpha").raw_usage, 35.0);
+        assert_eq!(row("root").raw_usage, 45.0);
+        // The same numbers the pass uses.
+        let tree = FairShareTree::new(&accounts).unwrap();
+        for r in &rows {
+            assert_eq!(r.fairshare, tree.factor(&r.account));
+            assert_eq!(r.effective_usage, tree.get(&r.account).unwrap().effective_usage);
+        }
+        assert!(share_report(&[acct("a", Some("ghost"), 1, 0.0)]).is_empty());
     }
 
     #[test]

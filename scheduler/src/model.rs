@@ -53,6 +53,9 @@ pub struct RunningJob {
     pub exclusive: bool,
     /// The advance reservation it runs in, if any: it consumes that reservation's capacity.
     pub reservation: Option<String>,
+    /// The job array it is a task of, if any: it counts against that array's [`ArrayLimit`].
+    #[serde(default)]
+    pub array_id: Option<JobId>,
 }
 
 impl RunningJob {
@@ -71,6 +74,14 @@ pub enum DependencyState {
     Waiting,
     /// A dependency can never be satisfied (e.g. afterok on a failed job).
     NeverSatisfied,
+}
+
+/// A job array's throttle (`--array=...%N`): at most `max_running` of its tasks run at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayLimit {
+    /// The array's id (Slurm's ArrayJobId), shared by all its tasks and by [`RunningJob::array_id`].
+    pub array_id: JobId,
+    pub max_running: u32,
 }
 
 /// A job waiting to start.
@@ -102,6 +113,16 @@ pub struct PendingJob {
     pub dependency: DependencyState,
     /// Multi-node jobs stay within one site unless they set this.
     pub allow_multi_site: bool,
+    /// Slurm's nice: subtracted from the final priority (which never goes below 0); negative raises it.
+    #[serde(default)]
+    pub nice: i32,
+    /// `scontrol top`: 0 = not topped. A user's topped jobs take that user's highest priority values (higher rank
+    /// first); their other jobs keep their order below. Other users' jobs are unaffected.
+    #[serde(default)]
+    pub top_rank: u64,
+    /// Set for a task of a throttled job array.
+    #[serde(default)]
+    pub array: Option<ArrayLimit>,
 }
 
 impl PendingJob {
@@ -127,6 +148,9 @@ impl PendingJob {
             held: false,
             dependency: DependencyState::Satisfied,
             allow_multi_site: false,
+            nice: 0,
+            top_rank: 0,
+            array: None,
         }
     }
 
@@ -193,13 +217,40 @@ impl AdvanceReservation {
     }
 }
 
-/// Quality of service: a priority factor and per-user limits.
+/// Quality of service: a priority factor, and limits per user and per account. A limit counts the running jobs
+/// of that user (account) under this QOS plus those the pass starts.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Qos {
     pub name: String,
     pub priority: u32,
     pub max_jobs_per_user: Option<u32>,
     pub max_gpus_per_user: Option<u32>,
+    #[serde(default)]
+    pub max_jobs_per_account: Option<u32>,
+    #[serde(default)]
+    pub max_gpus_per_account: Option<u32>,
+}
+
+impl Qos {
+    /// A QOS with this priority and no limits.
+    pub fn unlimited(name: impl Into<String>, priority: u32) -> Self {
+        Self {
+            name: name.into(),
+            priority,
+            max_jobs_per_user: None,
+            max_gpus_per_user: None,
+            max_jobs_per_account: None,
+            max_gpus_per_account: None,
+        }
+    }
+
+    /// Whether any per-user or per-account limit is set (only then does a pass count usage for it).
+    pub fn has_limits(&self) -> bool {
+        self.max_jobs_per_user.is_some()
+            || self.max_gpus_per_user.is_some()
+            || self.max_jobs_per_account.is_some()
+            || self.max_gpus_per_account.is_some()
+    }
 }
 
 /// Slurm's PriorityWeight* settings. Each factor is in [0, 1] and multiplied by its weight.

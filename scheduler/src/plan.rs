@@ -23,6 +23,38 @@ pub enum Reason {
     PartitionDown,
     PartitionTimeLimit,
     JobHeldUser,
+    /// Its job array already runs `max_running` tasks.
+    JobArrayTaskLimit,
+    QOSMaxJobsPerAccountLimit,
+    QOSMaxGRESPerAccount,
+}
+
+impl Reason {
+    /// Slurm's spelling, as `squeue` prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::Priority => "Priority",
+            Reason::Resources => "Resources",
+            Reason::ReqNodeNotAvail => "ReqNodeNotAvail",
+            Reason::Reservation => "Reservation",
+            Reason::Dependency => "Dependency",
+            Reason::DependencyNeverSatisfied => "DependencyNeverSatisfied",
+            Reason::QOSMaxGRESPerUser => "QOSMaxGRESPerUser",
+            Reason::QOSMaxJobsPerUserLimit => "QOSMaxJobsPerUserLimit",
+            Reason::PartitionDown => "PartitionDown",
+            Reason::PartitionTimeLimit => "PartitionTimeLimit",
+            Reason::JobHeldUser => "JobHeldUser",
+            Reason::JobArrayTaskLimit => "JobArrayTaskLimit",
+            Reason::QOSMaxJobsPerAccountLimit => "QOSMaxJobsPerAccountLimit",
+            Reason::QOSMaxGRESPerAccount => "QOSMaxGRESPerAccount",
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// GPUs a job gets on one node.
@@ -51,5 +83,35 @@ impl Plan {
 
     pub fn expected_start_of(&self, job: JobId) -> Option<u64> {
         self.expected_start.iter().find(|(j, _)| *j == job).map(|(_, t)| *t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Reason;
+
+    #[test]
+    fn reason_names_are_slurms() {
+        let all = [
+            Reason::Priority,
+            Reason::Resources,
+            Reason::ReqNodeNotAvail,
+            Reason::Reservation,
+            Reason::Dependency,
+            Reason::DependencyNeverSatisfied,
+            Reason::QOSMaxGRESPerUser,
+            Reason::QOSMaxJobsPerUserLimit,
+            Reason::PartitionDown,
+            Reason::PartitionTimeLimit,
+            Reason::JobHeldUser,
+            Reason::JobArrayTaskLimit,
+            Reason::QOSMaxJobsPerAccountLimit,
+            Reason::QOSMaxGRESPerAccount,
+        ];
+        for r in all {
+            // The variants are named exactly as Slurm spells the reasons.
+            assert_eq!(r.name(), format!("{r:?}"));
+            assert_eq!(r.to_string(), r.name());
+        }
     }
 }

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::fxhash::FxMap;
 use crate::model::{PendingJob, PriorityWeights};
 
 /// One job's factors (each in [0, 1]) and the weighted total, as `sprio -l` shows them.
@@ -12,7 +13,11 @@ pub struct PriorityBreakdown {
     pub job_size: f64,
     pub partition: f64,
     pub qos: f64,
-    /// Sum of weight × factor, rounded down like Slurm's integer priority.
+    /// The job's nice value, already subtracted from `priority`.
+    #[serde(default)]
+    pub nice: i32,
+    /// Sum of weight × factor, rounded down like Slurm's integer priority, minus nice (never below 0); after
+    /// `scontrol top` ([`apply_top`]) it is the value the job was given within its user's set.
     pub priority: u64,
 }
 
@@ -58,7 +63,46 @@ impl PriorityBreakdown {
             + f64::from(weights.job_size) * job_size
             + f64::from(weights.partition) * partition
             + f64::from(weights.qos) * qos;
-        Self { age, fairshare, job_size, partition, qos, priority: total.floor() as u64 }
+        let priority = (total.floor() as u64).saturating_add_signed(-i64::from(job.nice));
+        Self { age, fairshare, job_size, partition, qos, nice: job.nice, priority }
+    }
+}
+
+/// `scontrol top`: within each user who has topped jobs, permutes that user's priority values so the topped jobs
+/// hold the highest ones (higher `top_rank` first) and the user's other jobs keep their relative order with the
+/// values left. Each user keeps the same multiset of values, so no one gains against other users; users without a
+/// topped job are untouched. `priorities[i]` belongs to `jobs[i]`.
+pub fn apply_top(jobs: &[PendingJob], priorities: &mut [u64]) {
+    debug_assert_eq!(jobs.len(), priorities.len());
+    let mut by_user: FxMap<&str, Vec<usize>> = FxMap::default();
+    for j in jobs.iter().filter(|j| j.top_rank != 0) {
+        by_user.entry(j.user.as_str()).or_default();
+    }
+    if by_user.is_empty() {
+        return;
+    }
+    for (i, j) in jobs.iter().enumerate() {
+        if let Some(v) = by_user.get_mut(j.user.as_str()) {
+            v.push(i);
+        }
+    }
+    // Users are disjoint, so the order the groups are visited in does not matter.
+    for group in by_user.values_mut() {
+        let mut values: Vec<u64> = group.iter().map(|&i| priorities[i]).collect();
+        values.sort_unstable_by(|a, b| b.cmp(a));
+        // Topped first by rank; then (rank 0) everyone in the order the pass would use without top.
+        group.sort_unstable_by(|&a, &b| {
+            let (ja, jb) = (&jobs[a], &jobs[b]);
+            jb.top_rank
+                .cmp(&ja.top_rank)
+                .then(priorities[b].cmp(&priorities[a]))
+                .then(ja.submit_s.cmp(&jb.submit_s))
+                .then(ja.id.cmp(&jb.id))
+                .then(a.cmp(&b))
+        });
+        for (&i, v) in group.iter().zip(values) {
+            priorities[i] = v;
+        }
     }
 }
 
@@ -87,5 +131,41 @@ mod tests {
         // Age saturates at max age.
         let old = PendingJob::simple(2, 0, 1, 8, 60);
         assert_eq!(PriorityBreakdown::compute(&old, &w, &ctx, 0.0, 0, 0).age, 1.0);
+    }
+
+    #[test]
+    fn nice_is_subtracted_and_saturates() {
+        let w = PriorityWeights { age: 0, fairshare: 1000, job_size: 0, partition: 0, qos: 0, ..Default::default() };
+        let ctx = PriorityContext { now_s: 0, total_gpus: 8, max_partition_tier: 0, max_qos_priority: 0 };
+        let mut job = PendingJob::simple(1, 0, 1, 1, 60);
+        assert_eq!(PriorityBreakdown::compute(&job, &w, &ctx, 1.0, 0, 0).priority, 1000);
+        job.nice = 300;
+        let b = PriorityBreakdown::compute(&job, &w, &ctx, 1.0, 0, 0);
+        assert_eq!((b.priority, b.nice), (700, 300));
+        job.nice = 5000;
+        assert_eq!(PriorityBreakdown::compute(&job, &w, &ctx, 1.0, 0, 0).priority, 0);
+        job.nice = -50;
+        assert_eq!(PriorityBreakdown::compute(&job, &w, &ctx, 1.0, 0, 0).priority, 1050);
+    }
+
+    #[test]
+    fn top_permutes_within_the_user() {
+        let mut jobs: Vec<PendingJob> = (1..=5).map(|id| PendingJob::simple(id, id, 1, 1, 60)).collect();
+        jobs[4].user = "other".into();
+        jobs[2].top_rank = 1; // alice's lowest job
+        let mut p = vec![50, 40, 10, 30, 45];
+        apply_top(&jobs, &mut p);
+        // The topped job takes the user's best value; the rest keep their order (50 > 40 > 30) below it.
+        assert_eq!(p, vec![40, 30, 50, 10, 45]);
+        // Two topped jobs: the higher rank first.
+        jobs[3].top_rank = 2;
+        let mut p = vec![50, 40, 10, 30, 45];
+        apply_top(&jobs, &mut p);
+        assert_eq!(p, vec![30, 10, 40, 50, 45]);
+        // Nobody topped: unchanged.
+        let plain: Vec<PendingJob> = (1..=3).map(|id| PendingJob::simple(id, 0, 1, 1, 60)).collect();
+        let mut p = vec![1, 2, 3];
+        apply_top(&plain, &mut p);
+        assert_eq!(p, vec![1, 2, 3]);
     }
 }

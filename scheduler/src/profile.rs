@@ -13,7 +13,11 @@ pub struct Profile {
 
 impl Profile {
     pub fn new(origin_s: u64, free: i32) -> Self {
-        Self { steps: vec![(origin_s, free)] }
+        // Room for a few steps up front: a busy node gets one per running job and reservation, and growing a
+        // one-element Vec step by step was a visible share of building 10,000 profiles.
+        let mut steps = Vec::with_capacity(4);
+        steps.push((origin_s, free));
+        Self { steps }
     }
 
     pub fn origin_s(&self) -> u64 {

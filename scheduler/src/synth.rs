@@ -58,7 +58,7 @@ pub fn cluster(nodes: usize, gpus: u32) -> ClusterView {
         }],
         accounts: vec![Account { name: "root".into(), parent: None, shares: 1, usage_gpu_s: 0.0 }],
         reservations: Vec::new(),
-        qos: vec![Qos { name: "normal".into(), priority: 0, max_jobs_per_user: None, max_gpus_per_user: None }],
+        qos: vec![Qos::unlimited("normal", 0)],
     }
 }
 
@@ -76,6 +76,7 @@ pub fn occupy(view: &mut ClusterView, id: u64, node: usize, gpus: &[u32], start_
         time_limit_s,
         exclusive: false,
         reservation: None,
+        array_id: None,
     });
 }
 

@@ -64,6 +64,7 @@ fn fair_share_converges_to_shares_under_contention() {
                 time_limit_s: JOB_S,
                 exclusive: false,
                 reservation: None,
+                array_id: None,
             });
         }
         t += 60;

@@ -1,11 +1,12 @@
 //! Property tests over random clusters and queues: no double booking, backfill never delays a reservation,
 //! advance reservations never violated.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use drover_scheduler::synth::{XorShift, cluster, occupy};
 use drover_scheduler::{
-    AdvanceReservation, ClusterView, PendingJob, PriorityWeights, RunningJob, SchedulerConfig, schedule,
+    AdvanceReservation, ArrayLimit, ClusterView, PendingJob, PriorityWeights, Reason, RunningJob, SchedulerConfig,
+    schedule,
 };
 use proptest::prelude::*;
 
@@ -59,6 +60,55 @@ fn random_view(seed: u64, with_reservation: bool) -> ClusterView {
     v
 }
 
+/// A roomy cluster (many small jobs fit in one pass) with job arrays, per-account QOS limits, several users and
+/// accounts, nice values and topped jobs; some array tasks and accounts already have running jobs.
+fn limits_view(seed: u64) -> ClusterView {
+    let mut rng = XorShift::new(seed);
+    let mut v = cluster(2 + rng.below(10) as usize, 8);
+    v.now_s = 10_000;
+    v.qos[0].max_jobs_per_account = (rng.below(2) == 0).then(|| 1 + rng.below(8) as u32);
+    v.qos[0].max_gpus_per_account = (rng.below(2) == 0).then(|| 1 + rng.below(24) as u32);
+    let accounts = ["acct0", "acct1", "acct2"];
+    let running = rng.below(4);
+    for r in 0..running {
+        let node = rng.below(v.nodes.len() as u64) as usize;
+        occupy(&mut v, 90_000 + r, node, &[0], 9_000, 5_000);
+        let job = v.running.last_mut().unwrap();
+        job.account = accounts[rng.below(3) as usize].into();
+        job.array_id = (rng.below(2) == 0).then(|| 1_000 + rng.below(3));
+    }
+    for j in 0..(1 + rng.below(60)) {
+        let mut job = PendingJob::simple(j + 1, rng.below(10_000), 1, rng.below(3) as u32, 10 + rng.below(3_000));
+        job.user = format!("u{}", rng.below(4));
+        job.account = accounts[rng.below(3) as usize].into();
+        job.nice = rng.below(200) as i32 - 50;
+        if rng.below(5) == 0 {
+            job.top_rank = 1 + rng.below(3);
+        }
+        if rng.below(2) == 0 {
+            // Three arrays; a task's throttle is its array's.
+            let a = rng.below(3);
+            job.array = Some(ArrayLimit { array_id: 1_000 + a, max_running: 1 + a as u32 * 2 });
+        }
+        v.pending.push(job);
+    }
+    v
+}
+
+/// Weights that make priorities differ between jobs (age and fair-share), unlike [`config`].
+fn weighted() -> SchedulerConfig {
+    let weights = PriorityWeights {
+        age: 10_000,
+        fairshare: 0,
+        job_size: 0,
+        partition: 0,
+        qos: 0,
+        max_age_s: 10_000,
+        favor_small: false,
+    };
+    SchedulerConfig { weights, ..SchedulerConfig::default() }
+}
+
 /// The view after the plan's starts have begun at `now`.
 fn apply(v: &ClusterView, plan: &drover_scheduler::Plan) -> ClusterView {
     let mut next = v.clone();
@@ -78,6 +128,7 @@ fn apply(v: &ClusterView, plan: &drover_scheduler::Plan) -> ClusterView {
             time_limit_s: job.time_limit_s,
             exclusive: job.exclusive,
             reservation: job.reservation.clone(),
+            array_id: job.array.map(|a| a.array_id),
         });
         next.pending.retain(|p| p.id != *id);
     }
@@ -166,6 +217,126 @@ proptest! {
                     prop_assert!(je <= rs || js >= re, "job {} on reserved node {} during it", id, n);
                 }
             }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn array_throttle_is_never_exceeded(seed in any::<u64>()) {
+        let v = limits_view(seed);
+        let plan = schedule(&v, &weighted()).unwrap();
+        let limit: HashMap<u64, u32> =
+            v.pending.iter().filter_map(|j| j.array).map(|a| (a.array_id, a.max_running)).collect();
+        let mut count: HashMap<u64, u32> = HashMap::new();
+        for r in &v.running {
+            if let Some(a) = r.array_id {
+                *count.entry(a).or_default() += 1;
+            }
+        }
+        let before = count.clone();
+        for (id, _) in &plan.starts {
+            let job = v.pending.iter().find(|p| p.id == *id).unwrap();
+            if let Some(a) = job.array {
+                let c = count.entry(a.array_id).or_default();
+                *c += 1;
+                prop_assert!(*c <= a.max_running, "array {} runs {} > {}", a.array_id, c, a.max_running);
+            }
+        }
+        for (a, c) in &count {
+            // Started tasks never push an array over its throttle (running ones may already be over it).
+            if let Some(&max) = limit.get(a) {
+                prop_assert!(*c <= max.max(before.get(a).copied().unwrap_or(0)));
+            }
+        }
+        for (id, r) in &plan.reasons {
+            if *r == Reason::JobArrayTaskLimit {
+                prop_assert!(plan.expected_start_of(*id).is_none(), "throttled task {} holds a reservation", id);
+            }
+        }
+    }
+
+    #[test]
+    fn per_account_qos_limits_hold(seed in any::<u64>()) {
+        let v = limits_view(seed);
+        let plan = schedule(&v, &weighted()).unwrap();
+        let q = &v.qos[0];
+        let mut used: HashMap<&str, (u32, u32)> = HashMap::new();
+        for r in &v.running {
+            let e = used.entry(r.account.as_str()).or_default();
+            e.0 += 1;
+            e.1 += r.alloc.iter().map(|(_, g)| g.len() as u32).sum::<u32>();
+        }
+        for (id, alloc) in &plan.starts {
+            let job = v.pending.iter().find(|p| p.id == *id).unwrap();
+            let e = used.entry(job.account.as_str()).or_default();
+            e.0 += 1;
+            e.1 += alloc.iter().map(|(_, g)| g.len() as u32).sum::<u32>();
+            prop_assert!(q.max_jobs_per_account.is_none_or(|m| e.0 <= m), "account {} runs {} jobs", job.account, e.0);
+            prop_assert!(q.max_gpus_per_account.is_none_or(|m| e.1 <= m), "account {} holds {} GPUs", job.account, e.1);
+        }
+        for (id, r) in &plan.reasons {
+            if matches!(r, Reason::QOSMaxJobsPerAccountLimit | Reason::QOSMaxGRESPerAccount) {
+                prop_assert!(plan.expected_start_of(*id).is_none());
+            }
+        }
+    }
+
+    #[test]
+    fn top_permutes_only_within_the_user(seed in any::<u64>()) {
+        let v = limits_view(seed);
+        let mut untopped = v.clone();
+        for j in &mut untopped.pending {
+            j.top_rank = 0;
+        }
+        let prio = |v: &ClusterView| -> HashMap<u64, u64> {
+            schedule(v, &weighted()).unwrap().priorities.into_iter().map(|(id, b)| (id, b.priority)).collect()
+        };
+        let (with, without) = (prio(&v), prio(&untopped));
+        let mut users: HashMap<&str, (Vec<u64>, Vec<u64>)> = HashMap::new();
+        for j in &v.pending {
+            let e = users.entry(j.user.as_str()).or_default();
+            e.0.push(with[&j.id]);
+            e.1.push(without[&j.id]);
+        }
+        let topped: HashSet<&str> = v.pending.iter().filter(|j| j.top_rank != 0).map(|j| j.user.as_str()).collect();
+        for j in &v.pending {
+            if !topped.contains(j.user.as_str()) {
+                prop_assert_eq!(with[&j.id], without[&j.id], "job {} of an untopped user changed", j.id);
+            }
+        }
+        for (user, (mut a, mut b)) in users {
+            a.sort_unstable();
+            b.sort_unstable();
+            prop_assert_eq!(a, b, "user {}'s priority values changed", user);
+        }
+        // A topped job is at least as high as every untopped job of its user.
+        for j in v.pending.iter().filter(|j| j.top_rank != 0) {
+            for k in v.pending.iter().filter(|k| k.user == j.user && k.top_rank == 0) {
+                prop_assert!(with[&j.id] >= with[&k.id]);
+            }
+        }
+    }
+
+    #[test]
+    fn nice_lowers_priority(seed in any::<u64>()) {
+        let mut v = limits_view(seed);
+        for j in &mut v.pending {
+            j.top_rank = 0;
+        }
+        let mut plain = v.clone();
+        for j in &mut plain.pending {
+            j.nice = 0;
+        }
+        let a = schedule(&v, &weighted()).unwrap();
+        let b = schedule(&plain, &weighted()).unwrap();
+        let base: HashMap<u64, u64> = b.priorities.iter().map(|(id, p)| (*id, p.priority)).collect();
+        for (id, p) in &a.priorities {
+            let nice = v.pending.iter().find(|j| j.id == *id).unwrap().nice;
+            prop_assert_eq!(p.priority, base[id].saturating_add_signed(-i64::from(nice)));
+            prop_assert_eq!(p.nice, nice);
         }
     }
 }

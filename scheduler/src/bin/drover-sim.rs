@@ -79,7 +79,7 @@ fn simulate(jobs: &[TraceJob], cluster_gpus: u32, policy: Policy) -> Stats {
             priority_tier: 1,
             state: PartitionState::Up,
         }],
-        qos: vec![Qos { name: "normal".into(), priority: 0, max_jobs_per_user: None, max_gpus_per_user: None }],
+        qos: vec![Qos::unlimited("normal", 0)],
         ..ClusterView::default()
     };
     let weights = PriorityWeights { age: 0, fairshare: 0, job_size: 0, partition: 0, qos: 0, ..Default::default() };
@@ -176,6 +176,7 @@ fn simulate(jobs: &[TraceJob], cluster_gpus: u32, policy: Policy) -> Stats {
                     time_limit_s: run,
                     exclusive: false,
                     reservation: None,
+                    array_id: None,
                 });
                 started.insert(id);
             }
