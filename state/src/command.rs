@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::admin::AdminOp;
 use crate::config::{ClusterConfig, PartitionUpdate};
 use crate::error::CommandError;
 use crate::job::{JobId, JobSpec, NodeAllocation, PendingReason, Usage};
@@ -78,6 +79,16 @@ pub enum Command {
         job_id: JobId,
         by_uid: u32,
     },
+    /// Accounts, QOS and advance reservations (root only).
+    Admin {
+        op: AdminOp,
+        by_uid: u32,
+    },
+    /// `scontrol top`: these pending jobs move ahead of their owner's other jobs.
+    TopJobs {
+        ids: Vec<JobId>,
+        by_uid: u32,
+    },
 }
 
 /// One job's placement in a plan.
@@ -115,6 +126,8 @@ impl Command {
             Command::JobEnded { .. } => "job_ended",
             Command::CreateStep { .. } => "create_step",
             Command::UpdatePartition { .. } => "update_partition",
+            Command::Admin { op, .. } => op.kind(),
+            Command::TopJobs { .. } => "top_jobs",
         }
     }
 }

@@ -56,6 +56,17 @@ pub struct Partition {
     pub max_nodes: Option<u32>,
     #[serde(default)]
     pub state: PartitionState,
+    /// `MaxTRESPerJob=gres/gpu=N`: the most GPUs one job may ask for here; `None` = UNLIMITED.
+    #[serde(default)]
+    pub max_gpus_per_job: Option<u32>,
+    /// `PriorityTier`: jobs of a higher tier are scheduled first, and the tier feeds the partition factor.
+    #[serde(default)]
+    pub priority_tier: u32,
+    /// `AllowAccounts` / `AllowQos`: who may submit here; empty = everyone.
+    #[serde(default)]
+    pub allow_accounts: Vec<String>,
+    #[serde(default)]
+    pub allow_qos: Vec<String>,
 }
 
 impl Partition {
@@ -69,6 +80,10 @@ impl Partition {
             default_time_s: None,
             max_nodes: None,
             state: PartitionState::Up,
+            max_gpus_per_job: None,
+            priority_tier: 0,
+            allow_accounts: Vec::new(),
+            allow_qos: Vec::new(),
         }
     }
 }
@@ -104,6 +119,15 @@ pub struct PartitionUpdate {
     pub max_nodes: Option<Limit<u32>>,
     /// `Default=YES` makes this the default partition (and no other).
     pub make_default: bool,
+    #[serde(default)]
+    pub max_gpus_per_job: Option<Limit<u32>>,
+    #[serde(default)]
+    pub priority_tier: Option<u32>,
+    /// `AllowAccounts=a,b` / `AllowQos=...` (`ALL` clears the list).
+    #[serde(default)]
+    pub allow_accounts: Option<Vec<String>>,
+    #[serde(default)]
+    pub allow_qos: Option<Vec<String>>,
 }
 
 /// Limits that protect the controllers from oversized or runaway input. Replicated, so every replica
@@ -117,12 +141,60 @@ pub struct Limits {
     pub max_environment_bytes: u64,
     /// The most jobs that may be pending or running at once (Slurm's `MaxJobCount`).
     pub max_active_jobs: u64,
+    /// Slurm's `MaxArraySize`: array task ids must be below it (and an array has at most this many tasks).
+    pub max_array_size: u32,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_script_bytes: 4 * 1024 * 1024, max_environment_bytes: 1024 * 1024, max_active_jobs: 2_000_000 }
+        Limits {
+            max_script_bytes: 4 * 1024 * 1024,
+            max_environment_bytes: 1024 * 1024,
+            max_active_jobs: 2_000_000,
+            max_array_size: 1001,
+        }
     }
+}
+
+/// Slurm's `PriorityWeight*` settings and the backfill depth: how the leader's scheduler weighs pending jobs.
+/// Replicated, so a new leader schedules by the same rules.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulerSettings {
+    pub weight_age: u32,
+    pub weight_fairshare: u32,
+    pub weight_job_size: u32,
+    pub weight_partition: u32,
+    pub weight_qos: u32,
+    /// `PriorityMaxAge`: the age factor is 1 after this long in the queue.
+    pub max_age_s: u64,
+    /// `PriorityFavorSmall`.
+    pub favor_small: bool,
+    /// How many blocked jobs, in priority order, get a backfill reservation at their earliest start. Every
+    /// pending job is still considered for starting now on every pass.
+    pub reservation_depth: u32,
+}
+
+impl Default for SchedulerSettings {
+    fn default() -> Self {
+        SchedulerSettings {
+            weight_age: 1_000,
+            weight_fairshare: 10_000,
+            weight_job_size: 1_000,
+            weight_partition: 1_000,
+            weight_qos: 1_000,
+            max_age_s: 7 * 24 * 3600,
+            favor_small: false,
+            reservation_depth: 100,
+        }
+    }
+}
+
+/// Slurm's `PriorityDecayHalfLife` default: 7 days.
+pub const DEFAULT_HALF_LIFE_S: u64 = 7 * 24 * 3600;
+
+fn default_half_life_s() -> u64 {
+    DEFAULT_HALF_LIFE_S
 }
 
 /// The replicated cluster configuration. Every field may be left out of the TOML (defaults apply).
@@ -132,6 +204,10 @@ pub struct ClusterConfig {
     pub cluster_name: String,
     pub partitions: Vec<Partition>,
     pub limits: Limits,
+    /// `PriorityDecayHalfLife`: past usage counts half as much after this long (0: never decays).
+    #[serde(default = "default_half_life_s")]
+    pub fairshare_half_life_s: u64,
+    pub scheduler: SchedulerSettings,
 }
 
 impl ClusterConfig {
@@ -159,6 +235,13 @@ impl ClusterConfig {
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        ClusterConfig { cluster_name: "drover".to_string(), partitions: vec![], limits: Limits::default() }.normalized()
+        ClusterConfig {
+            cluster_name: "drover".to_string(),
+            partitions: vec![],
+            limits: Limits::default(),
+            fairshare_half_life_s: DEFAULT_HALF_LIFE_S,
+            scheduler: SchedulerSettings::default(),
+        }
+        .normalized()
     }
 }

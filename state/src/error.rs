@@ -46,4 +46,14 @@ pub enum CommandError {
     StaleReport { id: JobId, incarnation: u64, why: String },
     #[error("Job {id} is not running (state {state})")]
     NotRunning { id: JobId, state: String },
+    #[error("Access/permission denied: only root may {what} (requested by uid {uid})")]
+    AdminOnly { uid: u32, what: String },
+    #[error("Invalid account or account/partition combination specified: {name}: {why}")]
+    InvalidAccount { name: String, why: String },
+    #[error("Invalid qos specification: {name}: {why}")]
+    InvalidQos { name: String, why: String },
+    #[error("Requested reservation is invalid: {name}: {why}")]
+    InvalidReservation { name: String, why: String },
+    #[error("Job dependency problem: {0}")]
+    DependencyProblem(String),
 }

@@ -76,6 +76,65 @@ pub struct JobSpec {
     pub nodelist: Vec<String>,
     /// `--exclude/-x`: never on these nodes.
     pub exclude: Vec<String>,
+    /// `--qos/-q`; `None` takes the cluster's default QOS (`normal`).
+    pub qos: Option<String>,
+    /// `--reservation`: run only inside this advance reservation.
+    pub reservation: Option<String>,
+    /// `--nice`: subtracted from the job's priority (only root may give a negative value).
+    pub nice: i32,
+    /// `--dependency`: all must hold (Slurm's `,`), or any one (Slurm's `?`) when `dependency_any`.
+    pub dependency: Vec<Dependency>,
+    pub dependency_any: bool,
+    /// `--array`: the task ids and the `%N` limit on tasks running at once. Each task becomes its own job.
+    pub array: Option<ArraySpec>,
+    /// `--gpus/-G` without `--nodes`: the total, spread over as few nodes as the partition allows (resolved at
+    /// submit into `min_nodes` x `gpus_per_node`).
+    pub gpus_total: Option<u32>,
+    /// `--gpus-per-task` (already folded into `gpus_per_node` by the client; kept for `SLURM_GPUS_PER_TASK`).
+    pub gpus_per_task: Option<u32>,
+}
+
+/// What a `--dependency` entry waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DependencyKind {
+    /// `after`: the target started (or ended).
+    After,
+    /// `afterok`: the target completed with exit code 0.
+    AfterOk,
+    /// `afterany`: the target ended, however.
+    AfterAny,
+    /// `afternotok`: the target ended in a failed state (non-zero exit, cancelled, timeout, node failure).
+    AfterNotOk,
+    /// `singleton`: no other job of this user with this name is running or ahead in the queue.
+    Singleton,
+}
+
+impl DependencyKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            DependencyKind::After => "after",
+            DependencyKind::AfterOk => "afterok",
+            DependencyKind::AfterAny => "afterany",
+            DependencyKind::AfterNotOk => "afternotok",
+            DependencyKind::Singleton => "singleton",
+        }
+    }
+}
+
+/// One `--dependency` entry: `afterok:123` (every task of array 123, or job 123), `afterok:123_4` (one task).
+/// `job` is 0 for `singleton`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Dependency {
+    pub kind: DependencyKind,
+    pub job: JobId,
+    pub task: Option<u32>,
+}
+
+/// `--array=0-99:2%8`: the task ids (sorted, unique) and how many may run at once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ArraySpec {
+    pub task_ids: Vec<u32>,
+    pub max_running: Option<u32>,
 }
 
 impl JobSpec {
@@ -136,8 +195,9 @@ impl JobSpec {
 }
 
 /// Slurm's job state names, with the same meaning.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
 pub enum JobState {
+    #[default]
     Pending,
     Running,
     Suspended,
@@ -223,8 +283,9 @@ impl JobState {
 }
 
 /// Why a pending job is not running, in Slurm's words (`squeue`'s `REASON` column).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub enum PendingReason {
+    #[default]
     None,
     Priority,
     Resources,
@@ -243,6 +304,10 @@ pub enum PendingReason {
     QOSMaxJobsPerUserLimit,
     /// The time limit exceeds the partition's.
     PartitionTimeLimit,
+    QOSMaxJobsPerAccountLimit,
+    QOSMaxGRESPerAccount,
+    /// Its array's `%N` limit of running tasks is reached.
+    JobArrayTaskLimit,
 }
 
 impl PendingReason {
@@ -262,13 +327,16 @@ impl PendingReason {
             PendingReason::QOSMaxGRESPerUser => "QOSMaxGRESPerUser",
             PendingReason::QOSMaxJobsPerUserLimit => "QOSMaxJobsPerUserLimit",
             PendingReason::PartitionTimeLimit => "PartitionTimeLimit",
+            PendingReason::QOSMaxJobsPerAccountLimit => "QOSMaxJobsPerAccountLimit",
+            PendingReason::QOSMaxGRESPerAccount => "QOSMaxGRESPerAccount",
+            PendingReason::JobArrayTaskLimit => "JobArrayTaskLimit",
         }
     }
 }
 
 /// A job as the replicated state holds it. The script text is *not* here: it is stored once, beside the job,
 /// so that the in-memory state of a million pending jobs stays small.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Job {
     pub id: JobId,
     /// The spec with `script` emptied (kept in the script table).
@@ -310,9 +378,66 @@ pub struct Job {
     /// Why the last incarnation failed to launch, or what the agent said about the end.
     #[serde(default)]
     pub message: Option<String>,
+    /// The account charged (the spec's, else the user's default) and the QOS, resolved at submit.
+    #[serde(default)]
+    pub account: String,
+    #[serde(default)]
+    pub qos: String,
+    /// Set for a task of a job array.
+    #[serde(default)]
+    pub array: Option<ArrayTask>,
+    /// Per entry of `spec.dependency`, as far as `apply` knows (singletons are judged by the scheduler).
+    #[serde(default)]
+    pub dependency_state: Vec<DepState>,
+    /// `scontrol top`: the latest top wins among the owner's jobs (0 = never topped).
+    #[serde(default)]
+    pub top_rank: u64,
+}
+
+/// One task of a job array. The tasks of array `A` hold the consecutive job ids `A .. A + task_count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayTask {
+    /// The array's job id (its first task's id): `SLURM_ARRAY_JOB_ID`, the `123` of `123_4`.
+    pub array_job_id: JobId,
+    /// `SLURM_ARRAY_TASK_ID`, the `4` of `123_4`.
+    pub task_id: u32,
+    pub task_count: u32,
+    /// Lowest and highest task id (`SLURM_ARRAY_TASK_MIN/MAX`).
+    pub task_min: u32,
+    pub task_max: u32,
+    /// `%N`: at most this many tasks run at once.
+    pub max_running: Option<u32>,
+}
+
+/// Where one dependency stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum DepState {
+    #[default]
+    Waiting,
+    Satisfied,
+    /// It can never hold (afterok on a failed job): the job stays pending with `DependencyNeverSatisfied`.
+    Never,
 }
 
 impl Job {
+    /// The id users see: `123_4` for an array task, else `123`.
+    pub fn display_id(&self) -> String {
+        match &self.array {
+            Some(a) => format!("{}_{}", a.array_job_id, a.task_id),
+            None => self.id.to_string(),
+        }
+    }
+
+    /// Where the job's script is stored: once per array, under the array's id.
+    pub fn script_id(&self) -> JobId {
+        self.array.map_or(self.id, |a| a.array_job_id)
+    }
+
+    /// Whether the job ended the way `afterok` waits for.
+    pub fn succeeded(&self) -> bool {
+        self.state == JobState::Completed && self.exit_code == 0 && self.exit_signal == 0
+    }
+
     /// GPUs held on all nodes (`AllocTRES` gres/gpu).
     pub fn allocated_gpus(&self) -> usize {
         self.allocation.iter().map(|a| a.gpus.len()).sum()

@@ -4,24 +4,41 @@
 //! in the state. `apply` returns the list of records that changed, and the storage layer writes exactly those,
 //! atomically with the applied log id.
 
+pub mod account;
+pub mod admin;
+pub mod array;
 pub mod command;
 pub mod config;
+pub mod dependency;
+pub mod dependents;
 pub mod error;
 pub mod first_fit;
 pub mod hostlist;
 pub mod job;
 pub mod lifecycle;
 pub mod node;
+pub mod qos;
+pub mod reservation;
 pub mod slurm_time;
 pub mod state;
 
+pub use account::{Account, AccountUpdate};
+pub use admin::{AdminOp, Object};
 pub use command::{Allocation, Command, JobEnd, JobOutcome, Reply, Request, Response};
 pub use config::{ClusterConfig, Limit, Partition, PartitionState, PartitionUpdate};
 pub use error::CommandError;
-pub use job::{ExportPolicy, Job, JobId, JobSpec, JobState, NodeAllocation, PendingReason, Usage};
+pub use job::{
+    ArraySpec, ArrayTask, DepState, Dependency, DependencyKind, ExportPolicy, Job, JobId, JobSpec, JobState,
+    NodeAllocation, PendingReason, Usage,
+};
 pub use node::{GpuInfo, Node, NodeHealth, NodeInfo};
-pub use state::{Applied, Change, Meta, State};
+pub use qos::Qos;
+pub use reservation::{Reservation, ReservationFlag, ReservationUpdate};
+pub use state::{Applied, Change, Meta, Records, Resolved, State};
 
 /// The version of the persisted format (records and snapshots). Bumped on any incompatible change; a replica
 /// refuses to open data of a version it does not know.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+/// Versions this build opens and upgrades in place: version 1 lacks the registry of accounts, QOS and
+/// reservations, which version 2 adds in a family of its own (so version-1 data is valid, empty-registry data).
+pub const READABLE_FORMAT_VERSIONS: [u32; 2] = [1, 2];

@@ -54,7 +54,7 @@ impl State {
     /// as a new incarnation, any other ends as NODE_FAIL.
     fn end_on_node_failure(&mut self, id: JobId, node: &str, now_ms: u64, changes: &mut Vec<Change>) {
         let mut job = self.jobs.remove(&id).expect("a node's job is active");
-        self.release_allocation(&job, changes);
+        self.release_allocation(&job, now_ms, changes);
         job.message = Some(format!("node {node} failed"));
         if job.ending.is_none() && job.spec.requeue != Some(false) && !job.spec.interactive {
             job.state = JobState::Pending;
@@ -75,7 +75,8 @@ impl State {
 
     /// Frees the job's GPUs and CPUs on every node it holds (the nodes are written to `changes`, except the
     /// caller's own node in `node_down`, which writes it last).
-    fn release_allocation(&mut self, job: &Job, changes: &mut Vec<Change>) {
+    fn release_allocation(&mut self, job: &Job, now_ms: u64, changes: &mut Vec<Change>) {
+        self.charge_usage(job, now_ms, changes);
         for share in &job.allocation {
             let node = self.nodes.get_mut(&share.node).expect("an allocation names a known node");
             for gpu in &share.gpus {
@@ -86,6 +87,18 @@ impl State {
             assert!(node.jobs.remove(&job.id), "node {} did not list job {}", share.node, job.id);
             changes.push(Change::PutNode(node.clone()));
         }
+    }
+
+    /// Charges the GPU-seconds an incarnation used to its account (decayed; see `account`). Nothing is charged
+    /// while no account tree is defined.
+    fn charge_usage(&mut self, job: &Job, now_ms: u64, changes: &mut Vec<Change>) {
+        let Some(start_ms) = job.start_time_ms else { return };
+        let half_life_s = self.config().map_or(0, |c| c.fairshare_half_life_s);
+        let Some(account) = self.accounts.get_mut(&job.account) else { return };
+        let gpus = job.allocated_gpus() as u32;
+        let gpu_s = crate::account::decayed_gpu_seconds(gpus, start_ms / 1_000, now_ms / 1_000, half_life_s);
+        account.charge(gpu_s, now_ms / 1_000, half_life_s);
+        changes.push(Change::PutObject(crate::admin::Object::Account(account.clone())));
     }
 
     pub(crate) fn drain_nodes(
@@ -243,7 +256,7 @@ impl State {
             });
         }
         let mut job = self.jobs.remove(&id).expect("checked");
-        self.release_allocation(&job, changes);
+        self.release_allocation(&job, now_ms, changes);
         job.state = match job.ending.take() {
             Some(state) => state,
             None if end.timed_out => JobState::Timeout,
@@ -353,6 +366,28 @@ impl State {
                 node.jobs.iter().map(|id| share_on(&self.jobs[id], &node.info.name).map_or(0, |s| s.cpus)).sum();
             assert_eq!(cpus, node.allocated_cpus, "{} CPU count", node.info.name);
         }
+        // A job that never started: its stored dependency verdicts agree with judging them afresh (where the target
+        // is still known), and the reverse index lists it under every target it names. (A requeued job passed its
+        // dependencies once and keeps them; an `after` that held stays held even if its target is requeued.)
+        for job in self.jobs.values().filter(|j| j.state == JobState::Pending && j.incarnation == 0) {
+            assert_eq!(job.dependency_state.len(), job.spec.dependency.len(), "job {} verdict count", job.id);
+            for (dep, stored) in job.spec.dependency.iter().zip(&job.dependency_state) {
+                let kept = dep.kind == crate::job::DependencyKind::After && *stored == crate::job::DepState::Satisfied;
+                if dep.kind == crate::job::DependencyKind::Singleton || kept {
+                    continue;
+                }
+                if let Some(now) = self.judge(dep) {
+                    assert_eq!(now, *stored, "job {} dependency {dep:?}", job.id);
+                }
+                assert!(self.dependents.get(&dep.job).is_some_and(|s| s.contains(&job.id)), "job {} unindexed", job.id);
+            }
+        }
+        for (target, waiting) in &self.dependents {
+            for id in waiting {
+                let job = self.jobs.get(id).unwrap_or_else(|| panic!("index lists gone job {id} under {target}"));
+                assert_eq!(job.state, JobState::Pending, "index lists non-pending job {id}");
+            }
+        }
         for job in self.jobs.values() {
             assert_eq!(job.allocation.is_empty(), job.state == JobState::Pending, "job {} allocation vs state", job.id);
             for share in &job.allocation {
@@ -380,7 +415,7 @@ mod tests {
     use crate::command::{Command, Request};
     use crate::config::ClusterConfig;
     use crate::first_fit::first_fit;
-    use crate::job::JobSpec;
+    use crate::job::{Dependency, DependencyKind, JobSpec};
     use crate::node::GpuInfo;
 
     fn at(time_ms: u64, command: Command) -> Request {
@@ -581,7 +616,7 @@ mod tests {
 
     #[derive(Debug, Clone)]
     enum Op {
-        Submit { nodes: u32, gpus: u32 },
+        Submit { nodes: u32, gpus: u32, dep: Option<(usize, u8)>, tasks: u32 },
         Schedule,
         End { pick: usize, exit_code: i32 },
         Cancel { pick: usize },
@@ -591,7 +626,8 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            (1u32..3, 0u32..5).prop_map(|(nodes, gpus)| Op::Submit { nodes, gpus }),
+            (1u32..3, 0u32..5, proptest::option::of((any::<usize>(), 0u8..4)), 0u32..3)
+                .prop_map(|(nodes, gpus, dep, tasks)| Op::Submit { nodes, gpus, dep, tasks }),
             Just(Op::Schedule),
             (any::<usize>(), 0i32..2).prop_map(|(pick, exit_code)| Op::End { pick, exit_code }),
             any::<usize>().prop_map(|pick| Op::Cancel { pick }),
@@ -610,7 +646,18 @@ mod tests {
                 let t = 100 + t as u64;
                 let active: Vec<JobId> = state.jobs.keys().copied().collect();
                 match op {
-                    Op::Submit { nodes, gpus } => { let _ = state.apply(&at(t, Command::SubmitJob { spec: Box::new(job(nodes, gpus, 1)), request_id: None })); }
+                    Op::Submit { nodes, gpus, dep, tasks } => {
+                        let mut spec = job(nodes, gpus, 1);
+                        if let Some((pick, kind)) = dep && state.meta.next_job_id > 1 {
+                            let kinds = [DependencyKind::After, DependencyKind::AfterOk, DependencyKind::AfterAny, DependencyKind::AfterNotOk];
+                            let target = 1 + (pick as u64 % (state.meta.next_job_id - 1));
+                            spec.dependency = vec![Dependency { kind: kinds[kind as usize], job: target, task: None }];
+                        }
+                        if tasks > 0 {
+                            spec.array = Some(crate::job::ArraySpec { task_ids: (0..=tasks).collect(), max_running: None });
+                        }
+                        let _ = state.apply(&at(t, Command::SubmitJob { spec: Box::new(spec), request_id: None }));
+                    }
                     Op::Schedule => { schedule(&mut state, t); }
                     Op::End { pick, exit_code } if !active.is_empty() => { let _ = end(&mut state, active[pick % active.len()], exit_code); }
                     Op::Cancel { pick } if !active.is_empty() => { state.apply(&at(t, Command::CancelJobs { ids: vec![active[pick % active.len()]], by_uid: 0 })); }

@@ -5,18 +5,41 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
+use crate::account::{Account, ROOT_ACCOUNT};
+use crate::admin::Object;
+use crate::dependents::{Dependents, Fate};
+use crate::job::{ArrayTask, DepState};
+use crate::qos::{DEFAULT_QOS, Qos};
+use crate::reservation::Reservation;
+
 use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, JobOutcome, Reply, Request, Response};
 use crate::config::{ClusterConfig, Limit, PartitionUpdate};
 use crate::error::CommandError;
-use crate::job::{Job, JobId, JobSpec, JobState, PendingReason, Usage};
+use crate::job::{Job, JobId, JobSpec, JobState, PendingReason};
 use crate::node::Node;
 use crate::slurm_time::format_time_limit;
 
 /// How many client request ids are remembered for deduplicating retried submissions. A client retries within
 /// seconds; 100k covers minutes of submissions at full rate.
 pub const DEDUP_CAPACITY: usize = 100_000;
+/// Most `--dependency` entries one job may name.
+pub const MAX_DEPENDENCIES: usize = 100;
+
+/// What `validate_submit` resolves from a spec against the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    pub partition: String,
+    pub time_limit_s: Option<u64>,
+    pub account: String,
+    pub qos: String,
+    /// Node count and GPUs per node (`--gpus=N` spread over the fewest nodes).
+    pub min_nodes: u32,
+    pub max_nodes: u32,
+    pub gpus_per_node: u32,
+    pub dependency_state: Vec<DepState>,
+}
 
 /// The small, always-written part of the state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,16 +50,25 @@ pub struct Meta {
     pub config: Option<ClusterConfig>,
     /// Sequence numbers for the dedup table's FIFO eviction.
     pub next_dedup_seq: u64,
+    /// `scontrol top` stamps: a later top ranks above an earlier one.
+    #[serde(default)]
+    pub next_top_rank: u64,
 }
 
 impl Default for Meta {
     fn default() -> Self {
-        Meta { format_version: crate::FORMAT_VERSION, next_job_id: 1, config: None, next_dedup_seq: 0 }
+        Meta {
+            format_version: crate::FORMAT_VERSION,
+            next_job_id: 1,
+            config: None,
+            next_dedup_seq: 0,
+            next_top_rank: 0,
+        }
     }
 }
 
 /// One record the storage layer must write, atomically with the others of the same entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Change {
     Meta(Meta),
     /// An active job, inserted or updated.
@@ -59,6 +91,9 @@ pub enum Change {
     },
     /// A node, inserted or updated (nodes are never deleted: a dead node stays DOWN with its reason).
     PutNode(Node),
+    /// An account, QOS or reservation, inserted or updated; and one removed, by its key (`Object::key`).
+    PutObject(Object),
+    DeleteObject(String),
 }
 
 /// What one `apply` produced: the answer for the proposer and the records to persist.
@@ -77,29 +112,82 @@ pub struct State {
     pub nodes: BTreeMap<String, Node>,
     dedup: HashMap<String, JobId>,
     dedup_order: VecDeque<(u64, String)>,
+    /// The fair-share tree (empty: no accounts defined, every job charges an implicit flat tree).
+    pub accounts: BTreeMap<String, Account>,
+    /// QOS by name (`normal` is implicit until defined).
+    pub qos: BTreeMap<String, Qos>,
+    pub reservations: BTreeMap<String, Reservation>,
+    /// Recent finished jobs' fates, for dependencies (see `dependents`).
+    pub(crate) fates: BTreeMap<JobId, Fate>,
+    pub(crate) dependents: Dependents,
+}
+
+/// Everything `State::restore` rebuilds the state from.
+#[derive(Debug, Default)]
+pub struct Records {
+    pub meta: Meta,
+    pub jobs: Vec<Job>,
+    pub nodes: Vec<Node>,
+    /// Dedup entries in sequence order.
+    pub dedup: Vec<(u64, String, JobId)>,
+    pub objects: Vec<Object>,
+    /// The newest finished jobs (at least the `FATE_CAPACITY` highest ids of the history, in any order).
+    pub finished: Vec<Job>,
 }
 
 impl State {
     /// Rebuilds the state from persisted records (in any order of jobs; dedup entries in sequence order).
-    pub fn restore(
-        meta: Meta,
-        jobs: impl IntoIterator<Item = Job>,
-        nodes: impl IntoIterator<Item = Node>,
-        dedup: impl IntoIterator<Item = (u64, String, JobId)>,
-    ) -> State {
+    pub fn restore(records: Records) -> State {
+        let Records { meta, jobs, nodes, dedup, objects, finished } = records;
         let mut state = State { meta, ..State::default() };
         for node in nodes {
             state.nodes.insert(node.info.name.clone(), node);
         }
         for job in jobs {
             assert!(!job.state.is_terminal(), "restored active job {} is terminal", job.id);
+            if job.state == JobState::Pending {
+                state.index_dependencies(&job);
+            }
             state.jobs.insert(job.id, job);
         }
         for (seq, request_id, job_id) in dedup {
             state.dedup.insert(request_id.clone(), job_id);
             state.dedup_order.push_back((seq, request_id));
         }
+        for object in objects {
+            state.put_object(object);
+        }
+        for job in finished {
+            state.remember_fate(&job);
+        }
         state
+    }
+
+    fn put_object(&mut self, object: Object) {
+        match object {
+            Object::Account(a) => drop(self.accounts.insert(a.name.clone(), a)),
+            Object::Qos(q) => drop(self.qos.insert(q.name.clone(), q)),
+            Object::Reservation(r) => drop(self.reservations.insert(r.name.clone(), r)),
+        }
+    }
+
+    /// Everything needed to rebuild this state with `restore` (tests and snapshots use it).
+    pub fn records(&self) -> Records {
+        Records {
+            meta: self.meta.clone(),
+            jobs: self.jobs.values().cloned().collect(),
+            nodes: self.nodes.values().cloned().collect(),
+            dedup: self.dedup_entries().map(|(s, r, j)| (s, r.to_string(), j)).collect(),
+            objects: self
+                .accounts
+                .values()
+                .cloned()
+                .map(Object::Account)
+                .chain(self.qos.values().cloned().map(Object::Qos))
+                .chain(self.reservations.values().cloned().map(Object::Reservation))
+                .collect(),
+            finished: Vec::new(),
+        }
     }
 
     pub fn config(&self) -> Option<&ClusterConfig> {
@@ -146,8 +234,11 @@ impl State {
             }
             Command::CreateStep { job_id, by_uid } => self.create_step(*job_id, *by_uid, &mut changes),
             Command::UpdatePartition { update } => self.update_partition(update, &mut changes),
+            Command::Admin { op, by_uid } => self.admin(op, *by_uid, request.time_ms, &mut changes),
+            Command::TopJobs { ids, by_uid } => Ok(self.for_each_job(ids, |s, id| s.top(id, *by_uid, &mut changes))),
         };
         debug_assert!(response.is_ok() || changes.is_empty(), "a refused command changed the state");
+        self.track_dependencies(&mut changes);
         Applied { response, changes }
     }
 
@@ -196,6 +287,21 @@ impl State {
         if let Some(v) = update.max_nodes {
             p.max_nodes = v.value();
         }
+        if let Some(v) = update.max_gpus_per_job {
+            p.max_gpus_per_job = v.value();
+        }
+        if let Some(v) = update.priority_tier {
+            p.priority_tier = v;
+        }
+        let all = |list: &Vec<String>| {
+            if list.iter().any(|a| a.eq_ignore_ascii_case("ALL")) { Vec::new() } else { list.clone() }
+        };
+        if let Some(v) = &update.allow_accounts {
+            p.allow_accounts = all(v);
+        }
+        if let Some(v) = &update.allow_qos {
+            p.allow_qos = all(v);
+        }
         if update.make_default {
             for (i, other) in config.partitions.iter_mut().enumerate() {
                 other.default = i == index;
@@ -205,9 +311,10 @@ impl State {
         Ok(Reply::Nothing)
     }
 
-    /// Checks a submission against the configuration and limits without changing anything. The leader calls it
-    /// before proposing (to answer bad requests without a log entry); `apply` calls it again, authoritatively.
-    pub fn validate_submit(&self, spec: &JobSpec) -> Result<(String, Option<u64>), CommandError> {
+    /// Checks a submission against the configuration and limits without changing anything, and resolves what
+    /// the spec leaves open. The leader calls it before proposing (to answer bad requests without a log entry);
+    /// `apply` calls it again, authoritatively.
+    pub fn validate_submit(&self, spec: &JobSpec) -> Result<Resolved, CommandError> {
         let config = self.config().ok_or(CommandError::NotInitialized)?;
         let limits = &config.limits;
         let script_bytes = spec.script.len() as u64;
@@ -224,7 +331,28 @@ impl State {
                 limit_bytes: limits.max_environment_bytes,
             });
         }
-        if self.jobs.len() as u64 >= limits.max_active_jobs {
+        let tasks = match &spec.array {
+            None => 1,
+            Some(array) => {
+                let max = limits.max_array_size;
+                if array.task_ids.is_empty() {
+                    return Err(CommandError::InvalidRequest("--array names no task ids".to_string()));
+                }
+                if let Some(id) = array.task_ids.iter().find(|&&id| id >= max) {
+                    return Err(CommandError::InvalidRequest(format!(
+                        "--array task id {id} is not below the cluster's MaxArraySize of {max}"
+                    )));
+                }
+                if !array.task_ids.windows(2).all(|w| w[0] < w[1]) {
+                    return Err(CommandError::InvalidRequest("--array task ids must be sorted and unique".into()));
+                }
+                if array.max_running == Some(0) {
+                    return Err(CommandError::InvalidRequest("--array's %N limit must be at least 1".into()));
+                }
+                array.task_ids.len() as u64
+            }
+        };
+        if self.jobs.len() as u64 + tasks > limits.max_active_jobs {
             return Err(CommandError::TooManyJobs { active: self.jobs.len() as u64 });
         }
         if spec.min_nodes == 0 || spec.max_nodes < spec.min_nodes {
@@ -235,6 +363,15 @@ impl State {
         }
         if spec.cpus_per_task == 0 || spec.ntasks == Some(0) || spec.ntasks_per_node == Some(0) {
             return Err(CommandError::InvalidRequest("task and cpu counts must be at least 1".to_string()));
+        }
+        if spec.nice < 0 && spec.uid != 0 {
+            return Err(CommandError::InvalidRequest(format!(
+                "--nice={}: only root may raise a job's priority with a negative nice",
+                spec.nice
+            )));
+        }
+        if spec.dependency.len() > MAX_DEPENDENCIES {
+            return Err(CommandError::DependencyProblem(format!("at most {MAX_DEPENDENCIES} dependencies per job")));
         }
         let partition = match &spec.partition {
             Some(name) => config.partition(name).ok_or_else(|| CommandError::InvalidPartition {
@@ -249,14 +386,20 @@ impl State {
                 state: partition.state.name().to_string(),
             });
         }
+        let (min_nodes, gpus_per_node) = self.spread_gpus(spec, &partition.name)?;
         if let Some(max) = partition.max_nodes
-            && spec.min_nodes > max
+            && min_nodes > max
         {
-            return Err(CommandError::TooManyNodes {
-                requested: spec.min_nodes,
-                partition: partition.name.clone(),
-                max,
-            });
+            return Err(CommandError::TooManyNodes { requested: min_nodes, partition: partition.name.clone(), max });
+        }
+        let gpus = u64::from(min_nodes) * u64::from(gpus_per_node);
+        if let Some(max) = partition.max_gpus_per_job
+            && gpus > u64::from(max)
+        {
+            return Err(CommandError::NodeConfigUnavailable(format!(
+                "{gpus} GPUs requested, over partition {}'s MaxTRESPerJob of gres/gpu={max}",
+                partition.name
+            )));
         }
         let time_limit_s = spec.time_limit_s.or(partition.default_time_s).or(partition.max_time_s);
         if let Some(max) = partition.max_time_s {
@@ -269,8 +412,113 @@ impl State {
                 });
             }
         }
-        self.check_satisfiable(spec, &partition.name)?;
-        Ok((partition.name.clone(), time_limit_s))
+        let account = self.resolve_account(spec, partition)?;
+        let qos = self.resolve_qos(spec, partition, time_limit_s)?;
+        if let Some(name) = &spec.reservation {
+            let invalid = |why: String| CommandError::InvalidReservation { name: name.clone(), why };
+            let r = self.reservations.get(name).ok_or_else(|| invalid("no such reservation".to_string()))?;
+            if !r.admits(&spec.user, &account) {
+                return Err(invalid(format!(
+                    "Access denied: neither user {} nor account {account} may use it",
+                    spec.user
+                )));
+            }
+        }
+        let mut sized = spec.clone();
+        sized.min_nodes = min_nodes;
+        sized.max_nodes = spec.max_nodes.max(min_nodes);
+        sized.gpus_per_node = gpus_per_node;
+        self.check_satisfiable(&sized, &partition.name)?;
+        let dependency_state = self.judge_submission(&spec.dependency)?;
+        Ok(Resolved {
+            partition: partition.name.clone(),
+            time_limit_s,
+            account,
+            qos,
+            min_nodes,
+            max_nodes: sized.max_nodes,
+            gpus_per_node,
+            dependency_state,
+        })
+    }
+
+    /// `--gpus=N` without `--nodes`: as few nodes as the partition's largest node allows, the GPUs spread evenly.
+    fn spread_gpus(&self, spec: &JobSpec, partition: &str) -> Result<(u32, u32), CommandError> {
+        let Some(total) = spec.gpus_total else { return Ok((spec.min_nodes, spec.gpus_per_node)) };
+        let largest = self
+            .nodes
+            .values()
+            .filter(|n| self.node_in_partition(&n.info, partition))
+            .filter(|n| spec.gpu_type.as_ref().is_none_or(|t| n.info.gpu_type.eq_ignore_ascii_case(t)))
+            .map(|n| n.info.gpus.len() as u32)
+            .max()
+            .unwrap_or(0);
+        if total == 0 || largest == 0 {
+            return Ok((spec.min_nodes, total));
+        }
+        let nodes = total.div_ceil(largest).max(spec.min_nodes);
+        if total % nodes != 0 {
+            return Err(CommandError::NodeConfigUnavailable(format!(
+                "--gpus={total} cannot be spread evenly over {nodes} nodes of at most {largest} GPUs in partition {partition}; use --nodes with --gpus-per-node"
+            )));
+        }
+        Ok((nodes, total / nodes))
+    }
+
+    /// The account a job charges: `--account`, else the first account listing the user, else `root`. Once
+    /// accounts are defined, the account must exist and admit the user, and the partition must allow it.
+    fn resolve_account(&self, spec: &JobSpec, partition: &crate::config::Partition) -> Result<String, CommandError> {
+        let default = || {
+            let listed = self.accounts.values().find(|a| a.name != ROOT_ACCOUNT && a.users.contains(&spec.user));
+            listed.map_or_else(|| ROOT_ACCOUNT.to_string(), |a| a.name.clone())
+        };
+        let account = spec.account.clone().unwrap_or_else(default);
+        let invalid = |why: String| CommandError::InvalidAccount { name: account.clone(), why };
+        if !self.accounts.is_empty() {
+            match self.accounts.get(&account) {
+                None => return Err(invalid("no such account (drover account list shows them)".to_string())),
+                Some(a) if !a.admits(&spec.user) => {
+                    return Err(invalid(format!("user {} is not a member of it", spec.user)));
+                }
+                Some(_) => {}
+            }
+        }
+        if !partition.allow_accounts.is_empty() && !partition.allow_accounts.contains(&account) {
+            return Err(invalid(format!(
+                "partition {} allows only accounts {}",
+                partition.name,
+                partition.allow_accounts.join(",")
+            )));
+        }
+        Ok(account)
+    }
+
+    fn resolve_qos(
+        &self,
+        spec: &JobSpec,
+        partition: &crate::config::Partition,
+        time_limit_s: Option<u64>,
+    ) -> Result<String, CommandError> {
+        let name = spec.qos.clone().unwrap_or_else(|| DEFAULT_QOS.to_string());
+        let invalid = |why: String| CommandError::InvalidQos { name: name.clone(), why };
+        let qos = self.qos_named(&name).ok_or_else(|| invalid("no such QOS".to_string()))?;
+        if !partition.allow_qos.is_empty() && !partition.allow_qos.contains(&name) {
+            return Err(invalid(format!(
+                "partition {} allows only QOS {}",
+                partition.name,
+                partition.allow_qos.join(",")
+            )));
+        }
+        if let Some(max) = qos.max_wall_s
+            && time_limit_s.is_none_or(|t| t > max)
+        {
+            return Err(invalid(format!(
+                "time limit {} exceeds its MaxWall of {}",
+                format_time_limit(time_limit_s),
+                format_time_limit(Some(max))
+            )));
+        }
+        Ok(name)
     }
 
     fn submit(&mut self, spec: &JobSpec, request_id: Option<&str>, now_ms: u64, changes: &mut Vec<Change>) -> Response {
@@ -279,42 +527,57 @@ impl State {
         {
             return Ok(Reply::Submitted { job_id, duplicate: true });
         }
-        let (partition, time_limit_s) = self.validate_submit(spec)?;
-        let id = self.meta.next_job_id;
-        self.meta.next_job_id += 1;
+        let resolved = self.validate_submit(spec)?;
+        let first = self.meta.next_job_id;
         let mut stored_spec = spec.clone();
         let script = std::mem::take(&mut stored_spec.script);
-        let job = Job {
-            id,
-            spec: stored_spec,
-            partition,
-            time_limit_s,
-            state: JobState::Pending,
-            reason: if spec.hold { PendingReason::JobHeldUser } else { PendingReason::None },
-            held: spec.hold,
-            submit_time_ms: now_ms,
-            start_time_ms: None,
-            end_time_ms: None,
-            restart_count: 0,
-            incarnation: 0,
-            exit_code: 0,
-            exit_signal: 0,
-            nodes: Vec::new(),
-            cancelled_by: None,
-            allocation: Vec::new(),
-            ending: None,
-            usage: Usage::default(),
-            next_step_id: 0,
-            message: None,
+        stored_spec.min_nodes = resolved.min_nodes;
+        stored_spec.max_nodes = resolved.max_nodes;
+        stored_spec.gpus_per_node = resolved.gpus_per_node;
+        // Each task is its own job; the task list itself is not copied into every one of them.
+        let array = stored_spec.array.take();
+        let tasks: Vec<Option<ArrayTask>> = match &array {
+            None => vec![None],
+            Some(a) => {
+                let (task_min, task_max) = (a.task_ids[0], *a.task_ids.last().expect("checked non-empty"));
+                let task_count = a.task_ids.len() as u32;
+                a.task_ids
+                    .iter()
+                    .map(|&task_id| {
+                        let max_running = a.max_running;
+                        Some(ArrayTask { array_job_id: first, task_id, task_count, task_min, task_max, max_running })
+                    })
+                    .collect()
+            }
         };
-        changes.push(Change::PutScript { id, script });
-        changes.push(Change::PutJob(job.clone()));
-        self.jobs.insert(id, job);
+        changes.push(Change::PutScript { id: first, script });
+        for (offset, array) in tasks.into_iter().enumerate() {
+            let id = first + offset as u64;
+            let job = Job {
+                id,
+                spec: stored_spec.clone(),
+                partition: resolved.partition.clone(),
+                time_limit_s: resolved.time_limit_s,
+                state: JobState::Pending,
+                reason: if spec.hold { PendingReason::JobHeldUser } else { PendingReason::None },
+                held: spec.hold,
+                submit_time_ms: now_ms,
+                account: resolved.account.clone(),
+                qos: resolved.qos.clone(),
+                array,
+                dependency_state: resolved.dependency_state.clone(),
+                ..Job::default()
+            };
+            self.index_dependencies(&job);
+            changes.push(Change::PutJob(job.clone()));
+            self.jobs.insert(id, job);
+        }
+        self.meta.next_job_id = first + array.map_or(1, |a| a.task_ids.len() as u64);
         if let Some(rid) = request_id {
-            self.remember_request(rid, id, changes);
+            self.remember_request(rid, first, changes);
         }
         changes.push(Change::Meta(self.meta.clone()));
-        Ok(Reply::Submitted { job_id: id, duplicate: false })
+        Ok(Reply::Submitted { job_id: first, duplicate: false })
     }
 
     fn remember_request(&mut self, request_id: &str, job_id: JobId, changes: &mut Vec<Change>) {
@@ -368,6 +631,20 @@ impl State {
         job.end_time_ms = Some(now_ms);
         job.cancelled_by = Some(by_uid);
         changes.push(Change::ArchiveJob(job));
+        Ok(())
+    }
+
+    /// `scontrol top`: the job moves ahead of its owner's other pending jobs (and only those).
+    fn top(&mut self, id: JobId, by_uid: u32, changes: &mut Vec<Change>) -> Result<(), CommandError> {
+        let job = self.active_job(id, by_uid)?;
+        if job.state != JobState::Pending {
+            return Err(CommandError::NotPending { id, state: job.state.name().to_string() });
+        }
+        self.meta.next_top_rank += 1;
+        let job = self.jobs.get_mut(&id).expect("checked by active_job");
+        job.top_rank = self.meta.next_top_rank;
+        changes.push(Change::PutJob(job.clone()));
+        changes.push(Change::Meta(self.meta.clone()));
         Ok(())
     }
 
@@ -566,9 +843,7 @@ mod tests {
         for i in 0..5 {
             submit(&mut state, i, spec(1), Some(&format!("req{i}"))).unwrap();
         }
-        let dedup: Vec<_> = state.dedup_entries().map(|(s, r, j)| (s, r.to_string(), j)).collect();
-        let restored =
-            State::restore(state.meta.clone(), state.jobs.values().cloned(), state.nodes.values().cloned(), dedup);
+        let restored = State::restore(state.records());
         assert_eq!(restored, state);
     }
 }

@@ -1,0 +1,242 @@
+//! Slurm's `--dependency` syntax (`afterok:12:13,afterany:5_3`, `singleton`), both ways.
+//!
+//! Pure functions: whether a dependency holds is the scheduler's business, not this module's.
+
+use crate::job::{Dependency, DependencyKind, JobId};
+
+/// The dependency types Drover supports, as they are spelled in the syntax.
+pub const SUPPORTED_DEPENDENCY_TYPES: &str = "after, afterok, afterany, afternotok, singleton";
+
+/// Parses `--dependency`: entries `TYPE:JOB[:JOB...]` (each `JOB` is `N` or `N_TASK`, one array task) or
+/// `singleton`, joined by `,` (all must hold; `any` = false) or by `?` (any one suffices; `any` = true). Mixing
+/// the two separators is an error, as in Slurm. Types are matched case-insensitively. A bare job id (`123`) is
+/// Slurm's old form and means `afterany:123`. An empty text means no dependencies.
+///
+/// Not supported, and refused with a message saying so: time delays (`after:7+60`) and the types `aftercorr`,
+/// `afterburstbuffer` and `expand`.
+///
+/// The error is one line: `invalid --dependency value "afterok:x": "x" is not a job id; ...`.
+pub fn parse_dependency(text: &str) -> Result<(Vec<Dependency>, bool), String> {
+    parse_dependency_value(text).map_err(|problem| format!("invalid --dependency value {text:?}: {problem}"))
+}
+
+/// [`parse_dependency`] with the error holding only the problem, for callers that wrap it in a message of their
+/// own (`-d`, or `scontrol update Dependency=`).
+pub fn parse_dependency_value(text: &str) -> Result<(Vec<Dependency>, bool), String> {
+    if text.is_empty() {
+        return Ok((Vec::new(), false));
+    }
+    let any = text.contains('?');
+    if any && text.contains(',') {
+        return Err("\",\" and \"?\" cannot be mixed: join entries with \",\" when all must hold, or with \"?\" when \
+                    any one suffices"
+            .to_string());
+    }
+    let mut deps: Vec<Dependency> = Vec::new();
+    for entry in text.split([',', '?']) {
+        for dep in parse_entry(entry)? {
+            if !deps.contains(&dep) {
+                deps.push(dep);
+            }
+        }
+    }
+    Ok((deps, any))
+}
+
+/// One entry: `singleton`, `TYPE:JOB[:JOB...]`, or a bare `JOB` (old form of `afterany`).
+fn parse_entry(entry: &str) -> Result<Vec<Dependency>, String> {
+    if entry.is_empty() {
+        return Err("an entry is empty (a doubled, leading or trailing separator?)".to_string());
+    }
+    let mut parts = entry.split(':');
+    let name = parts.next().unwrap_or_default();
+    let ids: Vec<&str> = parts.collect();
+    if name.bytes().next().is_some_and(|b| b.is_ascii_digit()) {
+        if !ids.is_empty() {
+            return Err(format!(
+                "{entry:?} has no dependency type; expected TYPE:JOB[:JOB...] with TYPE one of \
+                 {SUPPORTED_DEPENDENCY_TYPES}"
+            ));
+        }
+        let (job, task) = job_id(name)?;
+        return Ok(vec![Dependency { kind: DependencyKind::AfterAny, job, task }]);
+    }
+    let kind = match name.to_ascii_lowercase().as_str() {
+        "after" => DependencyKind::After,
+        "afterok" => DependencyKind::AfterOk,
+        "afterany" => DependencyKind::AfterAny,
+        "afternotok" => DependencyKind::AfterNotOk,
+        "singleton" => DependencyKind::Singleton,
+        "" => return Err(format!("{entry:?} has no dependency type; supported: {SUPPORTED_DEPENDENCY_TYPES}")),
+        _ => {
+            return Err(format!("dependency type {name:?} is not supported; supported: {SUPPORTED_DEPENDENCY_TYPES}"));
+        }
+    };
+    if kind == DependencyKind::Singleton {
+        if !ids.is_empty() {
+            return Err(format!("singleton takes no job ids (got {entry:?}); write it alone: singleton"));
+        }
+        return Ok(vec![Dependency { kind, job: 0, task: None }]);
+    }
+    if ids.is_empty() {
+        return Err(format!("{} needs at least one job id: {}:JOB[:JOB...]", kind.name(), kind.name()));
+    }
+    ids.into_iter().map(|id| job_id(id).map(|(job, task)| Dependency { kind, job, task })).collect()
+}
+
+/// `N` or `N_TASK`, with N at least 1.
+fn job_id(text: &str) -> Result<(JobId, Option<u32>), String> {
+    const EXPECTED: &str = "expected JOB or JOB_TASK (e.g. 123 or 123_4)";
+    if text.contains('+') {
+        return Err(format!(
+            "time delays ({text:?}, after:JOB+MINUTES) are not supported; drop the +MINUTES part, or use --begin"
+        ));
+    }
+    if text.is_empty() {
+        return Err(format!("a job id is empty; {EXPECTED}"));
+    }
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let (job, task) = match text.split_once('_') {
+        Some((job, task)) => (job, Some(task)),
+        None => (text, None),
+    };
+    if !digits(job) || task.is_some_and(|t| !digits(t)) {
+        return Err(format!("{text:?} is not a job id; {EXPECTED}"));
+    }
+    let job: JobId = job.parse().map_err(|_| format!("job id {job} is too large"))?;
+    if job == 0 {
+        return Err("job id 0 is not valid; job ids start at 1".to_string());
+    }
+    let task = match task {
+        Some(t) => Some(t.parse::<u32>().map_err(|_| format!("array task id {t} is too large"))?),
+        None => None,
+    };
+    Ok((job, task))
+}
+
+/// The form `scontrol show job` prints: `afterok:12,afterany:5_3,singleton` (joined with `?` when any one
+/// suffices), `(null)` when there are none.
+pub fn format_dependency(deps: &[Dependency], any: bool) -> String {
+    if deps.is_empty() {
+        return "(null)".to_string();
+    }
+    let entries: Vec<String> = deps
+        .iter()
+        .map(|dep| match (dep.kind, dep.task) {
+            (DependencyKind::Singleton, _) => "singleton".to_string(),
+            (kind, Some(task)) => format!("{}:{}_{task}", kind.name(), dep.job),
+            (kind, None) => format!("{}:{}", kind.name(), dep.job),
+        })
+        .collect();
+    entries.join(if any { "?" } else { "," })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dep(kind: DependencyKind, job: JobId, task: Option<u32>) -> Dependency {
+        Dependency { kind, job, task }
+    }
+
+    fn ok(text: &str) -> (Vec<Dependency>, bool) {
+        parse_dependency(text).unwrap_or_else(|e| panic!("{text:?}: {e}"))
+    }
+
+    fn err(text: &str) -> String {
+        match parse_dependency(text) {
+            Ok(parsed) => panic!("{text:?} should fail, got {parsed:?}"),
+            Err(e) => e,
+        }
+    }
+
+    use DependencyKind::*;
+
+    #[test]
+    fn all_types() {
+        assert_eq!(ok("afterok:12:13"), (vec![dep(AfterOk, 12, None), dep(AfterOk, 13, None)], false));
+        assert_eq!(ok("afterok:12_3"), (vec![dep(AfterOk, 12, Some(3))], false));
+        assert_eq!(ok("afterany:5,afternotok:6"), (vec![dep(AfterAny, 5, None), dep(AfterNotOk, 6, None)], false));
+        assert_eq!(ok("after:7"), (vec![dep(After, 7, None)], false));
+        assert_eq!(ok("singleton"), (vec![dep(Singleton, 0, None)], false));
+        assert_eq!(
+            ok("afterok:1,singleton,afterany:2_0:3"),
+            (
+                vec![dep(AfterOk, 1, None), dep(Singleton, 0, None), dep(AfterAny, 2, Some(0)), dep(AfterAny, 3, None)],
+                false
+            )
+        );
+    }
+
+    #[test]
+    fn any_separator() {
+        assert_eq!(ok("afterok:1?afternotok:2"), (vec![dep(AfterOk, 1, None), dep(AfterNotOk, 2, None)], true));
+        assert_eq!(ok("afterok:1:2"), (vec![dep(AfterOk, 1, None), dep(AfterOk, 2, None)], false));
+    }
+
+    #[test]
+    fn case_bare_ids_duplicates_and_empty() {
+        assert_eq!(ok("AfterOK:4"), (vec![dep(AfterOk, 4, None)], false));
+        assert_eq!(ok("SINGLETON"), (vec![dep(Singleton, 0, None)], false));
+        assert_eq!(ok("12,13_1"), (vec![dep(AfterAny, 12, None), dep(AfterAny, 13, Some(1))], false));
+        assert_eq!(ok("afterok:4:4,afterok:4"), (vec![dep(AfterOk, 4, None)], false));
+        assert_eq!(ok(""), (vec![], false));
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let msg = err("afterok:1,afterany:2?after:3");
+        assert!(msg.starts_with(
+            "invalid --dependency value \"afterok:1,afterany:2?after:3\": \",\" and \"?\" cannot be mixed"
+        ));
+        let msg = err("after:7+60");
+        assert!(msg.contains("time delays (\"7+60\", after:JOB+MINUTES) are not supported"), "{msg}");
+        for unknown in ["aftercorr:5", "expand:5", "afterburstbuffer:5", "befor:1"] {
+            let msg = err(unknown);
+            let name = unknown.split(':').next().unwrap();
+            assert!(msg.contains(&format!("dependency type {name:?} is not supported")), "{msg}");
+            assert!(msg.ends_with("supported: after, afterok, afterany, afternotok, singleton"), "{msg}");
+        }
+        assert!(err("afterok:0").contains("job id 0 is not valid; job ids start at 1"));
+        assert!(err("afterok:-1").contains("\"-1\" is not a job id"));
+        assert!(err("afterok:abc").contains("\"abc\" is not a job id; expected JOB or JOB_TASK"));
+        assert!(err("afterok:1_").contains("\"1_\" is not a job id"));
+        assert!(err("afterok:1_x").contains("\"1_x\" is not a job id"));
+        assert!(err("afterok:12_[1-3]").contains("is not a job id"));
+        assert!(err("afterok:99999999999999999999999").contains("too large"));
+        assert!(err("afterok:1_99999999999").contains("array task id 99999999999 is too large"));
+        assert!(err("afterok").contains("afterok needs at least one job id: afterok:JOB[:JOB...]"));
+        assert!(err("afterok:").contains("a job id is empty"));
+        assert!(err("afterok:1:").contains("a job id is empty"));
+        assert!(err("afterok:1,").contains("an entry is empty"));
+        assert!(err(",afterok:1").contains("an entry is empty"));
+        assert!(err("afterok:1??afterok:2").contains("an entry is empty"));
+        assert!(err("singleton:5").contains("singleton takes no job ids"));
+        assert!(err(":5").contains("has no dependency type"));
+        assert!(err("5:6").contains("has no dependency type"));
+        assert!(!err("afterok:1,").contains('\n'));
+    }
+
+    #[test]
+    fn value_errors_have_no_prefix() {
+        assert_eq!(parse_dependency_value("afterok:0").unwrap_err(), "job id 0 is not valid; job ids start at 1");
+    }
+
+    #[test]
+    fn formatting() {
+        assert_eq!(format_dependency(&[], false), "(null)");
+        assert_eq!(format_dependency(&[], true), "(null)");
+        let deps = [dep(AfterOk, 12, None), dep(AfterAny, 5, Some(3)), dep(Singleton, 0, None)];
+        assert_eq!(format_dependency(&deps, false), "afterok:12,afterany:5_3,singleton");
+        assert_eq!(format_dependency(&deps, true), "afterok:12?afterany:5_3?singleton");
+        assert_eq!(format_dependency(&[dep(After, 1, None), dep(AfterNotOk, 2, None)], false), "after:1,afternotok:2");
+    }
+
+    #[test]
+    fn format_round_trips_through_parse() {
+        for text in ["afterok:12,afterany:5_3,singleton", "after:1?afternotok:2", "singleton"] {
+            let (deps, any) = ok(text);
+            assert_eq!(format_dependency(&deps, any), text);
+        }
+    }
+}
