@@ -70,8 +70,26 @@ pub fn task_environment(p: &Placement, base: Vec<(String, String)>) -> Vec<(Stri
     set("SLURM_JOB_UID", spec.uid.to_string());
     set("SLURM_JOB_GID", spec.gid.to_string());
     set("SLURM_JOB_PARTITION", job.partition.clone());
-    if let Some(account) = &spec.account {
+    if !job.account.is_empty() {
+        set("SLURM_JOB_ACCOUNT", job.account.clone());
+    } else if let Some(account) = &spec.account {
         set("SLURM_JOB_ACCOUNT", account.clone());
+    }
+    if !job.qos.is_empty() {
+        set("SLURM_JOB_QOS", job.qos.clone());
+    }
+    if let Some(r) = &spec.reservation {
+        set("SLURM_JOB_RESERVATION", r.clone());
+    }
+    if let Some(g) = spec.gpus_per_task {
+        set("SLURM_GPUS_PER_TASK", g.to_string());
+    }
+    if let Some(a) = job.array {
+        set("SLURM_ARRAY_JOB_ID", a.array_job_id.to_string());
+        set("SLURM_ARRAY_TASK_ID", a.task_id.to_string());
+        set("SLURM_ARRAY_TASK_COUNT", a.task_count.to_string());
+        set("SLURM_ARRAY_TASK_MIN", a.task_min.to_string());
+        set("SLURM_ARRAY_TASK_MAX", a.task_max.to_string());
     }
     set("SLURM_JOB_NODELIST", nodelist.clone());
     set("SLURM_NODELIST", nodelist);
@@ -166,6 +184,7 @@ mod tests {
             usage: Usage::default(),
             next_step_id: 1,
             message: None,
+            ..Job::default()
         }
     }
 

@@ -370,10 +370,13 @@ impl NodeAgent {
             task_id: None,
             step: Some("batch".to_string()),
             restart_count: a.job.restart_count,
-            ..PatternContext::default()
+            array_job_id: a.job.array.map(|x| x.array_job_id),
+            array_task_id: a.job.array.map(|x| x.task_id),
         };
         let work_dir = if spec.work_dir.is_empty() { "/".to_string() } else { spec.work_dir.clone() };
-        let stdout = expand_output_path(spec.stdout.as_deref().unwrap_or("slurm-%j.out"), &ctx, &work_dir);
+        // Slurm's default names array tasks' output by array and task.
+        let default_out = if a.job.array.is_some() { "slurm-%A_%a.out" } else { "slurm-%j.out" };
+        let stdout = expand_output_path(spec.stdout.as_deref().unwrap_or(default_out), &ctx, &work_dir);
         let stderr = spec.stderr.as_deref().map(|p| expand_output_path(p, &ctx, &work_dir));
         let gpus = a.job.allocation.first().map(|s| s.gpus.clone()).unwrap_or_default();
         let placement = Placement {
@@ -431,7 +434,8 @@ impl NodeAgent {
             task_id: Some(rank),
             step: Some(launch.step_id.to_string()),
             restart_count: a.job.restart_count,
-            ..PatternContext::default()
+            array_job_id: a.job.array.map(|x| x.array_job_id),
+            array_task_id: a.job.array.map(|x| x.task_id),
         };
         let cwd = if launch.cwd.is_empty() { spec.work_dir.clone() } else { launch.cwd.clone() };
         let (stdout, stderr, streamed_out, streamed_err) = match (&launch.output, &launch.error) {

@@ -61,7 +61,7 @@ fn parse_format(format: &str) -> Result<Vec<Item>, String> {
     Ok(items)
 }
 
-const FIELD_CODES: &str = "iAjPutTMlLDRNrCbVSeaZoqQgUhB";
+const FIELD_CODES: &str = "iAjPutTMlLDRNrCbVSeaZoqQgUhBFKEvy";
 
 /// The header text of a field (as Slurm prints it).
 fn header(code: char) -> &'static str {
@@ -93,6 +93,11 @@ fn header(code: char) -> &'static str {
         'U' => "UID",
         'h' => "OVER_SUBSCRIBE",
         'B' => "EXEC_HOST",
+        'F' => "ARRAY_JOB_ID",
+        'K' => "ARRAY_TASK_ID",
+        'E' => "DEPENDENCY",
+        'v' => "RESERVATION",
+        'y' => "NICE",
         _ => "?",
     }
 }
@@ -114,6 +119,15 @@ impl JobFormatter {
 
     pub fn line(&self, job: &Job, now_ms: u64) -> String {
         self.render(|code| field(job, code, now_ms))
+    }
+
+    /// A line for a group of pending array tasks, shown as one (`123_[4-99%8]`), as squeue does.
+    pub fn group_line(&self, job: &Job, now_ms: u64, id: &str, task_ids: &str) -> String {
+        self.render(|code| match code {
+            'i' => id.to_string(),
+            'K' => task_ids.to_string(),
+            _ => field(job, code, now_ms),
+        })
     }
 
     fn render(&self, value: impl Fn(char) -> String) -> String {
@@ -167,7 +181,13 @@ fn reason_or_nodes(job: &Job) -> String {
 fn field(job: &Job, code: char, now_ms: u64) -> String {
     let spec = &job.spec;
     match code {
-        'i' | 'A' => job.id.to_string(),
+        'i' => job.display_id(),
+        'A' => job.id.to_string(),
+        'F' => job.array.map_or_else(|| job.id.to_string(), |a| a.array_job_id.to_string()),
+        'K' => job.array.map_or_else(|| "N/A".to_string(), |a| a.task_id.to_string()),
+        'E' => drover_state::dependency::format_dependency(&spec.dependency, spec.dependency_any),
+        'v' => spec.reservation.clone().unwrap_or_else(|| "(null)".into()),
+        'y' => spec.nice.to_string(),
         'j' => spec.name.clone(),
         'P' => job.partition.clone(),
         'u' => spec.user.clone(),
@@ -203,10 +223,22 @@ fn field(job: &Job, code: char, now_ms: u64) -> String {
         'V' => format_timestamp(Some(job.submit_time_ms)),
         'S' => format_timestamp(job.start_time_ms),
         'e' => format_timestamp(job.end_time_ms),
-        'a' => spec.account.clone().unwrap_or_else(|| "(null)".into()),
+        'a' => {
+            if job.account.is_empty() {
+                spec.account.clone().unwrap_or_else(|| "(null)".into())
+            } else {
+                job.account.clone()
+            }
+        }
         'Z' => spec.work_dir.clone(),
         'o' => spec.name.clone(),
-        'q' => "normal".into(),
+        'q' => {
+            if job.qos.is_empty() {
+                "normal".into()
+            } else {
+                job.qos.clone()
+            }
+        }
         'Q' => {
             if job.held {
                 "0".into()

@@ -6,5 +6,6 @@ pub mod commands;
 pub mod connect;
 pub mod format;
 pub mod identity;
+pub mod job_refs;
 pub mod local;
 pub mod sbatch_args;

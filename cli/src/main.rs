@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use drover_cli::commands::{self, bench, cluster, demo};
+use drover_cli::commands::{self, account, bench, cluster, demo};
 use drover_cli::connect;
 use drover_cli::local::{LocalCluster, UpOptions};
 
@@ -43,7 +43,17 @@ enum Top {
         #[command(subcommand)]
         command: bench::BenchCmd,
     },
-    /// Symlink sbatch, srun, squeue, scancel, scontrol, sacct and sinfo to this binary in DIR.
+    /// Fair-share accounts (sacctmgr's accounts): add, modify, delete, list. Root only for changes.
+    Account {
+        #[command(subcommand)]
+        command: account::AccountCmd,
+    },
+    /// Quality of service: priority and per-user / per-account limits. Root only for changes.
+    Qos {
+        #[command(subcommand)]
+        command: account::QosCmd,
+    },
+    /// Symlink sbatch, srun, squeue, scancel, scontrol, sacct, sinfo, sprio and sshare to this binary in DIR.
     InstallShims { dir: PathBuf },
     /// An env:// rendezvous of a step's ranks at MASTER_ADDR:MASTER_PORT (run it under srun).
     Rendezvous,
@@ -110,6 +120,7 @@ fn slurm_command(name: &str, args: &[String]) -> Option<i32> {
         "sacct" => Some(commands::sacct::run(args)),
         "sinfo" => Some(commands::sinfo::run(args)),
         "sprio" => Some(commands::sprio::run(args)),
+        "sshare" => Some(commands::sshare::run(args)),
         _ => None,
     }
 }
@@ -164,6 +175,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok(())
             }
         },
+        Top::Account { command } => {
+            let client = connect::client(cli.controllers.as_deref())?;
+            connect::runtime().block_on(account::account(&client, command))
+        }
+        Top::Qos { command } => {
+            let client = connect::client(cli.controllers.as_deref())?;
+            connect::runtime().block_on(account::qos(&client, command))
+        }
         Top::Demo { dir } => demo::run(dir),
         Top::Bench { command } => bench::run(command, cli.controllers.as_deref()),
     }

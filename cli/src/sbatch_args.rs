@@ -13,8 +13,22 @@
 //! short flags may be bundled (`-HJname`), `--` ends the options. Long names must be spelled out in full (no
 //! abbreviations). Supported: `--job-name/-J`, `--partition/-p`, `--account/-A`, `--nodes/-N` (`N` or `MIN-MAX`),
 //! `--ntasks/-n`, `--ntasks-per-node`, `--cpus-per-task/-c`, `--gres` (`gpu`, `gpu:N`, `gpu:TYPE`, `gpu:TYPE:N`,
-//! `none`), `--gpus-per-node` (`N` or `TYPE:N`), `--time/-t`, `--output/-o`, `--error/-e`, `--chdir/-D`,
-//! `--export`, `--requeue`, `--no-requeue`, `--hold/-H`, `--parsable`, `--wrap` (command line only).
+//! `none`), `--gpus-per-node` (`N` or `TYPE:N`), `--gpus/-G` (`N` or `TYPE:N`, the job's total), `--gpus-per-task`
+//! (`N` or `TYPE:N`), `--time/-t`, `--output/-o`, `--error/-e`, `--chdir/-D`, `--export`, `--open-mode`,
+//! `--exclusive`, `--constraint/-C`, `--nodelist/-w`, `--exclude/-x`, `--array/-a` (`0-15`, `0,6,16-32`, `0-15:4`,
+//! with an optional `%N` limit), `--dependency/-d` (`afterok:12:13`, `afterany:5_3`, `after`, `afternotok`,
+//! `singleton`; joined by `,` or `?`), `--qos/-q`, `--reservation`, `--nice[=N]`, `--requeue`, `--no-requeue`,
+//! `--hold/-H`, `--parsable`, `--wrap` (command line only).
+//!
+//! `--nice` takes an optional value, as in Slurm (getopt's optional argument): `--nice` alone means 100, and only
+//! `--nice=N` attaches a value (`--nice 50` leaves `50` as the next argument, the script). N may be negative
+//! (the controller allows that to root only) and lies within ±2147483645.
+//!
+//! GPUs: the last of `--gres`, `--gpus-per-node`, `--gpus` and `--gpus-per-task` given wins entirely (count and
+//! type), and is resolved once all options are applied. `--gpus=N` with a fixed `--nodes` count becomes
+//! N / nodes per node (it must divide evenly); without one it is left to the controller as `gpus_total`.
+//! `--gpus-per-task=N` needs `--ntasks` or `--ntasks-per-node` and gives each node N times the most tasks any node
+//! gets. A count of 0 means no GPUs.
 //!
 //! Accepted and ignored (they take a value, which is checked to be present and then dropped; nothing about them
 //! reaches the job): `--mail-type`, `--mail-user`, `--comment`.
@@ -23,8 +37,17 @@
 
 use std::fmt;
 
-use drover_state::job::{ExportPolicy, JobSpec};
-use drover_state::slurm_time;
+use drover_state::job::{ArraySpec, Dependency, ExportPolicy, JobSpec};
+use drover_state::{array, dependency, slurm_time};
+
+/// The `MaxArraySize` `sbatch` checks `--array` against (Slurm's default); the controller enforces its own too.
+pub const MAX_ARRAY_SIZE: u32 = 1001;
+
+/// `--nice` without a value (Slurm's default adjustment).
+pub const DEFAULT_NICE: i32 = 100;
+
+/// The largest `--nice` adjustment either way (Slurm's `NICE_OFFSET - 3`).
+pub const MAX_NICE: i32 = 2_147_483_645;
 
 /// The largest batch script accepted (Slurm's default `max_script_size`).
 pub const MAX_SCRIPT_BYTES: usize = 4 * 1024 * 1024;
@@ -85,6 +108,27 @@ pub enum SbatchOption {
         per_node: u32,
         gpu_type: Option<String>,
     },
+    /// `--gpus/-G`: the job's total GPUs, spread over its nodes in [`build_spec`].
+    GpusTotal {
+        count: u32,
+        gpu_type: Option<String>,
+    },
+    /// `--gpus-per-task`: folded into GPUs per node in [`build_spec`].
+    GpusPerTask {
+        count: u32,
+        gpu_type: Option<String>,
+    },
+    /// `--array`: task ids (sorted, unique) and the `%N` limit.
+    Array(ArraySpec),
+    /// `--dependency`: the entries, and whether any one suffices (`?`) rather than all (`,`).
+    Dependency {
+        deps: Vec<Dependency>,
+        any: bool,
+    },
+    Qos(String),
+    Reservation(String),
+    /// `--nice` (100 when given without a value).
+    Nice(i32),
     /// `--time`: seconds, `None` for UNLIMITED (or 0).
     TimeLimit(Option<u64>),
     Output(String),
@@ -162,6 +206,9 @@ pub enum SbatchError {
     DosLineBreaks { line: usize },
     #[error("batch script is {size} bytes, over the limit of {limit} bytes (4 MiB)")]
     ScriptTooLarge { size: usize, limit: usize },
+    /// Options that are each valid but do not fit together (checked once all are applied).
+    #[error("{0}")]
+    Conflict(String),
 }
 
 impl From<OptionError> for SbatchError {
@@ -181,6 +228,13 @@ enum Kind {
     CpusPerTask,
     Gres,
     GpusPerNode,
+    GpusTotal,
+    GpusPerTask,
+    Array,
+    Dependency,
+    Qos,
+    Reservation,
+    Nice,
     Time,
     Output,
     Error,
@@ -199,9 +253,22 @@ enum Kind {
     Ignored,
 }
 
+/// Whether an option takes a value, as getopt's `has_arg`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arg {
+    No,
+    Required,
+    /// Attached only as `--name=value` (or `-Xvalue`); a separate next argument is never taken.
+    Optional,
+}
+
 impl Kind {
-    fn takes_value(self) -> bool {
-        !matches!(self, Kind::Requeue | Kind::NoRequeue | Kind::Hold | Kind::Parsable | Kind::Exclusive)
+    fn arg(self) -> Arg {
+        match self {
+            Kind::Requeue | Kind::NoRequeue | Kind::Hold | Kind::Parsable | Kind::Exclusive => Arg::No,
+            Kind::Nice => Arg::Optional,
+            _ => Arg::Required,
+        }
     }
 }
 
@@ -221,6 +288,13 @@ const OPTIONS: &[OptDef] = &[
     OptDef { long: "cpus-per-task", short: Some('c'), kind: Kind::CpusPerTask },
     OptDef { long: "gres", short: None, kind: Kind::Gres },
     OptDef { long: "gpus-per-node", short: None, kind: Kind::GpusPerNode },
+    OptDef { long: "gpus", short: Some('G'), kind: Kind::GpusTotal },
+    OptDef { long: "gpus-per-task", short: None, kind: Kind::GpusPerTask },
+    OptDef { long: "array", short: Some('a'), kind: Kind::Array },
+    OptDef { long: "dependency", short: Some('d'), kind: Kind::Dependency },
+    OptDef { long: "qos", short: Some('q'), kind: Kind::Qos },
+    OptDef { long: "reservation", short: None, kind: Kind::Reservation },
+    OptDef { long: "nice", short: None, kind: Kind::Nice },
     OptDef { long: "time", short: Some('t'), kind: Kind::Time },
     OptDef { long: "output", short: Some('o'), kind: Kind::Output },
     OptDef { long: "error", short: Some('e'), kind: Kind::Error },
@@ -290,18 +364,14 @@ fn parse_args(args: &[String]) -> Result<Parsed, OptionError> {
             let flag = format!("--{name}");
             let def =
                 OPTIONS.iter().find(|d| d.long == name).ok_or_else(|| OptionError::Unknown { flag: flag.clone() })?;
-            let value = if def.kind.takes_value() {
-                match inline {
-                    Some(v) => Some(v.to_string()),
-                    None => {
-                        i += 1;
-                        Some(args.get(i).cloned().ok_or(OptionError::MissingValue { flag: flag.clone() })?)
-                    }
+            let value = match (def.kind.arg(), inline) {
+                (Arg::Required | Arg::Optional, Some(v)) => Some(v.to_string()),
+                (Arg::Required, None) => {
+                    i += 1;
+                    Some(args.get(i).cloned().ok_or(OptionError::MissingValue { flag: flag.clone() })?)
                 }
-            } else if let Some(v) = inline {
-                return Err(OptionError::UnexpectedValue { flag, value: v.to_string() });
-            } else {
-                None
+                (Arg::No, Some(v)) => return Err(OptionError::UnexpectedValue { flag, value: v.to_string() }),
+                (Arg::No | Arg::Optional, None) => None,
             };
             items.push(parse_value(def, &flag, value)?);
             i += 1;
@@ -313,18 +383,21 @@ fn parse_args(args: &[String]) -> Result<Parsed, OptionError> {
                     .iter()
                     .find(|d| d.short == Some(c))
                     .ok_or_else(|| OptionError::Unknown { flag: flag.clone() })?;
-                if !def.kind.takes_value() {
+                if def.kind.arg() == Arg::No {
                     items.push(parse_value(def, &flag, None)?);
                     continue;
                 }
                 let rest = &cluster[at + c.len_utf8()..];
-                let value = if rest.is_empty() {
-                    i += 1;
-                    args.get(i).cloned().ok_or(OptionError::MissingValue { flag: flag.clone() })?
-                } else {
-                    rest.to_string()
+                let value = match (rest.is_empty(), def.kind.arg()) {
+                    (false, _) => Some(rest.to_string()),
+                    // getopt: an optional value must be attached (`-Xvalue`).
+                    (true, Arg::Optional) => None,
+                    (true, _) => {
+                        i += 1;
+                        Some(args.get(i).cloned().ok_or(OptionError::MissingValue { flag: flag.clone() })?)
+                    }
                 };
-                items.push(parse_value(def, &flag, Some(value))?);
+                items.push(parse_value(def, &flag, value)?);
                 break;
             }
             i += 1;
@@ -348,6 +421,7 @@ fn parse_value(def: &OptDef, flag: &str, value: Option<String>) -> Result<Item, 
             Kind::Hold => SbatchOption::Hold,
             Kind::Parsable => SbatchOption::Parsable,
             Kind::Exclusive => SbatchOption::Exclusive,
+            Kind::Nice => SbatchOption::Nice(DEFAULT_NICE),
             _ => return Err(OptionError::MissingValue { flag: flag.to_string() }),
         }));
     };
@@ -370,7 +444,28 @@ fn parse_value(def: &OptDef, flag: &str, value: Option<String>) -> Result<Item, 
         Kind::NtasksPerNode => SbatchOption::NtasksPerNode(positive(flag, &value)?),
         Kind::CpusPerTask => SbatchOption::CpusPerTask(positive(flag, &value)?),
         Kind::Gres => parse_gres(flag, &value)?,
-        Kind::GpusPerNode => parse_gpus_per_node(flag, &value)?,
+        Kind::GpusPerNode => {
+            let (per_node, gpu_type) = parse_gpu_count(flag, &value)?;
+            SbatchOption::Gpus { per_node, gpu_type }
+        }
+        Kind::GpusTotal => {
+            let (count, gpu_type) = parse_gpu_count(flag, &value)?;
+            SbatchOption::GpusTotal { count, gpu_type }
+        }
+        Kind::GpusPerTask => {
+            let (count, gpu_type) = parse_gpu_count(flag, &value)?;
+            SbatchOption::GpusPerTask { count, gpu_type }
+        }
+        Kind::Array => {
+            SbatchOption::Array(array::parse_array_value(&value, MAX_ARRAY_SIZE).map_err(|e| invalid(flag, &value, e))?)
+        }
+        Kind::Dependency => {
+            let (deps, any) = dependency::parse_dependency_value(&value).map_err(|e| invalid(flag, &value, e))?;
+            SbatchOption::Dependency { deps, any }
+        }
+        Kind::Qos => SbatchOption::Qos(value),
+        Kind::Reservation => SbatchOption::Reservation(value),
+        Kind::Nice => SbatchOption::Nice(parse_nice(flag, &value)?),
         Kind::Time => match slurm_time::parse_time_limit(&value) {
             Ok(limit) => SbatchOption::TimeLimit(limit),
             Err(e) => {
@@ -483,17 +578,34 @@ fn parse_gres(flag: &str, value: &str) -> Result<SbatchOption, OptionError> {
     Ok(found.expect("split yields at least one entry"))
 }
 
-fn parse_gpus_per_node(flag: &str, value: &str) -> Result<SbatchOption, OptionError> {
+/// `COUNT` or `TYPE:COUNT` (`--gpus-per-node`, `--gpus`, `--gpus-per-task`).
+fn parse_gpu_count(flag: &str, value: &str) -> Result<(u32, Option<String>), OptionError> {
     const EXPECTED: &str = "expected COUNT or TYPE:COUNT";
     let parsed = match value.split_once(':') {
         Some((t, n)) if valid_type(t) => count(n).map(|n| (n, Some(t.to_string()))),
         Some(_) => None,
         None => count(value).map(|n| (n, None)),
     };
-    match parsed {
-        Some((per_node, gpu_type)) => Ok(SbatchOption::Gpus { per_node, gpu_type }),
-        None => Err(invalid(flag, value, EXPECTED)),
+    parsed.ok_or_else(|| invalid(flag, value, EXPECTED))
+}
+
+/// `--nice=N`: a whole number, optionally signed, within ±[`MAX_NICE`].
+fn parse_nice(flag: &str, value: &str) -> Result<i32, OptionError> {
+    let digits = value.strip_prefix(['-', '+']).unwrap_or(value);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid(flag, value, "expected a whole number, optionally negative (e.g. --nice=50)"));
     }
+    match value.parse::<i64>() {
+        Ok(n) if (-i64::from(MAX_NICE)..=i64::from(MAX_NICE)).contains(&n) => Ok(n as i32),
+        _ => Err(invalid(flag, value, format!("the nice value must lie between -{MAX_NICE} and {MAX_NICE}"))),
+    }
+}
+
+/// The GPU option that won (the last of `--gres`, `--gpus-per-node`, `--gpus`, `--gpus-per-task`).
+enum GpuRequest {
+    PerNode(u32),
+    Total(u32),
+    PerTask(u32),
 }
 
 /// Splits on commas outside single or double quotes, dropping the quote characters.
@@ -729,6 +841,42 @@ fn export_environment(
     out
 }
 
+/// Turns the winning GPU option into `gpus_per_node` (or `gpus_total`, for the controller), once the node and
+/// task counts are final.
+fn resolve_gpus(spec: &mut JobSpec, gpus: Option<GpuRequest>, nodes_given: bool) -> Result<(), SbatchError> {
+    match gpus {
+        None => {}
+        Some(GpuRequest::PerNode(n)) => spec.gpus_per_node = n,
+        Some(GpuRequest::Total(0) | GpuRequest::PerTask(0)) => spec.gpus_per_node = 0,
+        Some(GpuRequest::Total(n)) => {
+            if nodes_given && spec.min_nodes == spec.max_nodes {
+                let nodes = spec.min_nodes.max(1);
+                if n % nodes != 0 {
+                    return Err(SbatchError::Conflict(format!(
+                        "--gpus={n} cannot be spread evenly over {nodes} nodes; use --gpus-per-node"
+                    )));
+                }
+                spec.gpus_per_node = n / nodes;
+            } else {
+                spec.gpus_total = Some(n);
+            }
+        }
+        Some(GpuRequest::PerTask(n)) => {
+            if spec.ntasks.is_none() && spec.ntasks_per_node.is_none() {
+                return Err(SbatchError::Conflict(format!(
+                    "--gpus-per-task={n} requires a task count: give --ntasks or --ntasks-per-node"
+                )));
+            }
+            let most = spec.tasks_per_node(spec.min_nodes).into_iter().max().unwrap_or(1);
+            spec.gpus_per_node = n.checked_mul(most).ok_or_else(|| {
+                SbatchError::Conflict(format!("--gpus-per-task={n} with {most} tasks on a node is too many GPUs"))
+            })?;
+            spec.gpus_per_task = Some(n);
+        }
+    }
+    Ok(())
+}
+
 /// Builds the job: the script's `#SBATCH` directives first, then the command line's options over them.
 ///
 /// `script_text` is the script read from `cmd.script_path`, or from stdin when there is no path; it is ignored
@@ -769,6 +917,8 @@ pub fn build_spec(
     let mut chdir = None;
     let mut export_set: Vec<(String, String)> = Vec::new();
     let mut parsable = false;
+    let mut nodes_given = false;
+    let mut gpus = None;
     for option in directives.iter().chain(&cmd.options) {
         match option {
             SbatchOption::JobName(v) => name = Some(v.clone()),
@@ -777,14 +927,31 @@ pub fn build_spec(
             SbatchOption::Nodes { min, max } => {
                 spec.min_nodes = *min;
                 spec.max_nodes = *max;
+                nodes_given = true;
             }
             SbatchOption::Ntasks(n) => spec.ntasks = Some(*n),
             SbatchOption::NtasksPerNode(n) => spec.ntasks_per_node = Some(*n),
             SbatchOption::CpusPerTask(n) => spec.cpus_per_task = *n,
             SbatchOption::Gpus { per_node, gpu_type } => {
-                spec.gpus_per_node = *per_node;
+                gpus = Some(GpuRequest::PerNode(*per_node));
                 spec.gpu_type = gpu_type.clone();
             }
+            SbatchOption::GpusTotal { count, gpu_type } => {
+                gpus = Some(GpuRequest::Total(*count));
+                spec.gpu_type = gpu_type.clone();
+            }
+            SbatchOption::GpusPerTask { count, gpu_type } => {
+                gpus = Some(GpuRequest::PerTask(*count));
+                spec.gpu_type = gpu_type.clone();
+            }
+            SbatchOption::Array(v) => spec.array = Some(v.clone()),
+            SbatchOption::Dependency { deps, any } => {
+                spec.dependency = deps.clone();
+                spec.dependency_any = *any;
+            }
+            SbatchOption::Qos(v) => spec.qos = Some(v.clone()),
+            SbatchOption::Reservation(v) => spec.reservation = Some(v.clone()),
+            SbatchOption::Nice(v) => spec.nice = *v,
             SbatchOption::TimeLimit(limit) => spec.time_limit_s = *limit,
             SbatchOption::Output(v) => spec.stdout = Some(v.clone()),
             SbatchOption::Error(v) => spec.stderr = Some(v.clone()),
@@ -804,6 +971,7 @@ pub fn build_spec(
             SbatchOption::Ignored { .. } => {}
         }
     }
+    resolve_gpus(&mut spec, gpus, nodes_given)?;
     spec.name = name.unwrap_or(default_name);
     spec.work_dir = match &chdir {
         Some(dir) => resolve_dir(&ctx.cwd, dir),
@@ -817,6 +985,7 @@ pub fn build_spec(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use drover_state::job::DependencyKind;
 
     fn args(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()
@@ -886,6 +1055,10 @@ mod tests {
         assert!(!s.hold);
         assert_eq!(s.export, ExportPolicy::All);
         assert_eq!(s.environment, ctx().env);
+        assert_eq!((s.qos, s.reservation, s.nice), (None, None, 0));
+        assert_eq!((s.dependency, s.dependency_any), (vec![], false));
+        assert_eq!(s.array, None);
+        assert_eq!((s.gpus_total, s.gpus_per_task), (None, None));
     }
 
     #[test]
@@ -930,6 +1103,18 @@ mod tests {
             ("error", Some("e"), "err-%j.txt", |s| s.stderr.as_deref() == Some("err-%j.txt")),
             ("chdir", Some("D"), "/scratch", |s| s.work_dir == "/scratch"),
             ("export", None, "NONE", |s| s.export == ExportPolicy::None && s.environment.is_empty()),
+            ("array", Some("a"), "1-3%2", |s| {
+                s.array == Some(ArraySpec { task_ids: vec![1, 2, 3], max_running: Some(2) })
+            }),
+            ("dependency", Some("d"), "afterok:12_3", |s| {
+                s.dependency == [Dependency { kind: DependencyKind::AfterOk, job: 12, task: Some(3) }]
+                    && !s.dependency_any
+            }),
+            ("qos", Some("q"), "high", |s| s.qos.as_deref() == Some("high")),
+            ("reservation", None, "maint", |s| s.reservation.as_deref() == Some("maint")),
+            ("gpus", Some("G"), "a100:4", |s| {
+                s.gpus_total == Some(4) && s.gpus_per_node == 0 && s.gpu_type.as_deref() == Some("a100")
+            }),
         ];
         for (long, short, value, check) in cases {
             let mut forms = vec![vec![format!("--{long}={value}")], vec![format!("--{long}"), value.to_string()]];
@@ -1119,6 +1304,191 @@ mod tests {
         assert_eq!((s.gpus_per_node, s.gpu_type.as_deref()), (2, Some("a100")));
     }
 
+    // ---- --gpus and --gpus-per-task ----
+
+    fn gpus_of(list: &[&str]) -> (u32, Option<String>, Option<u32>, Option<u32>) {
+        let mut full = list.to_vec();
+        full.push("job.sh");
+        let s = spec(&full, SCRIPT);
+        (s.gpus_per_node, s.gpu_type, s.gpus_total, s.gpus_per_task)
+    }
+
+    fn build_err(list: &[&str], script: &str) -> SbatchError {
+        submit(list, Some(script)).expect_err("should fail")
+    }
+
+    #[test]
+    fn gpus_total_with_and_without_nodes() {
+        assert_eq!(gpus_of(&["--gpus=8"]), (0, None, Some(8), None));
+        assert_eq!(gpus_of(&["-G", "h100:16"]), (0, Some("h100".into()), Some(16), None));
+        assert_eq!(gpus_of(&["-N", "2", "--gpus=8"]), (4, None, None, None));
+        assert_eq!(gpus_of(&["--gpus=8", "-N", "2"]), (4, None, None, None));
+        assert_eq!(gpus_of(&["-N", "1", "-G8"]), (8, None, None, None));
+        // A node range leaves the spread to the controller.
+        assert_eq!(gpus_of(&["-N", "1-2", "--gpus=8"]), (0, None, Some(8), None));
+        // --nodes in a directive counts too.
+        let s = spec(&["--gpus=a100:6", "job.sh"], "#!/bin/sh\n#SBATCH -N 3\n");
+        assert_eq!((s.gpus_per_node, s.gpu_type.as_deref(), s.gpus_total), (2, Some("a100"), None));
+        assert_eq!(gpus_of(&["--gpus=0"]), (0, None, None, None));
+    }
+
+    #[test]
+    fn gpus_total_must_divide_evenly() {
+        let err = build_err(&["-N", "2", "--gpus=5", "job.sh"], SCRIPT);
+        assert_eq!(
+            err,
+            SbatchError::Conflict("--gpus=5 cannot be spread evenly over 2 nodes; use --gpus-per-node".into())
+        );
+        assert_eq!(err.to_string(), "--gpus=5 cannot be spread evenly over 2 nodes; use --gpus-per-node");
+        let err = build_err(&["job.sh"], "#!/bin/sh\n#SBATCH -N 4\n#SBATCH -G a100:6\n");
+        assert_eq!(err.to_string(), "--gpus=6 cannot be spread evenly over 4 nodes; use --gpus-per-node");
+    }
+
+    #[test]
+    fn gpus_per_task() {
+        assert_eq!(gpus_of(&["-n", "4", "--gpus-per-task=1"]), (4, None, None, Some(1)));
+        assert_eq!(gpus_of(&["--gpus-per-task=h100:2", "-n", "3"]), (6, Some("h100".into()), None, Some(2)));
+        // Block distribution: 5 tasks on 2 nodes is 3 + 2, so each node needs room for 3.
+        assert_eq!(gpus_of(&["-N", "2", "-n", "5", "--gpus-per-task=2"]), (6, None, None, Some(2)));
+        assert_eq!(gpus_of(&["-N", "2", "--ntasks-per-node=4", "--gpus-per-task=1"]), (4, None, None, Some(1)));
+        let s = spec(&["--gpus-per-task=1", "job.sh"], "#!/bin/sh\n#SBATCH --ntasks=2\n");
+        assert_eq!((s.gpus_per_node, s.gpus_per_task), (2, Some(1)));
+        let err = build_err(&["--gpus-per-task=1", "job.sh"], SCRIPT);
+        assert_eq!(err.to_string(), "--gpus-per-task=1 requires a task count: give --ntasks or --ntasks-per-node");
+        let err = build_err(&["-n", "2", "--gpus-per-task=4294967295", "job.sh"], SCRIPT);
+        assert!(err.to_string().contains("too many GPUs"), "{err}");
+        for bad in ["x", "a100:", ":1", "-1"] {
+            let msg = cmd_err(&["--gpus-per-task", bad]);
+            assert_eq!(msg, format!("invalid --gpus-per-task value {bad:?}: expected COUNT or TYPE:COUNT"));
+            let msg = cmd_err(&["-G", bad]);
+            assert_eq!(msg, format!("invalid -G value {bad:?}: expected COUNT or TYPE:COUNT"));
+        }
+    }
+
+    #[test]
+    fn last_gpu_option_wins() {
+        assert_eq!(gpus_of(&["--gpus=8", "--gpus-per-node=2"]), (2, None, None, None));
+        assert_eq!(gpus_of(&["--gpus-per-node=a100:2", "--gpus=4"]), (0, None, Some(4), None));
+        assert_eq!(
+            gpus_of(&["-n", "4", "--gpus-per-task=1", "--gres=gpu:v100:2"]),
+            (2, Some("v100".into()), None, None)
+        );
+        assert_eq!(gpus_of(&["-n", "4", "--gres=gpu:2", "--gpus-per-task=1"]), (4, None, None, Some(1)));
+        assert_eq!(gpus_of(&["-N", "2", "-n", "2", "--gpus-per-task=1", "--gpus=6"]), (3, None, None, None));
+        // The command line's option beats a directive's, whatever their kinds.
+        let s = spec(&["--gpus-per-node=1", "job.sh"], "#!/bin/sh\n#SBATCH --gpus=8\n");
+        assert_eq!((s.gpus_per_node, s.gpus_total), (1, None));
+        // An overridden --gpus-per-task no longer needs a task count.
+        assert_eq!(gpus_of(&["--gpus-per-task=1", "--gres=none"]), (0, None, None, None));
+    }
+
+    // ---- --array, --dependency, --qos, --reservation, --nice ----
+
+    #[test]
+    fn array_values_and_errors() {
+        let s = spec(&["--array=0-15:4%2", "job.sh"], SCRIPT);
+        assert_eq!(s.array, Some(ArraySpec { task_ids: vec![0, 4, 8, 12], max_running: Some(2) }));
+        let s = spec(&["-a", "7,1-2,2", "job.sh"], SCRIPT);
+        assert_eq!(s.array.unwrap().task_ids, vec![1, 2, 7]);
+        assert_eq!(spec(&["-a1000", "job.sh"], SCRIPT).array.unwrap().task_ids, vec![1000]);
+        assert_eq!(spec(&["-Ha", "3", "job.sh"], SCRIPT).array.unwrap().task_ids, vec![3]);
+        assert_eq!(cmd_err(&["-a", "5-1"]), "invalid -a value \"5-1\": range end 1 is below its start 5");
+        assert_eq!(
+            cmd_err(&["--array=0-1001"]),
+            "invalid --array value \"0-1001\": task id 1001 is not below MaxArraySize 1001"
+        );
+        assert!(cmd_err(&["--array=1-3%0"]).contains("%0 would let no task run"));
+        assert!(cmd_err(&["--array=1,,3"]).contains("an entry is empty"));
+        assert_eq!(cmd_err(&["--array="]), "invalid --array value \"\": the value is empty");
+        let s = spec(&["job.sh"], "#!/bin/sh\n#SBATCH --array=1-3\n");
+        assert_eq!(s.array.unwrap().task_ids, vec![1, 2, 3]);
+        // Later wins entirely.
+        let s = spec(&["--array=1-3%1", "--array=5", "job.sh"], SCRIPT);
+        assert_eq!(s.array, Some(ArraySpec { task_ids: vec![5], max_running: None }));
+        let err = script_err("#!/bin/sh\n#SBATCH -a 3-2\n");
+        assert_eq!(
+            err.to_string(),
+            "script line 2: invalid -a value \"3-2\": range end 2 is below its start 3 (in \"#SBATCH -a 3-2\")"
+        );
+    }
+
+    #[test]
+    fn dependency_values_and_errors() {
+        use DependencyKind::*;
+        let d = |kind, job, task| Dependency { kind, job, task };
+        let s = spec(&["--dependency=afterok:12:13,afterany:5_3,singleton", "job.sh"], SCRIPT);
+        assert_eq!(
+            s.dependency,
+            vec![d(AfterOk, 12, None), d(AfterOk, 13, None), d(AfterAny, 5, Some(3)), d(Singleton, 0, None)]
+        );
+        assert!(!s.dependency_any);
+        let s = spec(&["-d", "afterok:1?afternotok:2", "job.sh"], SCRIPT);
+        assert_eq!((s.dependency, s.dependency_any), (vec![d(AfterOk, 1, None), d(AfterNotOk, 2, None)], true));
+        // Later wins entirely, the any flag included.
+        let s = spec(&["-d", "after:1?after:2", "-d", "after:3", "job.sh"], SCRIPT);
+        assert_eq!((s.dependency, s.dependency_any), (vec![d(After, 3, None)], false));
+        let s = spec(&["job.sh"], "#!/bin/sh\n#SBATCH --dependency=singleton\n");
+        assert_eq!(s.dependency, vec![d(Singleton, 0, None)]);
+        let msg = cmd_err(&["-d", "aftercorr:5"]);
+        assert_eq!(
+            msg,
+            "invalid -d value \"aftercorr:5\": dependency type \"aftercorr\" is not supported; supported: after, \
+             afterok, afterany, afternotok, singleton"
+        );
+        assert!(cmd_err(&["--dependency=after:7+60"]).contains("time delays"));
+        assert!(cmd_err(&["--dependency=afterok:1,afterok:2?afterok:3"]).contains("cannot be mixed"));
+        assert!(cmd_err(&["--dependency=afterok:0"]).contains("job ids start at 1"));
+        assert_eq!(cmd_err(&["--dependency="]), "invalid --dependency value \"\": the value is empty");
+    }
+
+    #[test]
+    fn qos_and_reservation() {
+        let s = spec(&["-q", "low", "--reservation", "r1", "job.sh"], "#!/bin/sh\n#SBATCH --qos=high\n");
+        assert_eq!((s.qos.as_deref(), s.reservation.as_deref()), (Some("low"), Some("r1")));
+        let s = spec(&["job.sh"], "#!/bin/sh\n#SBATCH --qos=high --reservation=maint\n");
+        assert_eq!((s.qos.as_deref(), s.reservation.as_deref()), (Some("high"), Some("maint")));
+        assert_eq!(cmd_err(&["--qos="]), "invalid --qos value \"\": the value is empty");
+        assert_eq!(cmd_err(&["--reservation"]), "option --reservation requires a value");
+    }
+
+    #[test]
+    fn nice_takes_an_optional_value() {
+        assert_eq!(spec(&["--nice", "job.sh"], SCRIPT).nice, 100);
+        assert_eq!(spec(&["--nice=50", "job.sh"], SCRIPT).nice, 50);
+        assert_eq!(spec(&["--nice=-5", "job.sh"], SCRIPT).nice, -5);
+        assert_eq!(spec(&["--nice=+7", "job.sh"], SCRIPT).nice, 7);
+        assert_eq!(spec(&["--nice=0", "job.sh"], SCRIPT).nice, 0);
+        assert_eq!(spec(&["--nice=2147483645", "job.sh"], SCRIPT).nice, MAX_NICE);
+        assert_eq!(spec(&["--nice=-2147483645", "job.sh"], SCRIPT).nice, -MAX_NICE);
+        // getopt's optional argument: a separate word is not the value but the next argument (here the script).
+        let parsed = submit(&["--nice", "50", "job.sh"], Some(SCRIPT)).unwrap();
+        assert_eq!(parsed.spec.nice, 100);
+        assert_eq!(parsed.script_path.as_deref(), Some("50"));
+        assert_eq!(parsed.spec.script_args, args(&["job.sh"]));
+        let cmd = parse_command_line(&args(&["--nice", "-N", "2"])).unwrap();
+        assert_eq!(cmd.options, vec![SbatchOption::Nice(100), SbatchOption::Nodes { min: 2, max: 2 }]);
+        // Directives.
+        assert_eq!(spec(&["job.sh"], "#!/bin/sh\n#SBATCH --nice\n").nice, 100);
+        assert_eq!(spec(&["job.sh"], "#!/bin/sh\n#SBATCH --nice=-3\n").nice, -3);
+        assert_eq!(spec(&["--nice=1", "job.sh"], "#!/bin/sh\n#SBATCH --nice\n").nice, 1);
+        let err = script_err("#!/bin/sh\n#SBATCH --nice 5\n");
+        assert!(matches!(err, SbatchError::Directive { line: 2, error: OptionError::UnexpectedArgument { .. }, .. }));
+        // Errors.
+        let range = "the nice value must lie between -2147483645 and 2147483645";
+        assert_eq!(cmd_err(&["--nice=2147483646"]), format!("invalid --nice value \"2147483646\": {range}"));
+        assert_eq!(
+            cmd_err(&["--nice=-99999999999999999999"]),
+            format!("invalid --nice value \"-99999999999999999999\": {range}")
+        );
+        assert!(cmd_err(&["--nice=-9223372036854775808"]).ends_with(range));
+        for bad in ["abc", "1.5", "-", "--1", "5x", " 5"] {
+            let msg = cmd_err(&[&format!("--nice={bad}")]);
+            let expected = "expected a whole number, optionally negative (e.g. --nice=50)";
+            assert_eq!(msg, format!("invalid --nice value {bad:?}: {expected}"));
+        }
+        assert_eq!(cmd_err(&["--nice="]), "invalid --nice value \"\": the value is empty");
+    }
+
     #[test]
     fn time_values() {
         assert_eq!(spec(&["-t", "30", "job.sh"], SCRIPT).time_limit_s, Some(1800));
@@ -1248,6 +1618,10 @@ mod tests {
         let msg = cmd_err(&["--mem=4G", "job.sh"]);
         assert!(msg.starts_with("unrecognized option \"--mem\"; supported options: --job-name/-J,"), "{msg}");
         assert!(msg.contains("--gpus-per-node"), "{msg}");
+        for listed in ["--array/-a", "--dependency/-d", "--qos/-q", "--reservation", "--nice", "--gpus/-G"] {
+            assert!(msg.contains(listed), "{listed}: {msg}");
+        }
+        assert!(msg.contains("--gpus-per-task"), "{msg}");
         assert!(!msg.contains("mail-type"), "{msg}");
         assert!(cmd_err(&["-Z", "job.sh"]).starts_with("unrecognized option \"-Z\""));
         assert!(cmd_err(&["-HX"]).starts_with("unrecognized option \"-X\""));

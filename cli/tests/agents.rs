@@ -1,24 +1,17 @@
 //! Jobs really running on node agents: real controllers and agents (simulated GPUs) on loopback, driven through
 //! Slurm's commands as a user would.
 
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use drover_cli::local::{LocalCluster, UpOptions};
+use drover_cli::local::UpOptions;
 
 mod common;
 
-use common::Shell;
+use common::{Shell, setup};
 
 /// What these stories ask of a shell beyond running commands.
 impl Shell {
-    fn submit(&self, args: &[&str]) -> u64 {
-        let mut all = vec!["--parsable"];
-        all.extend_from_slice(args);
-        self.ok("sbatch", &all).trim().parse().expect("a job id")
-    }
-
     /// `sacct -P` fields of one job.
     fn acct(&self, id: u64, fields: &str) -> Vec<String> {
         let out = self.ok("sacct", &["-j", &id.to_string(), "-n", "-P", "-o", fields]);
@@ -49,15 +42,6 @@ impl Shell {
     fn read(&self, file: &str) -> String {
         std::fs::read_to_string(self.cwd.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
     }
-}
-
-fn setup(dir: &Path, options: UpOptions) -> (LocalCluster, Shell) {
-    let cluster = LocalCluster::up(&dir.join("cluster"), options).unwrap();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(cluster.wait_ready(Duration::from_secs(30))).unwrap();
-    rt.block_on(cluster.wait_agents(Duration::from_secs(30))).unwrap();
-    let shell = Shell::install(dir, &cluster);
-    (cluster, shell)
 }
 
 fn two_agents() -> UpOptions {

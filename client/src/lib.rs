@@ -185,6 +185,7 @@ impl Client {
                         JobIdsKind::Cancel => c.cancel_jobs(request).await,
                         JobIdsKind::Hold => c.hold_jobs(request).await,
                         JobIdsKind::Release => c.release_jobs(request).await,
+                        JobIdsKind::Top => c.top_jobs(request).await,
                     }
                 }
             })
@@ -202,6 +203,32 @@ impl Client {
 
     pub async fn release(&self, ids: &[u64], by_uid: u32) -> Result<Vec<JobOutcome>, ClientError> {
         self.job_ids(JobIdsKind::Release, ids, by_uid).await
+    }
+
+    /// `scontrol top`.
+    pub async fn top(&self, ids: &[u64], by_uid: u32) -> Result<Vec<JobOutcome>, ClientError> {
+        self.job_ids(JobIdsKind::Top, ids, by_uid).await
+    }
+
+    /// Accounts, QOS and reservations (`drover account`, `drover qos`, `scontrol ... reservation`).
+    ///
+    /// Not deduplicated like submissions: a retry after a lost reply may answer "already exists" for an add
+    /// that did happen, which the caller can tell from a fresh `registry()`.
+    pub async fn admin(&self, op: &drover_state::AdminOp, by_uid: u32) -> Result<(), ClientError> {
+        let op_json = serde_json::to_vec(op).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.call(|mut c| {
+            let request = AdminRequest { op_json: op_json.clone(), by_uid };
+            async move { c.admin(request).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// The registry of accounts (with fair-share figures), QOS and reservations.
+    pub async fn registry(&self, stale: bool) -> Result<drover_proto::wire::Registry, ClientError> {
+        let consistency = consistency(stale);
+        let reply = self.call(|mut c| async move { c.get_registry(GetRegistryRequest { consistency }).await }).await?;
+        drover_proto::wire::decode(&reply.json).map_err(ClientError::Protocol)
     }
 
     /// One job (active or finished) and, if asked, its script.
@@ -342,6 +369,7 @@ enum JobIdsKind {
     Cancel,
     Hold,
     Release,
+    Top,
 }
 
 fn consistency(stale: bool) -> i32 {

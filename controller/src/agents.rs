@@ -116,7 +116,7 @@ impl AgentHub {
                 .collect()
         };
         for a in out.iter_mut().filter(|a| a.node_index == 0 && !a.job.spec.interactive) {
-            match self.view.script(a.job.id) {
+            match self.view.script(a.job.script_id()) {
                 Ok(script) => a.script = script,
                 Err(e) => tracing::error!(job = a.job.id, "cannot read the batch script: {e}"),
             }

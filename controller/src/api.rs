@@ -177,6 +177,7 @@ impl Api {
             let result = match call {
                 "cancel" => peer.cancel_jobs(fwd).await,
                 "hold" => peer.hold_jobs(fwd).await,
+                "top" => peer.top_jobs(fwd).await,
                 _ => peer.release_jobs(fwd).await,
             };
             return result.map_err(|s| forward_failed(&addr, s));
@@ -278,7 +279,8 @@ fn parse_consistency(value: i32) -> ReadConsistency {
 
 /// Whether a job passes `squeue`/`sacct` style filters.
 fn job_matches(job: &Job, ids: &[u64], users: &[String], states: &[JobState]) -> bool {
-    (ids.is_empty() || ids.contains(&job.id))
+    // An array's id names all of its tasks (`scancel 123`, `squeue -j 123`), as in Slurm.
+    (ids.is_empty() || ids.contains(&job.id) || job.array.is_some_and(|a| ids.contains(&a.array_job_id)))
         && (users.is_empty() || users.contains(&job.spec.user))
         && (states.is_empty() || states.contains(&job.state))
 }
@@ -339,7 +341,7 @@ impl DroverService for Api {
             .map_err(|e| internal("reading job", e))?
             .ok_or_else(|| command_error_status(&CommandError::InvalidJobId { id: message.job_id }))?;
         let script = if message.with_script {
-            self.view.script(message.job_id).map_err(|e| internal("reading script", e))?.unwrap_or_default()
+            self.view.script(job.script_id()).map_err(|e| internal("reading script", e))?.unwrap_or_default()
         } else {
             String::new()
         };
@@ -605,6 +607,45 @@ impl DroverService for Api {
             .map_err(|e| Status::invalid_argument(format!("malformed partition update: {e}")))?;
         self.write(Command::UpdatePartition { update }).await?;
         Ok(Response::new(Empty {}))
+    }
+
+    async fn admin(&self, request: Request<AdminRequest>) -> Result<Response<Empty>, Status> {
+        if let Route::Forward(addr) = self.route(&request)? {
+            let fwd = self.forwarded(request.into_inner());
+            return self.peer(&addr)?.admin(fwd).await.map_err(|s| forward_failed(&addr, s));
+        }
+        let message = request.into_inner();
+        let op: drover_state::AdminOp = serde_json::from_slice(&message.op_json)
+            .map_err(|e| Status::invalid_argument(format!("malformed administrative request: {e}")))?;
+        self.write(Command::Admin { op, by_uid: message.by_uid }).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn get_registry(&self, request: Request<GetRegistryRequest>) -> Result<Response<GetRegistryReply>, Status> {
+        if parse_consistency(request.get_ref().consistency) == ReadConsistency::Linearizable {
+            if let Route::Forward(addr) = self.route(&request)? {
+                let fwd = self.forwarded(request.into_inner());
+                return self.peer(&addr)?.get_registry(fwd).await.map_err(|s| forward_failed(&addr, s));
+            }
+            self.linearize().await?;
+        }
+        let now_ms = now_ms();
+        let registry = {
+            let applied = self.view.read();
+            let state = &applied.state;
+            drover_proto::wire::Registry {
+                accounts: state.accounts.values().cloned().collect(),
+                qos: state.qos.values().cloned().collect(),
+                reservations: state.reservations.values().filter(|r| !r.ended_at(now_ms)).cloned().collect(),
+                shares: crate::planner::share_rows(state, now_ms),
+                now_ms,
+            }
+        };
+        Ok(Response::new(GetRegistryReply { json: drover_proto::wire::encode(&registry) }))
+    }
+
+    async fn top_jobs(&self, request: Request<JobIdsRequest>) -> Result<Response<JobOutcomesReply>, Status> {
+        self.job_ids_command(request, |ids, by_uid| Command::TopJobs { ids, by_uid }, "top").await
     }
 
     async fn drain_nodes(&self, request: Request<DrainNodesRequest>) -> Result<Response<Empty>, Status> {

@@ -147,3 +147,19 @@ impl ControllerConfig {
         config.validate().map_err(|e| e.to_string())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example shipped in deploy/ must stay a valid configuration, every documented field included.
+    #[test]
+    fn the_deployed_example_config_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/controller-1.toml");
+        let config = ControllerConfig::load(&path).unwrap();
+        let debug = config.cluster.partition("debug").unwrap();
+        assert_eq!((debug.priority_tier, debug.max_gpus_per_job), (1, Some(8)));
+        assert_eq!(config.cluster.scheduler.reservation_depth, 100);
+        assert_eq!(config.cluster.fairshare_half_life_s, 7 * 24 * 3600);
+    }
+}

@@ -3,11 +3,16 @@
 //!
 //! Pure: the same state and `now_ms` give the same command. No I/O, no clock.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use drover_scheduler as sched;
+use drover_state::account::ROOT_ACCOUNT;
+use drover_state::dependents::combine;
 use drover_state::first_fit::MAX_REASON_UPDATES;
-use drover_state::{Allocation, Command, JobState, NodeAllocation, PartitionState, PendingReason, State};
+use drover_state::qos::DEFAULT_QOS;
+use drover_state::{
+    Allocation, Command, DepState, DependencyKind, JobState, NodeAllocation, PartitionState, PendingReason, State,
+};
 
 /// Stand-in for `--time=UNLIMITED` in the scheduler's timeline (it needs an end to reserve around).
 const UNLIMITED_S: u64 = 365 * 24 * 3600;
@@ -15,6 +20,24 @@ const UNLIMITED_S: u64 = 365 * 24 * 3600;
 pub const MAX_PLAN_ALLOCATIONS: usize = 1_000;
 /// CPU count the scheduler sees for a node that declares none (CPUs are then not a constraint there).
 const UNDECLARED_CPUS: u32 = 1 << 20;
+
+/// The pass settings the replicated configuration asks for.
+pub fn scheduler_config(state: &State) -> sched::SchedulerConfig {
+    let s = state.config().map(|c| c.scheduler.clone()).unwrap_or_default();
+    sched::SchedulerConfig {
+        weights: sched::PriorityWeights {
+            age: s.weight_age,
+            fairshare: s.weight_fairshare,
+            job_size: s.weight_job_size,
+            partition: s.weight_partition,
+            qos: s.weight_qos,
+            max_age_s: s.max_age_s,
+            favor_small: s.favor_small,
+        },
+        max_reservations: s.reservation_depth as usize,
+        ..sched::SchedulerConfig::default()
+    }
+}
 
 /// The scheduler's view of `state` at `now_ms`.
 pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
@@ -47,23 +70,22 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
             }
         })
         .collect();
-    let account = |a: &Option<String>| a.clone().unwrap_or_else(|| "root".to_string());
+    let singleton_blocked = singleton_blockers(state);
     let mut running = Vec::new();
     let mut pending = Vec::new();
-    let mut accounts = BTreeSet::new();
     for job in state.jobs.values() {
-        accounts.insert(account(&job.spec.account));
         if !job.allocation.is_empty() {
             running.push(sched::RunningJob {
                 id: job.id,
                 user: job.spec.user.clone(),
-                account: account(&job.spec.account),
-                qos: "normal".to_string(),
+                account: account_of(job),
+                qos: qos_of(job),
                 alloc: job.allocation.iter().map(|a| (a.node.clone(), a.gpus.clone())).collect(),
                 start_s: job.start_time_ms.unwrap_or(now_ms) / 1_000,
                 time_limit_s: job.time_limit_s.unwrap_or(UNLIMITED_S),
                 exclusive: job.spec.exclusive,
-                reservation: None,
+                reservation: job.spec.reservation.clone(),
+                array_id: job.array.map(|a| a.array_job_id),
             });
         } else if job.state == JobState::Pending {
             let spec = &job.spec;
@@ -72,9 +94,9 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                 id: job.id,
                 submit_s: job.submit_time_ms / 1_000,
                 user: spec.user.clone(),
-                account: account(&spec.account),
+                account: account_of(job),
                 partition: job.partition.clone(),
-                qos: "normal".to_string(),
+                qos: qos_of(job),
                 nodes: spec.min_nodes,
                 gpus_per_node: spec.gpus_per_node,
                 cpus_per_node: per_node_tasks.saturating_mul(spec.cpus_per_task),
@@ -84,28 +106,49 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                 constraint: spec.constraint.clone(),
                 nodelist: spec.nodelist.clone(),
                 exclude: spec.exclude.clone(),
-                reservation: None,
+                reservation: spec.reservation.clone(),
                 held: job.held,
-                dependency: sched::DependencyState::Satisfied,
+                dependency: dependency_of(job, &singleton_blocked),
                 allow_multi_site: false,
+                nice: spec.nice,
+                top_rank: job.top_rank,
+                array: job.array.and_then(|a| {
+                    a.max_running.map(|max_running| sched::ArrayLimit { array_id: a.array_job_id, max_running })
+                }),
             });
         }
     }
-    // Until accounts are replicated (issue 4's `drover account`), every account is an equal child of root.
-    let mut account_tree = vec![sched::Account { name: "root".into(), parent: None, shares: 1, usage_gpu_s: 0.0 }];
-    account_tree.extend(accounts.into_iter().filter(|a| a != "root").map(|name| sched::Account {
-        name,
-        parent: Some("root".into()),
-        shares: 1,
-        usage_gpu_s: 0.0,
-    }));
+    let reservations = state
+        .reservations
+        .values()
+        .filter(|r| !r.ended_at(now_ms))
+        .map(|r| sched::AdvanceReservation {
+            name: r.name.clone(),
+            nodes: r.nodes.clone(),
+            gpu_count: r.gpu_count,
+            start_s: r.start_ms / 1_000,
+            duration_s: r.end_ms.map(|end| (end.saturating_sub(r.start_ms)) / 1_000),
+            users: r.users.clone(),
+            accounts: r.accounts.clone(),
+            flags: r
+                .flags
+                .iter()
+                .filter(|f| **f == drover_state::ReservationFlag::Maint)
+                .map(|_| sched::ReservationFlag::Maint)
+                .collect(),
+        })
+        .collect();
+    let mut qos: Vec<sched::Qos> = state.qos.values().map(sched_qos).collect();
+    if !state.qos.contains_key(DEFAULT_QOS) {
+        qos.push(sched_qos(&drover_state::Qos::normal()));
+    }
     let partitions = config
         .partitions
         .iter()
         .map(|p| sched::Partition {
             name: p.name.clone(),
             max_time_s: p.max_time_s,
-            priority_tier: 0,
+            priority_tier: p.priority_tier,
             state: match p.state {
                 PartitionState::Up => sched::PartitionState::Up,
                 PartitionState::Drain => sched::PartitionState::Drain,
@@ -119,9 +162,114 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
         running,
         pending,
         partitions,
-        accounts: account_tree,
-        reservations: Vec::new(),
-        qos: vec![sched::Qos { name: "normal".into(), priority: 0, max_jobs_per_user: None, max_gpus_per_user: None }],
+        accounts: account_tree(state, now_ms),
+        reservations,
+        qos,
+    }
+}
+
+fn account_of(job: &drover_state::Job) -> String {
+    if job.account.is_empty() { ROOT_ACCOUNT.to_string() } else { job.account.clone() }
+}
+
+fn qos_of(job: &drover_state::Job) -> String {
+    if job.qos.is_empty() { DEFAULT_QOS.to_string() } else { job.qos.clone() }
+}
+
+fn sched_qos(q: &drover_state::Qos) -> sched::Qos {
+    sched::Qos {
+        name: q.name.clone(),
+        priority: q.priority,
+        max_jobs_per_user: q.max_jobs_per_user,
+        max_gpus_per_user: q.max_gpus_per_user,
+        max_jobs_per_account: q.max_jobs_per_account,
+        max_gpus_per_account: q.max_gpus_per_account,
+    }
+}
+
+/// The fair-share tree as the scheduler sees it at `now_ms`: each account's committed usage decayed to now,
+/// plus what its running jobs used so far (also decayed), so a long job weighs on its account while it runs.
+/// Without a defined tree, every account jobs name is an equal child of root with no usage.
+pub fn account_tree(state: &State, now_ms: u64) -> Vec<sched::Account> {
+    let now_s = now_ms / 1_000;
+    if state.accounts.is_empty() {
+        let names: BTreeSet<String> = state.jobs.values().map(account_of).collect();
+        let mut tree = vec![sched::Account { name: ROOT_ACCOUNT.into(), parent: None, shares: 1, usage_gpu_s: 0.0 }];
+        tree.extend(names.into_iter().filter(|a| a != ROOT_ACCOUNT).map(|name| sched::Account {
+            name,
+            parent: Some(ROOT_ACCOUNT.into()),
+            shares: 1,
+            usage_gpu_s: 0.0,
+        }));
+        return tree;
+    }
+    let half_life_s = state.config().map_or(0, |c| c.fairshare_half_life_s);
+    let mut running: HashMap<&str, f64> = HashMap::new();
+    for job in state.jobs.values().filter(|j| !j.allocation.is_empty()) {
+        let start_s = job.start_time_ms.unwrap_or(now_ms) / 1_000;
+        let gpus = job.allocated_gpus() as u32;
+        *running.entry(job.account.as_str()).or_default() +=
+            sched::fairshare::decayed_usage(gpus, start_s, now_s, now_s, half_life_s);
+    }
+    state
+        .accounts
+        .values()
+        .map(|a| sched::Account {
+            name: a.name.clone(),
+            parent: a.parent.clone(),
+            shares: a.shares,
+            usage_gpu_s: sched::fairshare::decay(a.usage_gpu_s, now_s.saturating_sub(a.usage_at_s), half_life_s)
+                + running.get(a.name.as_str()).copied().unwrap_or(0.0),
+        })
+        .collect()
+}
+
+/// `sshare`'s rows, from the same tree and the same arithmetic the scheduler uses.
+pub fn share_rows(state: &State, now_ms: u64) -> Vec<sched::fairshare::ShareRow> {
+    sched::fairshare::share_report(&account_tree(state, now_ms))
+}
+
+/// Per (user, job name): the lowest id of a pending job and whether one has started, for `singleton`.
+fn singleton_blockers(state: &State) -> HashMap<(&str, &str), (u64, bool)> {
+    let mut out: HashMap<(&str, &str), (u64, bool)> = HashMap::new();
+    if !state.jobs.values().any(|j| j.spec.dependency.iter().any(|d| d.kind == DependencyKind::Singleton)) {
+        return out;
+    }
+    for job in state.jobs.values() {
+        let entry = out.entry((job.spec.user.as_str(), job.spec.name.as_str())).or_insert((u64::MAX, false));
+        if job.state == JobState::Pending {
+            entry.0 = entry.0.min(job.id);
+        } else {
+            entry.1 = true;
+        }
+    }
+    out
+}
+
+/// The job's `--dependency` verdict: the stored ones, with `singleton` judged against the queue now (blocked
+/// while another job of the same user and name runs or waits ahead of it).
+fn dependency_of(job: &drover_state::Job, singletons: &HashMap<(&str, &str), (u64, bool)>) -> sched::DependencyState {
+    if job.spec.dependency.is_empty() {
+        return sched::DependencyState::Satisfied;
+    }
+    let verdicts: Vec<DepState> = job
+        .spec
+        .dependency
+        .iter()
+        .zip(job.dependency_state.iter().chain(std::iter::repeat(&DepState::Waiting)))
+        .map(|(dep, stored)| {
+            if dep.kind != DependencyKind::Singleton {
+                return *stored;
+            }
+            let (first_pending, started) =
+                singletons.get(&(job.spec.user.as_str(), job.spec.name.as_str())).copied().unwrap_or((u64::MAX, false));
+            if started || first_pending < job.id { DepState::Waiting } else { DepState::Satisfied }
+        })
+        .collect();
+    match combine(&verdicts, job.spec.dependency_any) {
+        DepState::Satisfied => sched::DependencyState::Satisfied,
+        DepState::Waiting => sched::DependencyState::Waiting,
+        DepState::Never => sched::DependencyState::NeverSatisfied,
     }
 }
 
@@ -138,6 +286,9 @@ fn reason(r: sched::Reason) -> PendingReason {
         sched::Reason::PartitionDown => PendingReason::PartitionDown,
         sched::Reason::PartitionTimeLimit => PendingReason::PartitionTimeLimit,
         sched::Reason::JobHeldUser => PendingReason::JobHeldUser,
+        sched::Reason::JobArrayTaskLimit => PendingReason::JobArrayTaskLimit,
+        sched::Reason::QOSMaxJobsPerAccountLimit => PendingReason::QOSMaxJobsPerAccountLimit,
+        sched::Reason::QOSMaxGRESPerAccount => PendingReason::QOSMaxGRESPerAccount,
     }
 }
 

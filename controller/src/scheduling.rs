@@ -56,7 +56,6 @@ fn insights(plan: &drover_scheduler::Plan, config: &SchedulerConfig) -> HashMap<
 pub async fn scheduling_loop(raft: Raft, view: StateView, id: u64, latest: Insights) {
     let mut metrics = raft.metrics();
     let mut planned_at: Option<u64> = None;
-    let config = SchedulerConfig::default();
     loop {
         let (leading, applied) = {
             let m = metrics.borrow_watched();
@@ -64,13 +63,16 @@ pub async fn scheduling_loop(raft: Raft, view: StateView, id: u64, latest: Insig
         };
         if leading && applied != planned_at {
             planned_at = applied;
-            let (view, config, latest) = (view.clone(), config.clone(), latest.clone());
+            let (view, latest) = (view.clone(), latest.clone());
             let pass_started = std::time::Instant::now();
             // A pass over a large queue takes milliseconds to a few hundred: keep it off the async workers.
             let command = tokio::task::spawn_blocking(move || {
                 let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
                 // The state lock is held only to copy the view out: the pass itself must not stall `apply`.
-                let cluster = planner::view(&view.read().state, now_ms);
+                let (cluster, config) = {
+                    let applied = view.read();
+                    (planner::view(&applied.state, now_ms), planner::scheduler_config(&applied.state))
+                };
                 match drover_scheduler::schedule(&cluster, &config) {
                     Ok(plan) => {
                         *latest.write().expect("insights lock poisoned") = insights(&plan, &config);

@@ -31,7 +31,21 @@ fn data_of_another_format_version_is_refused() {
         db.db.put_cf(cf, b"format_version", 99u32.to_be_bytes()).unwrap();
     }
     let err = drover_controller::store::open_db(&dir.path().join("data")).err().expect("refused").to_string();
-    assert!(err.contains("format version") && err.contains("reads version 1"), "{err}");
+    assert!(err.contains("format version") && err.contains("reads version 2"), "{err}");
+}
+
+#[test]
+fn data_of_format_version_1_is_upgraded_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = drover_controller::store::open_db(&dir.path().join("data")).unwrap();
+        let cf = db.cf("raft");
+        db.db.put_cf(cf, b"format_version", 1u32.to_be_bytes()).unwrap();
+    }
+    let db = drover_controller::store::open_db(&dir.path().join("data")).expect("version 1 opens");
+    let stamped = db.db.get_cf(db.cf("raft"), b"format_version").unwrap().unwrap();
+    assert_eq!(stamped, drover_state::FORMAT_VERSION.to_be_bytes(), "restamped with the current version");
+    assert!(db.db.cf_handle("objects").is_some(), "the registry family version 2 adds exists");
 }
 
 #[test]

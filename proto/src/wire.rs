@@ -120,6 +120,21 @@ pub struct JobInsight {
     pub expected_start_s: Option<u64>,
 }
 
+/// One `sshare` row: an account's shares and usage as the scheduler sees them now (running jobs' usage so far
+/// included, everything decayed to now). The scheduler's own type, so sshare shows exactly what the pass uses.
+pub use drover_scheduler::fairshare::ShareRow;
+
+/// `GetRegistry`: the replicated accounts, QOS and reservations, and the fair-share figures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Registry {
+    pub accounts: Vec<drover_state::Account>,
+    pub qos: Vec<drover_state::Qos>,
+    pub reservations: Vec<drover_state::Reservation>,
+    pub shares: Vec<ShareRow>,
+    /// The replica's clock when it answered (reservation states are judged against it).
+    pub now_ms: u64,
+}
+
 /// Encodes a payload (these types always serialize).
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("wire types serialize")

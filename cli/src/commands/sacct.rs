@@ -16,7 +16,7 @@ const MAX_JOBS: u32 = 100_000;
 #[command(name = "sacct", about = "Accounting data of Drover jobs")]
 struct Args {
     /// Job ids (comma-separated).
-    #[arg(short = 'j', long = "jobs", value_delimiter = ',')]
+    #[arg(short = 'j', long = "jobs")]
     jobs: Vec<String>,
     /// Only the jobs' allocations (Drover keeps no per-step records, so this is always the case).
     #[arg(short = 'X', long = "allocations")]
@@ -71,7 +71,8 @@ fn sacct(args: &[String]) -> anyhow::Result<()> {
     let args = Args::try_parse_from(std::iter::once("sacct".to_string()).chain(args.iter().cloned()))
         .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
     let fields = parse_fields(args.format.as_deref().unwrap_or(DEFAULT_FIELDS))?;
-    let ids = super::parse_job_ids(&args.jobs).map_err(|e| anyhow::anyhow!(e))?;
+    let refs = crate::job_refs::parse_refs(&args.jobs).map_err(|e| anyhow::anyhow!(e))?;
+    let ids = crate::job_refs::base_ids(&refs);
     let (me, uid, _) = current_user();
     let users = if !args.users.is_empty() {
         args.users.clone()
@@ -89,7 +90,8 @@ fn sacct(args: &[String]) -> anyhow::Result<()> {
         ..Default::default()
     };
     let client = crate::connect::client(args.controllers.as_deref())?;
-    let (jobs, truncated) = crate::connect::runtime().block_on(client.list_jobs(&filter))?;
+    let (mut jobs, truncated) = crate::connect::runtime().block_on(client.list_jobs(&filter))?;
+    jobs.retain(|j| crate::job_refs::names(&refs, j));
     let now = super::now_ms();
     let separator = if args.parsable || args.parsable2 { Some(args.parsable) } else { None };
     let mut out = String::new();
@@ -156,8 +158,10 @@ fn parse_fields(spec: &str) -> anyhow::Result<Vec<Field>> {
 }
 
 /// Supported fields and Slurm's default widths.
-const FIELDS: [(&str, usize); 24] = [
+const FIELDS: [(&str, usize); 26] = [
     ("JobID", 12),
+    ("QOS", 10),
+    ("Reservation", 12),
     ("JobIDRaw", 12),
     ("JobName", 10),
     ("Partition", 10),
@@ -185,10 +189,25 @@ const FIELDS: [(&str, usize); 24] = [
 
 fn value(field: &str, job: &Job, now: u64) -> String {
     match field {
-        "JobID" | "JobIDRaw" => job.id.to_string(),
+        "JobID" => job.display_id(),
+        "JobIDRaw" => job.id.to_string(),
         "JobName" => job.spec.name.clone(),
         "Partition" => job.partition.clone(),
-        "Account" => job.spec.account.clone().unwrap_or_default(),
+        "Account" => {
+            if job.account.is_empty() {
+                job.spec.account.clone().unwrap_or_default()
+            } else {
+                job.account.clone()
+            }
+        }
+        "QOS" => {
+            if job.qos.is_empty() {
+                "normal".to_string()
+            } else {
+                job.qos.clone()
+            }
+        }
+        "Reservation" => job.spec.reservation.clone().unwrap_or_default(),
         "User" => job.spec.user.clone(),
         "UID" => job.spec.uid.to_string(),
         "AllocCPUS" | "NCPUS" => job.allocated_cpus().to_string(),

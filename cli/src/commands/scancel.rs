@@ -39,8 +39,8 @@ pub fn run(args: &[String]) -> i32 {
 fn cancel(args: &[String]) -> anyhow::Result<i32> {
     let args = Args::try_parse_from(std::iter::once("scancel".to_string()).chain(args.iter().cloned()))
         .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
-    let mut ids = super::parse_job_ids(&args.ids).map_err(|e| anyhow::anyhow!(e))?;
-    if ids.is_empty() && args.user.is_none() && args.state.is_none() && args.name.is_none() {
+    crate::job_refs::parse_refs(&args.ids).map_err(|e| anyhow::anyhow!(e))?;
+    if args.ids.is_empty() && args.user.is_none() && args.state.is_none() && args.name.is_none() {
         anyhow::bail!("No job identification provided");
     }
     if let Some(signal) = &args.signal {
@@ -48,6 +48,11 @@ fn cancel(args: &[String]) -> anyhow::Result<i32> {
     }
     let client = crate::connect::client(args.controllers.as_deref())?;
     let rt = crate::connect::runtime();
+    let mut ids = if args.ids.is_empty() {
+        Vec::new()
+    } else {
+        rt.block_on(crate::job_refs::resolve(&client, &args.ids, false))?
+    };
     let (_, uid, _) = crate::identity::current_user();
     if args.user.is_some() || args.state.is_some() || args.name.is_some() {
         // Filters select among the active jobs (and narrow explicit ids, as Slurm does).

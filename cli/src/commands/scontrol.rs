@@ -17,12 +17,32 @@ pub fn run(args: &[String]) -> i32 {
     }
 }
 
-const USAGE: &str = "usage: scontrol show job [ID] | scontrol show node [NAME] | scontrol hold ID... | scontrol release ID... | scontrol show hostnames [HOSTLIST] | scontrol update nodename=LIST state=drain|resume [reason=TEXT] | scontrol show partition [NAME] | scontrol update partitionname=NAME [state=UP|DOWN|DRAIN|INACTIVE] [maxtime=T] [defaulttime=T] [maxnodes=N] [nodes=LIST] [default=yes]";
+const USAGE: &str = "usage: scontrol show job [ID] | scontrol top ID... | scontrol create reservation ReservationName=N StartTime=T (Duration=D|EndTime=T) (Nodes=LIST|NodeCnt=N|TRES=gres/gpu=N) (Users=U,..|Accounts=A,..) [Flags=MAINT] | scontrol update ReservationName=N ... | scontrol delete ReservationName=N | scontrol show reservation [NAME] | scontrol show node [NAME] | scontrol hold ID... | scontrol release ID... | scontrol show hostnames [HOSTLIST] | scontrol update nodename=LIST state=drain|resume [reason=TEXT] | scontrol show partition [NAME] | scontrol update partitionname=NAME [state=UP|DOWN|DRAIN|INACTIVE] [maxtime=T] [defaulttime=T] [maxnodes=N] [nodes=LIST] [default=yes]";
+
+fn is_reservation(word: &str) -> bool {
+    matches!(word.to_ascii_lowercase().as_str(), "reservation" | "reservations" | "res")
+}
 
 fn dispatch(args: &[String]) -> anyhow::Result<i32> {
     let (controllers, args) = super::sbatch::take_controllers_flag(args);
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
     match words.as_slice() {
+        ["create", kind, rest @ ..] if is_reservation(kind) => super::reservation::create(controllers.as_deref(), rest),
+        ["create", first, rest @ ..] if first.to_ascii_lowercase().starts_with("reservation") => {
+            super::reservation::create(controllers.as_deref(), &[&[*first], rest].concat())
+        }
+        ["update", first, rest @ ..] if first.to_ascii_lowercase().starts_with("reservationname=") => {
+            super::reservation::update(controllers.as_deref(), &[&[*first], rest].concat())
+        }
+        ["delete", first] if first.to_ascii_lowercase().starts_with("reservationname=") => {
+            super::reservation::delete(controllers.as_deref(), first)
+        }
+        ["delete", kind, name] if is_reservation(kind) => {
+            super::reservation::delete(controllers.as_deref(), &format!("reservationname={name}"))
+        }
+        ["show", kind, rest @ ..] if is_reservation(kind) && rest.len() <= 1 => {
+            super::reservation::show(controllers.as_deref(), rest.first().copied())
+        }
         ["show", "node" | "nodes", rest @ ..] if rest.len() <= 1 => {
             show_nodes(controllers.as_deref(), rest.first().copied())
         }
@@ -44,7 +64,7 @@ fn dispatch(args: &[String]) -> anyhow::Result<i32> {
             print_hostnames(&list)
         }
         ["show", "hostnames", list] => print_hostnames(list),
-        ["hold", ids @ ..] | ["release", ids @ ..] | ["uhold", ids @ ..] if !ids.is_empty() => {
+        ["hold", ids @ ..] | ["release", ids @ ..] | ["uhold", ids @ ..] | ["top", ids @ ..] if !ids.is_empty() => {
             hold_release(controllers.as_deref(), words[0], ids)
         }
         _ => anyhow::bail!("invalid command {:?}; {USAGE}", args.join(" ")),
@@ -80,8 +100,33 @@ fn update_partition(controllers: Option<&str>, first: &str, words: &[&str]) -> a
             }
             "nodes" => update.nodes = Some(value.to_string()),
             "default" => update.make_default = value.eq_ignore_ascii_case("yes"),
+            "maxgpusperjob" => {
+                update.max_gpus_per_job = Some(if value.eq_ignore_ascii_case("unlimited") {
+                    Limit::Unlimited
+                } else {
+                    Limit::At(value.parse().map_err(|_| anyhow::anyhow!("Invalid MaxGPUsPerJob {value:?}"))?)
+                })
+            }
+            "maxtresperjob" => {
+                let count = value
+                    .to_ascii_lowercase()
+                    .strip_prefix("gres/gpu=")
+                    .map(str::to_string)
+                    .ok_or_else(|| anyhow::anyhow!("Invalid MaxTRESPerJob {value:?}: use gres/gpu=N"))?;
+                update.max_gpus_per_job = Some(if count == "unlimited" || count == "-1" {
+                    Limit::Unlimited
+                } else {
+                    Limit::At(count.parse().map_err(|_| anyhow::anyhow!("Invalid MaxTRESPerJob {value:?}"))?)
+                })
+            }
+            "prioritytier" => {
+                update.priority_tier =
+                    Some(value.parse().map_err(|_| anyhow::anyhow!("Invalid PriorityTier {value:?}"))?)
+            }
+            "allowaccounts" => update.allow_accounts = Some(value.split(',').map(str::to_string).collect()),
+            "allowqos" => update.allow_qos = Some(value.split(',').map(str::to_string).collect()),
             other => anyhow::bail!(
-                "Update of partition {other} is not supported (State, MaxTime, DefaultTime, MaxNodes, Nodes, Default)"
+                "Update of partition {other} is not supported (State, MaxTime, DefaultTime, MaxNodes, MaxTRESPerJob=gres/gpu=N, Nodes, Default, PriorityTier, AllowAccounts, AllowQos)"
             ),
         }
     }
@@ -104,13 +149,17 @@ fn show_partitions(controllers: Option<&str>, name: Option<&str>) -> anyhow::Res
             nodes.iter().filter(|n| state.node_in_partition(&n.info, &p.name)).map(|n| n.info.name.clone()).collect();
         let gpus: usize = nodes.iter().filter(|n| members.contains(&n.info.name)).map(|n| n.info.gpus.len()).sum();
         println!(
-            "PartitionName={}\n   Default={} State={}\n   MaxNodes={} MaxTime={} DefaultTime={}\n   Nodes={}\n   TotalNodes={} TotalGPUs={}\n",
+            "PartitionName={}\n   AllowAccounts={} AllowQos={}\n   Default={} State={} PriorityTier={}\n   MaxNodes={} MaxTime={} DefaultTime={} MaxTRESPerJob={}\n   Nodes={}\n   TotalNodes={} TotalGPUs={}\n",
             p.name,
+            if p.allow_accounts.is_empty() { "ALL".to_string() } else { p.allow_accounts.join(",") },
+            if p.allow_qos.is_empty() { "ALL".to_string() } else { p.allow_qos.join(",") },
             if p.default { "YES" } else { "NO" },
             p.state.name(),
+            p.priority_tier,
             p.max_nodes.map_or("UNLIMITED".to_string(), |n| n.to_string()),
             format_time_limit(p.max_time_s),
             p.default_time_s.map_or("NONE".to_string(), |t| format_time_limit(Some(t))),
+            p.max_gpus_per_job.map_or("(null)".to_string(), |g| format!("gres/gpu={g}")),
             if members.is_empty() { "(null)".to_string() } else { compress_hostlist(&members) },
             members.len(),
             gpus
@@ -207,15 +256,18 @@ fn show_jobs(controllers: Option<&str>, id: Option<&str>) -> anyhow::Result<i32>
     let rt = crate::connect::runtime();
     let jobs = match id {
         Some(id) => {
-            let id = super::parse_job_ids(&[id.to_string()]).map_err(|e| anyhow::anyhow!(e))?[0];
-            match rt.block_on(client.get_job(id, false, false)) {
-                Ok((job, _)) => vec![job],
-                Err(drover_client::ClientError::NotFound(_)) => {
-                    eprintln!("slurm_load_jobs error: Invalid job id specified");
-                    return Ok(1);
+            let mut jobs = Vec::new();
+            for id in rt.block_on(crate::job_refs::resolve(&client, &[id.to_string()], true))? {
+                match rt.block_on(client.get_job(id, false, false)) {
+                    Ok((job, _)) => jobs.push(job),
+                    Err(drover_client::ClientError::NotFound(_)) => {
+                        eprintln!("slurm_load_jobs error: Invalid job id specified");
+                        return Ok(1);
+                    }
+                    Err(e) => return Err(e.into()),
                 }
-                Err(e) => return Err(e.into()),
             }
+            jobs
         }
         None => rt.block_on(client.list_jobs(&drover_client::JobFilter::default()))?.0,
     };
@@ -239,11 +291,25 @@ pub fn show_job_text(job: &Job, now_ms: u64) -> String {
         s.stdout.clone().unwrap_or_else(|| format!("{}/slurm-%j.out", s.work_dir)).replace("%j", &job.id.to_string());
     let stderr = s.stderr.clone().unwrap_or_else(|| stdout.clone()).replace("%j", &job.id.to_string());
     let nodes = if job.nodes.is_empty() { "(null)".to_string() } else { compress_hostlist(&job.nodes) };
+    let array = match job.array {
+        Some(a) => format!(
+            "JobId={} ArrayJobId={} ArrayTaskId={} ArrayTaskThrottle={} JobName={}",
+            job.id,
+            a.array_job_id,
+            a.task_id,
+            a.max_running.unwrap_or(0),
+            s.name
+        ),
+        None => format!("JobId={} JobName={}", job.id, s.name),
+    };
+    let account = if job.account.is_empty() { opt(&s.account) } else { job.account.clone() };
+    let qos = if job.qos.is_empty() { "normal".to_string() } else { job.qos.clone() };
+    let dependency = drover_state::dependency::format_dependency(&s.dependency, s.dependency_any);
     let lines = [
-        format!("JobId={} JobName={}", job.id, s.name),
+        array,
         format!("UserId={}({}) GroupId={} MCS_label=N/A", s.user, s.uid, s.gid),
-        format!("Priority={} Nice=0 Account={} QOS=normal", if job.held { 0 } else { 1 }, opt(&s.account)),
-        format!("JobState={} Reason={} Dependency=(null)", job.state.name(), reason),
+        format!("Priority={} Nice={} Account={account} QOS={qos}", if job.held { 0 } else { 1 }, s.nice),
+        format!("JobState={} Reason={} Dependency={dependency}", job.state.name(), reason),
         format!(
             "Requeue={} Restarts={} BatchFlag=1 Reboot=0 ExitCode={}:{}",
             u8::from(s.requeue.unwrap_or(true)),
@@ -266,7 +332,7 @@ pub fn show_job_text(job: &Job, now_ms: u64) -> String {
             format_timestamp(job.start_time_ms),
             format_timestamp(job.end_time_ms)
         ),
-        format!("Partition={} AllocNode:Sid=N/A", job.partition),
+        format!("Partition={} AllocNode:Sid=N/A Reservation={}", job.partition, opt(&s.reservation)),
         format!("NodeList={nodes}"),
         format!(
             "NumNodes={} NumCPUs={} NumTasks={} CPUs/Task={}",
@@ -292,13 +358,14 @@ pub fn show_job_text(job: &Job, now_ms: u64) -> String {
 }
 
 fn hold_release(controllers: Option<&str>, verb: &str, ids: &[&str]) -> anyhow::Result<i32> {
-    let ids =
-        super::parse_job_ids(&ids.iter().map(|s| s.to_string()).collect::<Vec<_>>()).map_err(|e| anyhow::anyhow!(e))?;
+    let refs: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
     let client = crate::connect::client(controllers)?;
     let (_, uid, _) = crate::identity::current_user();
     let rt = crate::connect::runtime();
+    let ids = rt.block_on(crate::job_refs::resolve(&client, &refs, false))?;
     let outcomes = match verb {
         "release" => rt.block_on(client.release(&ids, uid))?,
+        "top" => rt.block_on(client.top(&ids, uid))?,
         _ => rt.block_on(client.hold(&ids, uid))?,
     };
     let mut code = 0;

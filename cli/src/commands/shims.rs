@@ -3,7 +3,7 @@
 use std::path::Path;
 
 /// The Slurm commands this binary answers to.
-pub const SHIMS: [&str; 8] = ["sbatch", "squeue", "scancel", "scontrol", "srun", "sacct", "sinfo", "sprio"];
+pub const SHIMS: [&str; 9] = ["sbatch", "squeue", "scancel", "scontrol", "srun", "sacct", "sinfo", "sprio", "sshare"];
 
 pub fn install(dir: &Path) -> anyhow::Result<()> {
     let exe = link_all(dir)?;

@@ -18,6 +18,9 @@ struct Args {
     reasons: bool,
     #[arg(short = 'h', long = "noheader")]
     noheader: bool,
+    /// Advance reservations instead of partitions.
+    #[arg(short = 'T', long = "reservation")]
+    reservations: bool,
     /// Only these partitions.
     #[arg(short = 'p', long = "partition", value_delimiter = ',')]
     partitions: Vec<String>,
@@ -54,6 +57,11 @@ fn sinfo(args: &[String]) -> anyhow::Result<()> {
     let args = Args::try_parse_from(std::iter::once("sinfo".to_string()).chain(args.iter().cloned()))
         .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
     let client = crate::connect::client(args.controllers.as_deref())?;
+    if args.reservations {
+        let registry = crate::connect::runtime().block_on(client.registry(false))?;
+        print!("{}", super::reservation::sinfo_table(&registry, args.noheader));
+        return Ok(());
+    }
     let (nodes, config) = crate::connect::runtime().block_on(client.nodes_and_config(false))?;
     let config = config.unwrap_or_default();
     print!("{}", render(&args, &nodes, &config));

@@ -6,7 +6,7 @@ use clap::Parser;
 #[command(name = "sprio", disable_help_flag = true, about = "Priority factors of pending Drover jobs")]
 struct Args {
     /// Job ids (comma-separated).
-    #[arg(short = 'j', long = "jobs", value_delimiter = ',')]
+    #[arg(short = 'j', long = "jobs")]
     jobs: Vec<String>,
     #[arg(short = 'h', long = "noheader")]
     noheader: bool,
@@ -29,9 +29,14 @@ pub fn run(args: &[String]) -> i32 {
 fn sprio(args: &[String]) -> anyhow::Result<()> {
     let args = Args::try_parse_from(std::iter::once("sprio".to_string()).chain(args.iter().cloned()))
         .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
-    let ids = super::parse_job_ids(&args.jobs).map_err(|e| anyhow::anyhow!(e))?;
     let client = crate::connect::client(args.controllers.as_deref())?;
-    let insights = crate::connect::runtime().block_on(client.job_insights(&ids))?;
+    let rt = crate::connect::runtime();
+    let ids = if args.jobs.is_empty() {
+        Vec::new()
+    } else {
+        rt.block_on(crate::job_refs::resolve(&client, &args.jobs, false))?
+    };
+    let insights = rt.block_on(client.job_insights(&ids))?;
     let mut out = String::new();
     if !args.noheader {
         out.push_str(&format!(

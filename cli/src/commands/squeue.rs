@@ -14,7 +14,7 @@ struct Args {
     #[arg(short = 'o', long = "format")]
     format: Option<String>,
     /// Job ids (comma-separated).
-    #[arg(short = 'j', long = "jobs", value_delimiter = ',')]
+    #[arg(short = 'j', long = "jobs")]
     jobs: Vec<String>,
     /// Users (comma-separated).
     #[arg(short = 'u', long = "user", value_delimiter = ',')]
@@ -29,6 +29,9 @@ struct Args {
     #[arg(long = "stale")]
     stale: bool,
     /// Expected start times of pending jobs (from the scheduler's backfill reservations).
+    /// One line per array task (else pending tasks of an array share one line, `123_[4-99%8]`).
+    #[arg(short = 'r', long = "array")]
+    array: bool,
     #[arg(long = "start")]
     start: bool,
     #[arg(long = "controllers")]
@@ -52,7 +55,8 @@ fn list(args: &[String]) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
     let formatter =
         JobFormatter::new(args.format.as_deref().unwrap_or(SQUEUE_DEFAULT)).map_err(|e| anyhow::anyhow!(e))?;
-    let ids = super::parse_job_ids(&args.jobs).map_err(|e| anyhow::anyhow!(e))?;
+    let refs = crate::job_refs::parse_refs(&args.jobs).map_err(|e| anyhow::anyhow!(e))?;
+    let ids = crate::job_refs::base_ids(&refs);
     let mut users = args.users.clone();
     if args.me {
         users.push(crate::identity::current_user().0);
@@ -72,7 +76,8 @@ fn list(args: &[String]) -> anyhow::Result<()> {
     }
     let client = crate::connect::client(args.controllers.as_deref())?;
     let filter = drover_client::JobFilter { ids, users, states, include_finished: false, stale: args.stale, limit: 0 };
-    let (jobs, truncated) = crate::connect::runtime().block_on(client.list_jobs(&filter))?;
+    let (mut jobs, truncated) = crate::connect::runtime().block_on(client.list_jobs(&filter))?;
+    jobs.retain(|j| crate::job_refs::names(&refs, j));
     if args.start {
         let ids: Vec<u64> = jobs.iter().map(|j| j.id).collect();
         let insights =
@@ -86,8 +91,16 @@ fn list(args: &[String]) -> anyhow::Result<()> {
         out.push_str(&formatter.header());
         out.push('\n');
     }
-    for job in &jobs {
-        out.push_str(&formatter.line(job, now));
+    for row in rows(&jobs, args.array) {
+        match row {
+            Row::Job(job) => out.push_str(&formatter.line(job, now)),
+            Row::Group { first, task_ids } => {
+                let a = first.array.expect("groups hold array tasks");
+                let tasks = drover_state::array::format_task_ids(&task_ids, a.max_running);
+                let id = format!("{}_{tasks}", a.array_job_id);
+                out.push_str(&formatter.group_line(first, now, &id, tasks.trim_matches(['[', ']'])));
+            }
+        }
         out.push('\n');
     }
     print!("{out}");
@@ -95,6 +108,36 @@ fn list(args: &[String]) -> anyhow::Result<()> {
         eprintln!("squeue: warning: output truncated at {} jobs; narrow it with -j, -u or -t", jobs.len());
     }
     Ok(())
+}
+
+/// One line of squeue's output.
+enum Row<'a> {
+    Job(&'a drover_state::Job),
+    /// Pending tasks of one array, waiting for the same reason: one line, as Slurm prints them (unless `-r`).
+    Group {
+        first: &'a drover_state::Job,
+        task_ids: Vec<u32>,
+    },
+}
+
+fn rows(jobs: &[drover_state::Job], one_per_task: bool) -> Vec<Row<'_>> {
+    let mut rows: Vec<Row<'_>> = Vec::new();
+    for job in jobs {
+        let groupable = !one_per_task && job.state == drover_state::JobState::Pending && job.array.is_some();
+        if groupable
+            && let Some(Row::Group { first, task_ids }) = rows.last_mut()
+            && first.array.map(|a| a.array_job_id) == job.array.map(|a| a.array_job_id)
+            && first.reason == job.reason
+        {
+            task_ids.push(job.array.expect("checked").task_id);
+            continue;
+        }
+        rows.push(match (groupable, job.array) {
+            (true, Some(a)) => Row::Group { first: job, task_ids: vec![a.task_id] },
+            _ => Row::Job(job),
+        });
+    }
+    rows
 }
 
 /// `squeue --start`: Slurm's columns, with the expected start from the leader's latest pass (`N/A` when the
@@ -117,7 +160,7 @@ fn start_table(jobs: &[drover_state::Job], insights: &[drover_proto::wire::JobIn
         let user: String = job.spec.user.chars().take(8).collect();
         out.push_str(&format!(
             "{:>18} {:>9} {:>8} {:>8} {:>2} {:>19} {:>6} ({})\n",
-            job.id,
+            job.display_id(),
             job.partition,
             name,
             user,

@@ -4,8 +4,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
 
-use drover_cli::local::LocalCluster;
+use drover_cli::local::{LocalCluster, UpOptions};
 
 pub struct Shell {
     pub bin: PathBuf,
@@ -18,7 +19,24 @@ pub fn drover_dir() -> PathBuf {
     Path::new(env!("CARGO_BIN_EXE_drover")).parent().unwrap().to_path_buf()
 }
 
+/// A local cluster with its agents registered, and a shell for it.
+pub fn setup(dir: &Path, options: UpOptions) -> (LocalCluster, Shell) {
+    let cluster = LocalCluster::up(&dir.join("cluster"), options).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(cluster.wait_ready(Duration::from_secs(30))).unwrap();
+    rt.block_on(cluster.wait_agents(Duration::from_secs(30))).unwrap();
+    let shell = Shell::install(dir, &cluster);
+    (cluster, shell)
+}
+
 impl Shell {
+    /// `sbatch --parsable ...`: the new job's id.
+    pub fn submit(&self, args: &[&str]) -> u64 {
+        let mut all = vec!["--parsable"];
+        all.extend_from_slice(args);
+        self.ok("sbatch", &all).trim().parse().expect("a job id")
+    }
+
     /// Installs the shims under `dir/bin` and makes `dir/work` the working directory.
     pub fn install(dir: &Path, cluster: &LocalCluster) -> Shell {
         let bin = dir.join("bin");

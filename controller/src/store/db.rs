@@ -15,9 +15,11 @@ pub const CF_SCRIPTS: &str = "scripts"; // job id -> script text
 pub const CF_HISTORY: &str = "history"; // finished job id -> Job (accounting, read by sacct)
 pub const CF_DEDUP: &str = "dedup"; // client request id -> (seq, job id)
 pub const CF_NODES: &str = "nodes"; // node name -> Node
+pub const CF_OBJECTS: &str = "objects"; // "account/NAME", "qos/NAME", "reservation/NAME" -> Object (format 2)
 
-/// The state machine's column families, in snapshot order.
-pub const SM_FAMILIES: [&str; 6] = [CF_SM, CF_JOBS, CF_SCRIPTS, CF_HISTORY, CF_DEDUP, CF_NODES];
+/// The state machine's column families, in snapshot order (new families go last, so older snapshots still
+/// number theirs the same way).
+pub const SM_FAMILIES: [&str; 7] = [CF_SM, CF_JOBS, CF_SCRIPTS, CF_HISTORY, CF_DEDUP, CF_NODES, CF_OBJECTS];
 
 const FORMAT_KEY: &[u8] = b"format_version";
 
@@ -88,6 +90,13 @@ fn check_format(db: &Db) -> Result<(), StoreError> {
                 .map_err(|e| StoreError::Open { path: db.dir.clone(), message: e.to_string() })
         }
         Some(bytes) if bytes.as_slice() == expected.to_be_bytes() => Ok(()),
+        Some(bytes) if drover_state::READABLE_FORMAT_VERSIONS.iter().any(|v| bytes.as_slice() == v.to_be_bytes()) => {
+            // An older format this build upgrades in place: the families it lacks were created at open.
+            db.db
+                .put_cf(cf, FORMAT_KEY, expected.to_be_bytes())
+                .and_then(|_| db.db.flush_wal(true))
+                .map_err(|e| StoreError::Open { path: db.dir.clone(), message: e.to_string() })
+        }
         Some(bytes) => Err(StoreError::Format { path: db.dir.clone(), found: format!("{bytes:?}"), expected }),
     }
 }

@@ -11,7 +11,9 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use rocksdb::{IteratorMode, WriteBatch};
 use serde::{Deserialize, Serialize};
 
-use super::db::{CF_DEDUP, CF_HISTORY, CF_JOBS, CF_NODES, CF_RAFT, CF_SCRIPTS, CF_SM, Db, SM_FAMILIES, id_key};
+use super::db::{
+    CF_DEDUP, CF_HISTORY, CF_JOBS, CF_NODES, CF_OBJECTS, CF_RAFT, CF_SCRIPTS, CF_SM, Db, SM_FAMILIES, id_key,
+};
 use super::snapshot::{SnapshotFile, SnapshotReader, SnapshotWriter};
 use crate::types::{LogId, SnapshotMeta, StoredMembership, TypeConfig};
 
@@ -156,7 +158,7 @@ fn load_applied(db: &Db) -> io::Result<Applied> {
     let last_applied: Option<LogId> = get(APPLIED_KEY)?.map(|b| from_json(&b)).transpose()?;
     let membership: StoredMembership = get(MEMBERSHIP_KEY)?.map(|b| from_json(&b)).transpose()?.unwrap_or_default();
     let meta: Meta = get(META_KEY)?.map(|b| from_json(&b)).transpose()?.unwrap_or_default();
-    if meta.format_version != drover_state::FORMAT_VERSION {
+    if !drover_state::READABLE_FORMAT_VERSIONS.contains(&meta.format_version) {
         return Err(io_err(
             "state machine format",
             format!("found version {}, this build reads {}", meta.format_version, drover_state::FORMAT_VERSION),
@@ -179,7 +181,19 @@ fn load_applied(db: &Db) -> io::Result<Applied> {
         dedup.push((record.seq, String::from_utf8_lossy(&key).into_owned(), record.job_id));
     }
     dedup.sort_by_key(|(seq, _, _)| *seq);
-    Ok(Applied { state: State::restore(meta, jobs, nodes, dedup), last_applied, membership })
+    let mut objects = Vec::new();
+    for item in db.db.iterator_cf(db.cf(CF_OBJECTS), IteratorMode::Start) {
+        let (_, value) = item.map_err(|e| io_err("reading accounts, QOS and reservations", e))?;
+        objects.push(from_json::<drover_state::Object>(&value)?);
+    }
+    // The newest finished jobs, for dependencies on jobs that just ended (see drover_state::dependents).
+    let mut finished = Vec::new();
+    for item in db.db.iterator_cf(db.cf(CF_HISTORY), IteratorMode::End).take(drover_state::dependents::FATE_CAPACITY) {
+        let (_, value) = item.map_err(|e| io_err("reading history", e))?;
+        finished.push(from_json::<Job>(&value)?);
+    }
+    let records = drover_state::Records { meta, jobs, nodes, dedup, objects, finished };
+    Ok(Applied { state: State::restore(records), last_applied, membership })
 }
 
 /// Adds one state change to the batch.
@@ -197,6 +211,8 @@ fn write_change(db: &Db, batch: &mut WriteBatch, change: &Change) -> io::Result<
         }
         Change::DeleteDedup { request_id, .. } => batch.delete_cf(db.cf(CF_DEDUP), request_id.as_bytes()),
         Change::PutNode(node) => batch.put_cf(db.cf(CF_NODES), node.info.name.as_bytes(), to_json(node)?),
+        Change::PutObject(object) => batch.put_cf(db.cf(CF_OBJECTS), object.key().as_bytes(), to_json(object)?),
+        Change::DeleteObject(key) => batch.delete_cf(db.cf(CF_OBJECTS), key.as_bytes()),
     }
     Ok(())
 }
