@@ -431,4 +431,57 @@ mod tests {
         assert_eq!(state.job(big).unwrap().reason, PendingReason::Resources);
         assert_ne!(state.job(long).unwrap().state, JobState::Running);
     }
+
+    /// The whole loop, replicated state included: usage charged in `apply` when jobs end, decayed, read back into
+    /// the next view. Two accounts with shares 2:1 that both keep a backlog end up with GPU time close to 2:1.
+    #[test]
+    fn fair_share_through_the_replicated_state_converges_to_the_shares() {
+        let mut state = State::default();
+        let config = ClusterConfig { fairshare_half_life_s: 3_600, ..ClusterConfig::default() };
+        state.apply(&at(0, Command::InitCluster { config }));
+        for (name, switch) in [("n1", "s1"), ("n2", "s2"), ("n3", "s1"), ("n4", "s2")] {
+            state.apply(&at(1, Command::RegisterNode { info: node(name, 8, switch) })).response.unwrap();
+        }
+        for (account, shares, user) in [("big", 2, "alice"), ("small", 1, "bob")] {
+            let update = drover_state::AccountUpdate {
+                name: account.into(),
+                shares: Some(shares),
+                add_users: vec![user.into()],
+                ..Default::default()
+            };
+            let op = drover_state::AdminOp::AddAccount(update);
+            state.apply(&at(2, Command::Admin { op, by_uid: 0 })).response.unwrap();
+        }
+        let (step_ms, run_ms) = (60_000u64, 300_000u64);
+        let mut started_at: HashMap<u64, u64> = HashMap::new();
+        let mut gpu_s: HashMap<String, u64> = HashMap::new();
+        let steps = 12 * 60; // twelve virtual hours, a pass a minute
+        for step in 0..steps {
+            let now = 10_000 + step * step_ms;
+            // Each user keeps 40 one-GPU jobs waiting.
+            for user in ["alice", "bob"] {
+                let waiting = state.jobs.values().filter(|j| j.spec.user == user && j.state == JobState::Pending);
+                for _ in waiting.count()..40 {
+                    submit(&mut state, JobSpec { user: user.into(), ..job(1, 1, 600) }, now);
+                }
+            }
+            // Jobs run five minutes.
+            let done: Vec<u64> = started_at.iter().filter(|(_, t)| now >= **t + run_ms).map(|(id, _)| *id).collect();
+            for id in done {
+                started_at.remove(&id);
+                let end = drover_state::JobEnd::default();
+                state.apply(&at(now, Command::JobEnded { job_id: id, incarnation: 0, end })).response.unwrap();
+            }
+            for id in schedule(&mut state, now) {
+                started_at.insert(id, now);
+                // Count the second half only, after the start-up transient.
+                if step >= steps / 2 {
+                    *gpu_s.entry(state.job(id).unwrap().account.clone()).or_default() += run_ms / 1_000;
+                }
+            }
+        }
+        let ratio = gpu_s["big"] as f64 / gpu_s["small"] as f64;
+        assert!((1.7..2.3).contains(&ratio), "GPU time big:small = {ratio:.2} ({gpu_s:?}), shares 2:1");
+        assert!(state.accounts["big"].usage_gpu_s > state.accounts["small"].usage_gpu_s);
+    }
 }

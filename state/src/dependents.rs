@@ -127,12 +127,12 @@ impl State {
         }
     }
 
-    fn unindex_dependencies(&mut self, job: &Job) {
-        for dep in &job.spec.dependency {
-            if let Some(set) = self.dependents.get_mut(&dep.job) {
-                set.remove(&job.id);
+    fn unindex(&mut self, id: JobId, targets: &[JobId]) {
+        for target in targets {
+            if let Some(set) = self.dependents.get_mut(target) {
+                set.remove(&id);
                 if set.is_empty() {
-                    self.dependents.remove(&dep.job);
+                    self.dependents.remove(target);
                 }
             }
         }
@@ -148,29 +148,39 @@ impl State {
     /// After a command: record the fates of jobs that ended, and re-judge the dependencies of pending jobs whose
     /// targets started or ended in it (their new verdicts join `changes`).
     pub(crate) fn track_dependencies(&mut self, changes: &mut Vec<Change>) {
-        let mut moved: Vec<Job> = Vec::new();
-        for change in changes.iter() {
-            match change {
-                Change::ArchiveJob(job) => moved.push(job.clone()),
-                Change::PutJob(job) if job.state != JobState::Pending => moved.push(job.clone()),
-                _ => {}
-            }
-        }
-        if moved.is_empty() {
-            return;
-        }
+        // What each started or ended job means for dependencies; collected first (no clones of whole jobs: this
+        // runs on every entry, plans with a thousand starts included).
         let mut keys = BTreeSet::new();
-        for job in &moved {
+        let mut fates = Vec::new();
+        let mut left_queue = Vec::new();
+        for change in changes.iter() {
+            let job = match change {
+                Change::ArchiveJob(job) => job,
+                Change::PutJob(job) if job.state != JobState::Pending => job,
+                _ => continue,
+            };
             if job.state.is_terminal() {
-                self.remember_fate(job);
+                fates.push((job.id, Fate::of(job)));
             }
             if !job.spec.dependency.is_empty() {
-                self.unindex_dependencies(job);
+                left_queue.push((job.id, job.spec.dependency.iter().map(|d| d.job).collect::<Vec<_>>()));
             }
             keys.insert(job.id);
             if let Some(a) = job.array {
                 keys.insert(a.array_job_id);
             }
+        }
+        for (id, fate) in fates {
+            self.fates.insert(id, fate);
+        }
+        while self.fates.len() > FATE_CAPACITY {
+            self.fates.pop_first();
+        }
+        for (id, targets) in left_queue {
+            self.unindex(id, &targets);
+        }
+        if self.dependents.is_empty() {
+            return;
         }
         let waiting: BTreeSet<JobId> =
             keys.iter().filter_map(|k| self.dependents.get(k)).flat_map(|set| set.iter().copied()).collect();
