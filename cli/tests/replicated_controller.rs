@@ -111,6 +111,16 @@ async fn stopping_every_replica_and_starting_again_keeps_all_state() {
     let uid = trivial_spec().uid;
     client.cancel(&ids[0..5], uid).await.unwrap();
     client.hold(&ids[5..8], uid).await.unwrap();
+    // The registry and dependency verdicts are state too.
+    let account = drover_state::AccountUpdate { name: "physics".into(), shares: Some(3), ..Default::default() };
+    client.admin(&drover_state::AdminOp::AddAccount(account), 0).await.unwrap();
+    let qos = drover_state::Qos { name: "small".into(), max_jobs_per_user: Some(1), ..Default::default() };
+    client.admin(&drover_state::AdminOp::PutQos { qos, create: true }, 0).await.unwrap();
+    let dep = drover_state::Dependency { kind: drover_state::DependencyKind::AfterOk, job: ids[0], task: None };
+    let mut waiting = trivial_spec();
+    waiting.dependency = vec![dep];
+    let waiting = client.submit(&waiting).await.unwrap();
+    let registry_before = client.registry(false).await.unwrap();
     let (before, _) = client.list_jobs(&JobFilter { include_finished: true, ..Default::default() }).await.unwrap();
 
     for id in [1, 2, 3] {
@@ -122,10 +132,15 @@ async fn stopping_every_replica_and_starting_again_keeps_all_state() {
     cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
     let (after, _) = client.list_jobs(&JobFilter { include_finished: true, ..Default::default() }).await.unwrap();
     assert_eq!(before, after, "state after a full restart differs");
+    let registry_after = client.registry(false).await.unwrap();
+    assert_eq!(registry_before.accounts, registry_after.accounts);
+    assert_eq!(registry_before.qos, registry_after.qos);
+    let waiting = after.iter().find(|j| j.id == waiting).unwrap();
+    assert_eq!(waiting.dependency_state, vec![drover_state::DepState::Never], "afterok on a cancelled job");
     assert_eq!(after.iter().filter(|j| j.state == JobState::Cancelled).count(), 5);
     assert_eq!(after.iter().filter(|j| j.held).count(), 3);
     let next = client.submit(&trivial_spec()).await.unwrap();
-    assert_eq!(next, ids.last().unwrap() + 1, "job ids continue after a restart, never reused");
+    assert_eq!(next, waiting.id + 1, "job ids continue after a restart, never reused");
     let (script_job, script) = client.get_job(ids[10], true, false).await.unwrap();
     assert_eq!(script_job.id, ids[10]);
     assert!(script.starts_with("#!/bin/sh"), "the stored script survives: {script:?}");
@@ -140,6 +155,8 @@ async fn a_wiped_replica_rejoins_and_catches_up_by_snapshot() {
     let client = Arc::new(Client::from_list(&cluster.addresses()).unwrap());
     cluster.kill(victim).unwrap();
     cluster.wipe(victim).unwrap();
+    let account = drover_state::AccountUpdate { name: "physics".into(), ..Default::default() };
+    client.admin(&drover_state::AdminOp::AddAccount(account), 0).await.unwrap();
     // With the victim down, the log moves far past it and is purged behind a snapshot.
     let load = Load::start(client.clone(), 8);
     // Enough entries (however long a busy machine takes) that the log is purged behind a snapshot.
@@ -163,6 +180,8 @@ async fn a_wiped_replica_rejoins_and_catches_up_by_snapshot() {
     };
     let present: HashSet<u64> = jobs.iter().map(|j| j.id).collect();
     assert!(acked.iter().all(|(id, _)| present.contains(id)), "the caught-up replica misses jobs");
+    let registry = solo.registry(true).await.unwrap();
+    assert!(registry.accounts.iter().any(|a| a.name == "physics"), "the snapshot carries the accounts");
     let log = std::fs::read_to_string(&cluster.process(victim).unwrap().log_file).unwrap();
     let snapshots = std::fs::read_dir(cluster.process(victim).unwrap().data_dir.join("snapshots"))
         .unwrap()

@@ -180,6 +180,31 @@ fn accounts_qos_and_fairshare_through_the_commands() {
     assert_eq!(sh.wait_done(&b.to_string(), Duration::from_secs(30)), "COMPLETED");
     let err = sh.err("sbatch", &["-q", "gold", "--wrap", "true"]);
     assert!(err.contains("Invalid qos specification: gold"), "{err}");
+
+    // Partitions change their tier, limits and allow lists at run time.
+    sh.ok("scontrol", &["update", "partitionname=gpu", "prioritytier=2", "allowqos=small", "maxtresperjob=gres/gpu=2"]);
+    let shown = sh.ok("scontrol", &["show", "partition", "gpu"]);
+    assert!(shown.contains("AllowQos=small") && shown.contains("PriorityTier=2"), "{shown}");
+    assert!(shown.contains("MaxTRESPerJob=gres/gpu=2"), "{shown}");
+    let err = sh.err("sbatch", &["-A", "bio", "--wrap", "true"]);
+    assert!(err.contains("partition gpu allows only QOS small"), "{err}");
+    let err = sh.err("sbatch", &["-A", "bio", "-q", "small", "--gres=gpu:4", "--wrap", "true"]);
+    assert!(err.contains("over partition gpu's MaxTRESPerJob of gres/gpu=2"), "{err}");
+    // --gpus-per-task multiplies by the tasks on a node.
+    let per_task = sh.submit(&[
+        "-A",
+        "bio",
+        "-q",
+        "small",
+        "-n",
+        "2",
+        "--gpus-per-task=1",
+        "--wrap",
+        "echo $SLURM_GPUS_ON_NODE $SLURM_GPUS_PER_TASK",
+    ]);
+    assert_eq!(sh.wait_done(&per_task.to_string(), Duration::from_secs(30)), "COMPLETED");
+    let out = std::fs::read_to_string(sh.cwd.join(format!("slurm-{per_task}.out"))).unwrap();
+    assert_eq!(out.trim(), "2 1");
 }
 
 #[test]
