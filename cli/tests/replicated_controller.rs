@@ -120,6 +120,14 @@ async fn stopping_every_replica_and_starting_again_keeps_all_state() {
     let mut waiting = trivial_spec();
     waiting.dependency = vec![dep];
     let waiting = client.submit(&waiting).await.unwrap();
+    // Let the scheduler settle the new job's reason first, so the comparison below sees no pass in between.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.get_job(waiting, false, false).await.unwrap().0.reason
+        != drover_state::PendingReason::DependencyNeverSatisfied
+    {
+        assert!(Instant::now() < deadline, "the dependent job never got its reason");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let registry_before = client.registry(false).await.unwrap();
     let (before, _) = client.list_jobs(&JobFilter { include_finished: true, ..Default::default() }).await.unwrap();
 

@@ -20,13 +20,31 @@ pub fn drover_dir() -> PathBuf {
 }
 
 /// A local cluster with its agents registered, and a shell for it.
+///
+/// Starting is tried twice: on a machine saturated by parallel test clusters an election can miss its window (or
+/// a port picked as free is taken meanwhile). Only the start is retried, never a story's assertions.
 pub fn setup(dir: &Path, options: UpOptions) -> (LocalCluster, Shell) {
-    let cluster = LocalCluster::up(&dir.join("cluster"), options).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(cluster.wait_ready(Duration::from_secs(30))).unwrap();
-    rt.block_on(cluster.wait_agents(Duration::from_secs(30))).unwrap();
-    let shell = Shell::install(dir, &cluster);
-    (cluster, shell)
+    let mut last_error = None;
+    for attempt in 0..2 {
+        let mut cluster = LocalCluster::up(&dir.join(format!("cluster{attempt}")), options.clone()).unwrap();
+        let ready = rt.block_on(async {
+            cluster.wait_ready(Duration::from_secs(45)).await?;
+            cluster.wait_agents(Duration::from_secs(45)).await
+        });
+        match ready {
+            Ok(()) => {
+                let shell = Shell::install(dir, &cluster);
+                return (cluster, shell);
+            }
+            Err(e) => {
+                eprintln!("local cluster start {attempt} failed: {e:#}");
+                let _ = cluster.down();
+                last_error = Some(e);
+            }
+        }
+    }
+    panic!("the local cluster did not start twice: {:#}", last_error.expect("set on failure"));
 }
 
 impl Shell {
