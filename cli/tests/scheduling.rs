@@ -107,6 +107,14 @@ fn a_throttled_array_runs_every_task_at_most_two_at_a_time() {
     assert!(rows.len() == 3 && rows.iter().all(|r| r[0].starts_with("CANCELLED")), "{rows:?}");
     let err = sh.err("scancel", &[&format!("{held}_9")]);
     assert!(err.contains("Invalid job id specified"), "{err}");
+
+    // Waiting tasks show their array ids in sprio too.
+    let wide = sh.submit(&["--array=0-2", "--gres=gpu:8", "-t", "1:00", "--wrap", "sleep 5"]);
+    sh.wait_for("sprio rows for the waiting tasks", Duration::from_secs(10), || {
+        let out = sh.ok("sprio", &["-h", "-j", &wide.to_string()]);
+        out.contains(&format!("{wide}_1")) && out.contains(&format!("{wide}_2"))
+    });
+    sh.ok("scancel", &[&wide.to_string()]);
 }
 
 #[test]

@@ -37,6 +37,18 @@ fn sprio(args: &[String]) -> anyhow::Result<()> {
         rt.block_on(crate::job_refs::resolve(&client, &args.jobs, false))?
     };
     let insights = rt.block_on(client.job_insights(&ids))?;
+    // Array tasks show as `123_4`, as everywhere else.
+    let shown: std::collections::HashMap<u64, String> = if insights.is_empty() {
+        Default::default()
+    } else {
+        let filter = drover_client::JobFilter {
+            ids: insights.iter().map(|i| i.job_id).collect(),
+            states: vec!["PENDING".into()],
+            ..Default::default()
+        };
+        let (jobs, _) = rt.block_on(client.list_jobs(&filter))?;
+        jobs.iter().filter(|j| j.array.is_some()).map(|j| (j.id, j.display_id())).collect()
+    };
     let mut out = String::new();
     if !args.noheader {
         out.push_str(&format!(
@@ -47,7 +59,13 @@ fn sprio(args: &[String]) -> anyhow::Result<()> {
     for i in &insights {
         out.push_str(&format!(
             "{:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
-            i.job_id, i.priority, i.age, i.fairshare, i.job_size, i.partition, i.qos
+            shown.get(&i.job_id).cloned().unwrap_or_else(|| i.job_id.to_string()),
+            i.priority,
+            i.age,
+            i.fairshare,
+            i.job_size,
+            i.partition,
+            i.qos
         ));
     }
     print!("{out}");
