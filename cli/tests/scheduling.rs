@@ -142,6 +142,17 @@ fn dependencies_hold_jobs_until_their_targets_end_the_right_way() {
     assert_eq!(sh.wait_done(&two.to_string(), Duration::from_secs(30)), "COMPLETED");
     let err = sh.err("sbatch", &["-d", "afterok:999999", "--wrap", "true"]);
     assert!(err.contains("Job dependency problem: job 999999 does not exist"), "{err}");
+
+    // A pending job's request changes with scontrol update, checked like a submission.
+    let held = sh.submit(&["--hold", "-t", "10:00", "--wrap", "true"]);
+    let dep = format!("Dependency=afterok:{failing}");
+    sh.ok("scontrol", &["update", &format!("jobid={held}"), "TimeLimit=5:00", "Nice=5", &dep]);
+    let shown = sh.ok("scontrol", &["show", "job", &held.to_string()]);
+    assert!(shown.contains(&format!("Dependency=afterok:{failing}")) && shown.contains("Nice=5"), "{shown}");
+    assert!(shown.contains("TimeLimit=5:00"), "{shown}");
+    let err = sh.err("scontrol", &["update", &format!("jobid={held}"), "QOS=gold"]);
+    assert!(err.contains("Invalid qos specification: gold"), "{err}");
+    sh.ok("scancel", &[&held.to_string()]);
 }
 
 #[test]

@@ -205,6 +205,17 @@ impl Client {
         self.job_ids(JobIdsKind::Release, ids, by_uid).await
     }
 
+    /// `scontrol update jobid=N ...` on a pending job.
+    pub async fn update_job(&self, id: u64, update: &drover_state::JobUpdate, by_uid: u32) -> Result<(), ClientError> {
+        let update_json = serde_json::to_vec(update).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.call(|mut c| {
+            let request = UpdateJobRequest { job_id: id, by_uid, update_json: update_json.clone() };
+            async move { c.update_job(request).await }
+        })
+        .await?;
+        Ok(())
+    }
+
     /// `scontrol top`.
     pub async fn top(&self, ids: &[u64], by_uid: u32) -> Result<Vec<JobOutcome>, ClientError> {
         self.job_ids(JobIdsKind::Top, ids, by_uid).await

@@ -644,6 +644,18 @@ impl DroverService for Api {
         Ok(Response::new(GetRegistryReply { json: drover_proto::wire::encode(&registry) }))
     }
 
+    async fn update_job(&self, request: Request<UpdateJobRequest>) -> Result<Response<Empty>, Status> {
+        if let Route::Forward(addr) = self.route(&request)? {
+            let fwd = self.forwarded(request.into_inner());
+            return self.peer(&addr)?.update_job(fwd).await.map_err(|s| forward_failed(&addr, s));
+        }
+        let message = request.into_inner();
+        let update: drover_state::JobUpdate = serde_json::from_slice(&message.update_json)
+            .map_err(|e| Status::invalid_argument(format!("malformed job update: {e}")))?;
+        self.write(Command::UpdateJob { id: message.job_id, by_uid: message.by_uid, update }).await?;
+        Ok(Response::new(Empty {}))
+    }
+
     async fn top_jobs(&self, request: Request<JobIdsRequest>) -> Result<Response<JobOutcomesReply>, Status> {
         self.job_ids_command(request, |ids, by_uid| Command::TopJobs { ids, by_uid }, "top").await
     }

@@ -84,11 +84,30 @@ pub enum Command {
         op: AdminOp,
         by_uid: u32,
     },
+    /// `scontrol update jobid=N TimeLimit= Nice= QOS= Dependency=`: a pending job's request, re-checked whole.
+    UpdateJob {
+        id: JobId,
+        by_uid: u32,
+        update: JobUpdate,
+    },
     /// `scontrol top`: these pending jobs move ahead of their owner's other jobs.
     TopJobs {
         ids: Vec<JobId>,
         by_uid: u32,
     },
+}
+
+/// The fields `scontrol update jobid=...` may change (`None` leaves one as it is).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct JobUpdate {
+    /// `TimeLimit=`; `Some(None)` cannot cross JSON, so UNLIMITED is `time_unlimited`.
+    pub time_limit_s: Option<u64>,
+    pub time_unlimited: bool,
+    pub nice: Option<i32>,
+    pub qos: Option<String>,
+    /// `Dependency=` (empty clears them).
+    pub dependency: Option<(Vec<crate::job::Dependency>, bool)>,
 }
 
 /// One job's placement in a plan.
@@ -128,6 +147,7 @@ impl Command {
             Command::UpdatePartition { .. } => "update_partition",
             Command::Admin { op, .. } => op.kind(),
             Command::TopJobs { .. } => "top_jobs",
+            Command::UpdateJob { .. } => "update_job",
         }
     }
 }

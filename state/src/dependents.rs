@@ -127,7 +127,7 @@ impl State {
         }
     }
 
-    fn unindex(&mut self, id: JobId, targets: &[JobId]) {
+    pub(crate) fn unindex(&mut self, id: JobId, targets: &[JobId]) {
         for target in targets {
             if let Some(set) = self.dependents.get_mut(target) {
                 set.remove(&id);

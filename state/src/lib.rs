@@ -24,7 +24,7 @@ pub mod state;
 
 pub use account::{Account, AccountUpdate};
 pub use admin::{AdminOp, Object};
-pub use command::{Allocation, Command, JobEnd, JobOutcome, Reply, Request, Response};
+pub use command::{Allocation, Command, JobEnd, JobOutcome, JobUpdate, Reply, Request, Response};
 pub use config::{ClusterConfig, Limit, Partition, PartitionState, PartitionUpdate};
 pub use error::CommandError;
 pub use job::{

@@ -236,6 +236,9 @@ impl State {
             Command::UpdatePartition { update } => self.update_partition(update, &mut changes),
             Command::Admin { op, by_uid } => self.admin(op, *by_uid, request.time_ms, &mut changes),
             Command::TopJobs { ids, by_uid } => Ok(self.for_each_job(ids, |s, id| s.top(id, *by_uid, &mut changes))),
+            Command::UpdateJob { id, by_uid, update } => {
+                self.update_job(*id, *by_uid, update, &mut changes).map(|()| Reply::Nothing)
+            }
         };
         debug_assert!(response.is_ok() || changes.is_empty(), "a refused command changed the state");
         self.track_dependencies(&mut changes);
@@ -631,6 +634,81 @@ impl State {
         job.end_time_ms = Some(now_ms);
         job.cancelled_by = Some(by_uid);
         changes.push(Change::ArchiveJob(job));
+        Ok(())
+    }
+
+    /// `scontrol update jobid=...` on a pending job: the changed request goes through the submit checks again.
+    /// As in Slurm, only root may raise a time limit (or lift it); anyone may lower their own.
+    fn update_job(
+        &mut self,
+        id: JobId,
+        by_uid: u32,
+        update: &crate::command::JobUpdate,
+        changes: &mut Vec<Change>,
+    ) -> Result<(), CommandError> {
+        let job = self.active_job(id, by_uid)?;
+        if job.state != JobState::Pending {
+            return Err(CommandError::NotPending { id, state: job.state.name().to_string() });
+        }
+        let mut spec = job.spec.clone();
+        let new_limit = if update.time_unlimited { Some(None) } else { update.time_limit_s.map(Some) };
+        if let Some(limit) = new_limit {
+            let raises = match (limit, job.time_limit_s) {
+                (None, Some(_)) => true,
+                (Some(new), Some(old)) => new > old,
+                _ => false,
+            };
+            if raises && by_uid != 0 {
+                return Err(CommandError::InvalidRequest(format!(
+                    "job {id}: only root may raise a time limit (lowering it is allowed)"
+                )));
+            }
+            spec.time_limit_s = limit;
+        }
+        if let Some(nice) = update.nice {
+            spec.nice = nice;
+        }
+        if let Some(qos) = &update.qos {
+            spec.qos = Some(qos.clone());
+        }
+        if let Some((deps, any)) = &update.dependency {
+            if deps.iter().any(|d| d.job == id) {
+                return Err(CommandError::DependencyProblem(format!("job {id} cannot depend on itself")));
+            }
+            spec.dependency = deps.clone();
+            spec.dependency_any = *any;
+        }
+        // The checks see one job fewer: this one is being replaced, not added.
+        let mut resolved = {
+            let old = self.jobs.remove(&id).expect("checked by active_job");
+            let checked = self.validate_submit(&spec);
+            self.jobs.insert(id, old);
+            checked?
+        };
+        // The submit checks give a job without --time the partition's default; UNLIMITED asked for explicitly must
+        // fit under the partition's MaxTime and the QOS's MaxWall instead.
+        if new_limit == Some(None) {
+            let partition = self.config().and_then(|c| c.partition(&resolved.partition));
+            let qos_wall = self.qos_named(&resolved.qos).and_then(|q| q.max_wall_s);
+            if let Some(max) = partition.and_then(|p| p.max_time_s).or(qos_wall) {
+                return Err(CommandError::TimeLimitExceeded {
+                    requested: "UNLIMITED".to_string(),
+                    partition: resolved.partition,
+                    max: format_time_limit(Some(max)),
+                });
+            }
+            resolved.time_limit_s = None;
+        }
+        let old_targets: Vec<JobId> = self.jobs[&id].spec.dependency.iter().map(|d| d.job).collect();
+        self.unindex(id, &old_targets);
+        let job = self.jobs.get_mut(&id).expect("checked by active_job");
+        job.spec = spec;
+        job.time_limit_s = resolved.time_limit_s;
+        job.qos = resolved.qos;
+        job.dependency_state = resolved.dependency_state;
+        let job = job.clone();
+        self.index_dependencies(&job);
+        changes.push(Change::PutJob(job));
         Ok(())
     }
 

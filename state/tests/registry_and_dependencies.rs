@@ -306,3 +306,43 @@ fn gpus_total_is_spread_over_the_fewest_nodes() {
     let err = submit(&mut state, JobSpec { gpus_per_node: 0, gpus_total: Some(24), ..spec("a") }).unwrap_err();
     assert!(err.to_string().starts_with("Requested node configuration is not available"), "{err}");
 }
+
+#[test]
+fn a_pending_jobs_request_can_be_updated_and_is_checked_again() {
+    let mut state = cluster();
+    let a = submit(&mut state, spec("alice")).unwrap();
+    let b = submit(&mut state, spec("alice")).unwrap();
+    let update = |state: &mut State, id, uid, update: drover_state::JobUpdate| {
+        let before = state.clone();
+        let r = state.apply(&at(60, Command::UpdateJob { id, by_uid: uid, update })).response;
+        if r.is_err() {
+            assert_eq!(*state, before, "a refused update changed the state");
+        }
+        r
+    };
+    // Owners lower their limits and set nice and dependencies; only root raises a limit.
+    let lower = drover_state::JobUpdate { time_limit_s: Some(300), nice: Some(10), ..Default::default() };
+    update(&mut state, b, 1000, lower).unwrap();
+    assert_eq!((state.job(b).unwrap().time_limit_s, state.job(b).unwrap().spec.nice), (Some(300), 10));
+    let raise = drover_state::JobUpdate { time_limit_s: Some(900), ..Default::default() };
+    assert!(update(&mut state, b, 1000, raise.clone()).unwrap_err().to_string().contains("only root"));
+    update(&mut state, b, 0, raise).unwrap();
+    let dep = Dependency { kind: DependencyKind::AfterOk, job: a, task: None };
+    let deps = drover_state::JobUpdate { dependency: Some((vec![dep], false)), ..Default::default() };
+    update(&mut state, b, 1000, deps).unwrap();
+    assert_eq!(state.job(b).unwrap().dependency_state, vec![DepState::Waiting]);
+    end_of_a_fails(&mut state, a);
+    assert_eq!(state.job(b).unwrap().dependency_state, vec![DepState::Never], "the new dependency is tracked");
+    let bad = drover_state::JobUpdate { qos: Some("gold".into()), ..Default::default() };
+    assert!(matches!(update(&mut state, b, 1000, bad), Err(CommandError::InvalidQos { .. })));
+    let selfish = Dependency { kind: DependencyKind::AfterAny, job: b, task: None };
+    let selfish = drover_state::JobUpdate { dependency: Some((vec![selfish], false)), ..Default::default() };
+    assert!(update(&mut state, b, 1000, selfish).is_err());
+    let other_user = drover_state::JobUpdate { nice: Some(1), ..Default::default() };
+    assert!(matches!(update(&mut state, b, 2000, other_user), Err(CommandError::PermissionDenied { .. })));
+}
+
+fn end_of_a_fails(state: &mut State, a: u64) {
+    start(state, a, "n1", 0, 1_000);
+    end(state, a, 1, 2_000);
+}

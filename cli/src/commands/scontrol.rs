@@ -17,7 +17,7 @@ pub fn run(args: &[String]) -> i32 {
     }
 }
 
-const USAGE: &str = "usage: scontrol show job [ID] | scontrol top ID... | scontrol create reservation ReservationName=N StartTime=T (Duration=D|EndTime=T) (Nodes=LIST|NodeCnt=N|TRES=gres/gpu=N) (Users=U,..|Accounts=A,..) [Flags=MAINT] | scontrol update ReservationName=N ... | scontrol delete ReservationName=N | scontrol show reservation [NAME] | scontrol show node [NAME] | scontrol hold ID... | scontrol release ID... | scontrol show hostnames [HOSTLIST] | scontrol update nodename=LIST state=drain|resume [reason=TEXT] | scontrol show partition [NAME] | scontrol update partitionname=NAME [state=UP|DOWN|DRAIN|INACTIVE] [maxtime=T] [defaulttime=T] [maxnodes=N] [nodes=LIST] [default=yes]";
+const USAGE: &str = "usage: scontrol show job [ID] | scontrol top ID... | scontrol update jobid=ID [TimeLimit=T] [Nice=N] [QOS=Q] [Dependency=D] | scontrol create reservation ReservationName=N StartTime=T (Duration=D|EndTime=T) (Nodes=LIST|NodeCnt=N|TRES=gres/gpu=N) (Users=U,..|Accounts=A,..) [Flags=MAINT] | scontrol update ReservationName=N ... | scontrol delete ReservationName=N | scontrol show reservation [NAME] | scontrol show node [NAME] | scontrol hold ID... | scontrol release ID... | scontrol show hostnames [HOSTLIST] | scontrol update nodename=LIST state=drain|resume [reason=TEXT] | scontrol show partition [NAME] | scontrol update partitionname=NAME [state=UP|DOWN|DRAIN|INACTIVE] [maxtime=T] [defaulttime=T] [maxnodes=N] [nodes=LIST] [default=yes]";
 
 fn is_reservation(word: &str) -> bool {
     matches!(word.to_ascii_lowercase().as_str(), "reservation" | "reservations" | "res")
@@ -27,6 +27,11 @@ fn dispatch(args: &[String]) -> anyhow::Result<i32> {
     let (controllers, args) = super::sbatch::take_controllers_flag(args);
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
     match words.as_slice() {
+        ["update", first, rest @ ..]
+            if ["jobid=", "job="].iter().any(|p| first.to_ascii_lowercase().starts_with(p)) =>
+        {
+            update_job(controllers.as_deref(), first, rest)
+        }
         ["create", kind, rest @ ..] if is_reservation(kind) => super::reservation::create(controllers.as_deref(), rest),
         ["create", first, rest @ ..] if first.to_ascii_lowercase().starts_with("reservation") => {
             super::reservation::create(controllers.as_deref(), &[&[*first], rest].concat())
@@ -69,6 +74,41 @@ fn dispatch(args: &[String]) -> anyhow::Result<i32> {
         }
         _ => anyhow::bail!("invalid command {:?}; {USAGE}", args.join(" ")),
     }
+}
+
+/// `scontrol update jobid=12 TimeLimit=1:00:00 Nice=10 QOS=debug Dependency=afterok:11` (a pending job, or every
+/// task of an array).
+fn update_job(controllers: Option<&str>, first: &str, words: &[&str]) -> anyhow::Result<i32> {
+    let id = first.split_once('=').map(|(_, v)| v).unwrap_or_default().to_string();
+    let mut update = drover_state::JobUpdate::default();
+    for word in words {
+        let (key, value) = word.split_once('=').ok_or_else(|| anyhow::anyhow!("invalid update argument {word:?}"))?;
+        match key.to_ascii_lowercase().as_str() {
+            "timelimit" => match drover_state::slurm_time::parse_time_limit(value) {
+                Ok(Some(s)) => update.time_limit_s = Some(s),
+                Ok(None) => update.time_unlimited = true,
+                Err(e) => anyhow::bail!("Invalid time limit {value:?}: {e}"),
+            },
+            "nice" => update.nice = Some(value.parse().map_err(|_| anyhow::anyhow!("Invalid Nice {value:?}"))?),
+            "qos" => update.qos = Some(value.to_string()),
+            "dependency" => {
+                update.dependency =
+                    Some(drover_state::dependency::parse_dependency_value(value).map_err(|e| anyhow::anyhow!(e))?)
+            }
+            other => anyhow::bail!("Update of job {other} is not supported (TimeLimit, Nice, QOS, Dependency)"),
+        }
+    }
+    let client = crate::connect::client(controllers)?;
+    let (_, uid, _) = crate::identity::current_user();
+    let rt = crate::connect::runtime();
+    let mut code = 0;
+    for job in rt.block_on(crate::job_refs::resolve(&client, &[id], false))? {
+        if let Err(e) = rt.block_on(client.update_job(job, &update, uid)) {
+            eprintln!("scontrol: error: job {job}: {e}");
+            code = 1;
+        }
+    }
+    Ok(code)
 }
 
 /// `scontrol update partitionname=gpu state=down maxtime=1-00:00:00 maxnodes=UNLIMITED nodes=gpu[01-08] default=yes`.
