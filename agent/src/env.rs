@@ -70,14 +70,8 @@ pub fn task_environment(p: &Placement, base: Vec<(String, String)>) -> Vec<(Stri
     set("SLURM_JOB_UID", spec.uid.to_string());
     set("SLURM_JOB_GID", spec.gid.to_string());
     set("SLURM_JOB_PARTITION", job.partition.clone());
-    if !job.account.is_empty() {
-        set("SLURM_JOB_ACCOUNT", job.account.clone());
-    } else if let Some(account) = &spec.account {
-        set("SLURM_JOB_ACCOUNT", account.clone());
-    }
-    if !job.qos.is_empty() {
-        set("SLURM_JOB_QOS", job.qos.clone());
-    }
+    set("SLURM_JOB_ACCOUNT", job.account_name().to_string());
+    set("SLURM_JOB_QOS", job.qos_name().to_string());
     if let Some(r) = &spec.reservation {
         set("SLURM_JOB_RESERVATION", r.clone());
     }

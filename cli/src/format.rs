@@ -223,22 +223,10 @@ fn field(job: &Job, code: char, now_ms: u64) -> String {
         'V' => format_timestamp(Some(job.submit_time_ms)),
         'S' => format_timestamp(job.start_time_ms),
         'e' => format_timestamp(job.end_time_ms),
-        'a' => {
-            if job.account.is_empty() {
-                spec.account.clone().unwrap_or_else(|| "(null)".into())
-            } else {
-                job.account.clone()
-            }
-        }
+        'a' => job.account_name().to_string(),
         'Z' => spec.work_dir.clone(),
         'o' => spec.name.clone(),
-        'q' => {
-            if job.qos.is_empty() {
-                "normal".into()
-            } else {
-                job.qos.clone()
-            }
-        }
+        'q' => job.qos_name().to_string(),
         'Q' => {
             if job.held {
                 "0".into()

@@ -635,7 +635,7 @@ impl DroverService for Api {
             let state = &applied.state;
             drover_proto::wire::Registry {
                 accounts: state.accounts.values().cloned().collect(),
-                qos: state.qos.values().cloned().collect(),
+                qos: state.all_qos(),
                 reservations: state.reservations.values().filter(|r| !r.ended_at(now_ms)).cloned().collect(),
                 shares: crate::planner::share_rows(state, now_ms),
                 now_ms,

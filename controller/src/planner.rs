@@ -9,7 +9,6 @@ use drover_scheduler as sched;
 use drover_state::account::ROOT_ACCOUNT;
 use drover_state::dependents::combine;
 use drover_state::first_fit::MAX_REASON_UPDATES;
-use drover_state::qos::DEFAULT_QOS;
 use drover_state::{
     Allocation, Command, DepState, DependencyKind, JobState, NodeAllocation, PartitionState, PendingReason, State,
 };
@@ -78,8 +77,8 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
             running.push(sched::RunningJob {
                 id: job.id,
                 user: job.spec.user.clone(),
-                account: account_of(job),
-                qos: qos_of(job),
+                account: job.account_name().to_string(),
+                qos: job.qos_name().to_string(),
                 alloc: job.allocation.iter().map(|a| (a.node.clone(), a.gpus.clone())).collect(),
                 start_s: job.start_time_ms.unwrap_or(now_ms) / 1_000,
                 time_limit_s: job.time_limit_s.unwrap_or(UNLIMITED_S),
@@ -94,9 +93,9 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                 id: job.id,
                 submit_s: job.submit_time_ms / 1_000,
                 user: spec.user.clone(),
-                account: account_of(job),
+                account: job.account_name().to_string(),
                 partition: job.partition.clone(),
-                qos: qos_of(job),
+                qos: job.qos_name().to_string(),
                 nodes: spec.min_nodes,
                 gpus_per_node: spec.gpus_per_node,
                 cpus_per_node: per_node_tasks.saturating_mul(spec.cpus_per_task),
@@ -138,10 +137,7 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                 .collect(),
         })
         .collect();
-    let mut qos: Vec<sched::Qos> = state.qos.values().map(sched_qos).collect();
-    if !state.qos.contains_key(DEFAULT_QOS) {
-        qos.push(sched_qos(&drover_state::Qos::normal()));
-    }
+    let qos: Vec<sched::Qos> = state.all_qos().iter().map(sched_qos).collect();
     let partitions = config
         .partitions
         .iter()
@@ -168,14 +164,6 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
     }
 }
 
-fn account_of(job: &drover_state::Job) -> String {
-    if job.account.is_empty() { ROOT_ACCOUNT.to_string() } else { job.account.clone() }
-}
-
-fn qos_of(job: &drover_state::Job) -> String {
-    if job.qos.is_empty() { DEFAULT_QOS.to_string() } else { job.qos.clone() }
-}
-
 fn sched_qos(q: &drover_state::Qos) -> sched::Qos {
     sched::Qos {
         name: q.name.clone(),
@@ -193,7 +181,7 @@ fn sched_qos(q: &drover_state::Qos) -> sched::Qos {
 pub fn account_tree(state: &State, now_ms: u64) -> Vec<sched::Account> {
     let now_s = now_ms / 1_000;
     if state.accounts.is_empty() {
-        let names: BTreeSet<String> = state.jobs.values().map(account_of).collect();
+        let names: BTreeSet<String> = state.jobs.values().map(|j| j.account_name().to_string()).collect();
         let mut tree = vec![sched::Account { name: ROOT_ACCOUNT.into(), parent: None, shares: 1, usage_gpu_s: 0.0 }];
         tree.extend(names.into_iter().filter(|a| a != ROOT_ACCOUNT).map(|name| sched::Account {
             name,
@@ -208,7 +196,7 @@ pub fn account_tree(state: &State, now_ms: u64) -> Vec<sched::Account> {
     for job in state.jobs.values().filter(|j| !j.allocation.is_empty()) {
         let start_s = job.start_time_ms.unwrap_or(now_ms) / 1_000;
         let gpus = job.allocated_gpus() as u32;
-        *running.entry(job.account.as_str()).or_default() +=
+        *running.entry(job.account_name()).or_default() +=
             sched::fairshare::decayed_usage(gpus, start_s, now_s, now_s, half_life_s);
     }
     state

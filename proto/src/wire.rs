@@ -128,6 +128,7 @@ pub use drover_scheduler::fairshare::ShareRow;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct Registry {
     pub accounts: Vec<drover_state::Account>,
+    /// Every QOS, the implicit `normal` included.
     pub qos: Vec<drover_state::Qos>,
     pub reservations: Vec<drover_state::Reservation>,
     pub shares: Vec<ShareRow>,

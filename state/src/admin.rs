@@ -284,10 +284,7 @@ impl State {
         if let Some(flags) = &u.flags {
             r.flags = flags.clone();
         }
-        let others = self.reservations.remove(&u.name).expect("checked");
-        let checked = self.check_reservation(&r, now_ms);
-        self.reservations.insert(u.name.clone(), others);
-        checked?;
+        self.check_reservation(&r, now_ms)?;
         changes.push(Change::PutObject(Object::Reservation(r.clone())));
         self.reservations.insert(r.name.clone(), r);
         Ok(())
@@ -327,7 +324,9 @@ impl State {
         let overlaps = |a: &Reservation, b: &Reservation| {
             a.start_ms < b.end_ms.unwrap_or(u64::MAX) && b.start_ms < a.end_ms.unwrap_or(u64::MAX)
         };
-        for other in self.reservations.values().filter(|o| !o.ended_at(now_ms) && overlaps(o, r)) {
+        // Against the others: an update is checked against every reservation but its own old self.
+        let others = self.reservations.values().filter(|o| o.name != r.name && !o.ended_at(now_ms));
+        for other in others.filter(|o| overlaps(o, r)) {
             if let Some(node) = r.nodes.iter().find(|n| other.nodes.contains(n)) {
                 return bad(format!("Requested nodes are busy: {node} is in reservation {} at that time", other.name));
             }

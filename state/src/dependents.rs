@@ -138,8 +138,8 @@ impl State {
         }
     }
 
-    pub(crate) fn remember_fate(&mut self, job: &Job) {
-        self.fates.insert(job.id, Fate::of(job));
+    pub(crate) fn remember_fate(&mut self, id: JobId, fate: Fate) {
+        self.fates.insert(id, fate);
         while self.fates.len() > FATE_CAPACITY {
             self.fates.pop_first();
         }
@@ -171,10 +171,7 @@ impl State {
             }
         }
         for (id, fate) in fates {
-            self.fates.insert(id, fate);
-        }
-        while self.fates.len() > FATE_CAPACITY {
-            self.fates.pop_first();
+            self.remember_fate(id, fate);
         }
         for (id, targets) in left_queue {
             self.unindex(id, &targets);

@@ -428,6 +428,21 @@ impl Job {
         }
     }
 
+    /// The account the job charges. Records written before format 2 did not resolve it: theirs is the spec's
+    /// `--account`, else root, as the scheduler then treated them.
+    pub fn account_name(&self) -> &str {
+        match (self.account.as_str(), &self.spec.account) {
+            ("", Some(asked)) => asked,
+            ("", None) => crate::account::ROOT_ACCOUNT,
+            (resolved, _) => resolved,
+        }
+    }
+
+    /// The job's QOS (`normal` for records written before format 2).
+    pub fn qos_name(&self) -> &str {
+        if self.qos.is_empty() { crate::qos::DEFAULT_QOS } else { &self.qos }
+    }
+
     /// Where the job's script is stored: once per array, under the array's id.
     pub fn script_id(&self) -> JobId {
         self.array.map_or(self.id, |a| a.array_job_id)

@@ -158,9 +158,18 @@ impl State {
             state.put_object(object);
         }
         for job in finished {
-            state.remember_fate(&job);
+            state.remember_fate(job.id, Fate::of(&job));
         }
         state
+    }
+
+    /// Every QOS, `normal` included even before anyone defines it (it always exists).
+    pub fn all_qos(&self) -> Vec<Qos> {
+        let mut all: Vec<Qos> = self.qos.values().cloned().collect();
+        if !self.qos.contains_key(DEFAULT_QOS) {
+            all.insert(0, Qos::normal());
+        }
+        all
     }
 
     fn put_object(&mut self, object: Object) {

@@ -158,26 +158,19 @@ pub async fn qos(client: &drover_client::Client, command: QosCmd) -> anyhow::Res
         QosCmd::Modify { name, fields } => {
             let registry = client.registry(false).await?;
             let current = registry.qos.iter().find(|q| q.name == name).cloned();
-            let current = match current {
-                Some(q) => q,
-                None if name == drover_state::qos::DEFAULT_QOS => Qos::normal(),
-                None => anyhow::bail!("Invalid qos specification: {name}: no such QOS"),
-            };
+            let Some(current) = current else { anyhow::bail!("Invalid qos specification: {name}: no such QOS") };
             let qos = apply_qos_fields(current, &fields)?;
             admin(client, AdminOp::PutQos { qos, create: false }).await
         }
         QosCmd::Delete { name } => admin(client, AdminOp::DeleteQos(name)).await,
         QosCmd::List => {
             let registry = client.registry(false).await?;
-            let mut all = registry.qos.clone();
-            if !all.iter().any(|q| q.name == drover_state::qos::DEFAULT_QOS) {
-                all.insert(0, Qos::normal());
-            }
+            let all = &registry.qos;
             println!(
                 "{:<12} {:>8} {:>11} {:>11} {:>11} {:>11} {:>12}",
                 "Name", "Priority", "MaxJobsPU", "MaxGPUsPU", "MaxJobsPA", "MaxGPUsPA", "MaxWall"
             );
-            for q in &all {
+            for q in all {
                 println!(
                     "{:<12} {:>8} {:>11} {:>11} {:>11} {:>11} {:>12}",
                     q.name,

@@ -193,20 +193,8 @@ fn value(field: &str, job: &Job, now: u64) -> String {
         "JobIDRaw" => job.id.to_string(),
         "JobName" => job.spec.name.clone(),
         "Partition" => job.partition.clone(),
-        "Account" => {
-            if job.account.is_empty() {
-                job.spec.account.clone().unwrap_or_default()
-            } else {
-                job.account.clone()
-            }
-        }
-        "QOS" => {
-            if job.qos.is_empty() {
-                "normal".to_string()
-            } else {
-                job.qos.clone()
-            }
-        }
+        "Account" => job.account_name().to_string(),
+        "QOS" => job.qos_name().to_string(),
         "Reservation" => job.spec.reservation.clone().unwrap_or_default(),
         "User" => job.spec.user.clone(),
         "UID" => job.spec.uid.to_string(),

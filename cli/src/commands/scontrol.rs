@@ -140,25 +140,7 @@ fn update_partition(controllers: Option<&str>, first: &str, words: &[&str]) -> a
             }
             "nodes" => update.nodes = Some(value.to_string()),
             "default" => update.make_default = value.eq_ignore_ascii_case("yes"),
-            "maxgpusperjob" => {
-                update.max_gpus_per_job = Some(if value.eq_ignore_ascii_case("unlimited") {
-                    Limit::Unlimited
-                } else {
-                    Limit::At(value.parse().map_err(|_| anyhow::anyhow!("Invalid MaxGPUsPerJob {value:?}"))?)
-                })
-            }
-            "maxtresperjob" => {
-                let count = value
-                    .to_ascii_lowercase()
-                    .strip_prefix("gres/gpu=")
-                    .map(str::to_string)
-                    .ok_or_else(|| anyhow::anyhow!("Invalid MaxTRESPerJob {value:?}: use gres/gpu=N"))?;
-                update.max_gpus_per_job = Some(if count == "unlimited" || count == "-1" {
-                    Limit::Unlimited
-                } else {
-                    Limit::At(count.parse().map_err(|_| anyhow::anyhow!("Invalid MaxTRESPerJob {value:?}"))?)
-                })
-            }
+            "maxtresperjob" => update.max_gpus_per_job = Some(gpu_limit(value)?),
             "prioritytier" => {
                 update.priority_tier =
                     Some(value.parse().map_err(|_| anyhow::anyhow!("Invalid PriorityTier {value:?}"))?)
@@ -173,6 +155,16 @@ fn update_partition(controllers: Option<&str>, first: &str, words: &[&str]) -> a
     let client = crate::connect::client(controllers)?;
     crate::connect::runtime().block_on(client.update_partition(&update))?;
     Ok(0)
+}
+
+/// `MaxTRESPerJob=gres/gpu=N` (or `gres/gpu=UNLIMITED`/`-1`).
+fn gpu_limit(value: &str) -> anyhow::Result<Limit<u32>> {
+    let bad = || anyhow::anyhow!("Invalid MaxTRESPerJob {value:?}: use gres/gpu=N");
+    let lower = value.to_ascii_lowercase();
+    match lower.strip_prefix("gres/gpu=").ok_or_else(bad)? {
+        "unlimited" | "-1" => Ok(Limit::Unlimited),
+        count => Ok(Limit::At(count.parse().map_err(|_| bad())?)),
+    }
 }
 
 /// Slurm's `scontrol show partition` layout.
@@ -342,8 +334,7 @@ pub fn show_job_text(job: &Job, now_ms: u64) -> String {
         ),
         None => format!("JobId={} JobName={}", job.id, s.name),
     };
-    let account = if job.account.is_empty() { opt(&s.account) } else { job.account.clone() };
-    let qos = if job.qos.is_empty() { "normal".to_string() } else { job.qos.clone() };
+    let (account, qos) = (job.account_name(), job.qos_name());
     let dependency = drover_state::dependency::format_dependency(&s.dependency, s.dependency_any);
     let lines = [
         array,

@@ -46,12 +46,12 @@ fn sshare(args: &[String]) -> anyhow::Result<()> {
 }
 
 fn table(rows: &[drover_proto::wire::ShareRow], args: &Args) -> String {
-    let mut header = vec!["Account", "User", "RawShares", "NormShares", "RawUsage"];
+    // Slurm's columns and widths; NormUsage only with -l.
+    let mut columns = vec![("Account", 20), ("User", 10), ("RawShares", 10), ("NormShares", 11), ("RawUsage", 11)];
     if args.long {
-        header.push("NormUsage");
+        columns.push(("NormUsage", 11));
     }
-    header.extend(["EffectvUsage", "FairShare"]);
-    let widths = [20, 10, 10, 11, 11, 11, 13, 10];
+    columns.extend([("EffectvUsage", 13), ("FairShare", 10)]);
     let mut out = String::new();
     let line = |cells: &[String]| -> String {
         if args.parsable {
@@ -59,20 +59,16 @@ fn table(rows: &[drover_proto::wire::ShareRow], args: &Args) -> String {
         }
         let padded: Vec<String> = cells
             .iter()
+            .zip(&columns)
             .enumerate()
-            .map(|(i, c)| {
-                let w = if args.long { widths[i] } else { [20, 10, 10, 11, 11, 13, 10][i] };
-                if i == 0 { format!("{c:<w$}") } else { format!("{c:>w$}") }
-            })
+            .map(|(i, (c, &(_, w)))| if i == 0 { format!("{c:<w$}") } else { format!("{c:>w$}") })
             .collect();
         format!("{}\n", padded.join(" "))
     };
     if !args.noheader {
-        out.push_str(&line(&header.iter().map(|h| h.to_string()).collect::<Vec<_>>()));
+        out.push_str(&line(&columns.iter().map(|(h, _)| h.to_string()).collect::<Vec<_>>()));
         if !args.parsable {
-            let dashes: Vec<String> = (0..header.len())
-                .map(|i| "-".repeat(if args.long { widths[i] } else { [20, 10, 10, 11, 11, 13, 10][i] }))
-                .collect();
+            let dashes: Vec<String> = columns.iter().map(|&(_, w)| "-".repeat(w)).collect();
             out.push_str(&format!("{}\n", dashes.join(" ")));
         }
     }
