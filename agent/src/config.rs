@@ -43,6 +43,14 @@ pub struct AgentConfig {
     /// sends the cluster's value.
     #[serde(default = "default_kill_wait_ms")]
     pub kill_wait_ms: u64,
+    /// The cluster key (to verify `srun` users' credentials) and this agent's certificate, whose role must be
+    /// `agent/<name>`. Required: the agent speaks mutual TLS only.
+    #[serde(default)]
+    pub security: Option<drover_auth::SecurityConfig>,
+    /// The client configuration jobs on this node use (`DROVER_CONFIG` in their environment); unset: the CLI's
+    /// default, /etc/drover/client.toml.
+    #[serde(default)]
+    pub client_config: Option<PathBuf>,
 }
 
 fn default_kill_wait_ms() -> u64 {
@@ -94,6 +102,11 @@ impl AgentConfig {
         }
         if self.controllers.is_empty() {
             return Err(ConfigError::Setting("no controllers given (controllers = [\"host:port\", ...])".into()));
+        }
+        if self.security.is_none() {
+            return Err(ConfigError::Setting(
+                "no [security] section: the agent needs the cluster key and its TLS certificate (key_file, ca, cert, key; see deploy/config/agent.toml)".into(),
+            ));
         }
         let listen: std::net::SocketAddr = self
             .listen

@@ -18,6 +18,9 @@ pub struct Placement<'a> {
     pub step: Option<StepPlacement<'a>>,
     /// How to reach the controllers from inside the job (so `srun`, `scontrol`, `squeue` work there).
     pub controllers: &'a str,
+    /// The node's client configuration (TLS files, authd socket) for commands run inside the job; empty: the
+    /// CLI's default path.
+    pub client_config: &'a str,
 }
 
 pub struct StepPlacement<'a> {
@@ -109,6 +112,9 @@ pub fn task_environment(p: &Placement, base: Vec<(String, String)>) -> Vec<(Stri
     set("MASTER_ADDR", p.hosts.first().cloned().unwrap_or_else(|| "localhost".to_string()));
     set("MASTER_PORT", master_port(job.id).to_string());
     set("DROVER_CONTROLLERS", p.controllers.to_string());
+    if !p.client_config.is_empty() {
+        set("DROVER_CONFIG", p.client_config.to_string());
+    }
     match &p.step {
         None => {
             set("SLURM_PROCID", "0".to_string());
@@ -204,6 +210,7 @@ mod tests {
                 local_rank: 2,
             }),
             controllers: "127.0.0.1:1",
+            client_config: "",
         };
         let env = task_environment(&placement, job.spec.exported_environment());
         assert_eq!(get(&env, "SLURM_JOB_ID"), "42", "Slurm's variables win over stale exported ones");

@@ -74,6 +74,8 @@ fn load_config(args: &Args) -> anyhow::Result<AgentConfig> {
             topology: Default::default(),
             gpus: Default::default(),
             kill_wait_ms: 10_000,
+            security: None,
+            client_config: None,
         },
     };
     if let Some(v) = &args.name {
@@ -144,25 +146,33 @@ async fn run(config: AgentConfig) -> anyhow::Result<()> {
     };
     let exe = std::env::current_exe().context("locating the drover-agent binary for task supervisors")?;
     let state_dir = config.state_dir.clone();
-    let agent = NodeAgent::new(config, info, exe, backend, problems)
+    let security = config.security.clone().context("the agent needs a [security] section")?;
+    let key = drover_auth::ClusterKey::load(&security.key_file)?;
+    let client_tls = drover_auth::ClientTls::load(security.tls_files())?;
+    let server_tls = drover_auth::ServerTls::load(security.tls_files())?;
+    match client_tls.role() {
+        Some(drover_auth::Role::Agent(name)) if name == config.name => {}
+        other => anyhow::bail!(
+            "the certificate {} is for {}, not agent/{}: issue this node a certificate for its own name",
+            security.cert.display(),
+            other.map_or_else(|| "no drover role".to_string(), |r| r.to_string()),
+            config.name
+        ),
+    }
+    client_tls.spawn_reloader(security.reload_interval());
+    server_tls.spawn_reloader(security.reload_interval());
+    let agent = NodeAgent::new(config, info, exe, backend, problems, key, client_tls)
         .with_context(|| format!("cannot use the state directory {}", state_dir.display()))?;
     let reattached = agent.task_dirs().len();
     if reattached > 0 {
         tracing::info!(tasks = reattached, "re-attaching to tasks left by the previous agent");
     }
     tracing::info!(node = %agent.info.name, addr = %agent.info.agent_addr, "agent started");
+    // Mutual TLS (the accept loop sets TCP_NODELAY, or step output would wait on delayed ACKs); each step
+    // launch also carries its user's credential.
     let server = tonic::transport::Server::builder()
         .add_service(AgentServiceServer::new(drover_agent::steps::StepServer(agent.clone())))
-        // Accepted sockets need TCP_NODELAY set by hand (the builder's applies only to listeners it binds), or
-        // step output and exits wait on delayed ACKs.
-        .serve_with_incoming(tokio_stream::StreamExt::map(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            |s| {
-                s.inspect(|stream| {
-                    let _ = stream.set_nodelay(true);
-                })
-            },
-        ));
+        .serve_with_incoming(drover_auth::tls::incoming(listener, server_tls));
     tokio::spawn(async move {
         if let Err(e) = server.await {
             tracing::error!("agent gRPC server stopped: {e}");

@@ -88,6 +88,10 @@ pub struct NodeAgent {
     inner: Mutex<Inner>,
     /// Wakes the reconcile loop early (new assignments, a signal).
     pub wake: Notify,
+    /// The cluster key (to verify `srun` users' credentials) and this agent's TLS client side (its sessions with
+    /// the controllers).
+    pub key: drover_auth::ClusterKey,
+    pub tls: drover_auth::ClientTls,
 }
 
 pub fn now_ms() -> u64 {
@@ -95,12 +99,15 @@ pub fn now_ms() -> u64 {
 }
 
 impl NodeAgent {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         config: AgentConfig,
         info: NodeInfo,
         exe: PathBuf,
         gpus: Box<dyn GpuBackend>,
         standing_problems: Vec<String>,
+        key: drover_auth::ClusterKey,
+        tls: drover_auth::ClientTls,
     ) -> std::io::Result<Arc<NodeAgent>> {
         let tasks_dir = config.state_dir.join("tasks");
         std::fs::create_dir_all(&tasks_dir)?;
@@ -123,6 +130,8 @@ impl NodeAgent {
                 reports: HashMap::new(),
             }),
             wake: Notify::new(),
+            key,
+            tls,
         }))
     }
 
@@ -387,6 +396,7 @@ impl NodeAgent {
             gpus: &gpus,
             step: None,
             controllers: &self.config.controllers.join(","),
+            client_config: &self.client_config_path(),
         };
         let mut argv = vec!["/bin/bash".to_string(), script_path.display().to_string()];
         argv.extend(spec.script_args.iter().cloned());
@@ -474,6 +484,7 @@ impl NodeAgent {
                 local_rank,
             }),
             controllers: &self.config.controllers.join(","),
+            client_config: &self.client_config_path(),
         };
         let task = TaskLaunch {
             argv: launch.argv.clone(),
@@ -488,6 +499,11 @@ impl NodeAgent {
         };
         supervise::spawn(&self.exe, &dir, &task).map_err(|e| e.to_string())?;
         Ok((dir, streamed_out, streamed_err))
+    }
+
+    /// The client configuration tasks use for `srun`, `scontrol` and friends (empty: the CLI's default).
+    fn client_config_path(&self) -> String {
+        self.config.client_config.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
     }
 
     /// The problems to report with the next heartbeat: standing ones plus GPUs failing their health check.

@@ -10,7 +10,6 @@ use drover_proto::v1::agent_gateway_client::AgentGatewayClient;
 use drover_proto::wire::{AgentMessage, ControllerMessage, decode, encode};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
-use tonic::transport::Endpoint;
 
 use crate::node::{NodeAgent, Timing};
 
@@ -59,11 +58,9 @@ pub async fn run(agent: Arc<NodeAgent>) {
 }
 
 async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
-    let endpoint = match Endpoint::from_shared(format!("http://{addr}")) {
-        Ok(e) => e.connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS)).tcp_nodelay(true),
-        Err(e) => return Ended::Failed(format!("bad controller address {addr}: {e}")),
-    };
-    let channel = match endpoint.connect().await {
+    // Mutual TLS: the controller must hold a controller's certificate, and ours names this node.
+    let timeout = Duration::from_millis(CONNECT_TIMEOUT_MS);
+    let channel = match agent.tls.channel(addr, None, timeout, Some(drover_auth::RoleKind::Controller)) {
         Ok(c) => c,
         Err(e) => return Ended::Failed(format!("cannot connect to {addr}: {e}")),
     };

@@ -41,8 +41,11 @@ impl AgentService for StepServer {
     type LaunchStepStream = EventStream;
 
     async fn launch_step(&self, request: Request<StepRequest>) -> Result<Response<EventStream>, Status> {
-        let launch: StepLaunch = decode(&request.into_inner().json).map_err(Status::invalid_argument)?;
         let agent = self.0.clone();
+        // Who launches: the kernel-verified user behind the credential, never a field of the request.
+        let caller =
+            drover_auth::credential::identity_from_request(&agent.key, &request, drover_auth::credential::now_ms())?;
+        let launch: StepLaunch = decode(&request.into_inner().json).map_err(Status::invalid_argument)?;
         let me = &agent.info.name;
         let assignment = agent.assignment(launch.job_id).ok_or_else(|| {
             Status::failed_precondition(format!("job {} has no allocation on node {me}", launch.job_id))
@@ -50,10 +53,10 @@ impl AgentService for StepServer {
         if assignment.cancelled() {
             return Err(Status::failed_precondition(format!("job {} is being cancelled", launch.job_id)));
         }
-        if launch.uid != 0 && launch.uid != assignment.job.spec.uid {
+        if caller.uid != 0 && caller.uid != assignment.job.spec.uid {
             return Err(Status::permission_denied(format!(
-                "job {} belongs to uid {}, not {}",
-                launch.job_id, assignment.job.spec.uid, launch.uid
+                "Access/permission denied: job {} belongs to uid {}, not {}",
+                launch.job_id, assignment.job.spec.uid, caller.uid
             )));
         }
         if launch.nodes.get(launch.node_index as usize) != Some(me)

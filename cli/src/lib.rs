@@ -8,4 +8,5 @@ pub mod format;
 pub mod identity;
 pub mod job_refs;
 pub mod local;
+pub mod pki;
 pub mod sbatch_args;

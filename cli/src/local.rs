@@ -1,10 +1,14 @@
 //! `drover local up/down`: a whole cluster on this machine, every process in the background, everything under
 //! one directory and described in `DIR/cluster.json`. Tests, benchmarks and the demo drive the same code, so
 //! they can also kill, restart, wipe and add replicas.
+//!
+//! Security is on, as in production, with throwaway material: a CA, a cluster key and a certificate per process
+//! under `DIR/pki`, a `drover-authd` on `DIR/auth.sock` issuing user credentials, and `DIR/client.toml` for
+//! clients (`export DROVER_CONFIG=DIR/client.toml`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::net::TcpListener;
+use std::net::{IpAddr, TcpListener};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -57,6 +61,9 @@ pub struct UpOptions {
     /// The GPU count the agents' config promises (`[gpus] count`); a value other than `gpus_per_agent` makes
     /// each agent report an inventory mismatch.
     pub agent_expected_gpus: Option<u32>,
+    /// `allow_root_jobs` in the cluster configuration. By default a local cluster allows root jobs exactly when
+    /// root starts it: its agents then run as root anyway, and nobody else's identity is at stake.
+    pub allow_root_jobs: bool,
 }
 
 impl Default for UpOptions {
@@ -77,6 +84,8 @@ impl Default for UpOptions {
             agent_fence_after_ms: 5_000,
             node_timeout_ms: 8_000,
             agent_expected_gpus: None,
+            // SAFETY: geteuid cannot fail.
+            allow_root_jobs: unsafe { libc::geteuid() } == 0,
         }
     }
 }
@@ -135,12 +144,29 @@ impl LocalCluster {
         }
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let dir = dir.canonicalize()?;
+        // Every local user may reach the cluster's client files and authd socket (the test stories act as several
+        // users); the secrets inside keep their own 0600 modes.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        let pki = crate::pki::Pki::create(&dir.join("pki"), "local")?;
+        let host = drover_auth::authd::hostname();
+        pki.issue("client", &drover_auth::Role::Client(host.clone()), &[host], &[])?;
         let mut members = BTreeMap::new();
         for id in 1..=options.controllers as u64 {
             let ip = if options.distinct_ips { format!("127.0.0.{}", 10 + id) } else { "127.0.0.1".to_string() };
             members.insert(id, format!("{ip}:{}", free_port(&ip)?));
         }
         let mut cluster = LocalCluster { dir: dir.clone(), processes: Vec::new(), options, kill_on_drop: true };
+        cluster.processes.push(Process {
+            role: "authd".into(),
+            id: AUTHD_ID,
+            address: dir.join("auth.sock").display().to_string(),
+            pid: None,
+            data_dir: dir.clone(),
+            log_file: dir.join("authd.log"),
+            config: pki.cluster_key_path(),
+        });
+        cluster.start(AUTHD_ID)?;
+        cluster.write_client_config(&members.values().cloned().collect::<Vec<_>>())?;
         for (id, addr) in &members {
             let process = cluster.write_config(*id, addr, &members)?;
             cluster.processes.push(process);
@@ -165,16 +191,20 @@ impl LocalCluster {
         let addr = format!("127.0.0.1:{}", free_port("127.0.0.1")?);
         let controllers: Vec<String> =
             self.processes.iter().filter(|p| p.role == "controller").map(|p| p.address.clone()).collect();
+        let pki = self.pki()?;
+        let (cert, key) = pki.issue(&name, &drover_auth::Role::Agent(name.clone()), &[], &[LOOPBACK])?;
         let toml = format!(
-            "name = {name:?}\ncontrollers = {controllers:?}\nlisten = {addr:?}\nhost = \"127.0.0.1\"\nstate_dir = {:?}\ncpus = 64\nmemory_mb = 65536\nkill_wait_ms = {}\n\n[gpus]\nsimulate = {}\nmodel = \"H200\"\n",
+            "name = {name:?}\ncontrollers = {controllers:?}\nlisten = {addr:?}\nhost = \"127.0.0.1\"\nstate_dir = {:?}\ncpus = 64\nmemory_mb = 65536\nkill_wait_ms = {}\nclient_config = {:?}\n\n[gpus]\nsimulate = {}\nmodel = \"H200\"\n",
             home.join("state").display().to_string(),
             self.options.kill_wait_ms,
+            self.dir.join("client.toml").display().to_string(),
             self.options.gpus_per_agent,
         );
         let mut toml = toml;
         if let Some(count) = self.options.agent_expected_gpus {
             toml.push_str(&format!("count = {count}\n"));
         }
+        toml.push_str(&security_section(&pki, &cert, &key));
         let config = home.join("agent.toml");
         std::fs::write(&config, toml)?;
         let process = Process {
@@ -199,7 +229,7 @@ impl LocalCluster {
     /// Waits until every agent of this cluster registered and is up.
     pub async fn wait_agents(&self, timeout: Duration) -> anyhow::Result<()> {
         let want = self.agents().len();
-        let client = drover_client::Client::from_list(&self.addresses())?.with_deadline(Duration::from_millis(500));
+        let client = self.client()?.with_deadline(Duration::from_millis(500));
         let start = Instant::now();
         loop {
             if let Ok(nodes) = client.list_nodes(false).await {
@@ -242,10 +272,51 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// The throwaway CA and keys of this cluster.
+    pub fn pki(&self) -> anyhow::Result<crate::pki::Pki> {
+        crate::pki::Pki::open(&self.dir.join("pki"))
+    }
+
+    /// `DIR/client.toml`: how clients on this machine reach and prove themselves to the cluster.
+    fn write_client_config(&self, controllers: &[String]) -> anyhow::Result<()> {
+        let pki = self.pki()?;
+        let config = drover_client::ClientConfig {
+            controllers: controllers.to_vec(),
+            ca: pki.ca_path(),
+            cert: pki.dir.join("client.pem"),
+            key: pki.dir.join("client.key"),
+            auth_socket: self.dir.join("auth.sock"),
+        };
+        let path = self.dir.join("client.toml");
+        std::fs::write(&path, toml::to_string(&config)?)?;
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+        Ok(())
+    }
+
+    /// The client configuration of this cluster, aimed at every controller.
+    pub fn client_config(&self) -> anyhow::Result<drover_client::ClientConfig> {
+        Ok(drover_client::ClientConfig::load(&self.dir.join("client.toml"))?.with_controllers(&self.addresses()))
+    }
+
+    /// A client for this cluster as whoever runs this process, at the given controllers (all of them if empty).
+    pub fn client_at(&self, controllers: &str) -> anyhow::Result<drover_client::Client> {
+        let config = self.client_config()?;
+        let config = if controllers.is_empty() { config } else { config.with_controllers(controllers) };
+        Ok(drover_client::Client::new(&config)?)
+    }
+
+    /// A client for this cluster, at every controller.
+    pub fn client(&self) -> anyhow::Result<drover_client::Client> {
+        self.client_at("")
+    }
+
     fn write_config(&self, id: u64, addr: &str, founders: &BTreeMap<u64, String>) -> anyhow::Result<Process> {
         let home = self.dir.join(format!("controller-{id}"));
         std::fs::create_dir_all(&home)?;
         let o = &self.options;
+        let ip: IpAddr = addr.parse::<std::net::SocketAddr>()?.ip();
+        let pki = self.pki()?;
+        let (cert, key) = pki.issue(&format!("controller-{id}"), &drover_auth::Role::Controller(id), &[], &[ip])?;
         let mut toml = String::new();
         writeln!(toml, "id = {id}\nlisten = {addr:?}\ndata_dir = {:?}\n", home.join("data").display().to_string())?;
         writeln!(toml, "[initial_members]")?;
@@ -266,9 +337,17 @@ impl LocalCluster {
             o.snapshot_after_entries,
             o.keep_entries_after_snapshot
         )?;
-        toml.push_str(&o.extra_toml);
+        toml.push_str(&security_section(&pki, &cert, &key));
+        let mut table: toml::Table = toml::from_str(&toml)?;
+        let extra: toml::Table = toml::from_str(&o.extra_toml)
+            .with_context(|| format!("extra controller TOML is invalid: {}", o.extra_toml))?;
+        merge_tables(&mut table, extra);
+        let cluster = table.entry("cluster").or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if let toml::Value::Table(cluster) = cluster {
+            cluster.entry("allow_root_jobs").or_insert(toml::Value::Boolean(o.allow_root_jobs));
+        }
         let config = home.join("controller.toml");
-        std::fs::write(&config, toml)?;
+        std::fs::write(&config, toml::to_string(&table)?)?;
         Ok(Process {
             role: "controller".into(),
             id,
@@ -288,14 +367,19 @@ impl LocalCluster {
         self.processes.iter().find(|p| p.id == id)
     }
 
-    /// Starts (or restarts) process `id` (a controller or an agent) with its existing config and data.
+    /// Starts (or restarts) process `id` (a controller, an agent or the authd) with its existing config and data.
     pub fn start(&mut self, id: u64) -> anyhow::Result<()> {
         let role = self.process_mut(id)?.role.clone();
-        let bin = find_binary(if role == "agent" { "drover-agent" } else { "drover-controller" })?;
+        let bin = find_binary(bin_name(&role))?;
         let process = self.process_mut(id)?;
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&process.log_file)?;
         let mut cmd = Command::new(bin);
-        cmd.arg("--config").arg(&process.config).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        if role == "authd" {
+            cmd.arg("--key").arg(&process.config).arg("--socket").arg(&process.address);
+        } else {
+            cmd.arg("--config").arg(&process.config);
+        }
+        cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
         // Its own session: the cluster outlives the `local up` command and the terminal's Ctrl-C.
         // SAFETY: setsid is async-signal-safe.
         unsafe {
@@ -306,6 +390,14 @@ impl LocalCluster {
         }
         let child = cmd.spawn().with_context(|| format!("cannot start {}", bin_name(&role)))?;
         process.pid = Some(child.id());
+        if role == "authd" {
+            // Clients need its socket from the first moment; it binds within milliseconds.
+            let socket = PathBuf::from(&process.address);
+            let start = Instant::now();
+            while !socket.exists() && start.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         // Reap it in the background so a killed replica does not linger as a zombie.
         std::thread::spawn(move || {
             let mut child = child;
@@ -346,7 +438,7 @@ impl LocalCluster {
 
     /// Configures and starts a new, non-founding replica (it waits to be added with add-replica).
     pub fn spawn_extra(&mut self) -> anyhow::Result<(u64, String)> {
-        let id = self.processes.iter().map(|p| p.id).max().unwrap_or(0) + 1;
+        let id = self.processes.iter().filter(|p| p.role == "controller").map(|p| p.id).max().unwrap_or(0) + 1;
         let ip = if self.options.distinct_ips { format!("127.0.0.{}", 10 + id) } else { "127.0.0.1".to_string() };
         let addr = format!("{ip}:{}", free_port(&ip)?);
         let process = self.write_config(id, &addr, &BTreeMap::new())?;
@@ -368,7 +460,7 @@ impl LocalCluster {
 
     /// Waits until a leader has committed the cluster configuration (submissions are accepted).
     pub async fn wait_ready(&self, timeout: Duration) -> anyhow::Result<u64> {
-        let client = drover_client::Client::from_list(&self.addresses())?.with_deadline(Duration::from_millis(500));
+        let client = self.client()?.with_deadline(Duration::from_millis(500));
         let start = Instant::now();
         loop {
             if let Ok(status) = client.cluster_status().await {
@@ -412,7 +504,37 @@ impl LocalCluster {
 }
 
 fn bin_name(role: &str) -> &'static str {
-    if role == "agent" { "drover-agent" } else { "drover-controller" }
+    match role {
+        "agent" => "drover-agent",
+        "authd" => "drover-authd",
+        _ => "drover-controller",
+    }
+}
+
+/// The loopback address local processes listen on and their certificates name.
+const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+/// The authd's entry in `cluster.json`.
+const AUTHD_ID: u64 = 90;
+
+/// `[security]` for a controller's or an agent's configuration.
+fn security_section(pki: &crate::pki::Pki, cert: &Path, key: &Path) -> String {
+    format!(
+        "\n[security]\nkey_file = {:?}\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+        pki.cluster_key_path().display().to_string(),
+        pki.ca_path().display().to_string(),
+        cert.display().to_string(),
+        key.display().to_string()
+    )
+}
+
+/// Merges `extra` into `base`: tables merge key by key, anything else in `extra` replaces what `base` had.
+fn merge_tables(base: &mut toml::Table, extra: toml::Table) {
+    for (key, value) in extra {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(e)) => merge_tables(b, e),
+            (_, value) => drop(base.insert(key, value)),
+        }
+    }
 }
 
 /// Kills every task (by process group) and supervisor recorded under an agent's task directory.

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use drover_cli::commands::{self, account, bench, cluster, demo};
+use drover_cli::commands::{self, account, admin, bench, cluster, demo};
 use drover_cli::connect;
 use drover_cli::local::{LocalCluster, UpOptions};
 
@@ -52,6 +52,29 @@ enum Top {
     Qos {
         #[command(subcommand)]
         command: account::QosCmd,
+    },
+    /// Roles: grant, revoke and list operators and administrators (Slurm's AdminLevel).
+    Admin {
+        #[command(subcommand)]
+        command: admin::AdminCmd,
+    },
+    /// The replicated audit log of administrative changes (operators and administrators).
+    Audit {
+        /// The first entry to show.
+        #[arg(long, default_value_t = 1)]
+        from: u64,
+        /// At most this many entries.
+        #[arg(short = 'n', long, default_value_t = 1_000)]
+        limit: u32,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Who the controllers say you are, and your administrative level.
+    Whoami,
+    /// The cluster's CA, cluster key and certificates (for production set-ups; `local up` makes its own).
+    Certs {
+        #[command(subcommand)]
+        command: admin::CertsCmd,
     },
     /// Symlink sbatch, srun, squeue, scancel, scontrol, sacct, sinfo, sprio and sshare to this binary in DIR.
     InstallShims { dir: PathBuf },
@@ -165,7 +188,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     dir.display(),
                     dir.display()
                 );
-                println!("export DROVER_CONTROLLERS={}", local.addresses());
+                println!(
+                    "export DROVER_CONFIG={} DROVER_CONTROLLERS={}",
+                    local.dir.join("client.toml").display(),
+                    local.addresses()
+                );
                 Ok(())
             }
             LocalCmd::Down { dir } => {
@@ -183,6 +210,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let client = connect::client(cli.controllers.as_deref())?;
             connect::runtime().block_on(account::qos(&client, command))
         }
+        Top::Admin { command } => {
+            let client = connect::client(cli.controllers.as_deref())?;
+            connect::runtime().block_on(admin::admin(&client, command))
+        }
+        Top::Audit { from, limit, json } => {
+            let client = connect::client(cli.controllers.as_deref())?;
+            connect::runtime().block_on(admin::audit(&client, from, limit, json))
+        }
+        Top::Whoami => {
+            let client = connect::client(cli.controllers.as_deref())?;
+            connect::runtime().block_on(admin::whoami(&client))
+        }
+        Top::Certs { command } => admin::certs(command),
         Top::Demo { dir } => demo::run(dir),
         Top::Bench { command } => bench::run(command, cli.controllers.as_deref()),
     }

@@ -867,7 +867,7 @@ fn resolve_gpus(spec: &mut JobSpec, gpus: Option<GpuRequest>, nodes_given: bool)
                     "--gpus-per-task={n} requires a task count: give --ntasks or --ntasks-per-node"
                 )));
             }
-            let most = spec.tasks_per_node(spec.min_nodes).into_iter().max().unwrap_or(1);
+            let most = most_tasks_on_a_node(spec);
             spec.gpus_per_node = n.checked_mul(most).ok_or_else(|| {
                 SbatchError::Conflict(format!("--gpus-per-task={n} with {most} tasks on a node is too many GPUs"))
             })?;
@@ -875,6 +875,12 @@ fn resolve_gpus(spec: &mut JobSpec, gpus: Option<GpuRequest>, nodes_given: bool)
         }
     }
     Ok(())
+}
+
+/// The most tasks any node gets under [`JobSpec::tasks_per_node`] on `min_nodes` nodes, computed rather than
+/// listed: that list has one entry per node, and `--nodes=4294967295` would make it 16 GiB.
+fn most_tasks_on_a_node(spec: &JobSpec) -> u32 {
+    spec.max_tasks_per_node(spec.min_nodes)
 }
 
 /// Builds the job: the script's `#SBATCH` directives first, then the command line's options over them.
@@ -1362,6 +1368,43 @@ mod tests {
             assert_eq!(msg, format!("invalid --gpus-per-task value {bad:?}: expected COUNT or TYPE:COUNT"));
             let msg = cmd_err(&["-G", bad]);
             assert_eq!(msg, format!("invalid -G value {bad:?}: expected COUNT or TYPE:COUNT"));
+        }
+    }
+
+    /// `--gpus-per-task` with a huge `--nodes` once listed the tasks of every node to find the busiest one: a
+    /// 16 GiB allocation (an abort) for `-N 4294967295`. The busiest node is now computed.
+    #[test]
+    fn gpus_per_task_with_huge_node_counts_does_not_list_every_node() {
+        let n = u32::MAX.to_string();
+        let s = spec(&["-N", &n, "--ntasks-per-node=3", "--gpus-per-task=2", "job.sh"], SCRIPT);
+        assert_eq!((s.gpus_per_node, s.gpus_per_task), (6, Some(2)));
+        let s = spec(&["-N", &n, "-n", "5", "--gpus-per-task=2", "job.sh"], SCRIPT);
+        assert_eq!(s.gpus_per_node, 2);
+        let s = spec(&["-N", &format!("1-{n}"), "-n", &n, "--gpus-per-task=1", "job.sh"], SCRIPT);
+        assert_eq!(s.gpus_per_node, u32::MAX);
+        assert!(matches!(
+            build_err(&["-N", "2", "-n", &n, "--gpus-per-task=2"], SCRIPT),
+            SbatchError::Conflict(msg) if msg.contains("too many GPUs")
+        ));
+    }
+
+    /// The computed busiest node matches the listed distribution.
+    #[test]
+    fn most_tasks_on_a_node_matches_the_distribution() {
+        for nodes in 0..6 {
+            for ntasks in [None, Some(1), Some(4), Some(7), Some(13)] {
+                for per_node in [None, Some(1), Some(3)] {
+                    let spec = JobSpec {
+                        min_nodes: nodes,
+                        max_nodes: nodes,
+                        ntasks,
+                        ntasks_per_node: per_node,
+                        ..JobSpec::default()
+                    };
+                    let listed = spec.tasks_per_node(spec.min_nodes).into_iter().max().unwrap_or(1);
+                    assert_eq!(most_tasks_on_a_node(&spec), listed, "{nodes} {ntasks:?} {per_node:?}");
+                }
+            }
         }
     }
 

@@ -1,7 +1,6 @@
 //! Jobs really running on node agents: real controllers and agents (simulated GPUs) on loopback, driven through
 //! Slurm's commands as a user would.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use drover_cli::local::UpOptions;
@@ -301,10 +300,8 @@ fn an_agent_whose_gpus_disagree_with_its_config_is_drained_with_the_reason() {
 fn ctrl_c_on_srun_stops_its_tasks_and_cancels_its_allocation() {
     let dir = tempfile::tempdir().unwrap();
     let (_cluster, sh) = setup(dir.path(), two_agents());
-    let mut srun = Command::new(sh.bin.join("srun"))
-        .args(["-J", "interactive", "bash", "-c", "echo $$ > srun-task.pid; exec sleep 60"])
-        .current_dir(&sh.cwd)
-        .env("DROVER_CONTROLLERS", &sh.controllers)
+    let mut srun = sh
+        .command("srun", &["-J", "interactive", "bash", "-c", "echo $$ > srun-task.pid; exec sleep 60"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

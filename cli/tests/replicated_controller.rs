@@ -69,7 +69,7 @@ async fn assert_all_present(client: &Client, acked: &[(u64, Instant)]) {
 async fn killing_the_leader_mid_stream_loses_no_acknowledged_submission() {
     let (_dir, mut cluster) = cluster(UpOptions::default());
     let leader = cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
-    let client = Arc::new(Client::from_list(&cluster.addresses()).unwrap());
+    let client = Arc::new(cluster.client().unwrap());
     let load = Load::start(client.clone(), 8);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let killed_at = Instant::now();
@@ -84,7 +84,7 @@ async fn killing_the_leader_mid_stream_loses_no_acknowledged_submission() {
     assert_all_present(&client, &acked).await;
     // The killed replica comes back and holds every job too.
     cluster.start(leader).unwrap();
-    let solo = Client::from_list(&cluster.process(leader).unwrap().address).unwrap();
+    let solo = cluster.client_at(&cluster.process(leader).unwrap().address).unwrap();
     let max_id = acked.iter().map(|(id, _)| *id).max().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -103,19 +103,18 @@ async fn killing_the_leader_mid_stream_loses_no_acknowledged_submission() {
 async fn stopping_every_replica_and_starting_again_keeps_all_state() {
     let (_dir, mut cluster) = cluster(UpOptions::default());
     cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
-    let client = Client::from_list(&cluster.addresses()).unwrap();
+    let client = cluster.client().unwrap();
     let mut ids = Vec::new();
     for _ in 0..30 {
         ids.push(client.submit(&trivial_spec()).await.unwrap());
     }
-    let uid = trivial_spec().uid;
-    client.cancel(&ids[0..5], uid).await.unwrap();
-    client.hold(&ids[5..8], uid).await.unwrap();
+    client.cancel(&ids[0..5]).await.unwrap();
+    client.hold(&ids[5..8]).await.unwrap();
     // The registry and dependency verdicts are state too.
     let account = drover_state::AccountUpdate { name: "physics".into(), shares: Some(3), ..Default::default() };
-    client.admin(&drover_state::AdminOp::AddAccount(account), 0).await.unwrap();
+    client.admin(&drover_state::AdminOp::AddAccount(account)).await.unwrap();
     let qos = drover_state::Qos { name: "small".into(), max_jobs_per_user: Some(1), ..Default::default() };
-    client.admin(&drover_state::AdminOp::PutQos { qos, create: true }, 0).await.unwrap();
+    client.admin(&drover_state::AdminOp::PutQos { qos, create: true }).await.unwrap();
     let dep = drover_state::Dependency { kind: drover_state::DependencyKind::AfterOk, job: ids[0], task: None };
     let mut waiting = trivial_spec();
     waiting.dependency = vec![dep];
@@ -160,11 +159,11 @@ async fn a_wiped_replica_rejoins_and_catches_up_by_snapshot() {
     let (_dir, mut cluster) = cluster(options);
     let leader = cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
     let victim = [1, 2, 3].into_iter().find(|id| *id != leader).unwrap();
-    let client = Arc::new(Client::from_list(&cluster.addresses()).unwrap());
+    let client = Arc::new(cluster.client().unwrap());
     cluster.kill(victim).unwrap();
     cluster.wipe(victim).unwrap();
     let account = drover_state::AccountUpdate { name: "physics".into(), ..Default::default() };
-    client.admin(&drover_state::AdminOp::AddAccount(account), 0).await.unwrap();
+    client.admin(&drover_state::AdminOp::AddAccount(account)).await.unwrap();
     // With the victim down, the log moves far past it and is purged behind a snapshot.
     let load = Load::start(client.clone(), 8);
     // Enough entries (however long a busy machine takes) that the log is purged behind a snapshot.
@@ -175,7 +174,7 @@ async fn a_wiped_replica_rejoins_and_catches_up_by_snapshot() {
     let acked = load.stop().await;
     assert!(acked.len() >= 400, "need enough entries to force a snapshot: {}", acked.len());
     cluster.start(victim).unwrap();
-    let solo = Client::from_list(&cluster.process(victim).unwrap().address).unwrap();
+    let solo = cluster.client_at(&cluster.process(victim).unwrap().address).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     let jobs = loop {
         if let Ok((jobs, _)) = solo.list_jobs(&JobFilter { stale: true, ..Default::default() }).await
@@ -202,11 +201,11 @@ async fn a_wiped_replica_rejoins_and_catches_up_by_snapshot() {
 async fn membership_grows_to_five_and_shrinks_to_three_under_load() {
     let (_dir, mut cluster) = cluster(UpOptions::default());
     cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
-    let client = Arc::new(Client::from_list(&cluster.addresses()).unwrap());
+    let client = Arc::new(cluster.client().unwrap());
     let load = Load::start(client.clone(), 4);
     let (id4, addr4) = cluster.spawn_extra().unwrap();
     let (id5, addr5) = cluster.spawn_extra().unwrap();
-    let admin = Client::from_list(&cluster.addresses()).unwrap();
+    let admin = cluster.client().unwrap();
     admin.add_replica(id4, &addr4).await.unwrap();
     let m = admin.add_replica(id5, &addr5).await.unwrap();
     assert_eq!(m.voters, vec![1, 2, 3, 4, 5]);
@@ -220,7 +219,7 @@ async fn membership_grows_to_five_and_shrinks_to_three_under_load() {
     cluster.kill(2).unwrap();
     let acked = load.stop().await;
     let survivors = [3, 4, 5].iter().map(|id| cluster.process(*id).unwrap().address.clone()).collect::<Vec<_>>();
-    let client = Client::new(survivors).unwrap();
+    let client = cluster.client_at(&survivors.join(",")).unwrap();
     let id = client.submit(&trivial_spec()).await.expect("the new membership accepts writes");
     assert!(id > acked.iter().map(|(id, _)| *id).max().unwrap_or(0));
     assert_all_present(&client, &acked).await;
@@ -236,7 +235,7 @@ async fn a_replica_cut_off_from_the_others_accepts_no_writes() {
     // Freeze two replicas: the third can reach no one, and is a minority of one.
     cluster.signal(1, libc::SIGSTOP).unwrap();
     cluster.signal(2, libc::SIGSTOP).unwrap();
-    let lonely = Client::from_list(&cluster.process(3).unwrap().address).unwrap().with_deadline(Duration::from_secs(4));
+    let lonely = cluster.client_at(&cluster.process(3).unwrap().address).unwrap().with_deadline(Duration::from_secs(4));
     let started = Instant::now();
     let err = lonely.submit(&trivial_spec()).await.expect_err("a minority must not commit");
     let message = err.to_string();
@@ -248,13 +247,15 @@ async fn a_replica_cut_off_from_the_others_accepts_no_writes() {
     cluster.signal(1, libc::SIGCONT).unwrap();
     cluster.signal(2, libc::SIGCONT).unwrap();
     cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
-    let all = Client::from_list(&cluster.addresses()).unwrap();
+    let all = cluster.client().unwrap();
     all.submit(&trivial_spec()).await.expect("writes resume once a quorum is back");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_cluster_is_reported_with_the_addresses_tried() {
-    let client = Client::from_list("127.0.0.1:1,127.0.0.1:2").unwrap().with_deadline(Duration::from_secs(2));
+    // A real cluster's credentials and certificates, aimed at addresses where nothing listens.
+    let (_dir, cluster) = cluster(UpOptions { controllers: 1, ..UpOptions::default() });
+    let client = cluster.client_at("127.0.0.1:1,127.0.0.1:2").unwrap().with_deadline(Duration::from_secs(2));
     let started = Instant::now();
     let err = client.submit(&trivial_spec()).await.unwrap_err().to_string();
     assert!(err.contains("127.0.0.1:1") && err.contains("127.0.0.1:2"), "{err}");

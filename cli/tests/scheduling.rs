@@ -3,7 +3,6 @@
 //! (simulated GPUs) on loopback.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use drover_cli::local::{LocalCluster, UpOptions};
@@ -15,12 +14,7 @@ use common::Shell;
 impl Shell {
     /// `drover SUBCOMMAND ...` (accounts, QOS).
     fn drover(&self, args: &[&str]) -> std::process::Output {
-        Command::new(env!("CARGO_BIN_EXE_drover"))
-            .args(args)
-            .current_dir(&self.cwd)
-            .env("DROVER_CONTROLLERS", &self.controllers)
-            .output()
-            .expect("drover runs")
+        self.command("drover", args).output().expect("drover runs")
     }
 
     fn drover_ok(&self, args: &[&str]) -> String {

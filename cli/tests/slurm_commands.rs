@@ -96,8 +96,15 @@ fn local_up_prints_the_export_line_and_local_down_stops_everything() {
         .unwrap();
     assert!(up.status.success(), "{}", String::from_utf8_lossy(&up.stderr));
     let line = String::from_utf8(up.stdout).unwrap();
-    let addrs = line.trim().strip_prefix("export DROVER_CONTROLLERS=").expect("export line").to_string();
-    let status = Command::new(drover).args(["--controllers", &addrs, "cluster", "status", "--json"]).output().unwrap();
+    let exports = line.trim().strip_prefix("export ").expect("export line");
+    let (config, addrs) = exports.split_once(' ').expect("two variables");
+    let config = config.strip_prefix("DROVER_CONFIG=").expect("DROVER_CONFIG first");
+    let addrs = addrs.strip_prefix("DROVER_CONTROLLERS=").expect("then DROVER_CONTROLLERS");
+    let status = Command::new(drover)
+        .env("DROVER_CONFIG", config)
+        .args(["--controllers", addrs, "cluster", "status", "--json"])
+        .output()
+        .unwrap();
     let doc: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     let roles: Vec<&str> = doc["replicas"].as_array().unwrap().iter().map(|r| r["role"].as_str().unwrap()).collect();
     assert_eq!(roles.iter().filter(|r| **r == "leader").count(), 1, "{doc}");
@@ -135,4 +142,9 @@ fn an_administrator_changes_a_partition_at_run_time() {
     assert!(bad.contains("invalid partition name specified: \"nope\""), "{bad}");
     let bad = sh.err("scontrol", &["update", "partitionname=gpu", "state=sideways"]);
     assert!(bad.contains("Invalid partition state"), "{bad}");
+    // The update that once crashed every replica for good: refused with the reason, and the cluster serves on.
+    let bad = sh.err("scontrol", &["update", "partitionname=gpu", "nodes=]["]);
+    assert!(bad.contains("unbalanced brackets in hostlist"), "{bad}");
+    assert_eq!(sh.ok("sbatch", &["--parsable", "--wrap", "true"]).trim(), "2");
+    assert!(sh.ok("scontrol", &["show", "partition", "gpu"]).contains("State=UP"));
 }

@@ -4,16 +4,29 @@
 //! last address that answered; an unreachable controller or one without a leader makes it try the next; a
 //! follower's leader hint sends it straight to the leader. Writes carry a request id, so a retry after a lost
 //! reply never creates a second job.
+//!
+//! Every connection is mutual TLS with the host's client certificate, and every call carries the user's
+//! credential from the host's `drover-authd` (see [`ClientConfig`]): the controllers take the caller's uid from
+//! it, so no request names its caller.
+
+mod config;
+mod credentials;
+
+pub use config::{ClientConfig, DEFAULT_CONFIG_PATH};
+pub use credentials::Credentials;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use drover_auth::tls::{ClientTls, RoleKind};
+use tonic::service::interceptor::InterceptedService;
 
 use drover_proto::LEADER_HINT_KEY;
 use drover_proto::v1::drover_service_client::DroverServiceClient;
 use drover_proto::v1::*;
 use drover_state::{Job, JobSpec};
 use thiserror::Error;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 pub use drover_proto::v1::{ClusterStatusReply, JobOutcome, ReplicaStatus};
@@ -40,6 +53,10 @@ pub enum ClientError {
     NotFound(u64),
     #[error("malformed reply from controller: {0}")]
     Protocol(String),
+    #[error("{0}")]
+    Config(String),
+    #[error("cannot prove who you are to the cluster: {0}")]
+    Credential(String),
 }
 
 impl ClientError {
@@ -48,9 +65,14 @@ impl ClientError {
     }
 }
 
+/// A controller connection that attaches the caller's credential to every call.
+type Service = InterceptedService<Channel, Credentials>;
+
 pub struct Client {
     addresses: Vec<String>,
     channels: Vec<Channel>,
+    credentials: Credentials,
+    tls: ClientTls,
     /// Index of the controller that answered last (most likely the leader).
     current: AtomicUsize,
     deadline: Duration,
@@ -74,25 +96,35 @@ fn no_answer(status: &Status) -> bool {
 }
 
 impl Client {
-    /// `addresses`: `host:port` of the controllers (any subset works; all of them is best).
-    pub fn new(addresses: Vec<String>) -> Result<Client, ClientError> {
+    /// A client for the controllers `config` names (any subset works; all of them is best), with its TLS
+    /// certificate and its credential source.
+    pub fn new(config: &ClientConfig) -> Result<Client, ClientError> {
+        let tls = ClientTls::load(config.tls_files())
+            .map_err(|e| ClientError::Config(format!("the client's TLS files: {e}")))?;
+        Client::with_tls(config, tls, Credentials::from_socket(&config.auth_socket))
+    }
+
+    /// Like [`Client::new`], with TLS and credentials already loaded (long-running tools share them).
+    pub fn with_tls(config: &ClientConfig, tls: ClientTls, credentials: Credentials) -> Result<Client, ClientError> {
         let addresses: Vec<String> =
-            addresses.into_iter().map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect();
+            config.controllers.iter().map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect();
         if addresses.is_empty() {
             return Err(ClientError::NoAddresses);
         }
         let mut channels = Vec::new();
         for addr in &addresses {
-            let ep = Endpoint::from_shared(format!("http://{addr}"))
-                .map_err(|e| ClientError::Refused(format!("invalid controller address {addr:?}: {e}")))?
-                .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
-                .tcp_nodelay(true);
-            channels.push(ep.connect_lazy());
+            let timeout = Duration::from_millis(CONNECT_TIMEOUT_MS);
+            let channel = tls
+                .channel(addr, None, timeout, Some(RoleKind::Controller))
+                .map_err(|e| ClientError::Config(format!("invalid controller address {addr:?}: {e}")))?;
+            channels.push(channel);
         }
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         Ok(Client {
             addresses,
             channels,
+            credentials,
+            tls,
             current: AtomicUsize::new(0),
             deadline: Duration::from_millis(DEFAULT_DEADLINE_MS),
             request_seq: AtomicU64::new(0),
@@ -100,9 +132,14 @@ impl Client {
         })
     }
 
-    /// Parses a comma-separated address list (the `DROVER_CONTROLLERS` format).
-    pub fn from_list(list: &str) -> Result<Client, ClientError> {
-        Client::new(list.split(',').map(str::to_string).collect())
+    /// The TLS settings, for connections to agents (`srun`).
+    pub fn tls(&self) -> &ClientTls {
+        &self.tls
+    }
+
+    /// The caller's credential source, for calls to agents (`srun`).
+    pub fn credentials(&self) -> &Credentials {
+        &self.credentials
     }
 
     pub fn with_deadline(mut self, deadline: Duration) -> Client {
@@ -123,7 +160,7 @@ impl Client {
     /// deadline passes.
     async fn call<T, F, Fut>(&self, mut call: F) -> Result<T, ClientError>
     where
-        F: FnMut(DroverServiceClient<Channel>) -> Fut,
+        F: FnMut(DroverServiceClient<Service>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let start = Instant::now();
@@ -131,7 +168,10 @@ impl Client {
         let mut attempt = 0usize;
         loop {
             let index = self.current.load(Ordering::Relaxed) % self.channels.len();
-            let client = DroverServiceClient::new(self.channels[index].clone()).max_decoding_message_size(256 << 20);
+            // Fail fast, before any network, when there is no credential to send.
+            self.credentials.token()?;
+            let client = DroverServiceClient::with_interceptor(self.channels[index].clone(), self.credentials.clone())
+                .max_decoding_message_size(256 << 20);
             let result = tokio::time::timeout(Duration::from_millis(RPC_TIMEOUT_MS), call(client)).await;
             let status = match result {
                 Ok(Ok(reply)) => return Ok(reply.into_inner()),
@@ -175,8 +215,8 @@ impl Client {
         Ok(reply.job_id)
     }
 
-    async fn job_ids(&self, kind: JobIdsKind, ids: &[u64], by_uid: u32) -> Result<Vec<JobOutcome>, ClientError> {
-        let request = JobIdsRequest { job_ids: ids.to_vec(), by_uid };
+    async fn job_ids(&self, kind: JobIdsKind, ids: &[u64]) -> Result<Vec<JobOutcome>, ClientError> {
+        let request = JobIdsRequest { job_ids: ids.to_vec() };
         let reply = self
             .call(|mut c| {
                 let request = request.clone();
@@ -193,23 +233,23 @@ impl Client {
         Ok(reply.outcomes)
     }
 
-    pub async fn cancel(&self, ids: &[u64], by_uid: u32) -> Result<Vec<JobOutcome>, ClientError> {
-        self.job_ids(JobIdsKind::Cancel, ids, by_uid).await
+    pub async fn cancel(&self, ids: &[u64]) -> Result<Vec<JobOutcome>, ClientError> {
+        self.job_ids(JobIdsKind::Cancel, ids).await
     }
 
-    pub async fn hold(&self, ids: &[u64], by_uid: u32) -> Result<Vec<JobOutcome>, ClientError> {
-        self.job_ids(JobIdsKind::Hold, ids, by_uid).await
+    pub async fn hold(&self, ids: &[u64]) -> Result<Vec<JobOutcome>, ClientError> {
+        self.job_ids(JobIdsKind::Hold, ids).await
     }
 
-    pub async fn release(&self, ids: &[u64], by_uid: u32) -> Result<Vec<JobOutcome>, ClientError> {
-        self.job_ids(JobIdsKind::Release, ids, by_uid).await
+    pub async fn release(&self, ids: &[u64]) -> Result<Vec<JobOutcome>, ClientError> {
+        self.job_ids(JobIdsKind::Release, ids).await
     }
 
     /// `scontrol update jobid=N ...` on a pending job.
-    pub async fn update_job(&self, id: u64, update: &drover_state::JobUpdate, by_uid: u32) -> Result<(), ClientError> {
+    pub async fn update_job(&self, id: u64, update: &drover_state::JobUpdate) -> Result<(), ClientError> {
         let update_json = serde_json::to_vec(update).map_err(|e| ClientError::Protocol(e.to_string()))?;
         self.call(|mut c| {
-            let request = UpdateJobRequest { job_id: id, by_uid, update_json: update_json.clone() };
+            let request = UpdateJobRequest { job_id: id, update_json: update_json.clone() };
             async move { c.update_job(request).await }
         })
         .await?;
@@ -217,18 +257,18 @@ impl Client {
     }
 
     /// `scontrol top`.
-    pub async fn top(&self, ids: &[u64], by_uid: u32) -> Result<Vec<JobOutcome>, ClientError> {
-        self.job_ids(JobIdsKind::Top, ids, by_uid).await
+    pub async fn top(&self, ids: &[u64]) -> Result<Vec<JobOutcome>, ClientError> {
+        self.job_ids(JobIdsKind::Top, ids).await
     }
 
     /// Accounts, QOS and reservations (`drover account`, `drover qos`, `scontrol ... reservation`).
     ///
     /// Not deduplicated like submissions: a retry after a lost reply may answer "already exists" for an add
     /// that did happen, which the caller can tell from a fresh `registry()`.
-    pub async fn admin(&self, op: &drover_state::AdminOp, by_uid: u32) -> Result<(), ClientError> {
+    pub async fn admin(&self, op: &drover_state::AdminOp) -> Result<(), ClientError> {
         let op_json = serde_json::to_vec(op).map_err(|e| ClientError::Protocol(e.to_string()))?;
         self.call(|mut c| {
-            let request = AdminRequest { op_json: op_json.clone(), by_uid };
+            let request = AdminRequest { op_json: op_json.clone() };
             async move { c.admin(request).await }
         })
         .await?;
@@ -293,8 +333,8 @@ impl Client {
     }
 
     /// `scancel --signal`: delivers `signal` to the running tasks of the jobs.
-    pub async fn signal(&self, ids: &[u64], signal: i32, by_uid: u32) -> Result<Vec<JobOutcome>, ClientError> {
-        let request = SignalJobsRequest { job_ids: ids.to_vec(), signal, by_uid };
+    pub async fn signal(&self, ids: &[u64], signal: i32) -> Result<Vec<JobOutcome>, ClientError> {
+        let request = SignalJobsRequest { job_ids: ids.to_vec(), signal };
         let reply = self
             .call(|mut c| {
                 let request = request.clone();
@@ -311,16 +351,15 @@ impl Client {
         incarnation: u64,
         exit_code: i32,
         signal: i32,
-        by_uid: u32,
     ) -> Result<(), ClientError> {
-        let request = CompleteJobRequest { job_id, incarnation, exit_code, signal, by_uid };
+        let request = CompleteJobRequest { job_id, incarnation, exit_code, signal };
         self.call(|mut c| async move { c.complete_job(request).await }).await?;
         Ok(())
     }
 
     /// Numbers a new step of a running job.
-    pub async fn create_step(&self, job_id: u64, by_uid: u32) -> Result<u32, ClientError> {
-        let reply = self.call(|mut c| async move { c.create_step(CreateStepRequest { job_id, by_uid }).await }).await?;
+    pub async fn create_step(&self, job_id: u64) -> Result<u32, ClientError> {
+        let reply = self.call(|mut c| async move { c.create_step(CreateStepRequest { job_id }).await }).await?;
         Ok(reply.step_id)
     }
 
@@ -342,7 +381,7 @@ impl Client {
 
     /// The leader's latest priorities and expected starts of pending jobs (all of them when `ids` is empty).
     pub async fn job_insights(&self, ids: &[u64]) -> Result<Vec<drover_proto::wire::JobInsight>, ClientError> {
-        let request = JobIdsRequest { job_ids: ids.to_vec(), by_uid: 0 };
+        let request = JobIdsRequest { job_ids: ids.to_vec() };
         let reply = self
             .call(|mut c| {
                 let request = request.clone();
@@ -361,6 +400,17 @@ impl Client {
         })
         .await?;
         Ok(())
+    }
+
+    /// The administrative change log (`drover audit`), from entry `from_id` on.
+    pub async fn audit(&self, from_id: u64, limit: u32) -> Result<Vec<drover_state::AuditEntry>, ClientError> {
+        let reply = self.call(|mut c| async move { c.list_audit(ListAuditRequest { from_id, limit }).await }).await?;
+        drover_proto::wire::decode(&reply.json).map_err(ClientError::Protocol)
+    }
+
+    /// Who the cluster says the caller is (`drover whoami`).
+    pub async fn who_am_i(&self) -> Result<WhoAmIReply, ClientError> {
+        self.call(|mut c| async move { c.who_am_i(Empty {}).await }).await
     }
 
     /// `scontrol update nodename=... state=drain|resume reason=...`.

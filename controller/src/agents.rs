@@ -182,6 +182,11 @@ impl AgentGateway for Gateway {
         if !hub.is_leader() {
             return Err(not_leader(hub.leader_addr().as_deref()));
         }
+        // The interceptor admitted agents only; this agent may speak for the node its certificate names, no other.
+        let certified = match drover_auth::tls::peer_role(&request)? {
+            drover_auth::tls::Role::Agent(node) => node,
+            other => return Err(Status::permission_denied(format!("{other} is not an agent"))),
+        };
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(Duration::from_millis(REGISTER_TIMEOUT_MS), inbound.message())
             .await
@@ -190,6 +195,12 @@ impl AgentGateway for Gateway {
         let AgentMessage::Register { info } = decode(&first.json).map_err(Status::invalid_argument)? else {
             return Err(Status::invalid_argument("the first message of a session must be Register"));
         };
+        if info.name != certified {
+            return Err(Status::permission_denied(format!(
+                "this agent's certificate is for node {certified}, not {}: issue it a certificate for its own name",
+                info.name
+            )));
+        }
         hub.register(&info).await?;
         let name = info.name.clone();
         hub.seen(&name);
@@ -304,7 +315,9 @@ fn drain_for_problems(hub: &Arc<AgentHub>, node: &str, problems: &[String]) {
         return;
     }
     let reason: Vec<&str> = problems.iter().take(8).map(String::as_str).collect();
-    let command = Command::DrainNodes { names: vec![node.to_string()], drain: true, reason: reason.join("; ") };
+    // The leader drains on the node's behalf, as uid 0 (audited as the controllers' own action).
+    let command =
+        Command::DrainNodes { names: vec![node.to_string()], drain: true, reason: reason.join("; "), by_uid: 0 };
     let hub = hub.clone();
     let node = node.to_string();
     tokio::spawn(async move {

@@ -16,9 +16,10 @@ use openraft::error::{ClientWriteError, RaftError};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use crate::network::endpoint;
+use crate::security::{Caller, Security};
 use crate::store::StateView;
 use crate::types::{Raft, ReplicaNode};
+use drover_state::AdminLevel;
 
 /// How long a write may wait for a quorum before the client is told to retry.
 const WRITE_TIMEOUT_MS: u64 = 3_000;
@@ -32,6 +33,8 @@ const MAX_IDS_PER_REQUEST: usize = 10_000;
 const MAX_REQUEST_ID_BYTES: usize = 128;
 /// Marks a forwarded call, so a follower never forwards twice.
 const FORWARDED_KEY: &str = "x-drover-forwarded";
+/// The most audit entries one listing returns.
+const MAX_LIST_AUDIT: usize = 10_000;
 
 pub struct Api {
     pub id: u64,
@@ -41,6 +44,8 @@ pub struct Api {
     insights: crate::scheduling::Insights,
     /// Forwarded calls leave from this replica's own address, like its Raft traffic.
     local_ip: Option<std::net::IpAddr>,
+    /// Verifies callers' credentials; makes the TLS connections to the leader.
+    security: std::sync::Arc<Security>,
     pub raft: Raft,
     pub view: StateView,
     peers: Mutex<HashMap<String, DroverServiceClient<Channel>>>,
@@ -98,8 +103,9 @@ impl Api {
         local_ip: Option<std::net::IpAddr>,
         hub: std::sync::Arc<crate::agents::AgentHub>,
         insights: crate::scheduling::Insights,
+        security: std::sync::Arc<Security>,
     ) -> Api {
-        Api { id, hub, insights, local_ip, raft, view, peers: Mutex::new(HashMap::new()) }
+        Api { id, hub, insights, local_ip, security, raft, view, peers: Mutex::new(HashMap::new()) }
     }
 
     /// The leader's id and address as this replica knows them.
@@ -125,22 +131,66 @@ impl Api {
         if let Some(client) = peers.get(addr) {
             return Ok(client.clone());
         }
-        let ep =
-            endpoint(addr, self.local_ip).map_err(|e| Status::internal(format!("bad leader address {addr}: {e}")))?;
-        let client = DroverServiceClient::new(ep.connect_lazy()).max_decoding_message_size(256 << 20);
+        let channel = self.security.controller_channel(addr, self.local_ip)?;
+        let client = DroverServiceClient::new(channel).max_decoding_message_size(256 << 20);
         peers.insert(addr.to_string(), client.clone());
         Ok(client)
     }
 
-    fn forwarded<T>(&self, message: T) -> Request<T> {
-        let mut request = Request::new(message);
-        request.set_timeout(Duration::from_millis(FORWARD_TIMEOUT_MS));
-        request.metadata_mut().insert(FORWARDED_KEY, "1".parse().expect("ascii"));
-        request
+    /// Sends a call on to the leader: the same message with the caller's credential (the leader verifies it
+    /// again), marked so the leader never forwards it further.
+    async fn forward<Req, Resp, F, Fut>(
+        &self,
+        addr: &str,
+        request: Request<Req>,
+        call: F,
+    ) -> Result<Response<Resp>, Status>
+    where
+        F: FnOnce(DroverServiceClient<Channel>, Request<Req>) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let credential = request.metadata().get(drover_auth::credential::CREDENTIAL_METADATA_KEY).cloned();
+        let mut forwarded = Request::new(request.into_inner());
+        forwarded.set_timeout(Duration::from_millis(FORWARD_TIMEOUT_MS));
+        forwarded.metadata_mut().insert(FORWARDED_KEY, "1".parse().expect("ascii"));
+        if let Some(credential) = credential {
+            forwarded.metadata_mut().insert(drover_auth::credential::CREDENTIAL_METADATA_KEY, credential);
+        }
+        call(self.peer(addr)?, forwarded).await.map_err(|s| forward_failed(addr, s))
     }
 
     async fn write(&self, command: Command) -> Result<Reply, Status> {
         commit(&self.raft, command).await
+    }
+
+    /// Refuses a command that the current state would refuse, without a log entry (`apply` decides again on the
+    /// state it commits on).
+    fn precheck(&self, command: &Command) -> Result<(), Status> {
+        match self.view.read().state.precheck(command, now_ms()) {
+            Ok(()) | Err(CommandError::NotInitialized) => Ok(()),
+            Err(e) => Err(command_error_status(&e)),
+        }
+    }
+
+    /// The caller's administrative level, from the replicated roles.
+    fn level(&self, caller: &Caller) -> AdminLevel {
+        self.view.read().state.level_of(caller.uid)
+    }
+
+    /// Refuses a caller below `needed` (the state machine checks again for everything it applies).
+    fn require(&self, caller: &Caller, needed: AdminLevel, what: &str) -> Result<(), Status> {
+        self.view.read().state.require_level(caller.uid, needed, what).map_err(|e| command_error_status(&e))
+    }
+
+    /// What one caller may see of another's job (Slurm's PrivateData): not its environment or arguments.
+    fn redact(&self, caller: &Caller, jobs: &mut [Job]) {
+        if self.level(caller) >= AdminLevel::Operator {
+            return;
+        }
+        for job in jobs.iter_mut().filter(|j| j.spec.uid != caller.uid) {
+            job.spec.environment.clear();
+            job.spec.script_args.clear();
+        }
     }
 
     /// Waits until this leader's state reflects every write acknowledged before the call (read index).
@@ -171,17 +221,18 @@ impl Api {
         call: &'static str,
     ) -> Result<Response<JobOutcomesReply>, Status> {
         if let Route::Forward(addr) = self.route(&request)? {
-            let mut peer = self.peer(&addr)?;
-            let message = request.into_inner();
-            let fwd = self.forwarded(message);
-            let result = match call {
-                "cancel" => peer.cancel_jobs(fwd).await,
-                "hold" => peer.hold_jobs(fwd).await,
-                "top" => peer.top_jobs(fwd).await,
-                _ => peer.release_jobs(fwd).await,
-            };
-            return result.map_err(|s| forward_failed(&addr, s));
+            return self
+                .forward(&addr, request, |mut peer, fwd| async move {
+                    match call {
+                        "cancel" => peer.cancel_jobs(fwd).await,
+                        "hold" => peer.hold_jobs(fwd).await,
+                        "top" => peer.top_jobs(fwd).await,
+                        _ => peer.release_jobs(fwd).await,
+                    }
+                })
+                .await;
         }
+        let caller = self.security.caller(&request)?;
         let message = request.into_inner();
         if message.job_ids.is_empty() || message.job_ids.len() > MAX_IDS_PER_REQUEST {
             return Err(Status::invalid_argument(format!(
@@ -189,7 +240,7 @@ impl Api {
                 message.job_ids.len()
             )));
         }
-        let reply = self.write(make(message.job_ids, message.by_uid)).await?;
+        let reply = self.write(make(message.job_ids, caller.uid)).await?;
         let Reply::Jobs(outcomes) = reply else {
             return Err(Status::internal("unexpected reply to a job command"));
         };
@@ -285,30 +336,47 @@ fn job_matches(job: &Job, ids: &[u64], users: &[String], states: &[JobState]) ->
         && (states.is_empty() || states.contains(&job.state))
 }
 
+/// A follower sends the call on to the leader (one hop) and returns its answer; the leader serves it below.
+macro_rules! forward_if_follower {
+    ($api:ident, $request:ident, $method:ident) => {
+        if let Route::Forward(addr) = $api.route(&$request)? {
+            return $api.forward(&addr, $request, |mut peer, fwd| async move { peer.$method(fwd).await }).await;
+        }
+    };
+}
+
+/// A linearizable read is served by the leader once it has confirmed its leadership; a stale one by any replica.
+macro_rules! linearizable_read {
+    ($api:ident, $request:ident, $method:ident) => {
+        if parse_consistency($request.get_ref().consistency) == ReadConsistency::Linearizable {
+            forward_if_follower!($api, $request, $method);
+            $api.linearize().await?;
+        }
+    };
+}
+
 #[tonic::async_trait]
 impl DroverService for Api {
     async fn submit_job(&self, request: Request<SubmitJobRequest>) -> Result<Response<SubmitJobReply>, Status> {
-        if let Route::Forward(addr) = self.route(&request)? {
-            let fwd = self.forwarded(request.into_inner());
-            return self.peer(&addr)?.submit_job(fwd).await.map_err(|s| forward_failed(&addr, s));
-        }
+        forward_if_follower!(self, request, submit_job);
+        let caller = self.security.caller(&request)?;
         let message = request.into_inner();
-        let spec: JobSpec = serde_json::from_slice(&message.spec_json)
+        let mut spec: JobSpec = serde_json::from_slice(&message.spec_json)
             .map_err(|e| Status::invalid_argument(format!("malformed job spec: {e}")))?;
+        // The job runs as whoever the credential says submitted it, whatever the spec claims.
+        spec.uid = caller.uid;
+        spec.gid = caller.gid;
+        spec.user = caller.user.clone();
         let rid = message.request_id;
         if rid.len() > MAX_REQUEST_ID_BYTES || !rid.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(Status::invalid_argument(format!(
                 "request_id must be at most {MAX_REQUEST_ID_BYTES} printable ASCII bytes"
             )));
         }
-        // Answer bad requests without a log entry; apply re-checks against the state it commits on.
-        if let Err(e) = self.view.read().state.validate_submit(&spec)
-            && e != CommandError::NotInitialized
-        {
-            return Err(command_error_status(&e));
-        }
         let request_id = if rid.is_empty() { None } else { Some(rid) };
-        match self.write(Command::SubmitJob { spec: Box::new(spec), request_id }).await? {
+        let command = Command::SubmitJob { spec: Box::new(spec), request_id };
+        self.precheck(&command)?;
+        match self.write(command).await? {
             Reply::Submitted { job_id, duplicate } => Ok(Response::new(SubmitJobReply { job_id, duplicate })),
             other => Err(internal("unexpected reply to submit", format!("{other:?}"))),
         }
@@ -327,13 +395,8 @@ impl DroverService for Api {
     }
 
     async fn get_job(&self, request: Request<GetJobRequest>) -> Result<Response<GetJobReply>, Status> {
-        if parse_consistency(request.get_ref().consistency) == ReadConsistency::Linearizable {
-            if let Route::Forward(addr) = self.route(&request)? {
-                let fwd = self.forwarded(request.into_inner());
-                return self.peer(&addr)?.get_job(fwd).await.map_err(|s| forward_failed(&addr, s));
-            }
-            self.linearize().await?;
-        }
+        linearizable_read!(self, request, get_job);
+        let caller = self.security.caller(&request)?;
         let message = request.into_inner();
         let job = self
             .view
@@ -341,22 +404,26 @@ impl DroverService for Api {
             .map_err(|e| internal("reading job", e))?
             .ok_or_else(|| command_error_status(&CommandError::InvalidJobId { id: message.job_id }))?;
         let script = if message.with_script {
+            if job.spec.uid != caller.uid && self.level(&caller) < AdminLevel::Operator {
+                return Err(command_error_status(&CommandError::PermissionDenied {
+                    id: job.id,
+                    owner: job.spec.uid,
+                    requester: caller.uid,
+                }));
+            }
             self.view.script(job.script_id()).map_err(|e| internal("reading script", e))?.unwrap_or_default()
         } else {
             String::new()
         };
-        let job_json = serde_json::to_vec(&job).map_err(|e| internal("encoding job", e))?;
+        let mut jobs = [job];
+        self.redact(&caller, &mut jobs);
+        let job_json = serde_json::to_vec(&jobs[0]).map_err(|e| internal("encoding job", e))?;
         Ok(Response::new(GetJobReply { job_json, script }))
     }
 
     async fn list_jobs(&self, request: Request<ListJobsRequest>) -> Result<Response<ListJobsReply>, Status> {
-        if parse_consistency(request.get_ref().consistency) == ReadConsistency::Linearizable {
-            if let Route::Forward(addr) = self.route(&request)? {
-                let fwd = self.forwarded(request.into_inner());
-                return self.peer(&addr)?.list_jobs(fwd).await.map_err(|s| forward_failed(&addr, s));
-            }
-            self.linearize().await?;
-        }
+        linearizable_read!(self, request, list_jobs);
+        let caller = self.security.caller(&request)?;
         let message = request.into_inner();
         let mut states = Vec::new();
         for name in &message.states {
@@ -392,6 +459,7 @@ impl DroverService for Api {
         }
         let truncated = jobs.len() > limit;
         jobs.truncate(limit);
+        self.redact(&caller, &mut jobs);
         let jobs_json = serde_json::to_vec(&jobs).map_err(|e| internal("encoding jobs", e))?;
         Ok(Response::new(ListJobsReply { jobs_json, truncated }))
     }
@@ -400,6 +468,11 @@ impl DroverService for Api {
         &self,
         request: Request<ClusterStatusRequest>,
     ) -> Result<Response<ClusterStatusReply>, Status> {
+        // Controllers ask each other (bootstrap, status gathering) with their certificates alone; everyone else
+        // needs a user credential, as for any other call.
+        if !self.security.peer_is_controller(&request) {
+            self.security.caller(&request)?;
+        }
         let local = self.local_status();
         let (pending, running, next_job_id) = {
             let applied = self.view.read();
@@ -447,20 +520,21 @@ impl DroverService for Api {
     }
 
     async fn add_replica(&self, request: Request<AddReplicaRequest>) -> Result<Response<MembershipReply>, Status> {
-        if let Route::Forward(addr) = self.route(&request)? {
-            let fwd = self.forwarded(request.into_inner());
-            return self.peer(&addr)?.add_replica(fwd).await.map_err(|s| forward_failed(&addr, s));
-        }
+        forward_if_follower!(self, request, add_replica);
+        let caller = self.security.caller(&request)?;
+        self.require(&caller, AdminLevel::Administrator, "changing the replica membership")?;
         let message = request.into_inner();
         if message.address.parse::<std::net::SocketAddr>().is_err() {
             return Err(Status::invalid_argument(format!("{:?} is not an IP:port address", message.address)));
         }
+        let detail = format!("id={} address={}", message.id, message.address);
         // Learner first: it catches up (log or snapshot) without counting towards the quorum, and only then
         // becomes a voter, so adding a slow or empty replica never stalls commits.
         let node = ReplicaNode { addr: message.address };
         self.raft.add_learner(message.id, node, true).await.map_err(write_error)?;
         let voters: std::collections::BTreeSet<u64> = [message.id].into();
         self.raft.change_membership(openraft::ChangeMembers::AddVoterIds(voters), false).await.map_err(write_error)?;
+        self.record_audit(&caller, "add_replica", detail).await;
         Ok(Response::new(self.membership()))
     }
 
@@ -468,10 +542,9 @@ impl DroverService for Api {
         &self,
         request: Request<RemoveReplicaRequest>,
     ) -> Result<Response<MembershipReply>, Status> {
-        if let Route::Forward(addr) = self.route(&request)? {
-            let fwd = self.forwarded(request.into_inner());
-            return self.peer(&addr)?.remove_replica(fwd).await.map_err(|s| forward_failed(&addr, s));
-        }
+        forward_if_follower!(self, request, remove_replica);
+        let caller = self.security.caller(&request)?;
+        self.require(&caller, AdminLevel::Administrator, "changing the replica membership")?;
         let id = request.into_inner().id;
         let membership = self.membership();
         if !membership.voters.contains(&id) && !membership.learners.contains(&id) {
@@ -489,13 +562,13 @@ impl DroverService for Api {
         if self.membership().learners.contains(&id) {
             self.raft.change_membership(openraft::ChangeMembers::RemoveNodes(ids), false).await.map_err(write_error)?;
         }
+        self.record_audit(&caller, "remove_replica", format!("id={id}")).await;
         Ok(Response::new(self.membership()))
     }
+
     async fn signal_jobs(&self, request: Request<SignalJobsRequest>) -> Result<Response<JobOutcomesReply>, Status> {
-        if let Route::Forward(addr) = self.route(&request)? {
-            let fwd = self.forwarded(request.into_inner());
-            return self.peer(&addr)?.signal_jobs(fwd).await.map_err(|s| forward_failed(&addr, s));
-        }
+        forward_if_follower!(self, request, signal_jobs);
+        let caller = self.security.caller(&request)?;
         let message = request.into_inner();
         if !(1..=64).contains(&message.signal) {
             return Err(Status::invalid_argument(format!("Invalid signal {}", message.signal)));
@@ -504,13 +577,14 @@ impl DroverService for Api {
             return Err(Status::invalid_argument(format!("name between 1 and {MAX_IDS_PER_REQUEST} job ids")));
         }
         self.linearize().await?;
+        let privileged = self.level(&caller) >= AdminLevel::Operator;
         let mut outcomes = Vec::new();
         for id in message.job_ids {
             let job = self.view.read().state.job(id).cloned();
             let error = match job {
                 None => CommandError::InvalidJobId { id }.to_string(),
-                Some(job) if message.by_uid != 0 && message.by_uid != job.spec.uid => {
-                    CommandError::PermissionDenied { id, owner: job.spec.uid, requester: message.by_uid }.to_string()
+                Some(job) if !privileged && caller.uid != job.spec.uid => {
+                    CommandError::PermissionDenied { id, owner: job.spec.uid, requester: caller.uid }.to_string()
                 }
                 Some(job) if job.nodes.is_empty() => {
                     format!("Job {id} is pending execution: it has no tasks to signal")
@@ -526,18 +600,16 @@ impl DroverService for Api {
     }
 
     async fn complete_job(&self, request: Request<CompleteJobRequest>) -> Result<Response<Empty>, Status> {
-        if let Route::Forward(addr) = self.route(&request)? {
-            let fwd = self.forwarded(request.into_inner());
-            return self.peer(&addr)?.complete_job(fwd).await.map_err(|s| forward_failed(&addr, s));
-        }
+        forward_if_follower!(self, request, complete_job);
+        let caller = self.security.caller(&request)?;
         let m = request.into_inner();
         let job = self.view.read().state.job(m.job_id).cloned();
         let job = job.ok_or_else(|| command_error_status(&CommandError::AlreadyFinished { id: m.job_id }))?;
-        if m.by_uid != 0 && m.by_uid != job.spec.uid {
+        if caller.uid != job.spec.uid && self.level(&caller) < AdminLevel::Operator {
             return Err(command_error_status(&CommandError::PermissionDenied {
                 id: m.job_id,
                 owner: job.spec.uid,
-                requester: m.by_uid,
+                requester: caller.uid,
             }));
         }
         if !job.spec.interactive {
@@ -552,25 +624,18 @@ impl DroverService for Api {
     }
 
     async fn create_step(&self, request: Request<CreateStepRequest>) -> Result<Response<CreateStepReply>, Status> {
-        if let Route::Forward(addr) = self.route(&request)? {
-            let fwd = self.forwarded(request.into_inner());
-            return self.peer(&addr)?.create_step(fwd).await.map_err(|s| forward_failed(&addr, s));
-        }
+        forward_if_follower!(self, request, create_step);
+        let caller = self.security.caller(&request)?;
         let m = request.into_inner();
-        match self.write(Command::CreateStep { job_id: m.job_id, by_uid: m.by_uid }).await? {
+        match self.write(Command::CreateStep { job_id: m.job_id, by_uid: caller.uid }).await? {
             Reply::Step { step_id } => Ok(Response::new(CreateStepReply { step_id })),
             other => Err(internal("unexpected reply to create step", format!("{other:?}"))),
         }
     }
 
     async fn list_nodes(&self, request: Request<ListNodesRequest>) -> Result<Response<ListNodesReply>, Status> {
-        if parse_consistency(request.get_ref().consistency) == ReadConsistency::Linearizable {
-            if let Route::Forward(addr) = self.route(&request)? {
-                let fwd = self.forwarded(request.into_inner());
-                return self.peer(&addr)?.list_nodes(fwd).await.map_err(|s| forward_failed(&addr, s));
-            }
-            self.linearize().await?;
-        }
+        linearizable_read!(self, request, list_nodes);
+        self.security.caller(&request)?;
         let (nodes, config): (Vec<drover_state::Node>, _) = {
             let applied = self.view.read();
             (applied.state.nodes.values().cloned().collect(), applied.state.config().cloned())
@@ -581,10 +646,8 @@ impl DroverService for Api {
     }
 
     async fn job_insights(&self, request: Request<JobIdsRequest>) -> Result<Response<InsightsReply>, Status> {
-        if let Route::Forward(addr) = self.route(&request)? {
-            let fwd = self.forwarded(request.into_inner());
-            return self.peer(&addr)?.job_insights(fwd).await.map_err(|s| forward_failed(&addr, s));
-        }
+        forward_if_follower!(self, request, job_insights);
+        self.security.caller(&request)?;
         let ids = request.into_inner().job_ids;
         let mut list: Vec<drover_proto::wire::JobInsight> = {
             let latest = self.insights.read().expect("insights lock poisoned");
@@ -599,36 +662,31 @@ impl DroverService for Api {
     }
 
     async fn update_partition(&self, request: Request<UpdatePartitionRequest>) -> Result<Response<Empty>, Status> {
-        if let Route::Forward(addr) = self.route(&request)? {
-            let fwd = self.forwarded(request.into_inner());
-            return self.peer(&addr)?.update_partition(fwd).await.map_err(|s| forward_failed(&addr, s));
-        }
+        forward_if_follower!(self, request, update_partition);
+        let caller = self.security.caller(&request)?;
         let update: drover_state::PartitionUpdate = serde_json::from_slice(&request.into_inner().update_json)
             .map_err(|e| Status::invalid_argument(format!("malformed partition update: {e}")))?;
-        self.write(Command::UpdatePartition { update }).await?;
+        let command = Command::UpdatePartition { update, by_uid: caller.uid };
+        self.precheck(&command)?;
+        self.write(command).await?;
         Ok(Response::new(Empty {}))
     }
 
     async fn admin(&self, request: Request<AdminRequest>) -> Result<Response<Empty>, Status> {
-        if let Route::Forward(addr) = self.route(&request)? {
-            let fwd = self.forwarded(request.into_inner());
-            return self.peer(&addr)?.admin(fwd).await.map_err(|s| forward_failed(&addr, s));
-        }
+        forward_if_follower!(self, request, admin);
+        let caller = self.security.caller(&request)?;
         let message = request.into_inner();
         let op: drover_state::AdminOp = serde_json::from_slice(&message.op_json)
             .map_err(|e| Status::invalid_argument(format!("malformed administrative request: {e}")))?;
-        self.write(Command::Admin { op, by_uid: message.by_uid }).await?;
+        let command = Command::Admin { op, by_uid: caller.uid };
+        self.precheck(&command)?;
+        self.write(command).await?;
         Ok(Response::new(Empty {}))
     }
 
     async fn get_registry(&self, request: Request<GetRegistryRequest>) -> Result<Response<GetRegistryReply>, Status> {
-        if parse_consistency(request.get_ref().consistency) == ReadConsistency::Linearizable {
-            if let Route::Forward(addr) = self.route(&request)? {
-                let fwd = self.forwarded(request.into_inner());
-                return self.peer(&addr)?.get_registry(fwd).await.map_err(|s| forward_failed(&addr, s));
-            }
-            self.linearize().await?;
-        }
+        linearizable_read!(self, request, get_registry);
+        self.security.caller(&request)?;
         let now_ms = now_ms();
         let registry = {
             let applied = self.view.read();
@@ -638,6 +696,7 @@ impl DroverService for Api {
                 qos: state.all_qos(),
                 reservations: state.reservations.values().filter(|r| !r.ended_at(now_ms)).cloned().collect(),
                 shares: crate::planner::share_rows(state, now_ms),
+                roles: state.roles.values().cloned().collect(),
                 now_ms,
             }
         };
@@ -645,14 +704,12 @@ impl DroverService for Api {
     }
 
     async fn update_job(&self, request: Request<UpdateJobRequest>) -> Result<Response<Empty>, Status> {
-        if let Route::Forward(addr) = self.route(&request)? {
-            let fwd = self.forwarded(request.into_inner());
-            return self.peer(&addr)?.update_job(fwd).await.map_err(|s| forward_failed(&addr, s));
-        }
+        forward_if_follower!(self, request, update_job);
+        let caller = self.security.caller(&request)?;
         let message = request.into_inner();
         let update: drover_state::JobUpdate = serde_json::from_slice(&message.update_json)
             .map_err(|e| Status::invalid_argument(format!("malformed job update: {e}")))?;
-        self.write(Command::UpdateJob { id: message.job_id, by_uid: message.by_uid, update }).await?;
+        self.write(Command::UpdateJob { id: message.job_id, by_uid: caller.uid, update }).await?;
         Ok(Response::new(Empty {}))
     }
 
@@ -661,17 +718,51 @@ impl DroverService for Api {
     }
 
     async fn drain_nodes(&self, request: Request<DrainNodesRequest>) -> Result<Response<Empty>, Status> {
-        if let Route::Forward(addr) = self.route(&request)? {
-            let fwd = self.forwarded(request.into_inner());
-            return self.peer(&addr)?.drain_nodes(fwd).await.map_err(|s| forward_failed(&addr, s));
-        }
+        forward_if_follower!(self, request, drain_nodes);
+        let caller = self.security.caller(&request)?;
         let m = request.into_inner();
-        self.write(Command::DrainNodes { names: m.names, drain: m.drain, reason: m.reason }).await?;
+        let command = Command::DrainNodes { names: m.names, drain: m.drain, reason: m.reason, by_uid: caller.uid };
+        self.precheck(&command)?;
+        self.write(command).await?;
         Ok(Response::new(Empty {}))
+    }
+
+    async fn list_audit(&self, request: Request<ListAuditRequest>) -> Result<Response<ListAuditReply>, Status> {
+        forward_if_follower!(self, request, list_audit);
+        let caller = self.security.caller(&request)?;
+        self.require(&caller, AdminLevel::Operator, "reading the audit log")?;
+        self.linearize().await?;
+        let m = request.into_inner();
+        let limit = match m.limit as usize {
+            0 => MAX_LIST_AUDIT,
+            n => n.min(MAX_LIST_AUDIT),
+        };
+        let entries = self.view.audit(m.from_id.max(1), limit).map_err(|e| internal("reading the audit log", e))?;
+        Ok(Response::new(ListAuditReply { json: drover_proto::wire::encode(&entries) }))
+    }
+
+    async fn who_am_i(&self, request: Request<Empty>) -> Result<Response<WhoAmIReply>, Status> {
+        let caller = self.security.caller(&request)?;
+        let level = self.level(&caller);
+        Ok(Response::new(WhoAmIReply {
+            uid: caller.uid,
+            gid: caller.gid,
+            user: caller.user,
+            admin_level: level.name().to_string(),
+        }))
     }
 }
 
 impl Api {
+    /// Records a change made outside the state machine (membership) in the audit log. The change already took
+    /// effect, so a failure to record it is logged rather than reported as the change failing.
+    async fn record_audit(&self, caller: &Caller, action: &str, detail: String) {
+        let command = Command::RecordAudit { by_uid: caller.uid, action: action.to_string(), detail };
+        if let Err(e) = self.write(command).await {
+            tracing::error!(uid = caller.uid, action, "the audit entry was not recorded: {}", e.message());
+        }
+    }
+
     fn membership(&self) -> MembershipReply {
         let m = self.raft.metrics().borrow_watched().clone();
         let membership = m.membership_config.membership();

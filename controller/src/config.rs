@@ -28,6 +28,8 @@ pub struct ControllerConfig {
     /// The cluster configuration the first leader commits (partitions, limits).
     #[serde(default)]
     pub cluster: ClusterConfig,
+    /// The cluster key and this replica's TLS certificate (required: every port is mutual TLS).
+    pub security: crate::security::SecurityConfig,
 }
 
 /// Raft timing and log-size knobs, with defaults sized for sub-second failover on a LAN.

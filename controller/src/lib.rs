@@ -7,6 +7,7 @@ pub mod network;
 pub mod planner;
 pub mod raft_service;
 pub mod scheduling;
+pub mod security;
 pub mod server;
 pub mod store;
 pub mod types;

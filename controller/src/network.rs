@@ -5,6 +5,7 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use drover_auth::tls::RoleKind;
 use drover_proto::v1::raft_service_client::RaftServiceClient;
 use drover_proto::v1::{RaftReply, RaftRequest, SnapshotChunk};
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
@@ -12,7 +13,7 @@ use openraft::network::{RPCOption, RaftNetworkFactory, v2::RaftNetworkV2};
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::store::SnapshotFile;
 use crate::types::{ReplicaNode, SnapshotMeta, TypeConfig, Vote};
@@ -32,10 +33,12 @@ pub struct SnapshotHeader {
 }
 
 /// Makes one client per peer. `local_ip` binds outgoing connections to this replica's own address, so that a
-/// host or a test can cut a replica off by address.
+/// host or a test can cut a replica off by address. Every connection is mutual TLS and the peer's certificate
+/// must be a controller's.
 #[derive(Clone)]
 pub struct Network {
     pub local_ip: Option<IpAddr>,
+    pub security: std::sync::Arc<crate::security::Security>,
 }
 
 pub struct PeerClient {
@@ -43,21 +46,21 @@ pub struct PeerClient {
     addr: String,
     client: Option<RaftServiceClient<Channel>>,
     local_ip: Option<IpAddr>,
+    security: std::sync::Arc<crate::security::Security>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: u64, node: &ReplicaNode) -> PeerClient {
-        PeerClient { target, addr: node.addr.clone(), client: None, local_ip: self.local_ip }
+        PeerClient {
+            target,
+            addr: node.addr.clone(),
+            client: None,
+            local_ip: self.local_ip,
+            security: self.security.clone(),
+        }
     }
-}
-
-pub fn endpoint(addr: &str, local_ip: Option<IpAddr>) -> Result<Endpoint, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
-        .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
-        .tcp_nodelay(true)
-        .local_address(local_ip))
 }
 
 fn encode<T: Serialize>(value: &T) -> RaftRequest {
@@ -67,9 +70,18 @@ fn encode<T: Serialize>(value: &T) -> RaftRequest {
 impl PeerClient {
     fn client(&mut self) -> Result<RaftServiceClient<Channel>, RPCError<TypeConfig>> {
         if self.client.is_none() {
-            let ep = endpoint(&self.addr, self.local_ip).map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
             // Lazy: the first request connects, and a broken connection reconnects by itself.
-            self.client = Some(RaftServiceClient::new(ep.connect_lazy()).max_decoding_message_size(256 << 20));
+            let channel = self
+                .security
+                .client_tls
+                .channel(
+                    &self.addr,
+                    self.local_ip,
+                    Duration::from_millis(CONNECT_TIMEOUT_MS),
+                    Some(RoleKind::Controller),
+                )
+                .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
+            self.client = Some(RaftServiceClient::new(channel).max_decoding_message_size(256 << 20));
         }
         Ok(self.client.clone().expect("set above"))
     }

@@ -88,7 +88,7 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
             });
         } else if job.state == JobState::Pending {
             let spec = &job.spec;
-            let per_node_tasks = spec.tasks_per_node(spec.min_nodes).into_iter().max().unwrap_or(1);
+            let per_node_tasks = spec.max_tasks_per_node(spec.min_nodes);
             pending.push(sched::PendingJob {
                 id: job.id,
                 submit_s: job.submit_time_ms / 1_000,
@@ -374,7 +374,8 @@ mod tests {
 
     fn cluster() -> State {
         let mut state = State::default();
-        state.apply(&at(0, Command::InitCluster { config: ClusterConfig::default() }));
+        let config = ClusterConfig { allow_root_jobs: true, ..ClusterConfig::default() };
+        state.apply(&at(0, Command::InitCluster { config }));
         for (name, switch) in [("n1", "s1"), ("n2", "s2"), ("n3", "s1"), ("n4", "s2")] {
             state.apply(&at(1, Command::RegisterNode { info: node(name, 8, switch) })).response.unwrap();
         }
@@ -425,7 +426,7 @@ mod tests {
     #[test]
     fn fair_share_through_the_replicated_state_converges_to_the_shares() {
         let mut state = State::default();
-        let config = ClusterConfig { fairshare_half_life_s: 3_600, ..ClusterConfig::default() };
+        let config = ClusterConfig { fairshare_half_life_s: 3_600, allow_root_jobs: true, ..ClusterConfig::default() };
         state.apply(&at(0, Command::InitCluster { config }));
         for (name, switch) in [("n1", "s1"), ("n2", "s2"), ("n3", "s1"), ("n4", "s2")] {
             state.apply(&at(1, Command::RegisterNode { info: node(name, 8, switch) })).response.unwrap();

@@ -19,10 +19,13 @@ use tokio::sync::watch;
 use crate::agents::{AgentHub, Gateway};
 use crate::api::Api;
 use crate::config::ControllerConfig;
-use crate::network::{Network, endpoint};
+use crate::network::Network;
 use crate::raft_service::RaftServer;
+use crate::security::require_peer;
 use crate::store::{LogStore, StateMachineStore, StateView, open_db};
 use crate::types::{Raft, ReplicaNode};
+use drover_auth::tls::RoleKind;
+use tonic::service::interceptor::InterceptedService;
 
 /// Largest gRPC message accepted: a 4 MiB script plus its environment and JSON overhead.
 const MAX_MESSAGE_BYTES: usize = 16 << 20;
@@ -39,6 +42,8 @@ pub enum StartError {
     Raft(String),
     #[error("cannot listen on {addr}: {message}")]
     Listen { addr: String, message: String },
+    #[error(transparent)]
+    Security(#[from] crate::security::SecurityError),
 }
 
 /// A running replica.
@@ -58,13 +63,16 @@ impl Controller {
             message: e.to_string(),
         })?;
         let view = sm.view();
+        // After the data directory (whose problems are the more urgent to report), before anything listens.
+        let security = crate::security::Security::load(&config.security)?;
         let raft_config = Arc::new(config.openraft_config().map_err(StartError::RaftConfig)?);
         let listen: SocketAddr = config.listen.parse().map_err(|e: std::net::AddrParseError| StartError::Listen {
             addr: config.listen.clone(),
             message: e.to_string(),
         })?;
         let local_ip = Some(listen.ip()).filter(|ip| !ip.is_unspecified());
-        let raft = Raft::new(config.id, raft_config, Network { local_ip }, LogStore::new(db.clone()), sm)
+        let network = Network { local_ip, security: security.clone() };
+        let raft = Raft::new(config.id, raft_config, network, LogStore::new(db.clone()), sm)
             .await
             .map_err(|e| StartError::Raft(e.to_string()))?;
 
@@ -80,29 +88,27 @@ impl Controller {
             RaftServer { raft: raft.clone(), snapshot_dir: db.snapshot_dir(), received: AtomicU64::new(0) };
         let hub = AgentHub::new(config.id, raft.clone(), view.clone(), config.agents.clone());
         let insights = crate::scheduling::Insights::default();
-        let api = Api::new(config.id, raft.clone(), view.clone(), local_ip, hub.clone(), insights.clone());
+        let api =
+            Api::new(config.id, raft.clone(), view.clone(), local_ip, hub.clone(), insights.clone(), security.clone());
+        // Only controllers speak Raft and only agents open agent sessions: a client certificate is refused
+        // there before any message is decoded.
+        let raft_service = RaftServiceServer::new(raft_server).max_decoding_message_size(256 << 20);
+        let gateway = AgentGatewayServer::new(Gateway(hub.clone()))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(256 << 20);
         let router = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             // Bound concurrent streams per connection so one client cannot hog a replica.
             .max_concurrent_streams(1024)
-            .add_service(RaftServiceServer::new(raft_server).max_decoding_message_size(256 << 20))
-            .add_service(
-                AgentGatewayServer::new(Gateway(hub.clone()))
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                    .max_encoding_message_size(256 << 20),
-            )
+            .add_service(InterceptedService::new(raft_service, require_peer(RoleKind::Controller)))
+            .add_service(InterceptedService::new(gateway, require_peer(RoleKind::Agent)))
             .add_service(
                 DroverServiceServer::new(api)
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)
                     .max_encoding_message_size(256 << 20),
             );
-        // The builder's tcp_nodelay applies only to listeners tonic binds itself; accepted sockets of our own
-        // listener need it set here, or Nagle's algorithm holds small replies for a delayed ACK (~40 ms).
-        let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |s| {
-            s.inspect(|stream| {
-                let _ = stream.set_nodelay(true);
-            })
-        });
+        // Mutual TLS on every connection (the accept loop also sets TCP_NODELAY on accepted sockets).
+        let incoming = drover_auth::tls::incoming(listener, security.server_tls.clone());
         tokio::spawn(async move {
             let stop = async move {
                 let _ = shutdown_rx.wait_for(|s| *s).await;
@@ -112,7 +118,7 @@ impl Controller {
             }
         });
 
-        tokio::spawn(bootstrap(raft.clone(), config.id, config.initial_members.clone()));
+        tokio::spawn(bootstrap(raft.clone(), config.id, config.initial_members.clone(), security.clone()));
         tokio::spawn(leader_duties(raft.clone(), view.clone(), config.id, config.cluster.clone()));
         tokio::spawn(crate::agents::leader_loops(hub));
         tokio::spawn(crate::scheduling::scheduling_loop(raft.clone(), view.clone(), config.id, insights));
@@ -142,7 +148,7 @@ impl Controller {
 /// Initializes a brand-new cluster exactly once: only the lowest-id founder does it, only on an empty data
 /// directory, and only after every founder answered that it holds no data. A restarted or wiped replica finds
 /// initialized peers and waits to be replicated to instead.
-async fn bootstrap(raft: Raft, id: u64, founders: BTreeMap<u64, String>) {
+async fn bootstrap(raft: Raft, id: u64, founders: BTreeMap<u64, String>, security: Arc<crate::security::Security>) {
     if founders.keys().next() != Some(&id) {
         return;
     }
@@ -153,7 +159,7 @@ async fn bootstrap(raft: Raft, id: u64, founders: BTreeMap<u64, String>) {
         }
         let mut all_fresh = true;
         for (peer, addr) in founders.iter().filter(|(p, _)| **p != id) {
-            match peer_is_fresh(addr).await {
+            match peer_is_fresh(&security, addr).await {
                 Some(true) => {}
                 Some(false) => {
                     tracing::info!(peer, "a founder already holds cluster data; not initializing");
@@ -176,8 +182,8 @@ async fn bootstrap(raft: Raft, id: u64, founders: BTreeMap<u64, String>) {
 }
 
 /// `Some(true)` if the replica at `addr` answered and has no log and no term; `None` if it did not answer.
-async fn peer_is_fresh(addr: &str) -> Option<bool> {
-    let channel = endpoint(addr, None).ok()?.connect().await.ok()?;
+async fn peer_is_fresh(security: &crate::security::Security, addr: &str) -> Option<bool> {
+    let channel = security.controller_channel(addr, None).ok()?;
     let mut client = DroverServiceClient::new(channel);
     let mut request = tonic::Request::new(ClusterStatusRequest { local_only: true });
     request.set_timeout(Duration::from_millis(1_000));

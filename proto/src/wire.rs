@@ -57,8 +57,6 @@ impl Assignment {
 pub struct StepLaunch {
     pub job_id: JobId,
     pub step_id: u32,
-    /// The requester (checked against the job's owner).
-    pub uid: u32,
     pub argv: Vec<String>,
     /// Variables srun passes on (`--export`), on top of what the agent sets for Slurm and torch.
     pub env: Vec<(String, String)>,
@@ -132,6 +130,9 @@ pub struct Registry {
     pub qos: Vec<drover_state::Qos>,
     pub reservations: Vec<drover_state::Reservation>,
     pub shares: Vec<ShareRow>,
+    /// Operators and administrators (`drover admin list`).
+    #[serde(default)]
+    pub roles: Vec<drover_state::RoleGrant>,
     /// The replica's clock when it answered (reservation states are judged against it).
     pub now_ms: u64,
 }

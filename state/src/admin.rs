@@ -1,5 +1,5 @@
-//! Administrative commands on the replicated registry of accounts, QOS and advance reservations
-//! (`drover account`, `drover qos`, `scontrol create/update/delete reservation`).
+//! Administrative commands on the replicated registry of accounts, QOS, advance reservations and roles
+//! (`drover account`, `drover qos`, `scontrol create/update/delete reservation`, `drover admin grant`).
 //!
 //! Each is checked in full before anything changes, so a refused command leaves the state as it was.
 
@@ -10,6 +10,7 @@ use crate::command::Reply;
 use crate::error::CommandError;
 use crate::qos::{DEFAULT_QOS, MAX_QOS, Qos};
 use crate::reservation::{MAX_RESERVATIONS, Reservation, ReservationUpdate};
+use crate::role::{AdminLevel, MAX_ROLE_GRANTS, RoleGrant};
 use crate::state::{Change, State};
 
 /// Longest name of an account, QOS or reservation.
@@ -29,6 +30,8 @@ pub enum AdminOp {
     CreateReservation(Reservation),
     UpdateReservation(ReservationUpdate),
     DeleteReservation(String),
+    /// Grants an administrative level to a uid; `AdminLevel::None` takes it away.
+    SetRole(RoleGrant),
 }
 
 impl AdminOp {
@@ -42,6 +45,7 @@ impl AdminOp {
             AdminOp::CreateReservation(_) => "create_reservation",
             AdminOp::UpdateReservation(_) => "update_reservation",
             AdminOp::DeleteReservation(_) => "delete_reservation",
+            AdminOp::SetRole(_) => "set_role",
         }
     }
 }
@@ -52,6 +56,7 @@ pub enum Object {
     Account(Account),
     Qos(Qos),
     Reservation(Reservation),
+    Role(RoleGrant),
 }
 
 impl Object {
@@ -61,6 +66,7 @@ impl Object {
             Object::Account(a) => format!("account/{}", a.name),
             Object::Qos(q) => format!("qos/{}", q.name),
             Object::Reservation(r) => format!("reservation/{}", r.name),
+            Object::Role(g) => format!("role/{}", g.uid),
         }
     }
 }
@@ -86,9 +92,7 @@ impl State {
         now_ms: u64,
         changes: &mut Vec<Change>,
     ) -> Result<Reply, CommandError> {
-        if by_uid != 0 {
-            return Err(CommandError::AdminOnly { uid: by_uid, what: op.kind().replace('_', " ") });
-        }
+        self.require_level(by_uid, AdminLevel::Administrator, &op.kind().replace('_', " "))?;
         match op {
             AdminOp::AddAccount(update) => self.add_account(update, changes),
             AdminOp::ModifyAccount(update) => self.modify_account(update, changes),
@@ -102,8 +106,32 @@ impl State {
                 changes.push(Change::DeleteObject(Object::Reservation(r).key()));
                 Ok(())
             }
+            AdminOp::SetRole(grant) => self.set_role(grant, changes),
         }?;
         Ok(Reply::Nothing)
+    }
+
+    fn set_role(&mut self, grant: &RoleGrant, changes: &mut Vec<Change>) -> Result<(), CommandError> {
+        if grant.uid == 0 {
+            return Err(CommandError::InvalidRequest("root is always an administrator; its role cannot change".into()));
+        }
+        if grant.user.len() > MAX_NAME_BYTES {
+            return Err(CommandError::InvalidRequest(format!("user name longer than {MAX_NAME_BYTES} bytes")));
+        }
+        if grant.level == AdminLevel::None {
+            if let Some(old) = self.roles.remove(&grant.uid) {
+                changes.push(Change::DeleteObject(Object::Role(old).key()));
+            }
+            return Ok(());
+        }
+        if !self.roles.contains_key(&grant.uid) && self.roles.len() >= MAX_ROLE_GRANTS {
+            return Err(CommandError::InvalidRequest(format!(
+                "the cluster already holds {MAX_ROLE_GRANTS} role grants"
+            )));
+        }
+        changes.push(Change::PutObject(Object::Role(grant.clone())));
+        self.roles.insert(grant.uid, grant.clone());
+        Ok(())
     }
 
     fn put_account(&mut self, account: Account, changes: &mut Vec<Change>) {

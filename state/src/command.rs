@@ -52,11 +52,15 @@ pub enum Command {
         name: String,
         reason: String,
     },
-    /// `scontrol update nodename=X state=drain|resume reason=...`, or a GPU health problem.
+    /// `scontrol update nodename=X state=drain|resume reason=...` (operators), or a GPU health problem (the
+    /// leader, as uid 0).
     DrainNodes {
         names: Vec<String>,
         drain: bool,
         reason: String,
+        /// Entries written before roles existed carry none: they were root's.
+        #[serde(default)]
+        by_uid: u32,
     },
     /// The scheduler's plan: allocations to start and new pending reasons. `apply` re-checks every allocation
     /// against the current state and skips those that no longer fit, so a stale plan never double-books.
@@ -70,9 +74,12 @@ pub enum Command {
         incarnation: u64,
         end: JobEnd,
     },
-    /// `scontrol update partitionname=...`: state (UP, DOWN, DRAIN, INACTIVE), nodes and limits, at run time.
+    /// `scontrol update partitionname=...`: state (UP, DOWN, DRAIN, INACTIVE), nodes and limits, at run time
+    /// (administrators).
     UpdatePartition {
         update: PartitionUpdate,
+        #[serde(default)]
+        by_uid: u32,
     },
     /// `srun` inside a job: numbers a new step.
     CreateStep {
@@ -94,6 +101,13 @@ pub enum Command {
     TopJobs {
         ids: Vec<JobId>,
         by_uid: u32,
+    },
+    /// An administrative change made outside the state machine (replica membership, through openraft), recorded
+    /// in the audit log after it took effect. Proposed only by the controller that made the change.
+    RecordAudit {
+        by_uid: u32,
+        action: String,
+        detail: String,
     },
 }
 
@@ -148,6 +162,7 @@ impl Command {
             Command::Admin { op, .. } => op.kind(),
             Command::TopJobs { .. } => "top_jobs",
             Command::UpdateJob { .. } => "update_job",
+            Command::RecordAudit { .. } => "record_audit",
         }
     }
 }

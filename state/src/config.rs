@@ -143,6 +143,9 @@ pub struct Limits {
     pub max_active_jobs: u64,
     /// Slurm's `MaxArraySize`: array task ids must be below it (and an array has at most this many tasks).
     pub max_array_size: u32,
+    /// Slurm's `MaxSubmitJobs` per user: the most pending or running jobs one user may hold, so that one user
+    /// (or one runaway script) cannot fill the queue for everyone.
+    pub max_jobs_per_user: u64,
 }
 
 impl Default for Limits {
@@ -152,6 +155,7 @@ impl Default for Limits {
             max_environment_bytes: 1024 * 1024,
             max_active_jobs: 2_000_000,
             max_array_size: 1001,
+            max_jobs_per_user: 100_000,
         }
     }
 }
@@ -208,6 +212,9 @@ pub struct ClusterConfig {
     #[serde(default = "default_half_life_s")]
     pub fairshare_half_life_s: u64,
     pub scheduler: SchedulerSettings,
+    /// Whether jobs may run as root (uid 0). Off by default: a job runs with its submitter's identity on every
+    /// node, so root jobs are root on every GPU node.
+    pub allow_root_jobs: bool,
 }
 
 impl ClusterConfig {
@@ -241,6 +248,7 @@ impl Default for ClusterConfig {
             limits: Limits::default(),
             fairshare_half_life_s: DEFAULT_HALF_LIFE_S,
             scheduler: SchedulerSettings::default(),
+            allow_root_jobs: false,
         }
         .normalized()
     }

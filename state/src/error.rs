@@ -46,8 +46,10 @@ pub enum CommandError {
     StaleReport { id: JobId, incarnation: u64, why: String },
     #[error("Job {id} is not running (state {state})")]
     NotRunning { id: JobId, state: String },
-    #[error("Access/permission denied: only root may {what} (requested by uid {uid})")]
-    AdminOnly { uid: u32, what: String },
+    #[error(
+        "Access/permission denied: {what} needs AdminLevel={needed} (requested by uid {uid}); an administrator can grant it with `drover admin grant USER {needed}`"
+    )]
+    NotAuthorized { uid: u32, what: String, needed: String },
     #[error("Invalid account or account/partition combination specified: {name}: {why}")]
     InvalidAccount { name: String, why: String },
     #[error("Invalid qos specification: {name}: {why}")]
@@ -56,4 +58,10 @@ pub enum CommandError {
     InvalidReservation { name: String, why: String },
     #[error("Job dependency problem: {0}")]
     DependencyProblem(String),
+    #[error(
+        "Job violates accounting/QOS policy (job submit limit, user's size and/or time limits): user {user} has {active} active jobs, the cluster's MaxSubmitJobs per user is {limit}"
+    )]
+    TooManyUserJobs { user: String, active: u64, limit: u64 },
+    #[error("Job {id} is held by an administrator: only an operator or administrator can release it")]
+    AdminHold { id: JobId },
 }

@@ -137,7 +137,83 @@ pub struct ArraySpec {
     pub max_running: Option<u32>,
 }
 
+/// Bounds on the parts of a spec that the script and environment limits do not cover: names, paths, lists.
+/// Generous for real use; they exist so a malformed or hostile request is a clear error, not a huge record.
+pub const MAX_NAME_BYTES: usize = 1_024;
+pub const MAX_PATH_BYTES: usize = 4_096;
+pub const MAX_LIST_ITEMS: usize = 4_096;
+pub const MAX_SCRIPT_ARGS_BYTES: usize = 1 << 20;
+/// Sizes beyond any cluster: a job of more nodes, tasks or GPUs than this is a typo or an attack.
+pub const MAX_NODES_PER_JOB: u32 = 100_000;
+pub const MAX_TASKS_PER_JOB: u32 = 10_000_000;
+pub const MAX_PER_TASK_OR_NODE: u32 = 100_000;
+
 impl JobSpec {
+    /// Checks every string and list against the bounds above, naming the field that is too large.
+    pub fn check_bounds(&self) -> Result<(), String> {
+        let count = |field: &str, value: u32, max: u32| {
+            if value > max { Err(format!("{field}={value} is over the limit of {max}")) } else { Ok(()) }
+        };
+        count("--nodes (minimum)", self.min_nodes, MAX_NODES_PER_JOB)?;
+        count("--nodes (maximum)", self.max_nodes, MAX_NODES_PER_JOB)?;
+        count("--ntasks", self.ntasks.unwrap_or(0), MAX_TASKS_PER_JOB)?;
+        count("--ntasks-per-node", self.ntasks_per_node.unwrap_or(0), MAX_PER_TASK_OR_NODE)?;
+        count("--cpus-per-task", self.cpus_per_task, MAX_PER_TASK_OR_NODE)?;
+        count("GPUs per node", self.gpus_per_node, MAX_PER_TASK_OR_NODE)?;
+        count("--gpus", self.gpus_total.unwrap_or(0), MAX_TASKS_PER_JOB)?;
+        count("--gpus-per-task", self.gpus_per_task.unwrap_or(0), MAX_PER_TASK_OR_NODE)?;
+        let text = |field: &str, value: &str, max: usize| {
+            if value.len() > max {
+                return Err(format!("{field} is {} bytes, over the limit of {max}", value.len()));
+            }
+            if value.contains('\0') {
+                return Err(format!("{field} contains a NUL byte"));
+            }
+            Ok(())
+        };
+        let opt =
+            |field: &str, value: &Option<String>, max: usize| value.as_deref().map_or(Ok(()), |v| text(field, v, max));
+        text("--job-name", &self.name, MAX_NAME_BYTES)?;
+        text("user", &self.user, MAX_NAME_BYTES)?;
+        text("--chdir", &self.work_dir, MAX_PATH_BYTES)?;
+        text("submit directory", &self.submit_dir, MAX_PATH_BYTES)?;
+        opt("--partition", &self.partition, MAX_NAME_BYTES)?;
+        opt("--account", &self.account, MAX_NAME_BYTES)?;
+        opt("--output", &self.stdout, MAX_PATH_BYTES)?;
+        opt("--error", &self.stderr, MAX_PATH_BYTES)?;
+        opt("--gres type", &self.gpu_type, MAX_NAME_BYTES)?;
+        opt("--qos", &self.qos, MAX_NAME_BYTES)?;
+        opt("--reservation", &self.reservation, MAX_NAME_BYTES)?;
+        for (field, list) in
+            [("--constraint", &self.constraint), ("--nodelist", &self.nodelist), ("--exclude", &self.exclude)]
+        {
+            if list.len() > MAX_LIST_ITEMS {
+                return Err(format!("{field} names {} entries, over the limit of {MAX_LIST_ITEMS}", list.len()));
+            }
+            for item in list.iter() {
+                text(field, item, MAX_NAME_BYTES)?;
+            }
+        }
+        let args: usize = self.script_args.iter().map(|a| a.len() + 1).sum();
+        if self.script_args.len() > MAX_LIST_ITEMS || args > MAX_SCRIPT_ARGS_BYTES {
+            return Err(format!(
+                "the script's arguments are {args} bytes in {} items, over the limits",
+                self.script_args.len()
+            ));
+        }
+        if let ExportPolicy::Vars { names, .. } = &self.export
+            && names.len() > MAX_LIST_ITEMS
+        {
+            return Err(format!("--export names {} variables, over the limit of {MAX_LIST_ITEMS}", names.len()));
+        }
+        if self.environment.iter().any(|(k, v)| k.is_empty() || k.contains(['=', '\0']) || v.contains('\0')) {
+            return Err(
+                "the submit environment holds a variable with an empty name, '=' in its name, or a NUL byte".into()
+            );
+        }
+        Ok(())
+    }
+
     /// Whether a node passes the job's `--nodelist`, `--exclude` and `--constraint` (not its size).
     pub fn accepts_node(&self, name: &str, features: &[String]) -> bool {
         (self.nodelist.is_empty() || self.nodelist.iter().any(|n| n == name))
@@ -191,6 +267,16 @@ impl JobSpec {
         }
         let total = self.total_tasks().max(nodes);
         (0..nodes).map(|i| total / nodes + u32::from(i < total % nodes)).collect()
+    }
+
+    /// The most tasks any one of `nodes` nodes runs (the first node's, in block distribution), without listing
+    /// every node: a request for billions of nodes must cost nothing to refuse.
+    pub fn max_tasks_per_node(&self, nodes: u32) -> u32 {
+        let nodes = nodes.max(1);
+        match self.ntasks_per_node {
+            Some(per_node) => per_node,
+            None => self.total_tasks().max(nodes).div_ceil(nodes),
+        }
     }
 }
 

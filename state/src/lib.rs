@@ -7,6 +7,7 @@
 pub mod account;
 pub mod admin;
 pub mod array;
+pub mod audit;
 pub mod command;
 pub mod config;
 pub mod dependency;
@@ -19,11 +20,13 @@ pub mod lifecycle;
 pub mod node;
 pub mod qos;
 pub mod reservation;
+pub mod role;
 pub mod slurm_time;
 pub mod state;
 
 pub use account::{Account, AccountUpdate};
 pub use admin::{AdminOp, Object};
+pub use audit::AuditEntry;
 pub use command::{Allocation, Command, JobEnd, JobOutcome, JobUpdate, Reply, Request, Response};
 pub use config::{ClusterConfig, Limit, Partition, PartitionState, PartitionUpdate};
 pub use error::CommandError;
@@ -34,11 +37,13 @@ pub use job::{
 pub use node::{GpuInfo, Node, NodeHealth, NodeInfo};
 pub use qos::Qos;
 pub use reservation::{Reservation, ReservationFlag, ReservationUpdate};
+pub use role::{AdminLevel, RoleGrant};
 pub use state::{Applied, Change, Meta, Records, Resolved, State};
 
 /// The version of the persisted format (records and snapshots). Bumped on any incompatible change; a replica
 /// refuses to open data of a version it does not know.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// Versions this build opens and upgrades in place: version 1 lacks the registry of accounts, QOS and
-/// reservations, which version 2 adds in a family of its own (so version-1 data is valid, empty-registry data).
-pub const READABLE_FORMAT_VERSIONS: [u32; 2] = [1, 2];
+/// reservations, which version 2 adds in a family of its own (so version-1 data is valid, empty-registry data);
+/// version 3 adds roles (in the registry family) and the audit log (a family of its own), both empty before.
+pub const READABLE_FORMAT_VERSIONS: [u32; 3] = [1, 2, 3];

@@ -53,7 +53,7 @@ impl State {
     /// A job lost a node: a job that was being cancelled is cancelled, a requeue-able one goes back to the queue
     /// as a new incarnation, any other ends as NODE_FAIL.
     fn end_on_node_failure(&mut self, id: JobId, node: &str, now_ms: u64, changes: &mut Vec<Change>) {
-        let mut job = self.jobs.remove(&id).expect("a node's job is active");
+        let mut job = self.remove_active(id).expect("a node's job is active");
         self.release_allocation(&job, now_ms, changes);
         job.message = Some(format!("node {node} failed"));
         if job.ending.is_none() && job.spec.requeue != Some(false) && !job.spec.interactive {
@@ -65,7 +65,7 @@ impl State {
             job.allocation.clear();
             job.nodes.clear();
             changes.push(Change::PutJob(job.clone()));
-            self.jobs.insert(id, job);
+            self.insert_active(job);
             return;
         }
         job.state = job.ending.take().unwrap_or(JobState::NodeFail);
@@ -255,7 +255,7 @@ impl State {
                 why: format!("the job is {} in incarnation {}", job.state.name(), job.incarnation),
             });
         }
-        let mut job = self.jobs.remove(&id).expect("checked");
+        let mut job = self.remove_active(id).expect("checked");
         self.release_allocation(&job, now_ms, changes);
         job.state = match job.ending.take() {
             Some(state) => state,
@@ -313,7 +313,7 @@ impl State {
         if members.is_empty() {
             return Ok(());
         }
-        let per_node_tasks = job.tasks_per_node(job.min_nodes).into_iter().max().unwrap_or(1);
+        let per_node_tasks = job.max_tasks_per_node(job.min_nodes);
         let cpus = per_node_tasks.saturating_mul(job.cpus_per_task);
         if let Some(unknown) = job.nodelist.iter().find(|n| !self.nodes.contains_key(*n)) {
             return Err(CommandError::InvalidNodeName { name: unknown.clone() });
@@ -593,7 +593,10 @@ mod tests {
         state.apply(&at(5, Command::ApplyPlan { allocations: vec![all], reasons: vec![] }));
         assert_eq!(state.job(whole).unwrap().state, JobState::Running);
         let other = submit(&mut state, job(1, 1, 1));
-        state.apply(&at(6, Command::DrainNodes { names: vec!["gpu01".into()], drain: true, reason: "x".into() }));
+        state.apply(&at(
+            6,
+            Command::DrainNodes { names: vec!["gpu01".into()], drain: true, reason: "x".into(), by_uid: 0 },
+        ));
         let shared = Allocation { job_id: other, nodes: vec![share("gpu02", vec![])] };
         let reply = state.apply(&at(7, Command::ApplyPlan { allocations: vec![shared], reasons: vec![] }));
         let Ok(Reply::Planned { refused, .. }) = reply.response else { panic!() };
@@ -604,8 +607,12 @@ mod tests {
     #[test]
     fn draining_needs_a_reason_and_stops_new_work() {
         let mut state = cluster(&[("gpu01", 8)]);
-        let drain =
-            |reason: &str| Command::DrainNodes { names: vec!["gpu01".into()], drain: true, reason: reason.into() };
+        let drain = |reason: &str| Command::DrainNodes {
+            names: vec!["gpu01".into()],
+            drain: true,
+            reason: reason.into(),
+            by_uid: 0,
+        };
         assert!(state.apply(&at(3, drain(""))).response.is_err());
         state.apply(&at(3, drain("bad GPU 3"))).response.unwrap();
         let id = submit(&mut state, job(1, 1, 1));

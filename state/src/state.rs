@@ -7,10 +7,12 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::account::{Account, ROOT_ACCOUNT};
 use crate::admin::Object;
+use crate::audit::{AUDIT_CAPACITY, AuditEntry};
 use crate::dependents::{Dependents, Fate};
 use crate::job::{ArrayTask, DepState};
 use crate::qos::{DEFAULT_QOS, Qos};
 use crate::reservation::Reservation;
+use crate::role::{AdminLevel, RoleGrant};
 
 use serde::{Deserialize, Serialize};
 
@@ -53,6 +55,9 @@ pub struct Meta {
     /// `scontrol top` stamps: a later top ranks above an earlier one.
     #[serde(default)]
     pub next_top_rank: u64,
+    /// The next audit entry's id (entries are numbered from 1).
+    #[serde(default)]
+    pub next_audit_id: u64,
 }
 
 impl Default for Meta {
@@ -63,6 +68,7 @@ impl Default for Meta {
             config: None,
             next_dedup_seq: 0,
             next_top_rank: 0,
+            next_audit_id: 1,
         }
     }
 }
@@ -94,6 +100,9 @@ pub enum Change {
     /// An account, QOS or reservation, inserted or updated; and one removed, by its key (`Object::key`).
     PutObject(Object),
     DeleteObject(String),
+    /// An administrative change, appended to the audit log; and the oldest entry dropped, by id.
+    PutAudit(AuditEntry),
+    DeleteAudit(u64),
 }
 
 /// What one `apply` produced: the answer for the proposer and the records to persist.
@@ -117,6 +126,10 @@ pub struct State {
     /// QOS by name (`normal` is implicit until defined).
     pub qos: BTreeMap<String, Qos>,
     pub reservations: BTreeMap<String, Reservation>,
+    /// Operators and administrators by uid (everyone else is an ordinary user; root is always an administrator).
+    pub roles: BTreeMap<u32, RoleGrant>,
+    /// Active (pending or running) jobs per owner uid, for MaxSubmitJobs; derived from `jobs`.
+    active_per_uid: HashMap<u32, u64>,
     /// Recent finished jobs' fates, for dependencies (see `dependents`).
     pub(crate) fates: BTreeMap<JobId, Fate>,
     pub(crate) dependents: Dependents,
@@ -148,7 +161,7 @@ impl State {
             if job.state == JobState::Pending {
                 state.index_dependencies(&job);
             }
-            state.jobs.insert(job.id, job);
+            state.insert_active(job);
         }
         for (seq, request_id, job_id) in dedup {
             state.dedup.insert(request_id.clone(), job_id);
@@ -177,6 +190,7 @@ impl State {
             Object::Account(a) => drop(self.accounts.insert(a.name.clone(), a)),
             Object::Qos(q) => drop(self.qos.insert(q.name.clone(), q)),
             Object::Reservation(r) => drop(self.reservations.insert(r.name.clone(), r)),
+            Object::Role(g) => drop(self.roles.insert(g.uid, g)),
         }
     }
 
@@ -194,6 +208,7 @@ impl State {
                 .map(Object::Account)
                 .chain(self.qos.values().cloned().map(Object::Qos))
                 .chain(self.reservations.values().cloned().map(Object::Reservation))
+                .chain(self.roles.values().cloned().map(Object::Role))
                 .collect(),
             finished: Vec::new(),
         }
@@ -232,9 +247,9 @@ impl State {
             }
             Command::RegisterNode { info } => self.register_node(info, request.time_ms, &mut changes),
             Command::NodeDown { name, reason } => self.node_down(name, reason, request.time_ms, &mut changes),
-            Command::DrainNodes { names, drain, reason } => {
-                self.drain_nodes(names, *drain, reason, request.time_ms, &mut changes)
-            }
+            Command::DrainNodes { names, drain, reason, by_uid } => self
+                .require_level(*by_uid, AdminLevel::Operator, "draining or resuming nodes")
+                .and_then(|()| self.drain_nodes(names, *drain, reason, request.time_ms, &mut changes)),
             Command::ApplyPlan { allocations, reasons } => {
                 self.apply_plan(allocations, reasons, request.time_ms, &mut changes)
             }
@@ -242,16 +257,109 @@ impl State {
                 self.job_ended(*job_id, *incarnation, end, request.time_ms, &mut changes)
             }
             Command::CreateStep { job_id, by_uid } => self.create_step(*job_id, *by_uid, &mut changes),
-            Command::UpdatePartition { update } => self.update_partition(update, &mut changes),
+            Command::UpdatePartition { update, by_uid } => self
+                .require_level(*by_uid, AdminLevel::Administrator, "updating a partition")
+                .and_then(|()| self.update_partition(update, &mut changes)),
             Command::Admin { op, by_uid } => self.admin(op, *by_uid, request.time_ms, &mut changes),
             Command::TopJobs { ids, by_uid } => Ok(self.for_each_job(ids, |s, id| s.top(id, *by_uid, &mut changes))),
             Command::UpdateJob { id, by_uid, update } => {
                 self.update_job(*id, *by_uid, update, &mut changes).map(|()| Reply::Nothing)
             }
+            Command::RecordAudit { by_uid, .. } => self
+                .require_level(*by_uid, AdminLevel::Administrator, "recording an audit entry")
+                .map(|()| Reply::Nothing),
         };
         debug_assert!(response.is_ok() || changes.is_empty(), "a refused command changed the state");
+        if response.is_ok()
+            && let Some((uid, action, detail)) = audited(&request.command)
+        {
+            self.audit(uid, action, detail, request.time_ms, &mut changes);
+        }
         self.track_dependencies(&mut changes);
         Applied { response, changes }
+    }
+
+    /// Checks a command against this state without changing it, so the leader can refuse bad input with no log
+    /// entry. Submissions get the full submit checks; administrative commands are tried on a copy of the small
+    /// part of the state they change (configuration, nodes, registry: never the job table), so a check that
+    /// needs the jobs (an account still in use) is left to `apply`, which decides on the state it commits on.
+    pub fn precheck(&self, command: &Command, now_ms: u64) -> Result<(), CommandError> {
+        match command {
+            Command::SubmitJob { spec, .. } => self.validate_submit(spec).map(drop),
+            Command::UpdatePartition { .. }
+            | Command::Admin { .. }
+            | Command::DrainNodes { .. }
+            | Command::RecordAudit { .. } => {
+                let mut trial = State {
+                    meta: self.meta.clone(),
+                    nodes: self.nodes.clone(),
+                    accounts: self.accounts.clone(),
+                    qos: self.qos.clone(),
+                    reservations: self.reservations.clone(),
+                    roles: self.roles.clone(),
+                    ..State::default()
+                };
+                trial.apply(&Request { time_ms: now_ms, command: command.clone() }).response.map(drop)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The caller's administrative level: root is always an administrator.
+    pub fn level_of(&self, uid: u32) -> AdminLevel {
+        if uid == 0 {
+            return AdminLevel::Administrator;
+        }
+        self.roles.get(&uid).map_or(AdminLevel::None, |g| g.level)
+    }
+
+    /// Refuses unless `uid` holds at least `needed`.
+    pub fn require_level(&self, uid: u32, needed: AdminLevel, what: &str) -> Result<(), CommandError> {
+        if self.level_of(uid) >= needed {
+            return Ok(());
+        }
+        Err(CommandError::NotAuthorized { uid, what: what.to_string(), needed: needed.name().to_string() })
+    }
+
+    /// Appends an audit entry (and drops the oldest beyond the capacity).
+    fn audit(&mut self, uid: u32, action: &str, detail: String, now_ms: u64, changes: &mut Vec<Change>) {
+        let id = self.meta.next_audit_id.max(1);
+        self.meta.next_audit_id = id + 1;
+        let detail = AuditEntry::bounded_detail(detail);
+        changes.push(Change::PutAudit(AuditEntry { id, time_ms: now_ms, uid, action: action.to_string(), detail }));
+        if id > AUDIT_CAPACITY {
+            changes.push(Change::DeleteAudit(id - AUDIT_CAPACITY));
+        }
+        changes.push(Change::Meta(self.meta.clone()));
+    }
+
+    /// Adds an active job, keeping the per-owner count.
+    pub(crate) fn insert_active(&mut self, job: Job) {
+        *self.active_per_uid.entry(job.spec.uid).or_default() += 1;
+        if let Some(old) = self.jobs.insert(job.id, job) {
+            self.forget_owner(old.spec.uid);
+        }
+    }
+
+    /// Removes an active job (it ends, or is replaced), keeping the per-owner count.
+    pub(crate) fn remove_active(&mut self, id: JobId) -> Option<Job> {
+        let job = self.jobs.remove(&id)?;
+        self.forget_owner(job.spec.uid);
+        Some(job)
+    }
+
+    fn forget_owner(&mut self, uid: u32) {
+        if let Some(count) = self.active_per_uid.get_mut(&uid) {
+            *count -= 1;
+            if *count == 0 {
+                self.active_per_uid.remove(&uid);
+            }
+        }
+    }
+
+    /// Active jobs owned by `uid`.
+    pub fn active_jobs_of(&self, uid: u32) -> u64 {
+        self.active_per_uid.get(&uid).copied().unwrap_or(0)
     }
 
     fn init_cluster(&mut self, config: &ClusterConfig, changes: &mut Vec<Change>) -> Reply {
@@ -376,12 +484,26 @@ impl State {
         if spec.cpus_per_task == 0 || spec.ntasks == Some(0) || spec.ntasks_per_node == Some(0) {
             return Err(CommandError::InvalidRequest("task and cpu counts must be at least 1".to_string()));
         }
-        if spec.nice < 0 && spec.uid != 0 {
+        if spec.nice < 0 && self.level_of(spec.uid) < AdminLevel::Operator {
             return Err(CommandError::InvalidRequest(format!(
-                "--nice={}: only root may raise a job's priority with a negative nice",
+                "--nice={}: only an operator or administrator may raise a job's priority with a negative nice",
                 spec.nice
             )));
         }
+        if spec.uid == 0 && !config.allow_root_jobs {
+            return Err(CommandError::InvalidRequest(
+                "jobs may not run as root on this cluster; submit as an ordinary user (an administrator can allow it with allow_root_jobs = true in [cluster])".to_string(),
+            ));
+        }
+        let active = self.active_jobs_of(spec.uid);
+        if active + tasks > limits.max_jobs_per_user {
+            return Err(CommandError::TooManyUserJobs {
+                user: spec.user.clone(),
+                active,
+                limit: limits.max_jobs_per_user,
+            });
+        }
+        spec.check_bounds().map_err(CommandError::InvalidRequest)?;
         if spec.dependency.len() > MAX_DEPENDENCIES {
             return Err(CommandError::DependencyProblem(format!("at most {MAX_DEPENDENCIES} dependencies per job")));
         }
@@ -582,7 +704,7 @@ impl State {
             };
             self.index_dependencies(&job);
             changes.push(Change::PutJob(job.clone()));
-            self.jobs.insert(id, job);
+            self.insert_active(job);
         }
         self.meta.next_job_id = first + array.map_or(1, |a| a.task_ids.len() as u64);
         if let Some(rid) = request_id {
@@ -621,7 +743,7 @@ impl State {
             }
             return Err(CommandError::InvalidJobId { id });
         };
-        if by_uid != 0 && by_uid != job.spec.uid {
+        if by_uid != job.spec.uid && self.level_of(by_uid) < AdminLevel::Operator {
             return Err(CommandError::PermissionDenied { id, owner: job.spec.uid, requester: by_uid });
         }
         Ok(job)
@@ -637,7 +759,7 @@ impl State {
                 return Ok(());
             }
         }
-        let mut job = self.jobs.remove(&id).expect("checked by active_job");
+        let mut job = self.remove_active(id).expect("checked by active_job");
         job.state = JobState::Cancelled;
         job.reason = PendingReason::None;
         job.end_time_ms = Some(now_ms);
@@ -667,9 +789,9 @@ impl State {
                 (Some(new), Some(old)) => new > old,
                 _ => false,
             };
-            if raises && by_uid != 0 {
+            if raises && self.level_of(by_uid) < AdminLevel::Operator {
                 return Err(CommandError::InvalidRequest(format!(
-                    "job {id}: only root may raise a time limit (lowering it is allowed)"
+                    "job {id}: only an operator or administrator may raise a time limit (lowering it is allowed)"
                 )));
             }
             spec.time_limit_s = limit;
@@ -689,9 +811,9 @@ impl State {
         }
         // The checks see one job fewer: this one is being replaced, not added.
         let mut resolved = {
-            let old = self.jobs.remove(&id).expect("checked by active_job");
+            let old = self.remove_active(id).expect("checked by active_job");
             let checked = self.validate_submit(&spec);
-            self.jobs.insert(id, old);
+            self.insert_active(old);
             checked?
         };
         // The submit checks give a job without --time the partition's default; UNLIMITED asked for explicitly must
@@ -735,16 +857,54 @@ impl State {
         Ok(())
     }
 
+    /// `scontrol hold`/`release`. A hold placed by an operator on someone else's job is an administrator's hold
+    /// (Slurm's `JobHeldAdmin`), which its owner cannot release.
     fn set_hold(&mut self, id: JobId, hold: bool, by_uid: u32, changes: &mut Vec<Change>) -> Result<(), CommandError> {
         let job = self.active_job(id, by_uid)?;
         if job.state != JobState::Pending {
             return Err(CommandError::NotPending { id, state: job.state.name().to_string() });
         }
+        let privileged = self.level_of(by_uid) >= AdminLevel::Operator;
+        if !hold && job.reason == PendingReason::JobHeldAdmin && !privileged {
+            return Err(CommandError::AdminHold { id });
+        }
+        let admin_hold = by_uid != job.spec.uid && privileged;
         let job = self.jobs.get_mut(&id).expect("checked by active_job");
         job.held = hold;
-        job.reason = if hold { PendingReason::JobHeldUser } else { PendingReason::None };
+        job.reason = match (hold, admin_hold) {
+            (false, _) => PendingReason::None,
+            (true, true) => PendingReason::JobHeldAdmin,
+            (true, false) => PendingReason::JobHeldUser,
+        };
         changes.push(Change::PutJob(job.clone()));
         Ok(())
+    }
+}
+
+/// Which committed commands enter the audit log, by whom, and how they are described.
+fn audited(command: &Command) -> Option<(u32, &str, String)> {
+    let json = |v: &dyn erased::Json| v.to_json();
+    match command {
+        Command::UpdatePartition { update, by_uid } => Some((*by_uid, "update_partition", json(update))),
+        Command::DrainNodes { names, drain, reason, by_uid } => {
+            let action = if *drain { "drain_nodes" } else { "resume_nodes" };
+            Some((*by_uid, action, format!("nodes={} reason={reason:?}", names.join(","))))
+        }
+        Command::Admin { op, by_uid } => Some((*by_uid, op.kind(), json(op))),
+        Command::RecordAudit { by_uid, action, detail } => Some((*by_uid, action.as_str(), detail.clone())),
+        _ => None,
+    }
+}
+
+/// JSON for audit details without making `audited` generic over each payload type.
+mod erased {
+    pub trait Json {
+        fn to_json(&self) -> String;
+    }
+    impl<T: serde::Serialize> Json for T {
+        fn to_json(&self) -> String {
+            serde_json::to_string(self).unwrap_or_default()
+        }
     }
 }
 
@@ -882,13 +1042,13 @@ mod tests {
     fn a_partition_changes_at_run_time_and_bad_updates_change_nothing() {
         let mut state = initialized();
         let down = PartitionUpdate { name: "gpu".into(), state: Some(PartitionState::Drain), ..Default::default() };
-        state.apply(&request(2, Command::UpdatePartition { update: down })).response.unwrap();
+        state.apply(&request(2, Command::UpdatePartition { update: down, by_uid: 0 })).response.unwrap();
         assert!(matches!(submit(&mut state, 3, spec(1), None), Err(CommandError::PartitionClosed { .. })));
         let before = state.clone();
         let bad = PartitionUpdate { name: "nope".into(), ..Default::default() };
-        assert!(state.apply(&request(4, Command::UpdatePartition { update: bad })).response.is_err());
+        assert!(state.apply(&request(4, Command::UpdatePartition { update: bad, by_uid: 0 })).response.is_err());
         let bad = PartitionUpdate { name: "gpu".into(), nodes: Some("gpu[1-".into()), ..Default::default() };
-        assert!(state.apply(&request(5, Command::UpdatePartition { update: bad })).response.is_err());
+        assert!(state.apply(&request(5, Command::UpdatePartition { update: bad, by_uid: 0 })).response.is_err());
         assert_eq!(state, before);
         let open = PartitionUpdate {
             name: "gpu".into(),
@@ -897,10 +1057,22 @@ mod tests {
             make_default: true,
             ..Default::default()
         };
-        state.apply(&request(6, Command::UpdatePartition { update: open })).response.unwrap();
+        state.apply(&request(6, Command::UpdatePartition { update: open, by_uid: 0 })).response.unwrap();
         let mut long = spec(1);
         long.time_limit_s = Some(30 * 24 * 3600);
         assert!(submit(&mut state, 7, long, None).is_ok(), "MaxTime is UNLIMITED now");
+    }
+
+    /// The defect that took the whole cluster down: this update was committed unchecked and `apply` panicked on
+    /// every replica, and again on each restart. It must be a refusal that changes nothing.
+    #[test]
+    fn a_malformed_partition_nodelist_is_refused_not_a_crash() {
+        let mut state = initialized();
+        let before = state.clone();
+        let bad = PartitionUpdate { name: "gpu".into(), nodes: Some("][".into()), ..Default::default() };
+        let refused = state.apply(&request(2, Command::UpdatePartition { update: bad, by_uid: 0 })).response;
+        assert!(matches!(&refused, Err(CommandError::InvalidRequest(m)) if m.contains("Nodes=][")), "{refused:?}");
+        assert_eq!(state, before);
     }
 
     #[test]

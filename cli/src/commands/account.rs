@@ -107,8 +107,7 @@ fn apply_qos_fields(mut qos: Qos, f: &QosFields) -> anyhow::Result<Qos> {
 }
 
 async fn admin(client: &drover_client::Client, op: AdminOp) -> anyhow::Result<()> {
-    let (_, uid, _) = crate::identity::current_user();
-    Ok(client.admin(&op, uid).await?)
+    Ok(client.admin(&op).await?)
 }
 
 pub async fn account(client: &drover_client::Client, command: AccountCmd) -> anyhow::Result<()> {

@@ -145,7 +145,7 @@ async fn load(client: Arc<Client>, clients: usize, stop: Arc<AtomicBool>) -> (Ve
 async fn submit(levels: Vec<usize>, duration_s: u64, dir: PathBuf) -> anyhow::Result<()> {
     let cluster = LocalCluster::up(&dir, UpOptions::default())?;
     cluster.wait_ready(Duration::from_secs(30)).await?;
-    let client = Arc::new(Client::from_list(&cluster.addresses())?);
+    let client = Arc::new(cluster.client()?);
     println!("bench submit: 3 replicas on loopback, {duration_s} s per level");
     for clients in levels {
         let stop = Arc::new(AtomicBool::new(false));
@@ -170,7 +170,7 @@ async fn submit(levels: Vec<usize>, duration_s: u64, dir: PathBuf) -> anyhow::Re
 async fn failover(kills: usize, clients: usize, dir: PathBuf) -> anyhow::Result<()> {
     let mut cluster = LocalCluster::up(&dir, UpOptions::default())?;
     cluster.wait_ready(Duration::from_secs(30)).await?;
-    let client = Arc::new(Client::from_list(&cluster.addresses())?);
+    let client = Arc::new(cluster.client()?);
     let stop = Arc::new(AtomicBool::new(false));
     // (sent, acknowledged) per successful submission.
     let acks = Arc::new(std::sync::Mutex::new(Vec::<(Instant, Instant)>::new()));
@@ -257,7 +257,7 @@ async fn state(jobs: u64, clients: usize, dir: PathBuf) -> anyhow::Result<()> {
         UpOptions { snapshot_after_entries: 100_000, keep_entries_after_snapshot: 10_000, ..UpOptions::default() },
     )?;
     cluster.wait_ready(Duration::from_secs(30)).await?;
-    let client = Arc::new(Client::from_list(&cluster.addresses())?);
+    let client = Arc::new(cluster.client()?);
     let started = Instant::now();
     let per_client = jobs.div_ceil(clients as u64);
     let mut tasks = Vec::new();

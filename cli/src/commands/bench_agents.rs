@@ -17,8 +17,9 @@ use drover_proto::wire::{AgentMessage, ControllerMessage, decode, encode};
 use drover_state::{ExportPolicy, GpuInfo, JobSpec, JobState, NodeHealth, NodeInfo};
 use hdrhistogram::Histogram;
 // tonic re-exports tokio-stream for generated code; using it keeps this crate's dependency list unchanged.
+use drover_auth::ClientTls;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
 use crate::local::{LocalCluster, UpOptions};
@@ -73,7 +74,7 @@ async fn leader_of(client: &Client) -> anyhow::Result<(u64, String, u64)> {
 fn leader_first_client(cluster: &LocalCluster, leader: &str, deadline: Duration) -> anyhow::Result<Client> {
     let mut addresses: Vec<String> = cluster.addresses().split(',').map(str::to_string).collect();
     addresses.sort_by_key(|a| a != leader);
-    Ok(Client::new(addresses)?.with_deadline(deadline))
+    Ok(cluster.client_at(&addresses.join(","))?.with_deadline(deadline))
 }
 
 pub async fn jobs(count: usize, gpus: u32, clients: usize, dir: PathBuf) -> anyhow::Result<()> {
@@ -85,7 +86,7 @@ pub async fn jobs(count: usize, gpus: u32, clients: usize, dir: PathBuf) -> anyh
     cluster.wait_agents(Duration::from_secs(30)).await?;
     let work_dir = cluster.dir.join("work");
     std::fs::create_dir_all(&work_dir)?;
-    let client = Arc::new(Client::from_list(&cluster.addresses())?);
+    let client = Arc::new(cluster.client()?);
     let (_, leader_addr, _) = leader_of(&client).await?;
     let poller = leader_first_client(&cluster, &leader_addr, Duration::from_secs(2))?;
     println!("bench jobs: {count} one-GPU `true` jobs, {clients} submitting clients, 1 agent x {gpus} GPUs");
@@ -213,6 +214,8 @@ fn clock_ticks_per_s() -> f64 {
 
 /// What every simulated agent shares: where to go, when to beat, and the counters the summary reads.
 struct Sim {
+    /// Issues each simulated agent a certificate for its node name, as a real one has.
+    pki: crate::pki::Pki,
     /// Every controller; the leader first.
     controllers: Vec<String>,
     heartbeat: Duration,
@@ -283,13 +286,12 @@ enum Open {
 type SimSession =
     (AgentGatewayClient<Channel>, tokio::sync::mpsc::Sender<AgentEnvelope>, Streaming<ControllerEnvelope>);
 
-/// Connects (its own connection, as a real agent has) and registers; the leader answers once the node is committed.
-async fn open_session(addr: &str, info: &NodeInfo) -> Result<SimSession, Open> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| Open::Failed(format!("bad address {addr}: {e}")))?
-        .connect_timeout(Duration::from_millis(2_000))
-        .tcp_nodelay(true);
-    let channel = endpoint.connect().await.map_err(|e| Open::Failed(format!("cannot connect to {addr}: {e}")))?;
+/// Connects (its own connection and certificate, as a real agent has) and registers; the leader answers once the
+/// node is committed.
+async fn open_session(tls: &ClientTls, addr: &str, info: &NodeInfo) -> Result<SimSession, Open> {
+    let channel = tls
+        .channel(addr, None, Duration::from_millis(2_000), Some(drover_auth::RoleKind::Controller))
+        .map_err(|e| Open::Failed(format!("cannot connect to {addr}: {e}")))?;
     let mut client = AgentGatewayClient::new(channel);
     let (tx, rx) = tokio::sync::mpsc::channel(SIM_OUTBOX);
     tx.try_send(envelope(&AgentMessage::Register { info: info.clone() })).expect("a new outbox has room");
@@ -303,11 +305,11 @@ async fn open_session(addr: &str, info: &NodeInfo) -> Result<SimSession, Open> {
 }
 
 /// Opens a session within the ramp's bound: the leader first, following its hints, then every controller in turn.
-async fn open_bounded(sim: &Sim, addr: &mut String, info: &NodeInfo) -> Result<SimSession, String> {
+async fn open_bounded(sim: &Sim, tls: &ClientTls, addr: &mut String, info: &NodeInfo) -> Result<SimSession, String> {
     let _permit = sim.ramp.acquire().await.expect("the ramp semaphore is never closed");
     let mut last = String::new();
     for attempt in 0..OPEN_ATTEMPTS {
-        match tokio::time::timeout(Duration::from_secs(OPEN_TIMEOUT_S), open_session(addr, info)).await {
+        match tokio::time::timeout(Duration::from_secs(OPEN_TIMEOUT_S), open_session(tls, addr, info)).await {
             Ok(Ok(session)) => return Ok(session),
             Ok(Err(Open::Redirect(leader))) => *addr = leader,
             Ok(Err(Open::Failed(why))) => {
@@ -326,12 +328,23 @@ async fn open_bounded(sim: &Sim, addr: &mut String, info: &NodeInfo) -> Result<S
 /// new session when one ends (as a real agent does, so a lost session shows as a count, not as a node down).
 async fn sim_agent(sim: Arc<Sim>, i: usize, mut stop: tokio::sync::watch::Receiver<bool>) {
     let info = sim_node(i);
+    let issued = sim.pki.issue(&info.name, &drover_auth::Role::Agent(info.name.clone()), &[], &[]);
+    let tls =
+        issued.and_then(|(cert, key)| Ok(ClientTls::load(drover_auth::TlsFiles { ca: sim.pki.ca_path(), cert, key })?));
+    let tls = match tls {
+        Ok(tls) => tls,
+        Err(e) => {
+            sim.note_error(format!("{}: no certificate: {e}", info.name));
+            sim.failed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    };
     let mut addr = sim.controllers[0].clone();
     let mut registered = false;
     loop {
         let opened = tokio::select! {
             _ = stop.changed() => return,
-            opened = open_bounded(&sim, &mut addr, &info) => opened,
+            opened = open_bounded(&sim, &tls, &mut addr, &info) => opened,
         };
         let (_client, tx, inbound) = match opened {
             Ok(session) => session,
@@ -431,7 +444,7 @@ pub async fn heartbeats(agents: usize, heartbeat_ms: u64, duration_s: u64, dir: 
     };
     let cluster = LocalCluster::up(&dir, options)?;
     let first_leader = cluster.wait_ready(Duration::from_secs(30)).await?;
-    let client = Client::from_list(&cluster.addresses())?;
+    let client = cluster.client()?;
     let (_, leader_addr, log_before_ramp) = leader_of(&client).await?;
     let mut controllers: Vec<String> = cluster.addresses().split(',').map(str::to_string).collect();
     controllers.sort_by_key(|a| *a != leader_addr);
@@ -441,6 +454,7 @@ pub async fn heartbeats(agents: usize, heartbeat_ms: u64, duration_s: u64, dir: 
     );
 
     let sim = Arc::new(Sim {
+        pki: cluster.pki()?,
         controllers,
         heartbeat: Duration::from_millis(heartbeat_ms),
         epoch: Instant::now(),

@@ -92,7 +92,7 @@ async fn demo(dir: PathBuf) -> anyhow::Result<()> {
     let mut cluster = LocalCluster::up(&dir, options)?;
     cluster.wait_ready(Duration::from_secs(30)).await?;
     cluster.wait_agents(Duration::from_secs(30)).await?;
-    let client = Arc::new(Client::from_list(&cluster.addresses())?);
+    let client = Arc::new(cluster.client()?);
     super::cluster::status(&client, false).await?;
     let work = dir.join("work");
     std::fs::create_dir_all(&work)?;
@@ -182,7 +182,7 @@ async fn demo(dir: PathBuf) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     super::cluster::status(&client, false).await?;
     for chunk in unique.chunks(5_000) {
-        client.cancel(chunk, crate::identity::current_user().1).await?;
+        client.cancel(chunk).await?;
     }
     cluster.down()?;
     let met = output.lines().filter(|l| l.contains("met rank 0") || l.contains("ranks met")).count();

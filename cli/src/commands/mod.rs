@@ -1,6 +1,7 @@
 //! One file per command, as the user types it.
 
 pub mod account;
+pub mod admin;
 pub mod bench;
 pub mod bench_agents;
 pub mod cluster;

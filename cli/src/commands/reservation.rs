@@ -161,9 +161,8 @@ pub fn create(controllers: Option<&str>, words: &[&str]) -> anyhow::Result<i32> 
         }
         r.nodes = rt.block_on(pick_nodes(&client, count))?;
     }
-    let (_, uid, _) = crate::identity::current_user();
     let name = r.name.clone();
-    rt.block_on(client.admin(&AdminOp::CreateReservation(r), uid))
+    rt.block_on(client.admin(&AdminOp::CreateReservation(r)))
         .map_err(|e| anyhow::anyhow!("Error creating the reservation: {e}"))?;
     println!("Reservation created: {name}");
     Ok(0)
@@ -208,8 +207,7 @@ pub fn update(controllers: Option<&str>, words: &[&str]) -> anyhow::Result<i32> 
             None => u.end_open = true,
         }
     }
-    let (_, uid, _) = crate::identity::current_user();
-    rt.block_on(client.admin(&AdminOp::UpdateReservation(u), uid))
+    rt.block_on(client.admin(&AdminOp::UpdateReservation(u)))
         .map_err(|e| anyhow::anyhow!("Error updating the reservation: {e}"))?;
     println!("Reservation updated.");
     Ok(0)
@@ -218,9 +216,8 @@ pub fn update(controllers: Option<&str>, words: &[&str]) -> anyhow::Result<i32> 
 pub fn delete(controllers: Option<&str>, word: &str) -> anyhow::Result<i32> {
     let name = word.split_once('=').map(|(_, v)| v).unwrap_or(word).to_string();
     let client = crate::connect::client(controllers)?;
-    let (_, uid, _) = crate::identity::current_user();
     crate::connect::runtime()
-        .block_on(client.admin(&AdminOp::DeleteReservation(name), uid))
+        .block_on(client.admin(&AdminOp::DeleteReservation(name)))
         .map_err(|e| anyhow::anyhow!("Error deleting the reservation: {e}"))?;
     Ok(0)
 }

@@ -53,7 +53,6 @@ fn cancel(args: &[String]) -> anyhow::Result<i32> {
     } else {
         rt.block_on(crate::job_refs::resolve(&client, &args.ids, false))?
     };
-    let (_, uid, _) = crate::identity::current_user();
     if args.user.is_some() || args.state.is_some() || args.name.is_some() {
         // Filters select among the active jobs (and narrow explicit ids, as Slurm does).
         let filter = drover_client::JobFilter {
@@ -70,7 +69,7 @@ fn cancel(args: &[String]) -> anyhow::Result<i32> {
     }
     if let Some(signal) = &args.signal {
         // Signals go to the running tasks through their node agents; nothing is logged.
-        let outcomes = rt.block_on(client.signal(&ids, parse_signal(signal)?, uid))?;
+        let outcomes = rt.block_on(client.signal(&ids, parse_signal(signal)?))?;
         let mut code = 0;
         for o in outcomes.iter().filter(|o| !o.ok) {
             eprintln!("scancel: error: Signal job error on job id {}: {}", o.job_id, o.error);
@@ -78,7 +77,7 @@ fn cancel(args: &[String]) -> anyhow::Result<i32> {
         }
         return Ok(code);
     }
-    let outcomes = rt.block_on(client.cancel(&ids, uid))?;
+    let outcomes = rt.block_on(client.cancel(&ids))?;
     let mut code = 0;
     for o in outcomes {
         if o.ok {

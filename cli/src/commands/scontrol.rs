@@ -17,7 +17,7 @@ pub fn run(args: &[String]) -> i32 {
     }
 }
 
-const USAGE: &str = "usage: scontrol show job [ID] | scontrol top ID... | scontrol update jobid=ID [TimeLimit=T] [Nice=N] [QOS=Q] [Dependency=D] | scontrol create reservation ReservationName=N StartTime=T (Duration=D|EndTime=T) (Nodes=LIST|NodeCnt=N|TRES=gres/gpu=N) (Users=U,..|Accounts=A,..) [Flags=MAINT] | scontrol update ReservationName=N ... | scontrol delete ReservationName=N | scontrol show reservation [NAME] | scontrol show node [NAME] | scontrol hold ID... | scontrol release ID... | scontrol show hostnames [HOSTLIST] | scontrol update nodename=LIST state=drain|resume [reason=TEXT] | scontrol show partition [NAME] | scontrol update partitionname=NAME [state=UP|DOWN|DRAIN|INACTIVE] [maxtime=T] [defaulttime=T] [maxnodes=N] [nodes=LIST] [default=yes]";
+const USAGE: &str = "usage: scontrol show job [ID] | scontrol write batch_script ID [FILE|-] | scontrol top ID... | scontrol update jobid=ID [TimeLimit=T] [Nice=N] [QOS=Q] [Dependency=D] | scontrol create reservation ReservationName=N StartTime=T (Duration=D|EndTime=T) (Nodes=LIST|NodeCnt=N|TRES=gres/gpu=N) (Users=U,..|Accounts=A,..) [Flags=MAINT] | scontrol update ReservationName=N ... | scontrol delete ReservationName=N | scontrol show reservation [NAME] | scontrol show node [NAME] | scontrol hold ID... | scontrol release ID... | scontrol show hostnames [HOSTLIST] | scontrol update nodename=LIST state=drain|resume [reason=TEXT] | scontrol show partition [NAME] | scontrol update partitionname=NAME [state=UP|DOWN|DRAIN|INACTIVE] [maxtime=T] [defaulttime=T] [maxnodes=N] [nodes=LIST] [default=yes]";
 
 fn is_reservation(word: &str) -> bool {
     matches!(word.to_ascii_lowercase().as_str(), "reservation" | "reservations" | "res")
@@ -63,6 +63,9 @@ fn dispatch(args: &[String]) -> anyhow::Result<i32> {
         {
             show_jobs(controllers.as_deref(), rest.first().copied())
         }
+        ["write", "batch_script", id, rest @ ..] if rest.len() <= 1 => {
+            write_batch_script(controllers.as_deref(), id, rest.first().copied())
+        }
         ["show", "hostnames"] => {
             let list = std::env::var("SLURM_JOB_NODELIST")
                 .map_err(|_| anyhow::anyhow!("no hostlist given and SLURM_JOB_NODELIST is not set"))?;
@@ -74,6 +77,23 @@ fn dispatch(args: &[String]) -> anyhow::Result<i32> {
         }
         _ => anyhow::bail!("invalid command {:?}; {USAGE}", args.join(" ")),
     }
+}
+
+/// `scontrol write batch_script ID [FILE]`: the job's script as submitted, to `slurm-ID.sh` (Slurm's default),
+/// FILE, or standard output for `-`. Only its owner, operators and administrators may read it.
+fn write_batch_script(controllers: Option<&str>, id: &str, file: Option<&str>) -> anyhow::Result<i32> {
+    let job_id: u64 = id.parse().map_err(|_| anyhow::anyhow!("Invalid job id specified: {id}"))?;
+    let client = crate::connect::client(controllers)?;
+    let (_, script) = crate::connect::runtime().block_on(client.get_job(job_id, true, false))?;
+    match file.unwrap_or("") {
+        "-" => print!("{script}"),
+        name => {
+            let path = if name.is_empty() { format!("slurm-{job_id}.sh") } else { name.to_string() };
+            std::fs::write(&path, script).map_err(|e| anyhow::anyhow!("cannot write {path}: {e}"))?;
+            println!("batch script for job {job_id} written to {path}");
+        }
+    }
+    Ok(0)
 }
 
 /// `scontrol update jobid=12 TimeLimit=1:00:00 Nice=10 QOS=debug Dependency=afterok:11` (a pending job, or every
@@ -99,11 +119,10 @@ fn update_job(controllers: Option<&str>, first: &str, words: &[&str]) -> anyhow:
         }
     }
     let client = crate::connect::client(controllers)?;
-    let (_, uid, _) = crate::identity::current_user();
     let rt = crate::connect::runtime();
     let mut code = 0;
     for job in rt.block_on(crate::job_refs::resolve(&client, &[id], false))? {
-        if let Err(e) = rt.block_on(client.update_job(job, &update, uid)) {
+        if let Err(e) = rt.block_on(client.update_job(job, &update)) {
             eprintln!("scontrol: error: job {job}: {e}");
             code = 1;
         }
@@ -391,13 +410,12 @@ pub fn show_job_text(job: &Job, now_ms: u64) -> String {
 fn hold_release(controllers: Option<&str>, verb: &str, ids: &[&str]) -> anyhow::Result<i32> {
     let refs: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
     let client = crate::connect::client(controllers)?;
-    let (_, uid, _) = crate::identity::current_user();
     let rt = crate::connect::runtime();
     let ids = rt.block_on(crate::job_refs::resolve(&client, &refs, false))?;
     let outcomes = match verb {
-        "release" => rt.block_on(client.release(&ids, uid))?,
-        "top" => rt.block_on(client.top(&ids, uid))?,
-        _ => rt.block_on(client.hold(&ids, uid))?,
+        "release" => rt.block_on(client.release(&ids))?,
+        "top" => rt.block_on(client.top(&ids))?,
+        _ => rt.block_on(client.hold(&ids))?,
     };
     let mut code = 0;
     for o in outcomes.iter().filter(|o| !o.ok) {

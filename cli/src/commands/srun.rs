@@ -93,7 +93,7 @@ async fn srun(args: &[String]) -> anyhow::Result<i32> {
         }
         let layout = step_layout(&job, nodes_given, spec.ntasks, spec.ntasks_per_node)?;
         let step = StepPlan { argv, env: step_env, cwd, output, error, flags, layout };
-        return run_step(&client, &job, uid, step).await;
+        return run_step(&client, &job, step).await;
     }
 
     // Outside a job: an interactive allocation first.
@@ -107,16 +107,16 @@ async fn srun(args: &[String]) -> anyhow::Result<i32> {
     let job = match wait_for_allocation(&client, job_id).await {
         Ok(job) => job,
         Err(e) => {
-            let _ = client.cancel(&[job_id], uid).await;
+            let _ = client.cancel(&[job_id]).await;
             return Err(e);
         }
     };
     let layout = step_layout(&job, None, spec.ntasks, spec.ntasks_per_node)?;
     let step = StepPlan { argv, env: step_env, cwd, output, error, flags, layout };
-    let result = run_step(&client, &job, uid, step).await;
+    let result = run_step(&client, &job, step).await;
     if matches!(result, Ok(INTERRUPTED)) {
         // Ctrl-C: the allocation is cancelled, as Slurm's srun does; the agents stop the tasks as the streams drop.
-        if let Err(e) = client.cancel(&[job_id], uid).await {
+        if let Err(e) = client.cancel(&[job_id]).await {
             eprintln!("srun: error: could not cancel allocation {job_id}: {e}");
         }
         return result;
@@ -126,7 +126,7 @@ async fn srun(args: &[String]) -> anyhow::Result<i32> {
         Ok(code) => (*code, 0),
         Err(_) => (1, 0),
     };
-    if let Err(e) = client.complete_job(job_id, job.incarnation, exit_code, signal, uid).await {
+    if let Err(e) = client.complete_job(job_id, job.incarnation, exit_code, signal).await {
         eprintln!("srun: error: could not end allocation {job_id}: {e}");
     }
     result
@@ -208,8 +208,8 @@ struct StepPlan {
     layout: Layout,
 }
 
-async fn run_step(client: &Client, job: &Job, uid: u32, plan: StepPlan) -> anyhow::Result<i32> {
-    let step_id = client.create_step(job.id, uid).await?;
+async fn run_step(client: &Client, job: &Job, plan: StepPlan) -> anyhow::Result<i32> {
+    let step_id = client.create_step(job.id).await?;
     let nodes = client.list_nodes(false).await?;
     let addrs: HashMap<&str, &str> = nodes.iter().map(|n| (n.info.name.as_str(), n.info.agent_addr.as_str())).collect();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(String, Result<StepEvent, String>)>(1024);
@@ -218,7 +218,6 @@ async fn run_step(client: &Client, job: &Job, uid: u32, plan: StepPlan) -> anyho
         let launch = StepLaunch {
             job_id: job.id,
             step_id,
-            uid,
             argv: plan.argv.clone(),
             env: plan.env.clone(),
             cwd: plan.cwd.clone(),
@@ -231,8 +230,9 @@ async fn run_step(client: &Client, job: &Job, uid: u32, plan: StepPlan) -> anyho
         };
         let tx = tx.clone();
         let node = node.clone();
+        let (tls, credentials) = (client.tls().clone(), client.credentials().clone());
         tokio::spawn(async move {
-            if let Err(e) = follow_node(&addr, launch, &node, &tx).await {
+            if let Err(e) = follow_node(&tls, &credentials, &addr, launch, &node, &tx).await {
                 let _ = tx.send((node, Err(e))).await;
             }
         });
@@ -289,22 +289,24 @@ fn describe_exit(exit_code: i32, signal: i32) -> String {
     if signal != 0 { format!("Killed by signal {signal}") } else { format!("Exited with exit code {exit_code}") }
 }
 
+/// Launches this node's part of the step on its agent (mutual TLS; the agent must hold an agent's certificate)
+/// with the user's credential, and forwards its events.
 async fn follow_node(
+    tls: &drover_auth::tls::ClientTls,
+    credentials: &drover_client::Credentials,
     addr: &str,
     launch: StepLaunch,
     node: &str,
     tx: &tokio::sync::mpsc::Sender<(String, Result<StepEvent, String>)>,
 ) -> Result<(), String> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| format!("bad agent address {addr}: {e}"))?
-        .connect_timeout(Duration::from_millis(AGENT_CONNECT_TIMEOUT_MS));
-    let channel = endpoint.connect().await.map_err(|e| format!("cannot reach the agent at {addr}: {e}"))?;
+    let timeout = Duration::from_millis(AGENT_CONNECT_TIMEOUT_MS);
+    let channel = tls
+        .channel(addr, None, timeout, Some(drover_auth::tls::RoleKind::Agent))
+        .map_err(|e| format!("cannot reach the agent at {addr}: {e}"))?;
     let mut agent = AgentServiceClient::new(channel);
-    let mut stream = agent
-        .launch_step(StepRequest { json: encode(&launch) })
-        .await
-        .map_err(|s| s.message().to_string())?
-        .into_inner();
+    let mut request = tonic::Request::new(StepRequest { json: encode(&launch) });
+    credentials.attach(&mut request).map_err(|e| e.to_string())?;
+    let mut stream = agent.launch_step(request).await.map_err(|s| s.message().to_string())?.into_inner();
     while let Some(envelope) =
         stream.message().await.map_err(|s| format!("lost the agent at {addr}: {}", s.message()))?
     {

@@ -11,6 +11,8 @@ use drover_cli::local::{LocalCluster, UpOptions};
 pub struct Shell {
     pub bin: PathBuf,
     pub controllers: String,
+    /// The cluster's client configuration (TLS files, authd socket).
+    pub config: PathBuf,
     pub cwd: PathBuf,
 }
 
@@ -62,18 +64,26 @@ impl Shell {
         assert!(out.status.success());
         let cwd = dir.join("work");
         std::fs::create_dir_all(&cwd).unwrap();
-        Shell { bin, controllers: cluster.addresses(), cwd }
+        Shell { bin, controllers: cluster.addresses(), config: cluster.dir.join("client.toml"), cwd }
     }
 
-    pub fn run(&self, name: &str, args: &[&str]) -> Output {
-        Command::new(self.bin.join(name))
+    /// A Slurm command by name (the shims), or `drover` itself, set up to reach this cluster from the work
+    /// directory.
+    pub fn command(&self, name: &str, args: &[&str]) -> Command {
+        let program = if name == "drover" { env!("CARGO_BIN_EXE_drover").into() } else { self.bin.join(name) };
+        let mut command = Command::new(program);
+        command
             .args(args)
             .current_dir(&self.cwd)
             .env("DROVER_CONTROLLERS", &self.controllers)
+            .env("DROVER_CONFIG", &self.config)
             .env("PATH", format!("{}:{}:/usr/bin:/bin", self.bin.display(), drover_dir().display()))
-            .env_remove("SLURM_JOB_ID")
-            .output()
-            .expect("command runs")
+            .env_remove("SLURM_JOB_ID");
+        command
+    }
+
+    pub fn run(&self, name: &str, args: &[&str]) -> Output {
+        self.command(name, args).output().expect("command runs")
     }
 
     pub fn ok(&self, name: &str, args: &[&str]) -> String {

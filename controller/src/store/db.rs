@@ -15,11 +15,12 @@ pub const CF_SCRIPTS: &str = "scripts"; // job id -> script text
 pub const CF_HISTORY: &str = "history"; // finished job id -> Job (accounting, read by sacct)
 pub const CF_DEDUP: &str = "dedup"; // client request id -> (seq, job id)
 pub const CF_NODES: &str = "nodes"; // node name -> Node
-pub const CF_OBJECTS: &str = "objects"; // "account/NAME", "qos/NAME", "reservation/NAME" -> Object (format 2)
+pub const CF_OBJECTS: &str = "objects"; // "account/NAME", "qos/NAME", "reservation/NAME", "role/UID" -> Object
+pub const CF_AUDIT: &str = "audit"; // audit entry id (u64 BE) -> AuditEntry (format 3)
 
 /// The state machine's column families, in snapshot order (new families go last, so older snapshots still
 /// number theirs the same way).
-pub const SM_FAMILIES: [&str; 7] = [CF_SM, CF_JOBS, CF_SCRIPTS, CF_HISTORY, CF_DEDUP, CF_NODES, CF_OBJECTS];
+pub const SM_FAMILIES: [&str; 8] = [CF_SM, CF_JOBS, CF_SCRIPTS, CF_HISTORY, CF_DEDUP, CF_NODES, CF_OBJECTS, CF_AUDIT];
 
 const FORMAT_KEY: &[u8] = b"format_version";
 

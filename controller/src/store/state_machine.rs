@@ -12,7 +12,7 @@ use rocksdb::{IteratorMode, WriteBatch};
 use serde::{Deserialize, Serialize};
 
 use super::db::{
-    CF_DEDUP, CF_HISTORY, CF_JOBS, CF_NODES, CF_OBJECTS, CF_RAFT, CF_SCRIPTS, CF_SM, Db, SM_FAMILIES, id_key,
+    CF_AUDIT, CF_DEDUP, CF_HISTORY, CF_JOBS, CF_NODES, CF_OBJECTS, CF_RAFT, CF_SCRIPTS, CF_SM, Db, SM_FAMILIES, id_key,
 };
 use super::snapshot::{SnapshotFile, SnapshotReader, SnapshotWriter};
 use crate::types::{LogId, SnapshotMeta, StoredMembership, TypeConfig};
@@ -97,6 +97,17 @@ impl StateView {
     pub fn script(&self, id: JobId) -> io::Result<Option<String>> {
         let raw = self.db.db.get_cf(self.db.cf(CF_SCRIPTS), id_key(id)).map_err(|e| io_err("reading scripts", e))?;
         Ok(raw.map(|b| String::from_utf8_lossy(&b).into_owned()))
+    }
+
+    /// Audit entries in id order from `from_id`, at most `limit`.
+    pub fn audit(&self, from_id: u64, limit: usize) -> io::Result<Vec<drover_state::AuditEntry>> {
+        let mode = IteratorMode::From(&id_key(from_id), rocksdb::Direction::Forward);
+        let mut out = Vec::new();
+        for item in self.db.db.iterator_cf(self.db.cf(CF_AUDIT), mode).take(limit) {
+            let (_, value) = item.map_err(|e| io_err("reading the audit log", e))?;
+            out.push(from_json(&value)?);
+        }
+        Ok(out)
     }
 
     /// Finished jobs in id order, starting at `from_id`, at most `limit` of them that pass `keep`.
@@ -213,6 +224,8 @@ fn write_change(db: &Db, batch: &mut WriteBatch, change: &Change) -> io::Result<
         Change::PutNode(node) => batch.put_cf(db.cf(CF_NODES), node.info.name.as_bytes(), to_json(node)?),
         Change::PutObject(object) => batch.put_cf(db.cf(CF_OBJECTS), object.key().as_bytes(), to_json(object)?),
         Change::DeleteObject(key) => batch.delete_cf(db.cf(CF_OBJECTS), key.as_bytes()),
+        Change::PutAudit(entry) => batch.put_cf(db.cf(CF_AUDIT), id_key(entry.id), to_json(entry)?),
+        Change::DeleteAudit(id) => batch.delete_cf(db.cf(CF_AUDIT), id_key(*id)),
     }
     Ok(())
 }

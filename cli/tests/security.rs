@@ -1,0 +1,284 @@
+//! Security stories on a real local cluster: identity comes from the kernel (through drover-authd), never from the
+//! client; users touch only their own jobs; roles gate operators' and administrators' powers; every port needs a
+//! certificate from the cluster's CA, and each service only the right kind of peer.
+//!
+//! Two users, Alice (uid 60001) and Bob (uid 60002), exist only as uids: the test runs the CLI as them (it must
+//! run as root to switch users; CI does), and the kernel reports those uids to drover-authd. Nothing in the
+//! requests says who is asking.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use drover_auth::credential::{CREDENTIAL_METADATA_KEY, Identity, now_ms, sign};
+use drover_auth::{ClusterKey, RoleKind};
+use drover_cli::local::{LocalCluster, UpOptions};
+use drover_proto::v1::agent_gateway_client::AgentGatewayClient;
+use drover_proto::v1::agent_service_client::AgentServiceClient;
+use drover_proto::v1::drover_service_client::DroverServiceClient;
+use drover_proto::v1::raft_service_client::RaftServiceClient;
+use drover_proto::v1::{
+    ClusterStatusRequest, GetJobRequest, ListJobsRequest, RaftRequest, StepRequest, SubmitJobRequest,
+};
+use tonic::transport::Channel;
+
+mod common;
+
+use common::{Shell, setup};
+
+const ALICE: u32 = 60_001;
+const BOB: u32 = 60_002;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+impl Shell {
+    /// A Slurm command run as `uid` (the kernel's word: the process really runs as that uid).
+    fn run_as(&self, uid: u32, name: &str, args: &[&str]) -> Output {
+        self.command(name, args).env("ALICE_SECRET", "hunter2").uid(uid).gid(uid).output().expect("command runs")
+    }
+
+    fn ok_as(&self, uid: u32, name: &str, args: &[&str]) -> String {
+        let out = self.run_as(uid, name, args);
+        assert!(out.status.success(), "uid {uid}: {name} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn denied_as(&self, uid: u32, name: &str, args: &[&str]) -> String {
+        let out = self.run_as(uid, name, args);
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            !out.status.success() || text.contains("denied"),
+            "uid {uid}: {name} {args:?} should be refused: {text}"
+        );
+        text
+    }
+}
+
+/// The cluster's key, as the test (root) can read it: to sign credentials the way authd would, or to forge them.
+fn cluster_key(cluster: &LocalCluster) -> ClusterKey {
+    ClusterKey::load(&cluster.dir.join("pki/cluster.key")).unwrap()
+}
+
+fn token(key: &ClusterKey, uid: u32) -> String {
+    sign(key, &Identity { uid, gid: uid, user: format!("u{uid}") }, "testhost", now_ms(), 60_000)
+}
+
+/// A TLS channel with the cluster's client certificate (what any process on a cluster host can use).
+fn client_channel(cluster: &LocalCluster, addr: &str, expect: RoleKind) -> Channel {
+    let config = cluster.client_config().unwrap();
+    drover_auth::ClientTls::load(config.tls_files())
+        .unwrap()
+        .channel(addr, None, Duration::from_secs(2), Some(expect))
+        .unwrap()
+}
+
+fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(CREDENTIAL_METADATA_KEY, token.parse().unwrap());
+    request
+}
+
+fn spec_json(uid: u32, user: &str, environment: Vec<(String, String)>) -> Vec<u8> {
+    let spec = drover_state::JobSpec {
+        name: "mine".into(),
+        user: user.into(),
+        uid,
+        gid: uid,
+        script: "#!/bin/sh\nsleep 300\n".into(),
+        min_nodes: 1,
+        max_nodes: 1,
+        cpus_per_task: 1,
+        work_dir: "/tmp".into(),
+        environment,
+        ..drover_state::JobSpec::default()
+    };
+    serde_json::to_vec(&spec).unwrap()
+}
+
+#[test]
+fn two_users_touch_only_their_own_jobs_and_roles_gate_the_rest() {
+    if !is_root() {
+        eprintln!("SKIPPED: this story runs commands as other uids, which needs root (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (cluster, sh) = setup(dir.path(), UpOptions { agents: 1, gpus_per_agent: 2, ..UpOptions::default() });
+    std::fs::set_permissions(&sh.cwd, std::fs::Permissions::from_mode(0o777)).unwrap();
+
+    // The kernel says who each of them is.
+    assert!(sh.ok_as(ALICE, "drover", &["whoami"]).contains("uid=60001"));
+    assert!(sh.ok_as(BOB, "drover", &["whoami"]).contains("uid=60002 gid=60002 user=60002 adminlevel=None"));
+
+    // Alice's job runs as Alice on the node.
+    let id = sh.ok_as(ALICE, "sbatch", &["--parsable", "--wrap", "id -u > whoami.txt; sleep 300"]).trim().to_string();
+    let start = Instant::now();
+    while std::fs::read_to_string(sh.cwd.join("whoami.txt")).map(|s| s.trim().is_empty()).unwrap_or(true) {
+        assert!(start.elapsed() < Duration::from_secs(20), "Alice's job never ran");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(std::fs::read_to_string(sh.cwd.join("whoami.txt")).unwrap().trim(), "60001");
+
+    // Bob can see that the job exists, but cannot cancel, signal, hold or read it.
+    assert!(sh.ok_as(BOB, "squeue", &["-h", "-o", "%i %u"]).contains(&format!("{id} 60001")));
+    for (name, args) in [
+        ("scancel", vec![id.as_str()]),
+        ("scancel", vec!["--signal=USR1", id.as_str()]),
+        ("scontrol", vec!["hold", id.as_str()]),
+        ("scontrol", vec!["write", "batch_script", id.as_str(), "-"]),
+    ] {
+        let text = sh.denied_as(BOB, name, &args);
+        assert!(text.contains("Access/permission denied"), "{name} {args:?}: {text}");
+    }
+    assert!(sh.ok_as(ALICE, "scontrol", &["write", "batch_script", &id, "-"]).contains("id -u > whoami.txt"));
+
+    // Bob is no operator or administrator: no drains, no partition changes, no membership changes.
+    let text = sh.denied_as(BOB, "scontrol", &["update", "nodename=node01", "state=drain", "reason=mine"]);
+    assert!(text.contains("needs AdminLevel=Operator"), "{text}");
+    let text = sh.denied_as(BOB, "scontrol", &["update", "partitionname=gpu", "maxtime=1:00:00"]);
+    assert!(text.contains("needs AdminLevel=Administrator"), "{text}");
+    let text = sh.denied_as(BOB, "drover", &["cluster", "add-replica", "9", "127.0.0.1:9"]);
+    assert!(text.contains("needs AdminLevel=Administrator"), "{text}");
+    let text = sh.denied_as(BOB, "drover", &["admin", "grant", "60002", "admin"]);
+    assert!(text.contains("needs AdminLevel=Administrator"), "{text}");
+    let text = sh.denied_as(BOB, "drover", &["audit"]);
+    assert!(text.contains("needs AdminLevel=Operator"), "{text}");
+
+    // Root makes Bob an operator: now he drains the node and cancels Alice's job, and the audit log says so.
+    sh.ok("drover", &["admin", "grant", "60002", "operator"]);
+    assert!(sh.ok_as(BOB, "drover", &["whoami"]).contains("adminlevel=Operator"));
+    sh.ok_as(BOB, "scontrol", &["update", "nodename=node01", "state=drain", "reason=fan"]);
+    sh.ok_as(BOB, "scancel", &[id.as_str()]);
+    let audit = sh.ok_as(BOB, "drover", &["audit"]);
+    let lines: Vec<&str> = audit.lines().skip(1).collect();
+    assert!(lines.iter().any(|l| l.contains("set_role") && l.split_whitespace().nth(2) == Some("0")), "{audit}");
+    assert!(lines.iter().any(|l| l.contains("drain_nodes") && l.contains("60002") && l.contains("fan")), "{audit}");
+    // Still not an administrator.
+    let text = sh.denied_as(BOB, "scontrol", &["update", "partitionname=gpu", "maxtime=1:00:00"]);
+    assert!(text.contains("needs AdminLevel=Administrator"), "{text}");
+    drop(cluster);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_or_missing_credential_is_refused_and_a_claimed_uid_is_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::up(&dir.path().join("c"), UpOptions::default()).unwrap();
+    cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
+    let key = cluster_key(&cluster);
+    let leader = leader_addr_async(&cluster).await;
+    let mut api = DroverServiceClient::new(client_channel(&cluster, &leader, RoleKind::Controller));
+
+    // A job whose spec claims root, sent with Alice's credential, is Alice's job.
+    let alice = token(&key, ALICE);
+    let secret = vec![("ALICE_SECRET".to_string(), "hunter2".to_string())];
+    let request = SubmitJobRequest { spec_json: spec_json(0, "root", secret), request_id: String::new() };
+    let id = api.submit_job(with_token(request, &alice)).await.unwrap().into_inner().job_id;
+    let reply = api.get_job(with_token(GetJobRequest { job_id: id, ..Default::default() }, &alice)).await.unwrap();
+    let job: drover_state::Job = serde_json::from_slice(&reply.into_inner().job_json).unwrap();
+    assert_eq!((job.spec.uid, job.spec.user.as_str()), (ALICE, "u60001"), "the credential decides, not the spec");
+    assert!(job.spec.environment.iter().any(|(k, _)| k == "ALICE_SECRET"), "Alice sees her own environment");
+
+    // Bob sees the job but not Alice's environment or script (Slurm's PrivateData).
+    let bob = token(&key, BOB);
+    let list = ListJobsRequest { job_ids: vec![id], ..Default::default() };
+    let reply = api.list_jobs(with_token(list, &bob)).await.unwrap().into_inner();
+    let jobs: Vec<drover_state::Job> = serde_json::from_slice(&reply.jobs_json).unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert!(jobs[0].spec.environment.is_empty(), "another user's environment is not shown");
+    let script = GetJobRequest { job_id: id, with_script: true, ..Default::default() };
+    let denied = api.get_job(with_token(script, &bob)).await.unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+
+    // A credential edited to say uid 0 keeps its old signature: refused.
+    let (payload, signature) = alice.split_once('.').unwrap();
+    use base64::Engine as _;
+    let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let mut claims: serde_json::Value = serde_json::from_slice(&engine.decode(payload).unwrap()).unwrap();
+    claims["uid"] = 0.into();
+    let forged = format!("{}.{signature}", engine.encode(serde_json::to_vec(&claims).unwrap()));
+    // One signed with another cluster's key: refused too. And none at all.
+    let foreign = token(&ClusterKey::generate(), 0);
+    for (credential, why) in
+        [(Some(forged), "not signed with this cluster's key"), (Some(foreign), "different cluster key")]
+    {
+        let status = api.cluster_status(with_token(ClusterStatusRequest::default(), &credential.unwrap())).await;
+        let status = status.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unauthenticated);
+        assert!(status.message().contains(why), "{}", status.message());
+    }
+    let status = api.list_jobs(ListJobsRequest::default()).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    assert!(status.message().contains("no user credential"), "{}", status.message());
+}
+
+async fn leader_addr_async(cluster: &LocalCluster) -> String {
+    let status = cluster.client().unwrap().cluster_status().await.unwrap();
+    status.replicas.iter().find(|r| r.role == "leader").unwrap().address.clone()
+}
+
+/// A TLS client that trusts the cluster's CA but presents no certificate of its own (or one from another CA).
+fn channel_without_cluster_certificate(cluster: &LocalCluster, addr: &str, foreign: bool) -> Channel {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let ca = std::fs::read_to_string(cluster.dir.join("pki/ca.pem")).unwrap();
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)).domain_name("127.0.0.1");
+    if foreign {
+        let other_ca = drover_auth::tls::generate_ca("someone else's CA").unwrap();
+        let pem = drover_auth::tls::issue(&other_ca, &drover_auth::Role::Client("x".into()), &[], &[], 30).unwrap();
+        tls = tls.identity(Identity::from_pem(pem.cert_pem, pem.key_pem));
+    }
+    Endpoint::from_shared(format!("https://{addr}")).unwrap().tls_config(tls).unwrap().connect_lazy()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_port_refuses_a_client_without_a_cluster_certificate_and_services_refuse_the_wrong_role() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = UpOptions { agents: 1, ..UpOptions::default() };
+    let cluster = LocalCluster::up(&dir.path().join("c"), options).unwrap();
+    cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
+    cluster.wait_agents(Duration::from_secs(30)).await.unwrap();
+    let key = cluster_key(&cluster);
+    let root = token(&key, 0);
+    let controllers: Vec<String> = cluster.addresses().split(',').map(str::to_string).collect();
+    let agent = cluster.processes.iter().find(|p| p.role == "agent").unwrap().address.clone();
+
+    for addr in controllers.iter().chain([&agent]) {
+        for foreign in [false, true] {
+            // No certificate, or one from another CA: the TLS handshake fails, whatever the service.
+            let channel = channel_without_cluster_certificate(&cluster, addr, foreign);
+            let mut api = DroverServiceClient::new(channel.clone());
+            let err = api.cluster_status(with_token(ClusterStatusRequest::default(), &root)).await.unwrap_err();
+            assert!(
+                matches!(
+                    err.code(),
+                    tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled
+                ),
+                "{addr} (foreign={foreign}): {err:?}"
+            );
+            let mut steps = AgentServiceClient::new(channel.clone());
+            assert!(steps.launch_step(with_token(StepRequest { json: b"{}".to_vec() }, &root)).await.is_err());
+            let mut raft = RaftServiceClient::new(channel);
+            assert!(raft.vote(RaftRequest { data: b"{}".to_vec() }).await.is_err());
+        }
+        // A plain (non-TLS) connection gets nowhere either.
+        let plain = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect_lazy();
+        let mut api = DroverServiceClient::new(plain);
+        assert!(api.cluster_status(with_token(ClusterStatusRequest::default(), &root)).await.is_err(), "{addr}");
+    }
+
+    // With the cluster's client certificate, a client still may not speak Raft or pose as an agent.
+    let channel = client_channel(&cluster, &controllers[0], RoleKind::Controller);
+    let mut raft = RaftServiceClient::new(channel.clone());
+    let err = raft.vote(RaftRequest { data: b"{}".to_vec() }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    let mut gateway = AgentGatewayClient::new(channel.clone());
+    let (_tx, rx) = tokio::sync::mpsc::channel::<drover_proto::v1::AgentEnvelope>(1);
+    let err = gateway.session(tokio_stream::wrappers::ReceiverStream::new(rx)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    // ... while the client API serves it (with a credential).
+    let mut api = DroverServiceClient::new(channel);
+    assert!(api.cluster_status(with_token(ClusterStatusRequest::default(), &root)).await.is_ok());
+}

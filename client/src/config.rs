@@ -1,0 +1,87 @@
+//! How a client finds and proves itself to a cluster: the controllers, the host's TLS client certificate, and
+//! the socket of the host's `drover-authd`.
+
+use std::path::{Path, PathBuf};
+
+use drover_auth::tls::TlsFiles;
+use serde::{Deserialize, Serialize};
+
+use crate::ClientError;
+
+/// Read when neither `DROVER_CONFIG` nor a flag names another file.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/drover/client.toml";
+
+/// A client's configuration file (`/etc/drover/client.toml`; `drover local up` writes one in its directory).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientConfig {
+    /// `host:port` of the controllers. `DROVER_CONTROLLERS` (comma-separated) or `--controllers` override it.
+    #[serde(default)]
+    pub controllers: Vec<String>,
+    /// The cluster CA and this host's client certificate and key (PEM). The key is the host's, readable by its
+    /// users: it proves the connection comes from a cluster host; who the user is, the credential says.
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The host's `drover-authd` socket. `DROVER_AUTH_SOCKET` overrides it.
+    #[serde(default = "default_socket")]
+    pub auth_socket: PathBuf,
+}
+
+fn default_socket() -> PathBuf {
+    PathBuf::from(drover_auth::authd::DEFAULT_SOCKET)
+}
+
+impl ClientConfig {
+    pub fn load(path: &Path) -> Result<ClientConfig, ClientError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ClientError::Config(format!(
+                "cannot read the client configuration {}: {e} (`drover local up` prints the DROVER_CONFIG to use; a \
+                 production host has {DEFAULT_CONFIG_PATH})",
+                path.display()
+            ))
+        })?;
+        toml::from_str(&text)
+            .map_err(|e| ClientError::Config(format!("client configuration {} is invalid: {e}", path.display())))
+    }
+
+    /// The configuration this process should use: the file `DROVER_CONFIG` names (else the default path), with
+    /// the controllers from `flag`, else `DROVER_CONTROLLERS`, else the file; and the socket from
+    /// `DROVER_AUTH_SOCKET` when set.
+    pub fn from_environment(flag: Option<&str>) -> Result<ClientConfig, ClientError> {
+        let path = std::env::var("DROVER_CONFIG").unwrap_or_else(|_| DEFAULT_CONFIG_PATH.to_string());
+        let mut config = ClientConfig::load(Path::new(&path))?;
+        let listed = flag
+            .filter(|s| !s.trim().is_empty())
+            .map(str::to_string)
+            .or_else(|| std::env::var("DROVER_CONTROLLERS").ok().filter(|s| !s.trim().is_empty()));
+        if let Some(list) = listed {
+            config.controllers = split_list(&list);
+        }
+        if let Ok(socket) = std::env::var(drover_auth::authd::SOCKET_ENV)
+            && !socket.is_empty()
+        {
+            config.auth_socket = PathBuf::from(socket);
+        }
+        if config.controllers.is_empty() {
+            return Err(ClientError::Config(format!(
+                "no controllers known: set DROVER_CONTROLLERS=host:port,... (printed by `drover local up`), pass \
+                 --controllers, or list them in {path}"
+            )));
+        }
+        Ok(config)
+    }
+
+    /// The same configuration aimed at other controllers (a comma-separated list).
+    pub fn with_controllers(&self, list: &str) -> ClientConfig {
+        ClientConfig { controllers: split_list(list), ..self.clone() }
+    }
+
+    pub fn tls_files(&self) -> TlsFiles {
+        TlsFiles { ca: self.ca.clone(), cert: self.cert.clone(), key: self.key.clone() }
+    }
+}
+
+fn split_list(list: &str) -> Vec<String> {
+    list.split(',').map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect()
+}
