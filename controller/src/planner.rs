@@ -85,6 +85,12 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                 exclusive: job.spec.exclusive,
                 reservation: job.spec.reservation.clone(),
                 array_id: job.array.map(|a| a.array_job_id),
+                // Preemption is wired in with checkpoint-based requeue; until then no job is a victim.
+                partition: job.partition.clone(),
+                requeueable: false,
+                priority: 0,
+                preempting: false,
+                preempted_for: None,
             });
         } else if job.state == JobState::Pending {
             let spec = &job.spec;
@@ -150,6 +156,7 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                 PartitionState::Drain => sched::PartitionState::Drain,
                 PartitionState::Down | PartitionState::Inactive => sched::PartitionState::Down,
             },
+            preempt_mode: sched::PreemptMode::Off,
         })
         .collect();
     sched::ClusterView {
@@ -172,6 +179,8 @@ fn sched_qos(q: &drover_state::Qos) -> sched::Qos {
         max_gpus_per_user: q.max_gpus_per_user,
         max_jobs_per_account: q.max_jobs_per_account,
         max_gpus_per_account: q.max_gpus_per_account,
+        preempt: Vec::new(),
+        preempt_exempt_time_s: None,
     }
 }
 

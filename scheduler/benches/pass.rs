@@ -1,12 +1,13 @@
 //! One full scheduling pass (priority + backfill + placement) at 1k / 10k / 100k pending jobs on 10,000 nodes ×
 //! 8 GPUs with about half the GPUs busy. A counting global allocator reports the memory of the view and the peak
-//! extra memory of one pass.
+//! extra memory of one pass. `pass_10k_nodes_preempt`: the same views with preemption configured (every fifth
+//! pending job in a QOS that may preempt the others, every running job requeue-able).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use drover_scheduler::synth::bench_view;
+use drover_scheduler::synth::{bench_view, with_preemption};
 use drover_scheduler::{SchedulerConfig, schedule};
 
 struct Counting;
@@ -60,6 +61,17 @@ fn pass(c: &mut Criterion) {
     group.sample_size(10);
     for pending in [1_000, 10_000, 100_000] {
         let view = bench_view(NODES, pending, 42);
+        let config = SchedulerConfig::default();
+        group.bench_with_input(BenchmarkId::from_parameter(pending), &view, |b, v| {
+            b.iter(|| schedule(v, &config).expect("valid view"))
+        });
+    }
+    group.finish();
+    let mut group = c.benchmark_group("pass_10k_nodes_preempt");
+    group.sample_size(10);
+    for pending in [10_000, 100_000] {
+        let mut view = bench_view(NODES, pending, 42);
+        with_preemption(&mut view, 5);
         let config = SchedulerConfig::default();
         group.bench_with_input(BenchmarkId::from_parameter(pending), &view, |b, v| {
             b.iter(|| schedule(v, &config).expect("valid view"))

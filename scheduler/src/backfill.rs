@@ -11,17 +11,24 @@
 //! earliest; other reservations scan the partition's nodes once, multi-node searches then re-evaluate only a few
 //! nodes per round. Per-job facts are resolved once in view order and gathered into priority order (sorted as packed
 //! integer keys), so the main loop reads them sequentially; scratch buffers are dropped as soon as they are used.
+//!
+//! A blocked job whose QOS or partition may preempt others then looks for victims (see [`preempt`]); with nothing
+//! configured that costs one branch per blocked job.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use crate::fxhash::FxMap;
 
+pub mod preempt;
+
 use crate::error::ScheduleError;
 use crate::fairshare::FairShareTree;
-use crate::model::{ClusterView, DependencyState, PartitionState, PendingJob, Qos, SchedulerConfig, Topology};
+use crate::model::{
+    ClusterView, DependencyState, PartitionState, PendingJob, Qos, RunningJob, SchedulerConfig, Topology,
+};
 use crate::placement::{Candidate, choose_nodes, lowest_gpus};
-use crate::plan::{NodeAlloc, Plan, Reason};
+use crate::plan::{NodeAlloc, Plan, Preemption, Reason};
 use crate::priority::{PriorityBreakdown, PriorityContext, apply_top};
 use crate::profile::Profile;
 
@@ -239,6 +246,9 @@ struct JobPre {
     array_max: u32,
     /// Index into the shape memo, or NO_SHAPE.
     shape: u32,
+    /// Whether its QOS or partition may preempt anything: 0 no; otherwise its QOS index + 1, or `u16::MAX` when
+    /// that does not fit (or the QOS is unknown) and the preemption check looks it up by name.
+    preempt_q: u16,
 }
 
 const _: () = assert!(std::mem::size_of::<JobPre>() <= 56);
@@ -295,6 +305,8 @@ pub struct Pass<'a> {
     /// reservations. Profiles only lose GPUs during a pass, so a key, once exact, stays a lower bound; stale keys
     /// are refreshed when they surface. Built on first use.
     start_bounds: FxMap<(usize, i32), StartBounds>,
+    /// Preemption state; None when nothing may preempt (see [`preempt`]).
+    preempt: Option<preempt::Preempt<'a>>,
 }
 
 /// Dense ids for names (or other keys) in first-seen order.
@@ -490,9 +502,22 @@ impl<'a> Pass<'a> {
         }
 
         // Running jobs give their GPUs back at their expected end. One still running past it is about to be
-        // killed; it gives them back "just after now" so nothing is planned onto GPUs it still holds.
+        // killed; it gives them back "just after now" so nothing is planned onto GPUs it still holds. One being
+        // preempted gives them back within KillWait; while preemption is on, only to preemptors (see `preempt`).
+        let mut preempt = preempt::Preempt::new(view, config, &part_index, nodes.len());
+        let preempting = preempt.is_some();
+        let kill_at = now_s.saturating_add(config.kill_wait_s.max(1));
+        let release_s = |job: &RunningJob| {
+            let end_s = job.expected_end_s();
+            if job.preempting && !(preempting && preempt::Preempt::holds_back(job)) {
+                end_s.min(kill_at).max(now_s + 1)
+            } else {
+                end_s.max(now_s + 1)
+            }
+        };
         for job in &view.running {
-            let end_s = job.expected_end_s().max(now_s + 1);
+            let end_s = release_s(job);
+            let mut held = Vec::new();
             for (name, gpus) in &job.alloc {
                 let Some(&ni) = node_index.get(name.as_str()) else {
                     return Err(ScheduleError::Unknown { kind: "node of a running job", name: name.clone() });
@@ -504,13 +529,24 @@ impl<'a> Pass<'a> {
                     }
                 }
                 node.general.add(end_s, u64::MAX, gpus.len() as i32);
+                let mut taken = gpus.len() as i32;
                 if job.exclusive {
                     // It owns the node's other GPUs too until it ends.
                     let rest = node.free_mask.count_ones() as i32;
                     node.free_mask = 0;
                     node.general.add(now_s, end_s, -rest);
+                    taken += rest;
+                }
+                if preempting && taken > 0 {
+                    held.push((ni, taken));
                 }
             }
+            if let Some(pre) = preempt.as_mut() {
+                pre.add_running(job, &part_index, end_s, held);
+            }
+        }
+        if let Some(pre) = preempt.as_mut() {
+            pre.seal(view);
         }
 
         // Advance reservations: their GPUs leave the general profile for their window and become a separate
@@ -559,7 +595,7 @@ impl<'a> Pass<'a> {
             let Some(rname) = &job.reservation else { continue };
             let Some(&ri) = resv_index.get(rname.as_str()) else { continue };
             let (rs, re) = (resvs[ri].start_s, resvs[ri].end_s);
-            let end_s = job.expected_end_s().max(now_s + 1);
+            let end_s = release_s(job);
             for (name, gpus) in &job.alloc {
                 let Some(&ni) = node_index.get(name.as_str()) else { continue };
                 let node = &mut nodes[ni as usize];
@@ -610,6 +646,7 @@ impl<'a> Pass<'a> {
             resv_index,
             resvs,
             start_bounds: FxMap::default(),
+            preempt,
         })
     }
 
@@ -691,6 +728,13 @@ impl<'a> Pass<'a> {
                 None
             };
             let q_limited = q.filter(|&q| qos_limited[q]);
+            let preempt_q = match (&self.preempt, p) {
+                (Some(pre), Some(p)) if pre.may_preempt_some(q, p) => match q {
+                    Some(q) if q + 1 < usize::from(u16::MAX) => q as u16 + 1,
+                    _ => u16::MAX,
+                },
+                _ => 0,
+            };
             any_top |= job.top_rank != 0;
             let (array, array_max) = match job.array {
                 Some(a) => (intern(&mut array_ids, a.array_id), a.max_running),
@@ -732,6 +776,7 @@ impl<'a> Pass<'a> {
                 array,
                 array_max,
                 shape,
+                preempt_q,
             });
         }
         if any_top {
@@ -784,7 +829,9 @@ impl<'a> Pass<'a> {
             reasons: Vec::with_capacity(view.pending.len()),
             expected_start: Vec::new(),
             priorities,
+            preemptions: Vec::new(),
         };
+        let mut preempt = self.preempt.take();
         let mut blocked_in_partition = vec![false; view.partitions.len()];
         let mut any_blocked = false;
         let mut examined = 0usize;
@@ -884,9 +931,26 @@ impl<'a> Pass<'a> {
                 }
                 let first = !blocked_in_partition[p];
                 blocked_in_partition[p] = true;
+                // Its earliest start on the profiles, when the preemption check already computed it.
+                let mut earliest = None;
+                if pj.preempt_q != 0
+                    && let Some(pre) = preempt.as_mut()
+                {
+                    match self.try_preempt(pre, (job, pj.id, pj.preempt_q), &req, filter, p, shape) {
+                        preempt::Outcome::Reserved { t, victims } => {
+                            plan.expected_start.push((pj.id, t));
+                            plan.preemptions
+                                .extend(victims.into_iter().map(|victim| Preemption { victim, for_job: pj.id }));
+                            // Slurm shows a job waiting for its preempted jobs to end as waiting for resources.
+                            break 'job Reason::Resources;
+                        }
+                        preempt::Outcome::Normal(e) => earliest = e,
+                    }
+                }
                 if config.backfill && reservations_made < config.max_reservations {
                     reservations_made += 1;
-                    if let Some(t) = self.reserve(&req, filter, p) {
+                    if let Some((t, chosen)) = earliest.unwrap_or_else(|| self.find_earliest(&req, filter, p)) {
+                        self.take_window(&req, &chosen, t);
                         plan.expected_start.push((pj.id, t));
                     }
                 }
@@ -1076,8 +1140,9 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// Finds the job's earliest start on the profiles and takes its GPUs there, so later jobs cannot delay it.
-    fn reserve(&mut self, job: &Req, filter: &Filter, p: usize) -> Option<u64> {
+    /// The job's earliest start on the profiles and the nodes it would take then (a reservation takes them with
+    /// [`Self::take_window`], so later jobs cannot delay it).
+    fn find_earliest(&mut self, job: &Req, filter: &Filter, p: usize) -> Option<(u64, Vec<u32>)> {
         let dur_s = job.time_limit_s;
         let plain = filter.features == 0
             && filter.gpu_type == 0
@@ -1086,17 +1151,10 @@ impl<'a> Pass<'a> {
             && !job.exclusive;
         if job.nodes == 1 && plain {
             let (t, i) = self.earliest_single(p, job.gpus_per_node as i32, dur_s)?;
-            let n = &mut self.nodes[i as usize];
-            n.general.add(t, t.saturating_add(dur_s), -(job.gpus_per_node as i32));
-            if t <= self.now_s {
-                self.refresh_level(i);
-            }
-            return Some(t);
+            return Some((t, vec![i]));
         }
         if job.nodes > 1 && plain && (job.allow_multi_site || self.part_one_site[p]) {
-            let (t, chosen) = self.earliest_multi_plain(p, job.gpus_per_node as i32, dur_s, job.nodes as usize)?;
-            self.take_window(job, &chosen, t);
-            return Some(t);
+            return self.earliest_multi_plain(p, job.gpus_per_node as i32, dur_s, job.nodes as usize);
         }
         let mut nodes: Vec<u32> = Vec::with_capacity(self.part_nodes[p].len());
         nodes.extend(self.part_nodes[p].iter().copied().filter(|&i| {
@@ -1134,8 +1192,7 @@ impl<'a> Pass<'a> {
             }
             best?
         };
-        self.take_window(job, &chosen, t);
-        Some(t)
+        Some((t, chosen))
     }
 
     /// Takes the job's GPUs on `chosen` for its window from `t` (a reservation, or now).
@@ -1452,6 +1509,7 @@ mod tests {
             max_time_s: None,
             priority_tier: 1,
             state: PartitionState::Down,
+            preempt_mode: Default::default(),
         });
         v.qos[0].max_gpus_per_user = Some(4);
         let mut held = job(1, 1, 1, 10);

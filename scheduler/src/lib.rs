@@ -18,7 +18,7 @@ pub mod synth;
 
 pub use error::ScheduleError;
 pub use model::*;
-pub use plan::{NodeAlloc, Plan, Reason};
+pub use plan::{NodeAlloc, Plan, Preemption, Reason};
 pub use priority::PriorityBreakdown;
 
 /// One scheduling pass: multifactor priority, start-now with topology-aware best-fit placement, and backfill

@@ -56,6 +56,25 @@ pub struct RunningJob {
     /// The job array it is a task of, if any: it counts against that array's [`ArrayLimit`].
     #[serde(default)]
     pub array_id: Option<JobId>,
+    /// The partition it runs in (for partition-tier preemption, Slurm's `preempt/partition_prio`).
+    #[serde(default)]
+    pub partition: String,
+    /// Whether it may be preempted and requeued (it checkpoints and can restart). Only requeue-able jobs are
+    /// ever chosen as preemption victims.
+    #[serde(default)]
+    pub requeueable: bool,
+    /// Its priority as last computed while it was pending; lower-priority victims are preempted first.
+    #[serde(default)]
+    pub priority: u64,
+    /// Already told to end (a [`crate::plan::Preemption`] the controller acted on): it is never chosen again, and
+    /// its GPUs are expected free at `now + kill_wait_s` (see [`SchedulerConfig::kill_wait_s`]).
+    #[serde(default)]
+    pub preempting: bool,
+    /// The job it is being preempted for ([`crate::plan::Preemption::for_job`]), when `preempting`. The GPUs it
+    /// frees are then held for that job while it is pending, so a later pass neither hands them to another job
+    /// nor preempts again for it. None: they go to any job that may preempt this one.
+    #[serde(default)]
+    pub preempted_for: Option<JobId>,
 }
 
 impl RunningJob {
@@ -169,6 +188,17 @@ pub enum PartitionState {
     Drain,
 }
 
+/// Slurm's `PreemptMode` of a partition.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PreemptMode {
+    /// Its jobs never preempt by partition tier (they still may by QOS, see [`Qos::preempt`]).
+    #[default]
+    Off,
+    /// `PreemptMode=REQUEUE` with `PreemptType=preempt/partition_prio`: its jobs may preempt requeue-able jobs
+    /// running in partitions of a lower `priority_tier` on the same nodes; those are requeued.
+    Requeue,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Partition {
     pub name: String,
@@ -177,6 +207,8 @@ pub struct Partition {
     /// Slurm's PriorityTier: higher tiers are scheduled first, and feed the partition priority factor.
     pub priority_tier: u32,
     pub state: PartitionState,
+    #[serde(default)]
+    pub preempt_mode: PreemptMode,
 }
 
 /// A node of the fair-share account tree. The root has `parent: None`.
@@ -229,6 +261,13 @@ pub struct Qos {
     pub max_jobs_per_account: Option<u32>,
     #[serde(default)]
     pub max_gpus_per_account: Option<u32>,
+    /// Slurm's `Preempt=`: names of the QOSes whose requeue-able running jobs this QOS's jobs may preempt
+    /// (`PreemptType=preempt/qos`, `PreemptMode=REQUEUE`). A QOS never preempts itself.
+    #[serde(default)]
+    pub preempt: Vec<String>,
+    /// Slurm's `PreemptExemptTime`: a job of this QOS that started less than this long ago is not preempted.
+    #[serde(default)]
+    pub preempt_exempt_time_s: Option<u64>,
 }
 
 impl Qos {
@@ -241,6 +280,8 @@ impl Qos {
             max_gpus_per_user: None,
             max_jobs_per_account: None,
             max_gpus_per_account: None,
+            preempt: Vec::new(),
+            preempt_exempt_time_s: None,
         }
     }
 
@@ -293,11 +334,42 @@ pub struct SchedulerConfig {
     pub max_reservations: usize,
     /// Slurm's bf_max_job_test: only the first N jobs in priority order are examined at all. None: every job.
     pub max_backfill_jobs: Option<usize>,
+    /// Preemption with requeue (see [`crate::backfill::preempt`]): it only acts when some QOS lists others in
+    /// [`Qos::preempt`] or some partition has [`PreemptMode::Requeue`]. False: never preempt.
+    #[serde(default = "default_true")]
+    pub preemption: bool,
+    /// Slurm's KillWait: the grace a victim gets to checkpoint and exit. Its GPUs are expected free this long after
+    /// the pass (at least 1 s), and the preemptor holds a reservation from then.
+    #[serde(default = "default_kill_wait_s")]
+    pub kill_wait_s: u64,
+    /// Most victims one pass preempts (new preemptions; victims already ending do not count).
+    #[serde(default = "default_max_preemptions")]
+    pub max_preemptions: usize,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_kill_wait_s() -> u64 {
+    30
+}
+
+fn default_max_preemptions() -> usize {
+    64
 }
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        Self { weights: PriorityWeights::default(), backfill: true, max_reservations: 100, max_backfill_jobs: None }
+        Self {
+            weights: PriorityWeights::default(),
+            backfill: true,
+            max_reservations: 100,
+            max_backfill_jobs: None,
+            preemption: true,
+            kill_wait_s: default_kill_wait_s(),
+            max_preemptions: default_max_preemptions(),
+        }
     }
 }
 

@@ -60,6 +60,16 @@ impl std::fmt::Display for Reason {
 /// GPUs a job gets on one node.
 pub type NodeAlloc = (String, Vec<u32>);
 
+/// A running job to preempt and requeue so that a pending job can start (Slurm's `PreemptMode=REQUEUE`). The
+/// controller signals it, waits up to KillWait for it to end, requeues it, and marks it
+/// [`crate::model::RunningJob::preempting`] (with `preempted_for = Some(for_job)`) in later views meanwhile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preemption {
+    pub victim: JobId,
+    /// The pending job whose reservation needs the victim's GPUs.
+    pub for_job: JobId,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     /// Jobs to start now, with concrete node names and GPU indices (lowest free indices first).
@@ -70,6 +80,10 @@ pub struct Plan {
     pub expected_start: Vec<(JobId, u64)>,
     /// Per-factor priority of every pending job (`sprio`), in scheduling order.
     pub priorities: Vec<(JobId, PriorityBreakdown)>,
+    /// Running jobs to preempt now, in the order the preemptors were scheduled. A preemptor does not start in the
+    /// pass that preempts for it: it waits with reason `Resources` and a reservation at `now + kill_wait_s`.
+    #[serde(default)]
+    pub preemptions: Vec<Preemption>,
 }
 
 impl Plan {
@@ -83,6 +97,11 @@ impl Plan {
 
     pub fn expected_start_of(&self, job: JobId) -> Option<u64> {
         self.expected_start.iter().find(|(j, _)| *j == job).map(|(_, t)| *t)
+    }
+
+    /// The victims preempted for `job` in this plan.
+    pub fn victims_of(&self, job: JobId) -> Vec<JobId> {
+        self.preemptions.iter().filter(|p| p.for_job == job).map(|p| p.victim).collect()
     }
 }
 

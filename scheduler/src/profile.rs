@@ -80,6 +80,42 @@ impl Profile {
         m
     }
 
+    /// Minimum over `[from_s, to_s)` of the value plus `extra`: each `(end_s, delta)` (delta >= 0) adds `delta`
+    /// at every time before `end_s` (GPUs a preempted job would hand back early).
+    ///
+    /// Within one step the extra only shrinks with time, so the step's minimum is at its last second, where
+    /// exactly the deltas with `end_s >=` the step's end still count.
+    pub fn min_over_plus(&self, from_s: u64, to_s: u64, extra: &[(u64, i32)]) -> i32 {
+        let mut i = self.index_at(from_s);
+        let mut m = i32::MAX;
+        loop {
+            let seg_end = self.steps.get(i + 1).map_or(u64::MAX, |&(t, _)| t).min(to_s);
+            let bonus: i32 = extra.iter().filter(|&&(e, _)| e >= seg_end).map(|&(_, d)| d).sum();
+            m = m.min(self.steps[i].1 + bonus);
+            i += 1;
+            if i >= self.steps.len() || self.steps[i].0 >= to_s {
+                return m;
+            }
+        }
+    }
+
+    /// Takes `need` over `[from_s, to_s)` where `extra` (as in [`Self::min_over_plus`]) covers what it can: the
+    /// value drops by `need - min(need, extra at t)`. It never rises, so whatever a pass derived from the profile
+    /// (lower bounds of earliest starts, failed start-now shapes) stays valid.
+    pub fn take_covered(&mut self, from_s: u64, to_s: u64, need: i32, extra: &[(u64, i32)]) {
+        let mut cuts: Vec<u64> = extra.iter().map(|&(e, _)| e).filter(|&e| e > from_s && e < to_s).collect();
+        cuts.push(to_s);
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut a = from_s;
+        for b in cuts {
+            // For t in [a, b) the deltas still counting are exactly those ending at b or later.
+            let covered: i32 = extra.iter().filter(|&&(e, _)| e >= b).map(|&(_, d)| d).sum();
+            self.add(a, b, -(need - covered.min(need)).max(0));
+            a = b;
+        }
+    }
+
     /// Earliest `t >= from_s` at which the value is at least `need` (for any duration): a lower bound of
     /// [`Self::earliest_fit`] that only grows as GPUs are taken. None if never.
     pub fn first_at_least(&self, from_s: u64, need: i32) -> Option<u64> {
@@ -144,5 +180,31 @@ mod tests {
         assert_eq!(p.first_at_least(0, 2), Some(50));
         assert_eq!(p.first_at_least(55, 1), Some(55));
         assert_eq!(p.first_at_least(0, 3), None);
+    }
+
+    #[test]
+    fn min_over_plus_and_take_covered() {
+        // 8 GPUs; a victim holds 4 until 100 (given back then); a reservation takes 2 in [50, 60).
+        let mut p = Profile::new(0, 4);
+        p.add(100, u64::MAX, 4);
+        p.add(50, 60, -2);
+        assert_eq!(p.min_over_plus(10, 200, &[]), 2);
+        // With the victim gone from 10: 8 everywhere but the reservation.
+        assert_eq!(p.min_over_plus(10, 200, &[(100, 4)]), 6);
+        assert_eq!(p.min_over_plus(10, 50, &[(100, 4)]), 8);
+        // An extra ending inside a step counts only before it: [60, 100) then [100, ..) is the same step value.
+        assert_eq!(p.min_over_plus(60, 200, &[(80, 4)]), 4);
+        assert_eq!(p.min_over_plus(60, 80, &[(80, 4)]), 8);
+        // Take 6 over [10, 200) with the victim's 4 covering until 100: 2 from the profile before 100, 6 after.
+        let mut q = p.clone();
+        q.take_covered(10, 200, 6, &[(100, 4)]);
+        assert_eq!(q.value_at(20), 2);
+        assert_eq!(q.value_at(55), 0);
+        assert_eq!(q.value_at(150), 2);
+        assert_eq!(q.value_at(200), 8);
+        // Never rises, even when the extra covers more than needed.
+        let mut r = p.clone();
+        r.take_covered(10, 200, 2, &[(300, 8)]);
+        assert_eq!(r, p);
     }
 }

@@ -55,6 +55,7 @@ pub fn cluster(nodes: usize, gpus: u32) -> ClusterView {
             max_time_s: None,
             priority_tier: 1,
             state: PartitionState::Up,
+            preempt_mode: Default::default(),
         }],
         accounts: vec![Account { name: "root".into(), parent: None, shares: 1, usage_gpu_s: 0.0 }],
         reservations: Vec::new(),
@@ -77,6 +78,11 @@ pub fn occupy(view: &mut ClusterView, id: u64, node: usize, gpus: &[u32], start_
         exclusive: false,
         reservation: None,
         array_id: None,
+        partition: "gpu".into(),
+        requeueable: false,
+        priority: 0,
+        preempting: false,
+        preempted_for: None,
     });
 }
 
@@ -120,4 +126,19 @@ pub fn bench_view(nodes: usize, pending: usize, seed: u64) -> ClusterView {
         a.usage_gpu_s = (i as f64) * 1e6;
     }
     view
+}
+
+/// Preemption on a view: QOS "high" may preempt "normal", every `high_every`-th pending job (by id) is in it, and
+/// every running job is requeue-able with a spread of priorities.
+pub fn with_preemption(view: &mut ClusterView, high_every: u64) {
+    let mut high = Qos::unlimited("high", 10);
+    high.preempt = vec!["normal".into()];
+    view.qos.push(high);
+    for (i, r) in view.running.iter_mut().enumerate() {
+        r.requeueable = true;
+        r.priority = (i % 100) as u64;
+    }
+    for j in view.pending.iter_mut().filter(|j| j.id % high_every.max(1) == 0) {
+        j.qos = "high".into();
+    }
 }

@@ -65,6 +65,11 @@ fn fair_share_converges_to_shares_under_contention() {
                 exclusive: false,
                 reservation: None,
                 array_id: None,
+                partition: job.partition,
+                requeueable: false,
+                priority: 0,
+                preempting: false,
+                preempted_for: None,
             });
         }
         t += 60;

@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 
 use drover_scheduler::synth::{XorShift, cluster, occupy};
 use drover_scheduler::{
-    AdvanceReservation, ArrayLimit, ClusterView, PendingJob, PriorityWeights, Reason, RunningJob, SchedulerConfig,
-    schedule,
+    AdvanceReservation, ArrayLimit, ClusterView, Partition, PartitionState, PendingJob, PreemptMode, PriorityWeights,
+    Qos, Reason, RunningJob, SchedulerConfig, schedule,
 };
 use proptest::prelude::*;
 
@@ -129,6 +129,11 @@ fn apply(v: &ClusterView, plan: &drover_scheduler::Plan) -> ClusterView {
             exclusive: job.exclusive,
             reservation: job.reservation.clone(),
             array_id: job.array.map(|a| a.array_id),
+            partition: job.partition.clone(),
+            requeueable: false,
+            priority: 0,
+            preempting: false,
+            preempted_for: None,
         });
         next.pending.retain(|p| p.id != *id);
     }
@@ -339,4 +344,282 @@ proptest! {
             prop_assert_eq!(p.nice, nice);
         }
     }
+}
+
+/// A busy cluster for preemption: QOS "high" may preempt "normal" and "low", "normal" sometimes "low" (with an
+/// exempt time sometimes); sometimes a higher-tier partition "prio" with `PreemptMode::Requeue` over some nodes.
+/// Running jobs of every QOS, mostly requeue-able, some exclusive or on two nodes; pending jobs of every QOS. With
+/// `ending`, some running jobs are already being preempted (for a pending job, or for nobody known).
+fn preempt_view(seed: u64, ending: bool) -> ClusterView {
+    let mut rng = XorShift::new(seed);
+    let nodes = 1 + rng.below(10) as usize;
+    let gpus = 1 + rng.below(8) as u32;
+    let mut v = cluster(nodes, gpus);
+    let now = 100_000;
+    v.now_s = now;
+    if rng.below(2) == 0 {
+        v.qos[0].preempt = vec!["low".into()];
+    }
+    if rng.below(3) == 0 {
+        v.qos[0].preempt_exempt_time_s = Some(rng.below(4_000));
+    }
+    let mut high = Qos::unlimited("high", 10);
+    high.preempt = vec!["normal".into(), "low".into()];
+    v.qos.push(high);
+    v.qos.push(Qos::unlimited("low", 0));
+    let tiers = rng.below(2) == 0;
+    if tiers {
+        v.partitions.push(Partition {
+            name: "prio".into(),
+            max_time_s: None,
+            priority_tier: 2,
+            state: PartitionState::Up,
+            preempt_mode: PreemptMode::Requeue,
+        });
+        for n in &mut v.nodes {
+            if rng.below(3) != 0 {
+                n.partitions.push("prio".into());
+            }
+        }
+    }
+    let qos = ["normal", "high", "low"];
+    let mut id = 10_000;
+    let tag = |r: &mut RunningJob, rng: &mut XorShift, in_prio: bool| {
+        r.qos = qos[rng.below(3) as usize].into();
+        r.requeueable = rng.below(5) != 0;
+        r.priority = rng.below(50);
+        r.partition = if in_prio && rng.below(3) == 0 { "prio".into() } else { "gpu".into() };
+    };
+    for i in 0..nodes {
+        let in_prio = v.nodes[i].partitions.len() > 1;
+        if v.nodes[i].free_gpus.is_empty() {
+            continue; // the second node of a two-node job
+        }
+        // Sometimes a two-node job over this node and the next, both whole.
+        if i + 1 < nodes && rng.below(6) == 0 {
+            let all: Vec<u32> = (0..gpus).collect();
+            occupy(&mut v, id, i, &all, now - rng.below(5_000), 100 + rng.below(20_000));
+            v.nodes[i + 1].free_gpus.clear();
+            let next = v.nodes[i + 1].name.clone();
+            let r = v.running.last_mut().unwrap();
+            r.alloc.push((next, all));
+            tag(r, &mut rng, in_prio);
+            id += 1;
+            continue;
+        }
+        let mut free = v.nodes[i].free_gpus.clone();
+        while !free.is_empty() && rng.below(5) != 0 {
+            let k = 1 + rng.below(free.len() as u64) as usize;
+            let exclusive = k == free.len() && free.len() == gpus as usize && rng.below(3) == 0;
+            let held: Vec<u32> = if exclusive { free.drain(..1).collect() } else { free.drain(..k).collect() };
+            occupy(&mut v, id, i, &held, now - rng.below(5_000), 100 + rng.below(20_000));
+            let r = v.running.last_mut().unwrap();
+            tag(r, &mut rng, in_prio);
+            if exclusive {
+                r.exclusive = true;
+                free.clear();
+            }
+            id += 1;
+        }
+    }
+    let pending = 1 + rng.below(10);
+    for j in 0..pending {
+        let n = if rng.below(4) == 0 { 2 + rng.below(2) as u32 } else { 1 };
+        let mut job = PendingJob::simple(
+            j + 1,
+            rng.below(100_000),
+            n,
+            1 + rng.below(u64::from(gpus)) as u32,
+            10 + rng.below(5_000),
+        );
+        job.qos = qos[[1, 1, 0, 0, 2][rng.below(5) as usize]].into();
+        job.exclusive = rng.below(10) == 0;
+        if tiers && rng.below(3) == 0 {
+            job.partition = "prio".into();
+        }
+        v.pending.push(job);
+    }
+    if ending {
+        for r in &mut v.running {
+            if rng.below(4) == 0 {
+                r.preempting = true;
+                r.preempted_for = match rng.below(3) {
+                    0 => None,
+                    1 => Some(1 + rng.below(pending)),
+                    _ => Some(999_999), // a job no longer pending
+                };
+            }
+        }
+    }
+    v
+}
+
+/// Whether `job` may preempt `r` by the QOS or partition-tier rules (ignoring requeue-ability and exemption).
+fn may_preempt(v: &ClusterView, job: &PendingJob, r: &RunningJob) -> bool {
+    let by_qos = job.qos != r.qos && v.qos.iter().any(|q| q.name == job.qos && q.preempt.contains(&r.qos));
+    let part = |name: &str| v.partitions.iter().find(|p| p.name == name);
+    let by_tier = match (part(&job.partition), part(&r.partition)) {
+        (Some(jp), Some(rp)) => jp.preempt_mode == PreemptMode::Requeue && rp.priority_tier < jp.priority_tier,
+        _ => false,
+    };
+    by_qos || by_tier
+}
+
+/// The view at `at` (the preemptor's reservation time) with only `job` pending, after the jobs in `gone` and
+/// every job that ends by then are gone. Ending jobs the preemptor may not use stay until their own end.
+fn view_at(v: &ClusterView, at: u64, job: &PendingJob, gone: &[u64]) -> ClusterView {
+    let mut w = v.clone();
+    w.now_s = at;
+    w.pending = vec![job.clone()];
+    let (keep, drop): (Vec<RunningJob>, Vec<RunningJob>) = w.running.drain(..).partition(|r| {
+        let ended = r.expected_end_s() <= at || gone.contains(&r.id);
+        let released = r.preempting && (r.preempted_for == Some(job.id) || may_preempt(v, job, r));
+        !(ended || released)
+    });
+    w.running = keep;
+    for r in drop {
+        for (name, gpus) in r.alloc {
+            let n = w.nodes.iter_mut().find(|n| n.name == name).unwrap();
+            n.free_gpus.extend(gpus);
+            n.free_gpus.sort_unstable();
+        }
+    }
+    w
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn no_preemption_without_victims_or_configuration(seed in any::<u64>()) {
+        // Nothing configured: no preemptions, and the same plan as with preemption switched off.
+        let off = SchedulerConfig { preemption: false, ..config() };
+        for v in [random_view(seed, true), limits_view(seed)] {
+            let plan = schedule(&v, &config()).unwrap();
+            prop_assert!(plan.preemptions.is_empty());
+            prop_assert_eq!(&plan, &schedule(&v, &off).unwrap());
+            // Configured, but no running job is requeue-able: still the same plan.
+            let mut w = v.clone();
+            let mut high = Qos::unlimited("high", 0);
+            high.preempt = vec!["normal".into()];
+            w.qos.push(high);
+            for j in w.pending.iter_mut().filter(|j| j.id % 2 == 0) {
+                j.qos = "high".into();
+            }
+            let a = schedule(&w, &config()).unwrap();
+            prop_assert!(a.preemptions.is_empty());
+            prop_assert_eq!(&a, &schedule(&w, &off).unwrap());
+        }
+    }
+
+    #[test]
+    fn victims_follow_the_rules(seed in any::<u64>(), ending in any::<bool>()) {
+        let v = preempt_view(seed, ending);
+        let cfg = config();
+        let plan = schedule(&v, &cfg).unwrap();
+        prop_assert_eq!(&plan, &schedule(&v, &cfg).unwrap(), "deterministic");
+        prop_assert!(plan.preemptions.len() <= cfg.max_preemptions);
+        let mut seen = HashSet::new();
+        for p in &plan.preemptions {
+            prop_assert!(seen.insert(p.victim), "victim {} chosen twice", p.victim);
+            let r = v.running.iter().find(|r| r.id == p.victim).expect("victims are running");
+            let job = v.pending.iter().find(|j| j.id == p.for_job).expect("preemptors are pending");
+            prop_assert!(r.requeueable && !r.preempting && r.reservation.is_none());
+            prop_assert!(may_preempt(&v, job, r), "job {} may not preempt {}", job.id, r.id);
+            let q = v.qos.iter().find(|q| q.name == r.qos).unwrap();
+            prop_assert!(q.preempt_exempt_time_s.is_none_or(|x| v.now_s >= r.start_s + x), "exempt victim");
+            prop_assert!(plan.start_of(job.id).is_none());
+            prop_assert_eq!(plan.reason_of(job.id), Some(Reason::Resources));
+            prop_assert_eq!(plan.expected_start_of(job.id), Some(v.now_s + cfg.kill_wait_s));
+            // A victim holds GPUs on a node the preemptor may use.
+            let usable = r.alloc.iter().any(|(n, _)| {
+                let node = v.nodes.iter().find(|x| &x.name == n).unwrap();
+                node.partitions.contains(&job.partition)
+            });
+            prop_assert!(usable);
+        }
+    }
+
+    #[test]
+    fn victims_are_enough_and_each_is_needed(seed in any::<u64>(), ending in any::<bool>()) {
+        // Each preemptor alone in the queue (so no other job's reservation is in its way).
+        let v = preempt_view(seed, ending);
+        let cfg = config();
+        let at = v.now_s + cfg.kill_wait_s;
+        for job in &v.pending {
+            let mut alone = v.clone();
+            alone.pending = vec![job.clone()];
+            let plan = schedule(&alone, &cfg).unwrap();
+            let victims = plan.victims_of(job.id);
+            if victims.is_empty() {
+                continue;
+            }
+            // With the victims gone (and what ends by then), it starts at the reservation's time.
+            let after = schedule(&view_at(&alone, at, job, &victims), &cfg).unwrap();
+            prop_assert!(after.start_of(job.id).is_some(), "job {} does not fit without {:?}", job.id, victims);
+            // Minimal: without any one of them gone, it does not.
+            for &keep in &victims {
+                let fewer: Vec<u64> = victims.iter().copied().filter(|&x| x != keep).collect();
+                let plan = schedule(&view_at(&alone, at, job, &fewer), &cfg).unwrap();
+                prop_assert!(plan.start_of(job.id).is_none(), "job {} fits without preempting {}", job.id, keep);
+            }
+        }
+    }
+
+    #[test]
+    fn the_next_pass_does_not_preempt_again(seed in any::<u64>(), ending in any::<bool>(), later in 0u64..30) {
+        let v = preempt_view(seed, ending);
+        let cfg = config();
+        let plan = schedule(&v, &cfg).unwrap();
+        // The controller starts what the plan starts and marks the victims as ending, for their preemptor.
+        let mut next = apply(&v, &plan);
+        for p in &plan.preemptions {
+            let r = next.running.iter_mut().find(|r| r.id == p.victim).unwrap();
+            r.preempting = true;
+            r.preempted_for = Some(p.for_job);
+        }
+        // Passes re-run while the victims are ending (same second, or a little later with nothing else ending).
+        let quiet = next.running.iter().all(|r| r.expected_end_s() <= v.now_s || r.expected_end_s() > v.now_s + later);
+        next.now_s = if quiet { v.now_s + later } else { v.now_s };
+        let again = schedule(&next, &cfg).unwrap();
+        let preemptors: HashSet<u64> = plan.preemptions.iter().map(|p| p.for_job).collect();
+        for p in &again.preemptions {
+            prop_assert!(!preemptors.contains(&p.for_job), "job {} preempts again: {:?}", p.for_job, again.preemptions);
+        }
+        for &job in &preemptors {
+            // In the same second: reserved by the time its victims are gone (or earlier, or it even starts, when
+            // GPUs free up another way: other jobs' preemptors here may have started elsewhere). Later,
+            // `now + kill_wait` has moved on and its window may run into another reservation.
+            let t = again.expected_start_of(job);
+            let by = next.now_s + cfg.kill_wait_s;
+            let ok = again.start_of(job).is_some() || t.is_some_and(|t| t <= by);
+            prop_assert!(next.now_s > v.now_s || ok, "job {} reserved at {:?}", job, t);
+        }
+    }
+}
+
+/// The preemption properties above are not vacuous: their views preempt often, sometimes several victims for
+/// one job, sometimes for multi-node jobs, and with jobs already ending.
+#[test]
+fn preempt_views_exercise_preemption() {
+    let (mut plans, mut multi_victim, mut multi_node, mut reserved_ending) = (0, 0, 0, 0);
+    for seed in 0..400 {
+        let v = preempt_view(seed, seed % 2 == 0);
+        let plan = schedule(&v, &config()).unwrap();
+        plans += usize::from(!plan.preemptions.is_empty());
+        let preemptors: HashSet<u64> = plan.preemptions.iter().map(|p| p.for_job).collect();
+        for &j in &preemptors {
+            multi_victim += usize::from(plan.victims_of(j).len() > 1);
+            multi_node += usize::from(v.pending.iter().find(|p| p.id == j).unwrap().nodes > 1);
+        }
+        // Jobs whose victims were already ending and that reserved without preempting more.
+        reserved_ending += v
+            .pending
+            .iter()
+            .filter(|p| v.running.iter().any(|r| r.preempted_for == Some(p.id)))
+            .filter(|p| plan.victims_of(p.id).is_empty() && plan.expected_start_of(p.id) == Some(v.now_s + 30))
+            .count();
+    }
+    println!("{plans} plans preempt; {multi_victim} multi-victim; {multi_node} multi-node; {reserved_ending} reuse");
+    assert!(plans > 150 && multi_victim > 20 && multi_node > 20 && reserved_ending > 8);
 }

@@ -1,16 +1,21 @@
 //! Trace-driven simulation in virtual time over the ElasticFlow traces, driving the same `schedule` function the
-//! leader runs. Usage: `drover-sim TRACE.csv... [--policy fifo|slurm|drover|all] [--gpus N]`.
+//! leader runs. Usage: `drover-sim TRACE.csv... [--policy fifo|slurm|drover|all] [--gpus N]`, and for preemption
+//! `--preempt [--high-qos-frac F] [--seed N] [--ckpt-interval-s S] [--restart-overhead-s S] [--kill-wait-s S]
+//! [--exempt-s S] [--depth N]` (see SIMULATION.md).
 //!
 //! Mapping: 8 GPUs per node; cluster04 has 1024 GPUs (128 nodes), every other trace 512 (64 nodes). A job asking
 //! n <= 8 GPUs is one node with n GPUs; n > 8 is ceil(n/8) nodes with 8 GPUs each. Durations are exact and used as
 //! time limits. Priority is submit order for every policy (all weights zero), so the policies differ only in
-//! what they let pass a blocked job.
+//! what they let pass a blocked job. With `--preempt`, a seeded fraction of the jobs is in QOS "high" (QOS weight
+//! 1,000: they go first) that may preempt QOS "normal"; every policy sees the same jobs and priorities, with and
+//! without preemption. A preempted job keeps running for KillWait, loses the work since its last checkpoint,
+//! is requeued with its submit time, and restarts later with a restart overhead.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::process::ExitCode;
 
-use drover_scheduler::synth::node;
+use drover_scheduler::synth::{XorShift, node};
 use drover_scheduler::{
     ClusterView, Partition, PartitionState, PendingJob, PriorityWeights, Qos, RunningJob, SchedulerConfig, schedule,
 };
@@ -30,6 +35,38 @@ enum Policy {
     Drover,
 }
 
+/// A policy and whether it preempts.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Variant {
+    policy: Policy,
+    preempt: bool,
+}
+
+impl Variant {
+    fn name(self) -> String {
+        format!("{:?}{}", self.policy, if self.preempt { "+preempt" } else { "" })
+    }
+}
+
+/// The preemption workload and its costs; `None` in [`Sim::qos`]: the plain trace, as before.
+#[derive(Clone, Copy, Debug)]
+struct QosWorkload {
+    high_frac: f64,
+    seed: u64,
+    ckpt_interval_s: u64,
+    restart_overhead_s: u64,
+    kill_wait_s: u64,
+    /// PreemptExemptTime of QOS normal.
+    exempt_s: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Sim {
+    qos: Option<QosWorkload>,
+    /// Drover's reservation depth (default: the library's).
+    depth: Option<usize>,
+}
+
 struct TraceJob {
     submit_s: u64,
     duration_s: u64,
@@ -37,14 +74,35 @@ struct TraceJob {
     gpus_per_node: u32,
 }
 
+/// A job's progress through the simulation.
+#[derive(Clone, Default)]
+struct JobState {
+    high: bool,
+    /// Useful work still to do.
+    remaining_s: u64,
+    /// Overhead of the next (or current) run: 0 at first, the restart overhead after a preemption.
+    overhead_s: u64,
+    run_start_s: u64,
+    pending_since_s: u64,
+    waited_s: u64,
+}
+
+#[derive(Default)]
 struct Stats {
     jobs: usize,
     skipped: usize,
     avg_wait_s: f64,
     p99_wait_s: u64,
+    max_wait_s: u64,
+    avg_jct_s: f64,
     avg_bsld: f64,
+    /// Average bounded slowdown of high-QOS and normal-QOS jobs.
+    bsld_high: f64,
+    bsld_normal: f64,
     util: f64,
     makespan_s: u64,
+    preemptions: u64,
+    lost_gpu_h: f64,
     passes: u64,
     wall_s: f64,
 }
@@ -67,8 +125,9 @@ fn load(path: &Path) -> Result<Vec<TraceJob>, String> {
     Ok(jobs)
 }
 
-fn simulate(jobs: &[TraceJob], cluster_gpus: u32, policy: Policy) -> Stats {
+fn simulate(jobs: &[TraceJob], cluster_gpus: u32, variant: Variant, sim: Sim) -> Stats {
     let started = std::time::Instant::now();
+    let policy = variant.policy;
     let n_nodes = (cluster_gpus / GPUS_PER_NODE) as usize;
     let mut view = ClusterView {
         now_s: 0,
@@ -78,59 +137,133 @@ fn simulate(jobs: &[TraceJob], cluster_gpus: u32, policy: Policy) -> Stats {
             max_time_s: None,
             priority_tier: 1,
             state: PartitionState::Up,
+            preempt_mode: Default::default(),
         }],
         qos: vec![Qos::unlimited("normal", 0)],
         ..ClusterView::default()
     };
-    let weights = PriorityWeights { age: 0, fairshare: 0, job_size: 0, partition: 0, qos: 0, ..Default::default() };
-    let fifo = SchedulerConfig { weights: weights.clone(), backfill: false, ..SchedulerConfig::default() };
+    let mut weights = PriorityWeights { age: 0, fairshare: 0, job_size: 0, partition: 0, qos: 0, ..Default::default() };
+    let kill_wait_s = sim.qos.map_or(SchedulerConfig::default().kill_wait_s, |q| q.kill_wait_s);
+    if let Some(q) = sim.qos {
+        // High-QOS jobs go first (QOS factor) and may preempt normal ones; the rest is submit order.
+        let mut high = Qos::unlimited("high", 1);
+        high.preempt = vec!["normal".into()];
+        view.qos.push(high);
+        view.qos[0].preempt_exempt_time_s = q.exempt_s;
+        weights.qos = 1_000;
+    }
+    let base = SchedulerConfig { weights, preemption: variant.preempt, kill_wait_s, ..SchedulerConfig::default() };
+    let fifo = SchedulerConfig { backfill: false, ..base.clone() };
     let slurm_bf = SchedulerConfig {
-        weights: weights.clone(),
         backfill: true,
         max_reservations: SLURM_BF_MAX_JOB_TEST,
         max_backfill_jobs: Some(SLURM_BF_MAX_JOB_TEST),
+        ..base.clone()
     };
-    let drover = SchedulerConfig { weights, ..SchedulerConfig::default() };
+    let drover = SchedulerConfig { max_reservations: sim.depth.unwrap_or(base.max_reservations), ..base };
     let node_index: HashMap<String, usize> = view.nodes.iter().enumerate().map(|(i, n)| (n.name.clone(), i)).collect();
 
     let skipped = jobs.iter().filter(|j| j.nodes as usize > n_nodes).count();
     let runnable: Vec<(u64, &TraceJob)> =
         jobs.iter().enumerate().filter(|(_, j)| j.nodes as usize <= n_nodes).map(|(i, j)| (i as u64, j)).collect();
+    let mut state: Vec<JobState> =
+        jobs.iter().map(|j| JobState { remaining_s: j.duration_s, ..Default::default() }).collect();
+    if let Some(q) = sim.qos {
+        // A deterministic, seeded choice per trace position: the same jobs are high for every policy.
+        let mut rng = XorShift::new(q.seed);
+        for s in &mut state {
+            s.high = (rng.below(1_000_000) as f64) < q.high_frac * 1e6;
+        }
+    }
     let mut next_submit = 0usize;
+    // (time, job): run ends, and preempted jobs' KillWait ends.
     let mut completions: BTreeMap<(u64, u64), ()> = BTreeMap::new();
+    let mut kills: BTreeMap<(u64, u64), ()> = BTreeMap::new();
     let mut waits: Vec<u64> = Vec::with_capacity(runnable.len());
-    let mut bsld_sum = 0.0;
+    let (mut bsld_sum, mut jct_sum) = (0.0, 0.0);
+    let (mut bsld_high, mut n_high, mut bsld_normal, mut n_normal) = (0.0, 0usize, 0.0, 0usize);
     let mut busy_gpu_s: u128 = 0;
+    let mut lost_gpu_s: u128 = 0;
+    let mut preemptions = 0u64;
     let mut last_end_s = 0u64;
     let mut next_bf_s = 0u64;
     let mut passes = 0u64;
     let first_submit_s = runnable.first().map_or(0, |(_, j)| j.submit_s);
+    let trace = |id: u64| runnable[runnable.partition_point(|(i, _)| *i < id)].1;
+    let qos_name = |high: bool| if high { "high" } else { "normal" };
 
     loop {
         let t_submit = runnable.get(next_submit).map(|(_, j)| j.submit_s);
         let t_done = completions.keys().next().map(|&(t, _)| t);
+        let t_kill = kills.keys().next().map(|&(t, _)| t);
         let t_bf = (policy == Policy::Slurm && !view.pending.is_empty()).then_some(next_bf_s);
-        let Some(now) = [t_submit, t_done, t_bf].into_iter().flatten().min() else { break };
+        let Some(now) = [t_submit, t_done, t_kill, t_bf].into_iter().flatten().min() else { break };
         view.now_s = now;
+        let release = |view: &mut ClusterView, id: u64| -> Option<RunningJob> {
+            let pos = view.running.iter().position(|r| r.id == id)?;
+            let r = view.running.swap_remove(pos);
+            for (name, gpus) in &r.alloc {
+                if let Some(&ni) = node_index.get(name) {
+                    view.nodes[ni].free_gpus.extend(gpus);
+                }
+            }
+            Some(r)
+        };
         while let Some((&(t, id), _)) = completions.first_key_value() {
             if t > now {
                 break;
             }
             completions.pop_first();
-            if let Some(pos) = view.running.iter().position(|r| r.id == id) {
-                let r = view.running.swap_remove(pos);
-                for (name, gpus) in r.alloc {
-                    if let Some(&ni) = node_index.get(&name) {
-                        view.nodes[ni].free_gpus.extend(gpus);
-                    }
+            if release(&mut view, id).is_some() {
+                let j = trace(id);
+                let s = &state[id as usize];
+                let jct = now - j.submit_s;
+                waits.push(s.waited_s);
+                let bsld = (jct as f64 / j.duration_s.max(SLOWDOWN_BOUND_S) as f64).max(1.0);
+                bsld_sum += bsld;
+                jct_sum += jct as f64;
+                if s.high {
+                    (bsld_high, n_high) = (bsld_high + bsld, n_high + 1);
+                } else {
+                    (bsld_normal, n_normal) = (bsld_normal + bsld, n_normal + 1);
                 }
+                last_end_s = last_end_s.max(now);
             }
+        }
+        while let Some((&(t, id), _)) = kills.first_key_value() {
+            if t > now {
+                break;
+            }
+            kills.pop_first();
+            // It may have finished within its KillWait.
+            let Some(r) = release(&mut view, id) else { continue };
+            let j = trace(id);
+            let q = sim.qos.expect("only the QOS workload preempts");
+            let s = &mut state[id as usize];
+            completions.remove(&(s.run_start_s + s.overhead_s + s.remaining_s, id));
+            // Work since the last checkpoint, and the restart overhead it had paid, are lost.
+            let ran = now - r.start_s;
+            let worked = ran.saturating_sub(s.overhead_s).min(s.remaining_s);
+            let saved = worked.checked_div(q.ckpt_interval_s).map_or(0, |k| k * q.ckpt_interval_s);
+            s.remaining_s -= saved;
+            s.overhead_s = q.restart_overhead_s;
+            s.pending_since_s = now;
+            let gpus = u128::from(j.nodes * j.gpus_per_node);
+            lost_gpu_s += gpus * u128::from(ran - saved);
+            busy_gpu_s += gpus * u128::from(ran);
+            let mut p = PendingJob::simple(id, j.submit_s, j.nodes, j.gpus_per_node, s.overhead_s + s.remaining_s);
+            p.qos = qos_name(s.high).into();
+            view.pending.push(p);
         }
         while let Some(&(id, j)) = runnable.get(next_submit) {
             if j.submit_s > now {
                 break;
             }
-            view.pending.push(PendingJob::simple(id, j.submit_s, j.nodes, j.gpus_per_node, j.duration_s));
+            let s = &mut state[id as usize];
+            s.pending_since_s = j.submit_s;
+            let mut p = PendingJob::simple(id, j.submit_s, j.nodes, j.gpus_per_node, j.duration_s);
+            p.qos = qos_name(s.high).into();
+            view.pending.push(p);
             next_submit += 1;
         }
         let configs: Vec<&SchedulerConfig> = match policy {
@@ -151,37 +284,53 @@ fn simulate(jobs: &[TraceJob], cluster_gpus: u32, policy: Policy) -> Stats {
                 Ok(p) => p,
                 Err(e) => panic!("the simulator builds only valid views: {e}"),
             };
+            let priority: HashMap<u64, u64> = plan.priorities.iter().map(|(id, b)| (*id, b.priority)).collect();
             let mut started: HashSet<u64> = HashSet::with_capacity(plan.starts.len());
             for (id, alloc) in plan.starts {
-                let (_, j) = runnable[runnable.partition_point(|(i, _)| *i < id)];
                 for (name, gpus) in &alloc {
                     if let Some(&ni) = node_index.get(name) {
                         view.nodes[ni].free_gpus.retain(|g| !gpus.contains(g));
                     }
                 }
-                let wait = now - j.submit_s;
-                waits.push(wait);
-                let run = j.duration_s;
-                bsld_sum += ((wait + run) as f64 / run.max(SLOWDOWN_BOUND_S) as f64).max(1.0);
-                busy_gpu_s += u128::from(j.nodes * j.gpus_per_node) * u128::from(run);
-                last_end_s = last_end_s.max(now + run);
+                let s = &mut state[id as usize];
+                s.waited_s += now - s.pending_since_s;
+                s.run_start_s = now;
+                let run = s.overhead_s + s.remaining_s;
                 completions.insert((now + run, id), ());
                 view.running.push(RunningJob {
                     id,
                     user: "user".into(),
                     account: "root".into(),
-                    qos: "normal".into(),
+                    qos: qos_name(s.high).into(),
                     alloc,
                     start_s: now,
                     time_limit_s: run,
                     exclusive: false,
                     reservation: None,
                     array_id: None,
+                    partition: "gpu".into(),
+                    requeueable: true,
+                    priority: priority.get(&id).copied().unwrap_or(0),
+                    preempting: false,
+                    preempted_for: None,
                 });
                 started.insert(id);
             }
             view.pending.retain(|p| !started.contains(&p.id));
+            for p in plan.preemptions {
+                if let Some(r) = view.running.iter_mut().find(|r| r.id == p.victim) {
+                    r.preempting = true;
+                    r.preempted_for = Some(p.for_job);
+                    kills.insert((now + kill_wait_s, p.victim), ());
+                    preemptions += 1;
+                }
+            }
         }
+    }
+    // Completed runs' GPU time (preempted runs were counted when they ended).
+    for (id, j) in &runnable {
+        let s = &state[*id as usize];
+        busy_gpu_s += u128::from(j.nodes * j.gpus_per_node) * u128::from(s.overhead_s + s.remaining_s);
     }
     let n = waits.len();
     let mut sorted = waits.clone();
@@ -192,9 +341,15 @@ fn simulate(jobs: &[TraceJob], cluster_gpus: u32, policy: Policy) -> Stats {
         skipped,
         avg_wait_s: waits.iter().sum::<u64>() as f64 / n.max(1) as f64,
         p99_wait_s: sorted.get((n * 99).div_ceil(100).saturating_sub(1)).copied().unwrap_or(0),
+        max_wait_s: sorted.last().copied().unwrap_or(0),
+        avg_jct_s: jct_sum / n.max(1) as f64,
         avg_bsld: bsld_sum / n.max(1) as f64,
+        bsld_high: bsld_high / n_high.max(1) as f64,
+        bsld_normal: bsld_normal / n_normal.max(1) as f64,
         util: busy_gpu_s as f64 / (f64::from(cluster_gpus) * makespan_s.max(1) as f64),
         makespan_s,
+        preemptions,
+        lost_gpu_h: lost_gpu_s as f64 / 3600.0,
         passes,
         wall_s: started.elapsed().as_secs_f64(),
     }
@@ -203,42 +358,97 @@ fn simulate(jobs: &[TraceJob], cluster_gpus: u32, policy: Policy) -> Stats {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut policies = vec![Policy::Fifo, Policy::Slurm, Policy::Drover];
+    let mut policy_given = false;
     let mut traces = Vec::new();
     let mut gpus_override: Option<u32> = None;
+    let mut preempt = false;
+    let mut q = QosWorkload {
+        high_frac: 0.2,
+        seed: 1,
+        ckpt_interval_s: 1_800,
+        restart_overhead_s: 120,
+        kill_wait_s: SchedulerConfig::default().kill_wait_s,
+        exempt_s: None,
+    };
+    let mut depth: Option<usize> = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
-        if a == "--gpus" {
-            // A smaller cluster than the trace's, to see the policies under contention.
-            match it.next().and_then(|g| g.parse().ok()) {
-                Some(g) => gpus_override = Some(g),
-                None => {
-                    eprintln!("--gpus needs a number");
-                    return ExitCode::FAILURE;
+        let mut num = |what: &str| -> Result<f64, ExitCode> {
+            match it.next().and_then(|g| g.parse::<f64>().ok()) {
+                Some(v) if v >= 0.0 => Ok(v),
+                _ => {
+                    eprintln!("{what} needs a number");
+                    Err(ExitCode::FAILURE)
                 }
             }
-        } else if a == "--policy" {
-            policies = match it.next().map(String::as_str) {
-                Some("fifo") => vec![Policy::Fifo],
-                Some("slurm") => vec![Policy::Slurm],
-                Some("drover") => vec![Policy::Drover],
-                Some("all") => policies,
-                other => {
-                    eprintln!("unknown policy {other:?}");
-                    return ExitCode::FAILURE;
-                }
-            };
-        } else {
-            traces.push(a.clone());
+        };
+        let parsed = match a.as_str() {
+            // A smaller cluster than the trace's, to see the policies under contention.
+            "--gpus" => num("--gpus").map(|g| gpus_override = Some(g as u32)),
+            "--preempt" => {
+                preempt = true;
+                Ok(())
+            }
+            "--high-qos-frac" => num("--high-qos-frac").map(|f| q.high_frac = f.min(1.0)),
+            "--seed" => num("--seed").map(|s| q.seed = s as u64),
+            "--ckpt-interval-s" => num("--ckpt-interval-s").map(|s| q.ckpt_interval_s = s as u64),
+            "--restart-overhead-s" => num("--restart-overhead-s").map(|s| q.restart_overhead_s = s as u64),
+            "--kill-wait-s" => num("--kill-wait-s").map(|s| q.kill_wait_s = s as u64),
+            "--exempt-s" => num("--exempt-s").map(|s| q.exempt_s = Some(s as u64)),
+            "--depth" => num("--depth").map(|d| depth = Some(d as usize)),
+            "--policy" => {
+                policy_given = true;
+                policies = match it.next().map(String::as_str) {
+                    Some("fifo") => vec![Policy::Fifo],
+                    Some("slurm") => vec![Policy::Slurm],
+                    Some("drover") => vec![Policy::Drover],
+                    Some("all") => vec![Policy::Fifo, Policy::Slurm, Policy::Drover],
+                    other => {
+                        eprintln!("unknown policy {other:?}");
+                        return ExitCode::FAILURE;
+                    }
+                };
+                Ok(())
+            }
+            _ => {
+                traces.push(a.clone());
+                Ok(())
+            }
+        };
+        if let Err(code) = parsed {
+            return code;
         }
     }
     if traces.is_empty() {
-        eprintln!("usage: drover-sim TRACE.csv... [--policy fifo|slurm|drover|all]");
+        eprintln!("usage: drover-sim TRACE.csv... [--policy fifo|slurm|drover|all] [--gpus N] [--preempt ...]");
         return ExitCode::FAILURE;
     }
-    println!(
-        "| trace | GPUs | policy | jobs | avg wait (s) | p99 wait (s) | avg bsld (10 s) | GPU util | makespan (s) | passes | sim wall (s) |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let sim = Sim { qos: preempt.then_some(q), depth };
+    // With preemption: Slurm-like and Drover, each without and with it (FIFO only when asked for).
+    let variants: Vec<Variant> = if preempt {
+        if !policy_given {
+            policies = vec![Policy::Slurm, Policy::Drover];
+        }
+        policies.iter().flat_map(|&policy| [false, true].map(|preempt| Variant { policy, preempt })).collect()
+    } else {
+        policies.iter().map(|&policy| Variant { policy, preempt: false }).collect()
+    };
+    if let Some(q) = sim.qos {
+        println!(
+            "high-QOS fraction {} (seed {}), checkpoint every {} s, restart overhead {} s, KillWait {} s, exempt {:?} s, depth {:?}",
+            q.high_frac, q.seed, q.ckpt_interval_s, q.restart_overhead_s, q.kill_wait_s, q.exempt_s, sim.depth
+        );
+        println!();
+        println!(
+            "| trace | GPUs | policy | jobs | avg JCT (s) | avg bsld (10 s) | bsld high / normal | avg wait (s) | max wait (s) | preemptions | GPU-h lost | GPU util | passes | sim wall (s) |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    } else {
+        println!(
+            "| trace | GPUs | policy | jobs | avg wait (s) | p99 wait (s) | avg bsld (10 s) | GPU util | makespan (s) | passes | sim wall (s) |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    }
     for path in traces {
         let path = Path::new(&path);
         let jobs = match load(path) {
@@ -250,20 +460,39 @@ fn main() -> ExitCode {
         };
         let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("?");
         let gpus = gpus_override.unwrap_or(if name.contains("cluster04") { 1024 } else { 512 });
-        for &policy in &policies {
-            let s = simulate(&jobs, gpus, policy);
+        for &variant in &variants {
+            let s = simulate(&jobs, gpus, variant, sim);
             let skipped = if s.skipped > 0 { format!(" ({} too big)", s.skipped) } else { String::new() };
-            println!(
-                "| {name} | {gpus} | {policy:?} | {}{skipped} | {:.0} | {} | {:.2} | {:.1}% | {} | {} | {:.1} |",
-                s.jobs,
-                s.avg_wait_s,
-                s.p99_wait_s,
-                s.avg_bsld,
-                s.util * 100.0,
-                s.makespan_s,
-                s.passes,
-                s.wall_s
-            );
+            let policy = variant.name();
+            if sim.qos.is_some() {
+                println!(
+                    "| {name} | {gpus} | {policy} | {}{skipped} | {:.0} | {:.2} | {:.2} / {:.2} | {:.0} | {} | {} | {:.0} | {:.1}% | {} | {:.1} |",
+                    s.jobs,
+                    s.avg_jct_s,
+                    s.avg_bsld,
+                    s.bsld_high,
+                    s.bsld_normal,
+                    s.avg_wait_s,
+                    s.max_wait_s,
+                    s.preemptions,
+                    s.lost_gpu_h,
+                    s.util * 100.0,
+                    s.passes,
+                    s.wall_s
+                );
+            } else {
+                println!(
+                    "| {name} | {gpus} | {policy} | {}{skipped} | {:.0} | {} | {:.2} | {:.1}% | {} | {} | {:.1} |",
+                    s.jobs,
+                    s.avg_wait_s,
+                    s.p99_wait_s,
+                    s.avg_bsld,
+                    s.util * 100.0,
+                    s.makespan_s,
+                    s.passes,
+                    s.wall_s
+                );
+            }
         }
     }
     ExitCode::SUCCESS
