@@ -109,6 +109,15 @@ pub fn task_environment(p: &Placement, base: Vec<(String, String)>) -> Vec<(Stri
     }
     set("SLURM_SUBMIT_DIR", spec.submit_dir.clone());
     set("SLURM_RESTART_COUNT", job.restart_count.to_string());
+    // Checkpoints: where this incarnation writes them, and the latest an earlier one recorded (resume from it).
+    set("DROVER_CHECKPOINT_DIR", job.checkpoint_dir());
+    set("DROVER_INCARNATION", job.incarnation.to_string());
+    if let Some(checkpoint) = job.resume_from() {
+        set("DROVER_RESUME_FROM", checkpoint.path.clone());
+        if let Some(step) = checkpoint.step {
+            set("DROVER_RESUME_STEP", step.to_string());
+        }
+    }
     set("MASTER_ADDR", p.hosts.first().cloned().unwrap_or_else(|| "localhost".to_string()));
     set("MASTER_PORT", master_port(job.id).to_string());
     set("DROVER_CONTROLLERS", p.controllers.to_string());

@@ -4,6 +4,9 @@
 pub mod config;
 pub mod env;
 pub mod gpu;
+pub mod launch;
+pub mod lease;
+pub mod marker;
 pub mod node;
 pub mod patterns;
 pub mod session;

@@ -10,15 +10,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use drover_proto::wire::{AgentMessage, Assignment};
-use drover_state::{JobEnd, JobId, NodeInfo, Usage};
+use drover_proto::wire::{AgentMessage, Assignment, SignalTarget};
+use drover_state::{JobEnd, JobId, NodeInfo, WarnSignal};
 use tokio::sync::{Notify, mpsc};
 
 use crate::config::AgentConfig;
-use crate::env::{Placement, StepPlacement, task_environment};
 use crate::gpu::GpuBackend;
-use crate::patterns::{PatternContext, expand_output_path};
-use crate::supervise::{self, TaskLaunch, TaskResult, TaskStatus};
+use crate::launch::end_from;
+use crate::lease;
+use crate::supervise::{self, TaskStatus};
 
 /// How often the task directories are checked (task ends, time limits, kill deadlines).
 pub const RECONCILE_INTERVAL_MS: u64 = 10;
@@ -28,6 +28,16 @@ const MAX_PARALLEL_LAUNCHES: usize = 16;
 const REPORT_RETRY_MS: u64 = 2_000;
 /// Written into a batch directory when the agent ended the job at its time limit (survives a restart).
 const TIMED_OUT_MARKER: &str = "timed_out";
+/// Written into a batch directory when the agent killed the job because the node's lease ran out.
+const FENCED_MARKER: &str = "fenced";
+/// Written into a batch directory once the job got its `--signal` warning before its time limit.
+const WARNED_MARKER: &str = "warned";
+/// The longest warning lead time honoured before a requeue or a preemption stops a job.
+const MAX_WARNING_S: u32 = 300;
+/// Confirmations of lingering incarnations are repeated this often while the leader still lists them.
+const RELEASE_RETRY_MS: u64 = 1_000;
+/// A job's checkpoint marker file is looked at this often.
+const MARKER_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A job incarnation: what task directories and reports are keyed by.
 pub type JobKey = (JobId, u64);
@@ -59,19 +69,31 @@ pub struct Timing {
     pub heartbeat_ms: u64,
     pub fence_after_ms: u64,
     pub kill_wait_ms: u64,
+    pub allow_root_jobs: bool,
 }
 
 struct Inner {
     assignments: HashMap<JobId, Assignment>,
     /// True once this session delivered assignments: only then are unassigned tasks known to be strays.
     synced: bool,
+    /// The leader state the assignments come from: older ones (a leader that has not caught up) are ignored.
+    applied_index: u64,
+    /// Ended incarnations this node must confirm gone, and when that was last sent.
+    lingering: Vec<JobKey>,
+    released_sent: Option<Instant>,
     /// The current session's outbox, while connected.
     outbox: Option<mpsc::Sender<AgentMessage>>,
-    last_contact: Instant,
+    /// Until when the node may run tasks: renewed by leases from a leader backed by a quorum.
+    lease_until: Instant,
+    /// The tasks were killed when the lease ran out, and no lease came since.
     fenced: bool,
     timing: Timing,
     /// Tasks being stopped: when SIGTERM went out.
     stopping: HashMap<PathBuf, Instant>,
+    /// Jobs being requeued or preempted that got their `--signal` warning, and when.
+    warned_to_stop: HashMap<JobKey, Instant>,
+    /// Checkpoint marker files: when each job's was last looked at, and what it looked like then.
+    markers: HashMap<JobKey, (Instant, Option<crate::marker::Seen>)>,
     /// End reports: when last sent, and whether the leader acknowledged.
     reports: HashMap<JobKey, (Instant, bool)>,
 }
@@ -80,7 +102,7 @@ pub struct NodeAgent {
     pub config: AgentConfig,
     pub info: NodeInfo,
     /// This binary, started as `drover-agent supervise DIR` for each task.
-    exe: PathBuf,
+    pub(crate) exe: PathBuf,
     pub tasks_dir: PathBuf,
     pub gpus: Box<dyn GpuBackend>,
     /// Problems found at start (inventory mismatch), reported with every heartbeat.
@@ -111,7 +133,15 @@ impl NodeAgent {
     ) -> std::io::Result<Arc<NodeAgent>> {
         let tasks_dir = config.state_dir.join("tasks");
         std::fs::create_dir_all(&tasks_dir)?;
-        let timing = Timing { heartbeat_ms: 1_000, fence_after_ms: 10_000, kill_wait_ms: config.kill_wait_ms };
+        let timing = Timing {
+            heartbeat_ms: 1_000,
+            fence_after_ms: 10_000,
+            kill_wait_ms: config.kill_wait_ms,
+            allow_root_jobs: false,
+        };
+        // A restarted agent holds the lease its predecessor had (its tasks kept running under it).
+        let lease_until =
+            lease::read(&config.state_dir.join(lease::LEASE_FILE)).map_or_else(Instant::now, lease::from_boottime_ms);
         Ok(Arc::new(NodeAgent {
             config,
             info,
@@ -122,11 +152,16 @@ impl NodeAgent {
             inner: Mutex::new(Inner {
                 assignments: HashMap::new(),
                 synced: false,
+                applied_index: 0,
+                lingering: Vec::new(),
+                released_sent: None,
                 outbox: None,
-                last_contact: Instant::now(),
+                lease_until,
                 fenced: false,
                 timing,
                 stopping: HashMap::new(),
+                warned_to_stop: HashMap::new(),
+                markers: HashMap::new(),
                 reports: HashMap::new(),
             }),
             wake: Notify::new(),
@@ -143,22 +178,36 @@ impl NodeAgent {
         self.lock().timing
     }
 
-    /// A session with the leader began; its timing is the cluster's from now on.
+    /// Where the lease is kept for the supervisors.
+    pub fn lease_path(&self) -> PathBuf {
+        self.config.state_dir.join(lease::LEASE_FILE)
+    }
+
+    /// Whether the node holds a lease now (tasks may start).
+    pub fn lease_valid(&self) -> bool {
+        self.lock().lease_until > Instant::now()
+    }
+
+    /// The address outgoing connections leave from: the one the agent listens on, when it names one (so a
+    /// host's firewall, or a test, can cut this node off by address).
+    pub fn local_ip(&self) -> Option<std::net::IpAddr> {
+        let ip = self.config.listen.parse::<std::net::SocketAddr>().ok()?.ip();
+        Some(ip).filter(|ip| !ip.is_unspecified())
+    }
+
+    /// A session with the leader began; its timing is the cluster's from now on. (A session is not a lease:
+    /// leases come with the answers to heartbeats.)
     pub fn connected(&self, outbox: mpsc::Sender<AgentMessage>, timing: Timing) {
         let mut inner = self.lock();
         inner.outbox = Some(outbox);
         inner.synced = false;
         inner.timing = timing;
-        inner.last_contact = Instant::now();
-        if inner.fenced {
-            tracing::info!("a leader answers again; leaving the fence");
-            inner.fenced = false;
-        }
         // Every unacknowledged end goes out again on the new session.
         inner.reports.retain(|_, (_, acked)| !*acked);
         for (sent, _) in inner.reports.values_mut() {
             *sent = Instant::now() - Duration::from_millis(REPORT_RETRY_MS);
         }
+        inner.released_sent = None;
     }
 
     pub fn disconnected(&self) {
@@ -167,14 +216,46 @@ impl NodeAgent {
         inner.synced = false;
     }
 
-    /// Any message from the leader proves it still leads and still hears this node.
-    pub fn contact(&self) {
-        self.lock().last_contact = Instant::now();
+    /// A leader backed by a quorum renewed the lease until `until`: record it where the supervisors look.
+    pub fn renew(&self, until: Instant) {
+        let mut inner = self.lock();
+        if until <= inner.lease_until && !inner.fenced {
+            return;
+        }
+        inner.lease_until = inner.lease_until.max(until);
+        if inner.fenced {
+            tracing::info!("a leader renews the lease again; leaving the fence");
+            inner.fenced = false;
+        }
+        let expires = lease::to_boottime_ms(inner.lease_until);
+        drop(inner);
+        if let Err(e) = lease::write(&self.lease_path(), expires) {
+            // Supervisors would then kill their tasks at the old expiry: safe, but say why.
+            tracing::error!("cannot write the lease file {}: {e}", self.lease_path().display());
+        }
     }
 
-    pub fn set_assignments(&self, jobs: Vec<Assignment>) {
+    pub fn set_assignments(
+        &self,
+        jobs: Vec<Assignment>,
+        applied_index: u64,
+        lingering: Vec<JobKey>,
+        allow_root_jobs: bool,
+    ) {
         let mut inner = self.lock();
+        if applied_index < inner.applied_index {
+            tracing::warn!(
+                applied_index,
+                newest = inner.applied_index,
+                "ignoring assignments older than ones already received (from a leader that has not caught up)"
+            );
+            return;
+        }
+        inner.applied_index = applied_index;
+        inner.timing.allow_root_jobs = allow_root_jobs;
         inner.assignments = jobs.into_iter().map(|a| (a.job.id, a)).collect();
+        inner.lingering = lingering;
+        inner.released_sent = None;
         inner.synced = true;
         drop(inner);
         self.wake.notify_one();
@@ -196,40 +277,42 @@ impl NodeAgent {
         entries.filter_map(|e| e.ok()).filter_map(|e| TaskDir::parse(e.path())).collect()
     }
 
-    /// `scancel --signal`: to every running task of the job here.
-    pub fn signal_job(&self, key: JobKey, signal: i32) {
+    /// `scancel --signal`: to the job's tasks here that `target` names (Slurm: the steps by default, `-b` the
+    /// batch shell alone, `--full` everything).
+    pub fn signal_job(&self, key: JobKey, signal: i32, target: SignalTarget) {
         for dir in self.task_dirs().into_iter().filter(|d| d.key == key) {
-            if let Err(e) = supervise::signal(&dir.path, signal) {
+            let delivered = match (target, dir.step) {
+                (SignalTarget::Steps, Some(_)) | (SignalTarget::Full, _) => supervise::signal(&dir.path, signal),
+                (SignalTarget::Batch, None) => supervise::signal_leader(&dir.path, signal),
+                _ => continue,
+            };
+            if let Err(e) = delivered {
                 tracing::warn!(task = %dir.path.display(), "signal {signal} not delivered: {e}");
             }
         }
     }
 
+    /// A job's `--signal` warning: the batch shell alone with `B:`, else its steps (as Slurm).
+    fn warn(&self, key: JobKey, warning: WarnSignal) {
+        let target = if warning.batch_only { SignalTarget::Batch } else { SignalTarget::Steps };
+        tracing::info!(job = key.0, incarnation = key.1, signal = warning.signal, "sending the job's --signal warning");
+        self.signal_job(key, warning.signal, target);
+    }
+
     /// One reconcile pass; blocking file work, run it on a blocking thread.
     pub fn reconcile(&self) {
         let dirs = self.task_dirs();
-        let (assignments, synced, timing, fenced_now) = {
+        let (assignments, lingering, synced, timing, lease_valid, fence_now) = {
             let mut inner = self.lock();
-            let silent = inner.last_contact.elapsed() > Duration::from_millis(inner.timing.fence_after_ms);
-            let fence = silent && !inner.fenced;
+            let lease_valid = inner.lease_until > Instant::now();
+            let fence = !lease_valid && !inner.fenced;
             if fence {
                 inner.fenced = true;
             }
-            (inner.assignments.clone(), inner.synced, inner.timing, fence)
+            (inner.assignments.clone(), inner.lingering.clone(), inner.synced, inner.timing, lease_valid, fence)
         };
-        if fenced_now {
-            let mut killed = 0;
-            for dir in &dirs {
-                if matches!(supervise::status(&dir.path), TaskStatus::Running { .. })
-                    && supervise::signal(&dir.path, libc::SIGKILL).unwrap_or(false)
-                {
-                    killed += 1;
-                }
-            }
-            tracing::error!(
-                "no leader heard for {} ms: fencing this node, killed {killed} task(s) so that their jobs can be requeued safely elsewhere",
-                timing.fence_after_ms
-            );
+        if fence_now {
+            self.fence(&dirs, timing);
         }
         let now = now_ms();
         let mut live: HashSet<JobKey> = HashSet::new();
@@ -238,26 +321,37 @@ impl NodeAgent {
             let key = (a.job.id, a.job.incarnation);
             live.insert(key);
             let mine: Vec<&TaskDir> = dirs.iter().filter(|d| d.key == key).collect();
-            let over_time = match (a.job.time_limit_s, a.job.start_time_ms) {
-                (Some(limit_s), Some(start_ms)) => now > start_ms.saturating_add(limit_s.saturating_mul(1_000)),
-                _ => false,
+            let limit_ms = match (a.job.time_limit_s, a.job.start_time_ms) {
+                (Some(limit_s), Some(start_ms)) => Some(start_ms.saturating_add(limit_s.saturating_mul(1_000))),
+                _ => None,
             };
+            let over_time = limit_ms.is_some_and(|end| now > end);
             if a.cancelled() || over_time {
                 if over_time && !a.cancelled() && a.node_index == 0 {
-                    self.mark_timed_out(key);
+                    self.mark(key, TIMED_OUT_MARKER);
                 }
-                for dir in &mine {
-                    self.stop(&dir.path, timing);
+                if self.warned_before_stopping(a, &mine) {
+                    for dir in &mine {
+                        self.stop(&dir.path, timing);
+                    }
                 }
-            } else if a.node_index == 0
-                && !a.job.spec.interactive
-                && !mine.iter().any(|d| d.step.is_none())
-                && !self.lock().fenced
-            {
-                to_launch.push(a);
+            } else {
+                if let (Some(warning), Some(end)) = (a.job.spec.signal, limit_ms)
+                    && now + u64::from(warning.before_s) * 1_000 >= end
+                    && a.node_index == 0
+                    && !self.batch_dir(key).join(WARNED_MARKER).exists()
+                {
+                    self.mark(key, WARNED_MARKER);
+                    self.warn(key, warning);
+                }
+                if a.node_index == 0 && !a.job.spec.interactive && !mine.iter().any(|d| d.step.is_none()) && lease_valid
+                {
+                    to_launch.push(a);
+                }
             }
             if a.node_index == 0 {
                 self.maybe_report(a, &mine, over_time);
+                self.check_marker(a);
             }
         }
         // Starting a supervisor is a fork, an exec and two small fsyncs: start a burst of jobs side by side.
@@ -280,17 +374,130 @@ impl NodeAgent {
             }
             let mut inner = self.lock();
             inner.reports.retain(|key, _| live.contains(key));
+            inner.warned_to_stop.retain(|key, _| live.contains(key));
+            inner.markers.retain(|key, _| live.contains(key));
+        }
+        self.confirm_released(&lingering, &dirs);
+    }
+
+    /// The lease ran out: kill every task now (their supervisors do too, should this agent be slow), and mark
+    /// the batch tasks fenced, so their ends are reported as node failures and the jobs requeued.
+    fn fence(&self, dirs: &[TaskDir], timing: Timing) {
+        let mut killed = 0;
+        for dir in dirs {
+            if matches!(supervise::status(&dir.path), TaskStatus::Running { .. }) {
+                if dir.step.is_none() {
+                    let _ = std::fs::write(dir.path.join(FENCED_MARKER), b"1");
+                }
+                if supervise::signal(&dir.path, libc::SIGKILL).unwrap_or(false) {
+                    killed += 1;
+                }
+            }
+        }
+        if killed > 0 {
+            tracing::error!(
+                "no lease from a leader backed by a quorum for {} ms: fencing this node, killed {killed} task(s) so that their jobs can be requeued safely elsewhere",
+                timing.fence_after_ms
+            );
         }
     }
 
-    fn batch_dir(&self, key: JobKey) -> PathBuf {
+    /// A job told to stop for a requeue or a preemption first gets its `--signal` warning and up to its lead
+    /// time (at most `MAX_WARNING_S`) to checkpoint; then the usual SIGTERM, KillWait, SIGKILL. True once it is
+    /// time for those.
+    fn warned_before_stopping(&self, a: &Assignment, mine: &[&TaskDir]) -> bool {
+        let (Some(_), Some(warning)) = (&a.job.requeue, a.job.spec.signal) else { return true };
+        let key = (a.job.id, a.job.incarnation);
+        let running = mine.iter().any(|d| matches!(supervise::status(&d.path), TaskStatus::Running { .. }));
+        if !running {
+            return true;
+        }
+        let warned_at = {
+            let mut inner = self.lock();
+            match inner.warned_to_stop.get(&key) {
+                Some(at) => Some(*at),
+                None => {
+                    inner.warned_to_stop.insert(key, Instant::now());
+                    None
+                }
+            }
+        };
+        let Some(at) = warned_at else {
+            if a.node_index == 0 {
+                self.warn(key, warning);
+            } else if !warning.batch_only {
+                self.signal_job(key, warning.signal, SignalTarget::Steps);
+            }
+            return false;
+        };
+        at.elapsed() >= Duration::from_secs(u64::from(warning.before_s.min(MAX_WARNING_S)))
+    }
+
+    /// Tells the leader which lingering incarnations have no task left here (once a second while it lists them).
+    fn confirm_released(&self, lingering: &[JobKey], dirs: &[TaskDir]) {
+        if lingering.is_empty() {
+            return;
+        }
+        let gone: Vec<JobKey> = lingering
+            .iter()
+            .copied()
+            .filter(|key| {
+                !dirs.iter().any(|d| d.key == *key && matches!(supervise::status(&d.path), TaskStatus::Running { .. }))
+            })
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let outbox = {
+            let mut inner = self.lock();
+            if inner.released_sent.is_some_and(|at| at.elapsed() < Duration::from_millis(RELEASE_RETRY_MS)) {
+                return;
+            }
+            inner.released_sent = Some(Instant::now());
+            inner.outbox.clone()
+        };
+        if let Some(outbox) = outbox {
+            let _ = outbox.try_send(AgentMessage::Released { keys: gone });
+        }
+    }
+
+    /// Looks at a running job's checkpoint marker file (at most once a second) and relays a new one.
+    fn check_marker(&self, a: &Assignment) {
+        if a.cancelled() && a.job.requeue.is_none() {
+            return;
+        }
+        let key = (a.job.id, a.job.incarnation);
+        let previous = {
+            let mut inner = self.lock();
+            let entry = inner.markers.entry(key).or_insert((Instant::now() - MARKER_INTERVAL, None));
+            if entry.0.elapsed() < MARKER_INTERVAL {
+                return;
+            }
+            entry.0 = Instant::now();
+            entry.1.clone()
+        };
+        let Some((seen, record)) = crate::marker::read(&a.job, previous.as_ref()) else { return };
+        let outbox = {
+            let mut inner = self.lock();
+            if let Some(entry) = inner.markers.get_mut(&key) {
+                entry.1 = Some(seen);
+            }
+            inner.outbox.clone()
+        };
+        if let (Some(outbox), Some((path, step))) = (outbox, record) {
+            let _ = outbox.try_send(AgentMessage::Checkpoint { job_id: key.0, incarnation: key.1, path, step });
+        }
+    }
+
+    pub(crate) fn batch_dir(&self, key: JobKey) -> PathBuf {
         self.tasks_dir.join(format!("{}.{}.batch", key.0, key.1))
     }
 
-    fn mark_timed_out(&self, key: JobKey) {
+    /// Leaves a marker file in a job's batch directory (it survives an agent restart).
+    fn mark(&self, key: JobKey, marker: &str) {
         let dir = self.batch_dir(key);
-        if dir.exists() && !dir.join(TIMED_OUT_MARKER).exists() {
-            let _ = std::fs::write(dir.join(TIMED_OUT_MARKER), b"1");
+        if dir.exists() && !dir.join(marker).exists() {
+            let _ = std::fs::write(dir.join(marker), b"1");
         }
     }
 
@@ -323,7 +530,8 @@ impl NodeAgent {
         let batch = mine.iter().find(|d| d.step.is_none());
         let end = match batch.map(|d| supervise::status(&d.path)) {
             Some(TaskStatus::Finished(result)) => {
-                Some(end_from(&result, self.batch_dir(key).join(TIMED_OUT_MARKER).exists()))
+                let dir = self.batch_dir(key);
+                Some(end_from(&result, dir.join(TIMED_OUT_MARKER).exists(), dir.join(FENCED_MARKER).exists()))
             }
             Some(TaskStatus::Lost(why)) => Some(JobEnd { exit_code: 1, message: Some(why), ..JobEnd::default() }),
             Some(TaskStatus::Running { .. }) => None,
@@ -351,158 +559,8 @@ impl NodeAgent {
         }
     }
 
-    fn launch_batch(&self, a: &Assignment) {
-        let key = (a.job.id, a.job.incarnation);
-        let dir = self.batch_dir(key);
-        let spec = &a.job.spec;
-        if let Err(e) = std::fs::create_dir_all(&dir) {
-            tracing::error!(job = key.0, "cannot create {}: {e}", dir.display());
-            return;
-        }
-        let script_path = dir.join("script");
-        let script = a.script.clone().unwrap_or_default();
-        let written = std::fs::write(&script_path, script.as_bytes()).and_then(|_| {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&script_path, std::fs::Permissions::from_mode(0o755))?;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
-            if is_root() {
-                std::os::unix::fs::chown(&script_path, Some(spec.uid), Some(spec.gid))?;
-            }
-            Ok(())
-        });
-        let ctx = PatternContext {
-            job_id: a.job.id,
-            user: &spec.user,
-            job_name: &spec.name,
-            node: &self.info.name,
-            node_id: 0,
-            task_id: None,
-            step: Some("batch".to_string()),
-            restart_count: a.job.restart_count,
-            array_job_id: a.job.array.map(|x| x.array_job_id),
-            array_task_id: a.job.array.map(|x| x.task_id),
-        };
-        let work_dir = if spec.work_dir.is_empty() { "/".to_string() } else { spec.work_dir.clone() };
-        // Slurm's default names array tasks' output by array and task.
-        let default_out = if a.job.array.is_some() { "slurm-%A_%a.out" } else { "slurm-%j.out" };
-        let stdout = expand_output_path(spec.stdout.as_deref().unwrap_or(default_out), &ctx, &work_dir);
-        let stderr = spec.stderr.as_deref().map(|p| expand_output_path(p, &ctx, &work_dir));
-        let gpus = a.job.allocation.first().map(|s| s.gpus.clone()).unwrap_or_default();
-        let placement = Placement {
-            job: &a.job,
-            hosts: &a.hosts,
-            node_index: 0,
-            node_name: &self.info.name,
-            gpus: &gpus,
-            step: None,
-            controllers: &self.config.controllers.join(","),
-            client_config: &self.client_config_path(),
-        };
-        let mut argv = vec!["/bin/bash".to_string(), script_path.display().to_string()];
-        argv.extend(spec.script_args.iter().cloned());
-        let launch = TaskLaunch {
-            argv,
-            env: task_environment(&placement, spec.exported_environment()),
-            cwd: work_dir,
-            uid: spec.uid,
-            gid: spec.gid,
-            user: spec.user.clone(),
-            stdout,
-            stderr,
-            append: spec.open_append,
-        };
-        let started = written
-            .map_err(|e| e.to_string())
-            .and_then(|_| supervise::spawn(&self.exe, &dir, &launch).map_err(|e| e.to_string()));
-        match started {
-            Ok(pid) => tracing::info!(job = key.0, incarnation = key.1, pid, "batch script started"),
-            Err(message) => {
-                tracing::error!(job = key.0, "batch script could not start: {message}");
-                write_failed_result(&dir, &message);
-            }
-        }
-    }
-
-    /// Starts one task of a step (`srun`); its output goes to files in its directory unless the step names its own.
-    pub fn launch_step_task(
-        &self,
-        a: &Assignment,
-        launch: &drover_proto::wire::StepLaunch,
-        rank: u32,
-        local_rank: u32,
-    ) -> Result<(PathBuf, Option<PathBuf>, Option<PathBuf>), String> {
-        let key = (a.job.id, a.job.incarnation);
-        let dir = self.tasks_dir.join(format!("{}.{}.{}.{}", key.0, key.1, launch.step_id, rank));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let spec = &a.job.spec;
-        let ctx = PatternContext {
-            job_id: a.job.id,
-            user: &spec.user,
-            job_name: &spec.name,
-            node: &self.info.name,
-            node_id: a.node_index,
-            task_id: Some(rank),
-            step: Some(launch.step_id.to_string()),
-            restart_count: a.job.restart_count,
-            array_job_id: a.job.array.map(|x| x.array_job_id),
-            array_task_id: a.job.array.map(|x| x.task_id),
-        };
-        let cwd = if launch.cwd.is_empty() { spec.work_dir.clone() } else { launch.cwd.clone() };
-        let (stdout, stderr, streamed_out, streamed_err) = match (&launch.output, &launch.error) {
-            (Some(out), err) => {
-                let stdout = expand_output_path(out, &ctx, &cwd);
-                let stderr = err.as_deref().map(|p| expand_output_path(p, &ctx, &cwd));
-                (stdout, stderr, None, None)
-            }
-            (None, err) => {
-                let out = dir.join("stdout");
-                let (stderr, streamed_err) = match err {
-                    Some(p) => (Some(expand_output_path(p, &ctx, &cwd)), None),
-                    None => (Some(dir.join("stderr").display().to_string()), Some(dir.join("stderr"))),
-                };
-                (out.display().to_string(), stderr, Some(out), streamed_err)
-            }
-        };
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
-        if is_root() {
-            // The task's user must be able to create its output files in the directory.
-            let _ = std::os::unix::fs::chown(&dir, Some(spec.uid), Some(spec.gid));
-        }
-        let gpus = a.job.allocation.get(a.node_index as usize).map(|s| s.gpus.clone()).unwrap_or_default();
-        let placement = Placement {
-            job: &a.job,
-            hosts: &a.hosts,
-            node_index: a.node_index,
-            node_name: &self.info.name,
-            gpus: &gpus,
-            step: Some(StepPlacement {
-                step_id: launch.step_id,
-                nodes: &launch.nodes,
-                tasks_per_node: &launch.tasks_per_node,
-                rank,
-                local_rank,
-            }),
-            controllers: &self.config.controllers.join(","),
-            client_config: &self.client_config_path(),
-        };
-        let task = TaskLaunch {
-            argv: launch.argv.clone(),
-            env: task_environment(&placement, launch.env.clone()),
-            cwd,
-            uid: spec.uid,
-            gid: spec.gid,
-            user: spec.user.clone(),
-            stdout,
-            stderr,
-            append: spec.open_append,
-        };
-        supervise::spawn(&self.exe, &dir, &task).map_err(|e| e.to_string())?;
-        Ok((dir, streamed_out, streamed_err))
-    }
-
     /// The client configuration tasks use for `srun`, `scontrol` and friends (empty: the CLI's default).
-    fn client_config_path(&self) -> String {
+    pub(crate) fn client_config_path(&self) -> String {
         self.config.client_config.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
     }
 
@@ -518,35 +576,6 @@ impl NodeAgent {
             Err(e) => problems.push(format!("GPU health check failed: {e}")),
         }
         problems
-    }
-}
-
-fn end_from(result: &TaskResult, timed_out: bool) -> JobEnd {
-    JobEnd {
-        exit_code: result.exit_code,
-        signal: result.signal,
-        timed_out,
-        usage: Usage { cpu_ms: result.cpu_ms, max_rss_kb: result.max_rss_kb },
-        message: result.error.clone(),
-    }
-}
-
-/// Records a launch that failed before a supervisor existed, as the supervisor would have.
-fn write_failed_result(dir: &Path, message: &str) {
-    let now = now_ms();
-    let result = TaskResult {
-        exit_code: supervise::EXIT_SETUP_FAILED,
-        signal: 0,
-        started_ms: now,
-        ended_ms: now,
-        cpu_ms: 0,
-        max_rss_kb: 0,
-        error: Some(message.to_string()),
-    };
-    let json = serde_json::to_vec(&result).expect("results serialize");
-    let tmp = dir.join("result.json.tmp");
-    if std::fs::write(&tmp, json).and_then(|_| std::fs::rename(&tmp, dir.join(supervise::RESULT_FILE))).is_err() {
-        tracing::error!("cannot record the failed launch in {}", dir.display());
     }
 }
 

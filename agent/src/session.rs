@@ -1,8 +1,9 @@
 //! The agent's session with the leader: register, heartbeat, receive assignments; on any failure find the
 //! leader again (followers name it), within about a second of a failover.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use drover_proto::LEADER_HINT_KEY;
 use drover_proto::v1::AgentEnvelope;
@@ -18,8 +19,10 @@ const OUTBOX: usize = 1_024;
 const CONNECT_TIMEOUT_MS: u64 = 500;
 /// Pause between attempts once every controller was tried.
 const RETRY_ROUND_MS: u64 = 100;
-/// A leader that sent nothing for this many heartbeat intervals is treated as gone.
+/// A leader that sent nothing, or renewed no lease, for this many heartbeat intervals is treated as gone.
 const SILENT_HEARTBEATS: u64 = 3;
+/// Heartbeats remembered while their answers are outstanding.
+const MAX_IN_FLIGHT: usize = 64;
 
 enum Ended {
     /// A follower named the leader.
@@ -60,7 +63,7 @@ pub async fn run(agent: Arc<NodeAgent>) {
 async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
     // Mutual TLS: the controller must hold a controller's certificate, and ours names this node.
     let timeout = Duration::from_millis(CONNECT_TIMEOUT_MS);
-    let channel = match agent.tls.channel(addr, None, timeout, Some(drover_auth::RoleKind::Controller)) {
+    let channel = match agent.tls.channel(addr, agent.local_ip(), timeout, Some(drover_auth::RoleKind::Controller)) {
         Ok(c) => c,
         Err(e) => return Ended::Failed(format!("cannot connect to {addr}: {e}")),
     };
@@ -82,8 +85,16 @@ async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
     let mut heartbeat_ms = agent.timing().heartbeat_ms;
     let mut ticker = tokio::time::interval(Duration::from_millis(heartbeat_ms));
     let mut welcomed = false;
+    // Heartbeats in flight: the lease an answer grants runs from when its heartbeat was sent.
+    let mut sent: VecDeque<(u64, Instant)> = VecDeque::with_capacity(MAX_IN_FLIGHT);
+    let mut seq = 0u64;
+    let mut last_lease = Instant::now();
     let why = loop {
         let silence = Duration::from_millis(heartbeat_ms * SILENT_HEARTBEATS);
+        if welcomed && last_lease.elapsed() > silence {
+            // A leader that stops renewing has lost its quorum (or hangs): find the leader the quorum elected.
+            break format!("the leader at {addr} renewed no lease for {} ms", silence.as_millis());
+        }
         tokio::select! {
             message = tokio::time::timeout(silence, inbound.message()) => {
                 let envelope = match message {
@@ -92,22 +103,34 @@ async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
                     Ok(Ok(None)) => break format!("{addr} closed the session"),
                     Ok(Ok(Some(envelope))) => envelope,
                 };
-                agent.contact();
                 match decode::<ControllerMessage>(&envelope.json) {
                     Ok(ControllerMessage::Welcome { leader_id, heartbeat_ms: hb, fence_after_ms, kill_wait_ms }) => {
                         heartbeat_ms = hb.max(10);
                         ticker = tokio::time::interval(Duration::from_millis(heartbeat_ms));
-                        agent.connected(tx.clone(), Timing { heartbeat_ms, fence_after_ms, kill_wait_ms });
+                        let allow_root_jobs = agent.timing().allow_root_jobs;
+                        let timing = Timing { heartbeat_ms, fence_after_ms, kill_wait_ms, allow_root_jobs };
+                        agent.connected(tx.clone(), timing);
                         welcomed = true;
+                        last_lease = Instant::now();
                         tracing::info!(%addr, leader_id, "session with the leader established");
                     }
-                    Ok(ControllerMessage::Assignments { jobs }) => agent.set_assignments(jobs),
-                    Ok(ControllerMessage::EndAcked { job_id, incarnation }) => agent.acked((job_id, incarnation)),
-                    Ok(ControllerMessage::Signal { job_id, incarnation, signal }) => {
-                        let agent = agent.clone();
-                        tokio::task::spawn_blocking(move || agent.signal_job((job_id, incarnation), signal));
+                    Ok(ControllerMessage::Assignments { jobs, applied_index, lingering, allow_root_jobs }) => {
+                        agent.set_assignments(jobs, applied_index, lingering, allow_root_jobs)
                     }
-                    Ok(ControllerMessage::Alive) => {}
+                    Ok(ControllerMessage::EndAcked { job_id, incarnation }) => agent.acked((job_id, incarnation)),
+                    Ok(ControllerMessage::Signal { job_id, incarnation, signal, target }) => {
+                        let agent = agent.clone();
+                        tokio::task::spawn_blocking(move || agent.signal_job((job_id, incarnation), signal, target));
+                    }
+                    Ok(ControllerMessage::Lease { seq: answered, lease_ms }) => {
+                        while sent.front().is_some_and(|(s, _)| *s < answered) {
+                            sent.pop_front();
+                        }
+                        if let Some((_, at)) = sent.pop_front().filter(|(s, _)| *s == answered) {
+                            agent.renew(at + Duration::from_millis(lease_ms));
+                            last_lease = Instant::now();
+                        }
+                    }
                     Err(e) => break format!("undecodable message from {addr}: {e}"),
                 }
             }
@@ -116,7 +139,12 @@ async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
                     let agent = agent.clone();
                     tokio::task::spawn_blocking(move || agent.problems()).await.unwrap_or_default()
                 };
-                if tx.try_send(AgentMessage::Heartbeat { problems }).is_err() {
+                seq += 1;
+                if sent.len() == MAX_IN_FLIGHT {
+                    sent.pop_front();
+                }
+                sent.push_back((seq, Instant::now()));
+                if tx.try_send(AgentMessage::Heartbeat { seq, problems }).is_err() {
                     break "the outbox to the leader is full".to_string();
                 }
             }

@@ -78,6 +78,9 @@ pub const EXIT_SETUP_FAILED: i32 = 1;
 /// result anyway (a process stuck in the kernel, e.g. on a dead NFS server or a wedged GPU, cannot be killed).
 const LEFTOVER_DEADLINE: Duration = Duration::from_secs(60);
 
+/// The supervisor's own `PATH` (it execs nothing by name; this is for the record).
+const SUPERVISOR_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+
 /// `PATH` searched when the task's environment has none: what execvp(3) uses.
 const DEFAULT_PATH: &str = "/bin:/usr/bin";
 
@@ -104,6 +107,13 @@ pub struct TaskLaunch {
     pub stderr: Option<String>,
     /// `--open-mode=append`; otherwise the files are truncated.
     pub append: bool,
+    /// The node's lease file (see `crate::lease`): the supervisor kills its task when the lease expires, even if
+    /// the agent is dead or hung. `None` only for tasks started outside an agent (tests).
+    #[serde(default)]
+    pub lease_file: Option<String>,
+    /// Directories to create (with parents) as the task's user before it starts, e.g. its checkpoint directory.
+    #[serde(default)]
+    pub make_dirs: Vec<String>,
 }
 
 /// How a task ended, as the supervisor saw it.
@@ -122,6 +132,9 @@ pub struct TaskResult {
     pub max_rss_kb: u64,
     /// Why the task could not be started, e.g. `execve(/bin/nonexistent): No such file or directory`.
     pub error: Option<String>,
+    /// The supervisor killed the task because the node's lease expired (a fence, not the job's own failure).
+    #[serde(default)]
+    pub fenced: bool,
 }
 
 /// What [`status`] finds in a task directory.
@@ -203,9 +216,13 @@ pub fn spawn(exe: &Path, dir: &Path, launch: &TaskLaunch) -> Result<u32, Supervi
     let spawn_error = |cause| SuperviseError::SpawnSupervisor { exe: exe.to_path_buf(), dir: dir.clone(), cause };
     // Its own process group at once, so a signal to the agent's group (Ctrl-C on an agent in a terminal) cannot hit
     // the supervisor during the moment before it has its own session.
+    // A clean environment: the supervisor runs as root, and nothing the agent's own environment carries
+    // (LD_PRELOAD, LD_LIBRARY_PATH, a stray RUST_LOG) may reach it or, through it, a task.
     let mut intermediate = Command::new(exe)
         .arg("supervise")
         .arg(&dir)
+        .env_clear()
+        .env("PATH", SUPERVISOR_PATH)
         .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -262,6 +279,16 @@ pub fn status(dir: &Path) -> TaskStatus {
 /// [`SuperviseError::NotStarted`], worth a retry a few milliseconds later. (To cancel a task that has not started,
 /// SIGTERM its supervisor instead: the supervisor passes it on the moment the task starts.)
 pub fn signal(dir: &Path, signal: i32) -> Result<bool, SuperviseError> {
+    deliver(dir, signal, true)
+}
+
+/// Like [`signal`], but to the task's main process alone, not the rest of its group (`scancel -b`: the batch
+/// shell, not its children).
+pub fn signal_leader(dir: &Path, signal: i32) -> Result<bool, SuperviseError> {
+    deliver(dir, signal, false)
+}
+
+fn deliver(dir: &Path, signal: i32, whole_group: bool) -> Result<bool, SuperviseError> {
     if dir.join(RESULT_FILE).exists() {
         return Ok(false);
     }
@@ -284,7 +311,8 @@ pub fn signal(dir: &Path, signal: i32) -> Result<bool, SuperviseError> {
     }
     // SAFETY: kill has no memory-safety preconditions. While the leader exists (even as a zombie) its pid, and so
     // the group id, cannot be reused, and we just checked that it is the leader we started.
-    if unsafe { libc::kill(-pgid, signal) } != 0 {
+    let target = if whole_group { -pgid } else { pid as i32 };
+    if unsafe { libc::kill(target, signal) } != 0 {
         let err = io::Error::last_os_error();
         if err.raw_os_error() == Some(libc::ESRCH) {
             return Ok(false);
@@ -454,7 +482,13 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
         error = Some(message);
     }
 
-    wait_for_exit_without_reaping(pid, log);
+    let fenced = match launch.lease_file.as_deref() {
+        Some(lease) => wait_within_lease(pid, pgid, Path::new(lease), log),
+        None => {
+            wait_for_exit_without_reaping(pid, log);
+            false
+        }
+    };
     let ended_ms = now_ms();
     // The leader is a zombie now, so its pid, and the group id, cannot have been reused: kill what it left behind.
     // SAFETY: kill has no memory-safety preconditions.
@@ -466,7 +500,16 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
     let usage = children_usage();
     let (exit_code, signal) = decode_wait_status(wait_status);
     log.line(format_args!("task {pid} ended: exit code {exit_code}, signal {signal}"));
-    TaskResult { exit_code, signal, started_ms, ended_ms, cpu_ms: usage.cpu_ms, max_rss_kb: usage.max_rss_kb, error }
+    TaskResult {
+        exit_code,
+        signal,
+        started_ms,
+        ended_ms,
+        cpu_ms: usage.cpu_ms,
+        max_rss_kb: usage.max_rss_kb,
+        error,
+        fenced,
+    }
 }
 
 /// What the task needs that must be opened or checked as its user.
@@ -480,6 +523,12 @@ struct Prepared {
 /// caller switches), so that a task can only write where its user may: never `--output=/etc/passwd` as root.
 /// On failure also returns the stderr file when it is already open, for the error message.
 fn prepare(launch: &TaskLaunch) -> Result<Prepared, (Failure, Option<File>)> {
+    for dir in &launch.make_dirs {
+        fs::create_dir_all(dir).map_err(|e| {
+            let message = format!("cannot create directory {dir}: {}", os_message(&e));
+            (Failure::setup(message.clone(), Some(message)), None)
+        })?;
+    }
     let stdout = open_output(&launch.stdout, launch.append).map_err(|e| {
         let message = format!("Could not open stdout file {}: {}", launch.stdout, os_message(&e));
         (Failure::setup(format!("open({}): {}", launch.stdout, os_message(&e)), Some(message)), None)
@@ -587,6 +636,7 @@ fn failed(log: &mut Log, stderr: Option<&File>, failure: Failure) -> TaskResult 
         cpu_ms: 0,
         max_rss_kb: 0,
         error: Some(failure.error),
+        fenced: false,
     }
 }
 
@@ -809,6 +859,37 @@ fn ignore_hangup_and_interrupt() {
 }
 
 /// Blocks until the task's main process has ended, leaving it a zombie so its pid stays reserved.
+/// Waits for the task's main process to exit (without reaping it), killing its process group if the node's
+/// lease expires first. True if it was fenced that way.
+fn wait_within_lease(pid: i32, pgid: i32, lease: &Path, log: &mut Log) -> bool {
+    let mut fenced = false;
+    loop {
+        // SAFETY: siginfo_t is plain data; waitid fills it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid out pointer. WNOHANG: returns at once; si_pid stays 0 while the task runs.
+        let rc = unsafe {
+            libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT | libc::WNOHANG)
+        };
+        if rc == 0 && unsafe { info.si_pid() } != 0 {
+            return fenced;
+        }
+        if rc != 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EINTR) {
+                log.line(format_args!("waitid({pid}): {err}"));
+                return fenced;
+            }
+        }
+        if !fenced && crate::lease::expired(lease) {
+            log.line(format_args!("the node's lease ({}) expired: killing the task (fenced)", lease.display()));
+            // SAFETY: pgid is our unreaped child's group.
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            fenced = true;
+        }
+        std::thread::sleep(Duration::from_millis(crate::lease::CHECK_INTERVAL_MS));
+    }
+}
+
 fn wait_for_exit_without_reaping(pid: i32, log: &mut Log) {
     loop {
         // SAFETY: siginfo_t is plain data; waitid fills it.
@@ -912,6 +993,8 @@ fn validate_launch(launch: &TaskLaunch, path: &Path) -> Result<(), SuperviseErro
     for (what, value) in [("cwd", &launch.cwd), ("stdout", &launch.stdout)]
         .into_iter()
         .chain(launch.stderr.as_ref().map(|stderr| ("stderr", stderr)))
+        .chain(launch.make_dirs.iter().map(|dir| ("make_dirs", dir)))
+        .chain(launch.lease_file.as_ref().map(|lease| ("lease_file", lease)))
     {
         if !value.starts_with('/') {
             return invalid(format!("{what} {value:?} is not an absolute path"));

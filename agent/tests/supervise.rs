@@ -39,6 +39,8 @@ fn shell_task(work: &Path, script: &str) -> TaskLaunch {
         stdout: path_str(&work.join("out")),
         stderr: Some(path_str(&work.join("err"))),
         append: false,
+        lease_file: None,
+        make_dirs: Vec::new(),
     }
 }
 
@@ -472,4 +474,54 @@ fn a_task_directory_is_used_for_one_task_only() {
     let again = supervise::spawn(exe(), &dir, &launch);
 
     assert!(matches!(again, Err(SuperviseError::AlreadyLaunched { .. })), "{again:?}");
+}
+
+/// The supervisor runs as root on a real node: nothing of the agent's environment (LD_PRELOAD, LD_LIBRARY_PATH,
+/// or here the CARGO_* variables this test process was started with) may reach it.
+#[test]
+fn the_supervisor_starts_with_a_clean_environment() {
+    assert!(std::env::vars().any(|(k, _)| k.starts_with("CARGO")), "the test itself runs with cargo's variables");
+    let tmp = TempDir::new().unwrap();
+    let dir = tmp.path().join("task");
+    let launch = shell_task(tmp.path(), "sleep 30");
+    let pid = supervise::spawn(exe(), &dir, &launch).unwrap();
+    let environ = fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let vars: Vec<String> =
+        environ.split(|b| *b == 0).filter(|v| !v.is_empty()).map(|v| String::from_utf8_lossy(v).into_owned()).collect();
+    assert_eq!(vars, ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], "the supervisor's environment");
+    // The task may not have started yet: signal until it has.
+    let deadline = Instant::now() + PATIENCE;
+    while !matches!(supervise::signal(&dir, libc::SIGKILL), Ok(true)) {
+        assert!(Instant::now() < deadline, "the task never started");
+        sleep(Duration::from_millis(10));
+    }
+    wait_finished(&dir);
+}
+
+/// The node's lease, enforced where the task is: when it expires (its agent dead, hung or cut off), the supervisor
+/// kills the task by itself and records that it was fenced.
+#[test]
+fn the_supervisor_kills_its_task_when_the_nodes_lease_expires() {
+    let tmp = TempDir::new().unwrap();
+    let lease = tmp.path().join(drover_agent::lease::LEASE_FILE);
+    drover_agent::lease::write(&lease, drover_agent::lease::boottime_ms() + 700).unwrap();
+    let dir = tmp.path().join("task");
+    let mut launch = shell_task(tmp.path(), "sleep 60");
+    launch.lease_file = Some(path_str(&lease));
+    launch.make_dirs = vec![path_str(&tmp.path().join("ckpt/7/0"))];
+    let started = Instant::now();
+    supervise::spawn(exe(), &dir, &launch).unwrap();
+    let result = wait_finished(&dir);
+    assert!(result.fenced, "{result:?}");
+    assert_eq!(result.signal, libc::SIGKILL);
+    assert!(started.elapsed() < Duration::from_secs(10), "killed at the lease's end, not at the task's");
+    assert!(tmp.path().join("ckpt/7/0").is_dir(), "its directories were made before it started");
+
+    // A renewed lease keeps a task running to its natural end.
+    drover_agent::lease::write(&lease, drover_agent::lease::boottime_ms() + 60_000).unwrap();
+    let dir = tmp.path().join("task2");
+    let mut launch = shell_task(tmp.path(), "sleep 0.5; exit 3");
+    launch.lease_file = Some(path_str(&lease));
+    let result = run_to_end(&dir, &launch);
+    assert_eq!((result.exit_code, result.fenced), (3, false));
 }

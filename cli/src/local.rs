@@ -47,7 +47,9 @@ pub struct UpOptions {
     pub keep_entries_after_snapshot: u64,
     /// Extra TOML appended to every controller config (partitions, limits).
     pub extra_toml: String,
-    /// Give each replica its own loopback address (127.0.0.N+10) instead of 127.0.0.1, so tests can cut one off.
+    /// Give each replica and each agent its own loopback address instead of 127.0.0.1 (127.A.B.10+ID for
+    /// replicas, 127.A.B.100+N for agents, A.B random per cluster), so a test can cut one off with a firewall rule
+    /// without touching any other cluster on the machine.
     pub distinct_ips: bool,
     /// Node agents (`node01`, ...), each with this many simulated GPUs and 64 CPUs.
     pub agents: usize,
@@ -61,6 +63,8 @@ pub struct UpOptions {
     /// The GPU count the agents' config promises (`[gpus] count`); a value other than `gpus_per_agent` makes
     /// each agent report an inventory mismatch.
     pub agent_expected_gpus: Option<u32>,
+    /// Give each agent a fault file (`agent-NODE/faults`, see `fault_file`) to inject GPU faults into.
+    pub agent_fault_files: bool,
     /// `allow_root_jobs` in the cluster configuration. By default a local cluster allows root jobs exactly when
     /// root starts it: its agents then run as root anyway, and nobody else's identity is at stake.
     pub allow_root_jobs: bool,
@@ -84,6 +88,7 @@ impl Default for UpOptions {
             agent_fence_after_ms: 5_000,
             node_timeout_ms: 8_000,
             agent_expected_gpus: None,
+            agent_fault_files: false,
             // SAFETY: geteuid cannot fail.
             allow_root_jobs: unsafe { libc::geteuid() } == 0,
         }
@@ -150,12 +155,14 @@ impl LocalCluster {
         let pki = crate::pki::Pki::create(&dir.join("pki"), "local")?;
         let host = drover_auth::authd::hostname();
         pki.issue("client", &drover_auth::Role::Client(host.clone()), &[host], &[])?;
+        let ip_base = if options.distinct_ips { random_ip_base() } else { String::new() };
+        std::fs::write(dir.join("ip_base"), &ip_base)?;
+        let mut cluster = LocalCluster { dir: dir.clone(), processes: Vec::new(), options, kill_on_drop: true };
         let mut members = BTreeMap::new();
-        for id in 1..=options.controllers as u64 {
-            let ip = if options.distinct_ips { format!("127.0.0.{}", 10 + id) } else { "127.0.0.1".to_string() };
+        for id in 1..=cluster.options.controllers as u64 {
+            let ip = cluster.ip_of(10 + id);
             members.insert(id, format!("{ip}:{}", free_port(&ip)?));
         }
-        let mut cluster = LocalCluster { dir: dir.clone(), processes: Vec::new(), options, kill_on_drop: true };
         cluster.processes.push(Process {
             role: "authd".into(),
             id: AUTHD_ID,
@@ -188,13 +195,15 @@ impl LocalCluster {
         let name = format!("node{n:02}");
         let home = self.dir.join(format!("agent-{name}"));
         std::fs::create_dir_all(&home)?;
-        let addr = format!("127.0.0.1:{}", free_port("127.0.0.1")?);
+        let ip = self.ip_of(100 + n);
+        let addr = format!("{ip}:{}", free_port(&ip)?);
         let controllers: Vec<String> =
             self.processes.iter().filter(|p| p.role == "controller").map(|p| p.address.clone()).collect();
         let pki = self.pki()?;
-        let (cert, key) = pki.issue(&name, &drover_auth::Role::Agent(name.clone()), &[], &[LOOPBACK])?;
+        let agent_ip: IpAddr = ip.parse()?;
+        let (cert, key) = pki.issue(&name, &drover_auth::Role::Agent(name.clone()), &[], &[agent_ip, LOOPBACK])?;
         let toml = format!(
-            "name = {name:?}\ncontrollers = {controllers:?}\nlisten = {addr:?}\nhost = \"127.0.0.1\"\nstate_dir = {:?}\ncpus = 64\nmemory_mb = 65536\nkill_wait_ms = {}\nclient_config = {:?}\n\n[gpus]\nsimulate = {}\nmodel = \"H200\"\n",
+            "name = {name:?}\ncontrollers = {controllers:?}\nlisten = {addr:?}\nhost = {ip:?}\nstate_dir = {:?}\ncpus = 64\nmemory_mb = 65536\nkill_wait_ms = {}\nclient_config = {:?}\n\n[gpus]\nsimulate = {}\nmodel = \"H200\"\n",
             home.join("state").display().to_string(),
             self.options.kill_wait_ms,
             self.dir.join("client.toml").display().to_string(),
@@ -203,6 +212,9 @@ impl LocalCluster {
         let mut toml = toml;
         if let Some(count) = self.options.agent_expected_gpus {
             toml.push_str(&format!("count = {count}\n"));
+        }
+        if self.options.agent_fault_files {
+            toml.push_str(&format!("fault_file = {:?}\n", home.join("faults").display().to_string()));
         }
         toml.push_str(&security_section(&pki, &cert, &key));
         let config = home.join("agent.toml");
@@ -219,6 +231,18 @@ impl LocalCluster {
         self.processes.push(process.clone());
         self.start(id)?;
         Ok(process)
+    }
+
+    /// The address of process `host` (10+ID for replicas, 100+N for agents): its own when the cluster has
+    /// distinct addresses, else 127.0.0.1.
+    pub fn ip_of(&self, host: u64) -> String {
+        let base = std::fs::read_to_string(self.dir.join("ip_base")).unwrap_or_default();
+        if base.is_empty() { "127.0.0.1".to_string() } else { format!("{base}{host}") }
+    }
+
+    /// Where a GPU fault is injected into agent `name`'s simulated GPUs (`agent_fault_files`).
+    pub fn fault_file(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("agent-{name}")).join("faults")
     }
 
     /// The agents' node names and ids.
@@ -439,7 +463,7 @@ impl LocalCluster {
     /// Configures and starts a new, non-founding replica (it waits to be added with add-replica).
     pub fn spawn_extra(&mut self) -> anyhow::Result<(u64, String)> {
         let id = self.processes.iter().filter(|p| p.role == "controller").map(|p| p.id).max().unwrap_or(0) + 1;
-        let ip = if self.options.distinct_ips { format!("127.0.0.{}", 10 + id) } else { "127.0.0.1".to_string() };
+        let ip = self.ip_of(10 + id);
         let addr = format!("{ip}:{}", free_port(&ip)?);
         let process = self.write_config(id, &addr, &BTreeMap::new())?;
         self.processes.push(process);
@@ -511,6 +535,15 @@ fn bin_name(role: &str) -> &'static str {
     }
 }
 
+/// `127.A.B.` for a cluster whose processes get addresses of their own: A.B from the clock and the process id,
+/// so clusters of concurrent tests do not share addresses (and a test's firewall rules touch only its own).
+fn random_ip_base() -> String {
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let mix = nanos ^ std::process::id().wrapping_mul(2_654_435_761);
+    format!("127.{}.{}.", 64 + (mix >> 8) % 128, mix % 256)
+}
+
 /// The loopback address local processes listen on and their certificates name.
 const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 /// The authd's entry in `cluster.json`.
@@ -535,6 +568,16 @@ fn merge_tables(base: &mut toml::Table, extra: toml::Table) {
             (_, value) => drop(base.insert(key, value)),
         }
     }
+}
+
+/// "Powers off" a local node, as a BMC would: SIGKILLs its agent and every task and supervisor on it.
+pub fn fence_node(cluster: &mut LocalCluster, node: &str) -> anyhow::Result<()> {
+    let (_, id) =
+        cluster.agents().into_iter().find(|(name, _)| name == node).with_context(|| format!("no node {node}"))?;
+    let tasks = cluster.process(id).context("the node's agent")?.data_dir.join("tasks");
+    cluster.kill(id)?;
+    kill_tasks(&tasks);
+    Ok(())
 }
 
 /// Kills every task (by process group) and supervisor recorded under an agent's task directory.

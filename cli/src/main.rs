@@ -71,6 +71,11 @@ enum Top {
     },
     /// Who the controllers say you are, and your administrative level.
     Whoami,
+    /// Checkpoints, from inside a job: `drover checkpoint record PATH [--step N]`.
+    Checkpoint {
+        #[command(subcommand)]
+        command: CheckpointCmd,
+    },
     /// The cluster's CA, cluster key and certificates (for production set-ups; `local up` makes its own).
     Certs {
         #[command(subcommand)]
@@ -99,6 +104,25 @@ enum ClusterCmd {
 }
 
 #[derive(Subcommand)]
+enum CheckpointCmd {
+    /// Record PATH as this job's latest finished checkpoint: its next incarnation (after a requeue, a node
+    /// failure or a preemption) starts with DROVER_RESUME_FROM=PATH. Refused unless run by the job's current
+    /// incarnation.
+    Record {
+        path: PathBuf,
+        /// The training step the checkpoint holds (DROVER_RESUME_STEP next time).
+        #[arg(long)]
+        step: Option<u64>,
+        /// The job (default: $SLURM_JOB_ID).
+        #[arg(long, env = "SLURM_JOB_ID")]
+        job: u64,
+        /// The incarnation recording it (default: $DROVER_INCARNATION).
+        #[arg(long, env = "DROVER_INCARNATION")]
+        incarnation: u64,
+    },
+}
+
+#[derive(Subcommand)]
 enum LocalCmd {
     /// Start a local cluster under DIR (described in DIR/cluster.json).
     Up {
@@ -116,6 +140,13 @@ enum LocalCmd {
     Down {
         #[arg(long)]
         dir: PathBuf,
+    },
+    /// "Power off" node NODE of the local cluster under DIR (SIGKILL its agent and its tasks): what a BMC does,
+    /// for use as the controllers' fence_command in drills.
+    Fence {
+        #[arg(long)]
+        dir: PathBuf,
+        node: String,
     },
 }
 
@@ -195,6 +226,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 );
                 Ok(())
             }
+            LocalCmd::Fence { dir, node } => {
+                let mut local = LocalCluster::load(&dir)?;
+                drover_cli::local::fence_node(&mut local, &node)?;
+                local.save()?;
+                Ok(())
+            }
             LocalCmd::Down { dir } => {
                 let mut local = LocalCluster::load(&dir)?;
                 local.down()?;
@@ -223,6 +260,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             connect::runtime().block_on(admin::whoami(&client))
         }
         Top::Certs { command } => admin::certs(command),
+        Top::Checkpoint { command: CheckpointCmd::Record { path, step, job, incarnation } } => {
+            let path = if path.is_absolute() { path } else { std::env::current_dir()?.join(path) };
+            let path = path.to_str().ok_or_else(|| anyhow::anyhow!("the checkpoint path is not UTF-8"))?.to_string();
+            let client = connect::client(cli.controllers.as_deref())?;
+            connect::runtime().block_on(client.record_checkpoint(job, incarnation, &path, step))?;
+            Ok(())
+        }
         Top::Demo { dir } => demo::run(dir),
         Top::Bench { command } => bench::run(command, cli.controllers.as_deref()),
     }

@@ -141,6 +141,10 @@ pub enum SbatchOption {
     },
     /// `--requeue` (true) / `--no-requeue` (false).
     Requeue(bool),
+    /// `--signal=[{R|B}:]SIG[@secs]`.
+    Signal(drover_state::WarnSignal),
+    /// `--no-kill/-k`.
+    NoKill,
     /// `--open-mode=append` (true) or `truncate` (false).
     OpenAppend(bool),
     Exclusive,
@@ -247,6 +251,8 @@ enum Kind {
     Exclude,
     Requeue,
     NoRequeue,
+    Signal,
+    NoKill,
     Hold,
     Parsable,
     Wrap,
@@ -266,7 +272,7 @@ impl Kind {
     fn arg(self) -> Arg {
         match self {
             Kind::Requeue | Kind::NoRequeue | Kind::Hold | Kind::Parsable | Kind::Exclusive => Arg::No,
-            Kind::Nice => Arg::Optional,
+            Kind::Nice | Kind::NoKill => Arg::Optional,
             _ => Arg::Required,
         }
     }
@@ -307,6 +313,8 @@ const OPTIONS: &[OptDef] = &[
     OptDef { long: "exclude", short: Some('x'), kind: Kind::Exclude },
     OptDef { long: "requeue", short: None, kind: Kind::Requeue },
     OptDef { long: "no-requeue", short: None, kind: Kind::NoRequeue },
+    OptDef { long: "signal", short: None, kind: Kind::Signal },
+    OptDef { long: "no-kill", short: Some('k'), kind: Kind::NoKill },
     OptDef { long: "hold", short: Some('H'), kind: Kind::Hold },
     OptDef { long: "parsable", short: None, kind: Kind::Parsable },
     OptDef { long: "wrap", short: None, kind: Kind::Wrap },
@@ -422,6 +430,7 @@ fn parse_value(def: &OptDef, flag: &str, value: Option<String>) -> Result<Item, 
             Kind::Parsable => SbatchOption::Parsable,
             Kind::Exclusive => SbatchOption::Exclusive,
             Kind::Nice => SbatchOption::Nice(DEFAULT_NICE),
+            Kind::NoKill => SbatchOption::NoKill,
             _ => return Err(OptionError::MissingValue { flag: flag.to_string() }),
         }));
     };
@@ -466,6 +475,14 @@ fn parse_value(def: &OptDef, flag: &str, value: Option<String>) -> Result<Item, 
         Kind::Qos => SbatchOption::Qos(value),
         Kind::Reservation => SbatchOption::Reservation(value),
         Kind::Nice => SbatchOption::Nice(parse_nice(flag, &value)?),
+        Kind::Signal => {
+            SbatchOption::Signal(drover_state::signal::parse_warn_signal(&value).map_err(|e| invalid(flag, &value, e))?)
+        }
+        // Slurm's `--no-kill[=off]`.
+        Kind::NoKill => match value.to_ascii_lowercase().as_str() {
+            "off" | "no" => SbatchOption::Ignored { flag: "no-kill", value },
+            _ => SbatchOption::NoKill,
+        },
         Kind::Time => match slurm_time::parse_time_limit(&value) {
             Ok(limit) => SbatchOption::TimeLimit(limit),
             Err(e) => {
@@ -967,6 +984,8 @@ pub fn build_spec(
                 export_set = set.clone();
             }
             SbatchOption::Requeue(v) => spec.requeue = Some(*v),
+            SbatchOption::Signal(w) => spec.signal = Some(*w),
+            SbatchOption::NoKill => spec.no_kill = true,
             SbatchOption::Hold => spec.hold = true,
             SbatchOption::OpenAppend(v) => spec.open_append = *v,
             SbatchOption::Exclusive => spec.exclusive = true,

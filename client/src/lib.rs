@@ -332,9 +332,10 @@ impl Client {
         self.call(|mut c| async move { c.remove_replica(RemoveReplicaRequest { id }).await }).await
     }
 
-    /// `scancel --signal`: delivers `signal` to the running tasks of the jobs.
-    pub async fn signal(&self, ids: &[u64], signal: i32) -> Result<Vec<JobOutcome>, ClientError> {
-        let request = SignalJobsRequest { job_ids: ids.to_vec(), signal };
+    /// `scancel --signal`: delivers `signal` to the running tasks of the jobs that `target` names (the steps by
+    /// default, as Slurm; the batch shell alone; or everything).
+    pub async fn signal(&self, ids: &[u64], signal: i32, target: SignalTarget) -> Result<Vec<JobOutcome>, ClientError> {
+        let request = SignalJobsRequest { job_ids: ids.to_vec(), signal, target: target as i32 };
         let reply = self
             .call(|mut c| {
                 let request = request.clone();
@@ -342,6 +343,35 @@ impl Client {
             })
             .await?;
         Ok(reply.outcomes)
+    }
+
+    /// `scontrol requeue` / `requeuehold`: the running jobs end and go back to the queue (held, with `hold`).
+    pub async fn requeue(&self, ids: &[u64], hold: bool) -> Result<Vec<JobOutcome>, ClientError> {
+        let request = RequeueJobsRequest { job_ids: ids.to_vec(), hold };
+        let reply = self
+            .call(|mut c| {
+                let request = request.clone();
+                async move { c.requeue_jobs(request).await }
+            })
+            .await?;
+        Ok(reply.outcomes)
+    }
+
+    /// `drover checkpoint record`: incarnation `incarnation` of job `job_id` finished the checkpoint at `path`.
+    pub async fn record_checkpoint(
+        &self,
+        job_id: u64,
+        incarnation: u64,
+        path: &str,
+        step: Option<u64>,
+    ) -> Result<(), ClientError> {
+        let request = RecordCheckpointRequest { job_id, incarnation, path: path.to_string(), step };
+        self.call(|mut c| {
+            let request = request.clone();
+            async move { c.record_checkpoint(request).await }
+        })
+        .await?;
+        Ok(())
     }
 
     /// Ends an interactive allocation (`srun` outside a job) with its step's exit.

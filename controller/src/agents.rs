@@ -4,6 +4,12 @@
 //! Heartbeats never enter the log: the leader keeps `last_seen` in memory and commits only transitions
 //! (`RegisterNode`, `NodeDown`, `DrainNodes`). A new leader starts every node's clock afresh, so nodes get a full
 //! `node_timeout_ms` to find it before any is declared down.
+//!
+//! Fencing holds because of two rules here. A heartbeat is answered with a lease only while this leader has heard
+//! from a quorum of controllers within `quorum_window_ms`: a leader cut off from the quorum stops renewing, so its
+//! agents' leases (and, through their supervisors, their tasks) end before a new leader can declare their nodes
+//! down. And no assignments go out before this leader has applied everything committed before its election: a
+//! leader that has not caught up would otherwise tell agents to kill jobs it has not heard of yet.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -49,23 +55,72 @@ pub struct AgentHub {
     raft: Raft,
     view: StateView,
     pub timing: AgentTiming,
+    /// A lease is granted only while the last quorum acknowledgement is at most this old (Raft's election
+    /// timeout: a leader silent to its quorum for longer may already have been replaced).
+    quorum_window: Duration,
     sessions: Mutex<HashMap<String, Session>>,
     /// When each node was last heard from, by this replica while it leads.
     last_seen: Mutex<HashMap<String, Instant>>,
     next_token: AtomicU64,
+    /// The term in which this leader has applied everything committed before it was elected (0: none yet).
+    caught_up_term: AtomicU64,
+    /// Wakes sessions waiting for the catch-up.
+    caught_up: Notify,
+    /// Nodes whose fence command is running.
+    fencing: Mutex<std::collections::HashSet<String>>,
 }
 
 impl AgentHub {
-    pub fn new(id: u64, raft: Raft, view: StateView, timing: AgentTiming) -> Arc<AgentHub> {
+    pub fn new(id: u64, raft: Raft, view: StateView, timing: AgentTiming, quorum_window_ms: u64) -> Arc<AgentHub> {
         Arc::new(AgentHub {
             id,
             raft,
             view,
             timing,
+            quorum_window: Duration::from_millis(quorum_window_ms),
             sessions: Mutex::new(HashMap::new()),
             last_seen: Mutex::new(HashMap::new()),
             next_token: AtomicU64::new(1),
+            caught_up_term: AtomicU64::new(0),
+            caught_up: Notify::new(),
+            fencing: Mutex::new(std::collections::HashSet::new()),
         })
+    }
+
+    /// Whether this replica leads and a quorum acknowledged it within the window: only then may it renew
+    /// leases. (The acknowledged time is when the acknowledged request was *sent*, so it errs on the safe side.)
+    fn quorum_is_fresh(&self) -> bool {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow_watched();
+        m.current_leader == Some(self.id)
+            && m.last_quorum_acked
+                .as_ref()
+                .is_some_and(|acked| openraft::Instant::elapsed(&**acked) <= self.quorum_window)
+    }
+
+    /// Whether this leader has caught up with its own commit (see the module's comment).
+    fn is_caught_up(&self) -> bool {
+        let term = self.raft.server_metrics().borrow_watched().vote.leader_id().term;
+        self.caught_up_term.load(Ordering::Acquire) == term && self.is_leader()
+    }
+
+    /// Waits, once per term, until this leader has applied everything committed before it (a read-index round
+    /// waits for exactly that), then lets its sessions send assignments.
+    async fn catch_up(&self) {
+        let term = self.raft.server_metrics().borrow_watched().vote.leader_id().term;
+        if self.caught_up_term.load(Ordering::Acquire) == term {
+            return;
+        }
+        let read = self.raft.ensure_linearizable(openraft::ReadPolicy::ReadIndex);
+        match tokio::time::timeout(Duration::from_millis(3_000), read).await {
+            Ok(Ok(_)) => {
+                self.caught_up_term.store(term, Ordering::Release);
+                self.caught_up.notify_waiters();
+                tracing::info!(term, "leader caught up with its commit: assignments may go out");
+            }
+            Ok(Err(e)) => tracing::info!("leader not caught up yet: {e}"),
+            Err(_) => tracing::info!("leader not caught up within 3 s; retrying"),
+        }
     }
 
     fn is_leader(&self) -> bool {
@@ -83,11 +138,12 @@ impl AgentHub {
     }
 
     /// `scancel --signal`: sends the signal to every node of the job that has a session here.
-    pub fn signal(&self, job: &Job, signal: i32) {
+    pub fn signal(&self, job: &Job, signal: i32, target: drover_proto::wire::SignalTarget) {
         let sessions = self.sessions.lock().expect("sessions poisoned");
         for node in &job.nodes {
             if let Some(session) = sessions.get(node) {
-                let message = ControllerMessage::Signal { job_id: job.id, incarnation: job.incarnation, signal };
+                let message =
+                    ControllerMessage::Signal { job_id: job.id, incarnation: job.incarnation, signal, target };
                 if session.tx.try_send(message).is_err() {
                     tracing::warn!(node, job = job.id, "signal not delivered: the agent's queue is full");
                 }
@@ -95,13 +151,25 @@ impl AgentHub {
         }
     }
 
-    /// What `node` must run now, in a stable order, with the batch script for the jobs it leads.
-    fn assignments(&self, node: &str) -> Vec<Assignment> {
-        let mut out: Vec<Assignment> = {
+    /// What `node` must run now, in a stable order, with the batch script for the jobs it leads; the applied
+    /// index they come from; and the ended incarnations the node must confirm gone.
+    fn assignments(&self, node: &str) -> ControllerMessage {
+        let (mut out, applied_index, lingering, allow_root_jobs) = {
             let applied = self.view.read();
             let state = &applied.state;
-            let Some(n) = state.nodes.get(node) else { return Vec::new() };
-            n.jobs
+            let index = applied.last_applied.as_ref().map_or(0, |l| l.index());
+            let allow_root_jobs = state.config().is_some_and(|c| c.allow_root_jobs);
+            let Some(n) = state.nodes.get(node) else {
+                return ControllerMessage::Assignments {
+                    jobs: Vec::new(),
+                    applied_index: index,
+                    lingering: Vec::new(),
+                    allow_root_jobs,
+                };
+            };
+            let lingering: Vec<(JobId, u64)> = n.lingering.iter().map(|l| (l.job, l.incarnation)).collect();
+            let jobs: Vec<Assignment> = n
+                .jobs
                 .iter()
                 .filter_map(|id| state.jobs.get(id))
                 .map(|job| {
@@ -113,7 +181,8 @@ impl AgentHub {
                         .collect();
                     Assignment { job: job.clone(), hosts, node_index, script: None }
                 })
-                .collect()
+                .collect();
+            (jobs, index, lingering, allow_root_jobs)
         };
         for a in out.iter_mut().filter(|a| a.node_index == 0 && !a.job.spec.interactive) {
             match self.view.script(a.job.script_id()) {
@@ -121,7 +190,37 @@ impl AgentHub {
                 Err(e) => tracing::error!(job = a.job.id, "cannot read the batch script: {e}"),
             }
         }
-        out
+        ControllerMessage::Assignments { jobs: out, applied_index, lingering, allow_root_jobs }
+    }
+
+    /// The agent confirmed ended incarnations gone: release what still lingers of them on its node.
+    async fn released(&self, node: &str, keys: Vec<(JobId, u64)>) {
+        let keys: Vec<(JobId, u64)> = {
+            let applied = self.view.read();
+            let Some(n) = applied.state.nodes.get(node) else { return };
+            keys.into_iter().filter(|k| n.lingering.iter().any(|l| (l.job, l.incarnation) == *k)).collect()
+        };
+        if keys.is_empty() {
+            return;
+        }
+        if let Err(e) = commit(&self.raft, Command::ReleaseLingering { node: node.to_string(), keys }).await {
+            tracing::info!(node, "releasing lingering holds failed: {}", e.message());
+        }
+    }
+
+    /// A job on this node named a finished checkpoint in its marker file: recorded for the job's incarnation
+    /// (refused if that incarnation is no longer current). The agent speaks only for jobs assigned to its node.
+    async fn checkpoint(&self, node: &str, job_id: JobId, incarnation: u64, path: String, step: Option<u64>) {
+        let on_node = self.view.read().state.job(job_id).is_some_and(|j| j.nodes.iter().any(|n| n == node));
+        if !on_node {
+            return;
+        }
+        let command = Command::RecordCheckpoint { job_id, incarnation, path, step, by_uid: 0 };
+        match commit_command(&self.raft, command).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(refused)) => tracing::info!(node, job_id, incarnation, "checkpoint record refused: {refused}"),
+            Err(status) => tracing::info!(node, job_id, "checkpoint record not committed: {}", status.message()),
+        }
     }
 
     /// Commits a report from an agent, then acknowledges it (a stale or already-committed report is
@@ -228,6 +327,10 @@ impl AgentGateway for Gateway {
 
 use tokio_stream::StreamExt as _;
 
+/// What an agent was last told: each job (id, incarnation, stopping), the lingering incarnations, and whether
+/// root jobs may run. A new assignment message goes out only when it changes.
+type Fingerprint = (Vec<(JobId, u64, bool)>, Vec<(JobId, u64)>, bool);
+
 async fn run_session(
     hub: Arc<AgentHub>,
     name: String,
@@ -239,7 +342,8 @@ async fn run_session(
     // Server metrics change only with leadership or membership. (The full metrics change on every Raft event:
     // waking every session on each of them cost a core at 2,000 agents.)
     let mut metrics = hub.raft.server_metrics();
-    let mut last_sent: Option<Vec<(JobId, u64, bool)>> = None;
+    let mut last_sent: Option<Fingerprint> = None;
+    let mut refused_leases = 0u64;
     changed.notify_one();
     loop {
         tokio::select! {
@@ -254,14 +358,33 @@ async fn run_session(
                 };
                 hub.seen(&name);
                 match decode::<AgentMessage>(&envelope.json) {
-                    Ok(AgentMessage::Heartbeat { problems }) => {
+                    Ok(AgentMessage::Heartbeat { seq, problems }) => {
                         if !problems.is_empty() {
                             drain_for_problems(&hub, &name, &problems);
                         }
-                        if tx.try_send(ControllerMessage::Alive).is_err() {
+                        // No lease without a quorum behind this leader: the agent's lease then runs out and it
+                        // looks for the leader the quorum elected.
+                        if !hub.quorum_is_fresh() {
+                            refused_leases += 1;
+                            if refused_leases == 1 {
+                                tracing::warn!(node = %name, "no quorum acknowledged this leader recently: not renewing leases");
+                            }
+                            continue;
+                        }
+                        refused_leases = 0;
+                        let lease = ControllerMessage::Lease { seq, lease_ms: hub.timing.fence_after_ms };
+                        if tx.try_send(lease).is_err() {
                             tracing::warn!(node = %name, "agent is not reading its session; closing it");
                             break;
                         }
+                    }
+                    Ok(AgentMessage::Checkpoint { job_id, incarnation, path, step }) => {
+                        let (hub, name) = (hub.clone(), name.clone());
+                        tokio::spawn(async move { hub.checkpoint(&name, job_id, incarnation, path, step).await });
+                    }
+                    Ok(AgentMessage::Released { keys }) => {
+                        let (hub, name) = (hub.clone(), name.clone());
+                        tokio::spawn(async move { hub.released(&name, keys).await });
                     }
                     Ok(AgentMessage::JobEnded { job_id, incarnation, end }) => {
                         let (hub, name, tx) = (hub.clone(), name.clone(), tx.clone());
@@ -284,11 +407,27 @@ async fn run_session(
             }
             _ = changed.notified() => {
                 tokio::time::sleep(Duration::from_millis(ASSIGNMENT_COALESCE_MS)).await;
-                let jobs = hub.assignments(&name);
-                let fingerprint: Vec<(JobId, u64, bool)> =
+                if !hub.is_caught_up() {
+                    // Not before this leader has applied what was committed before it: wait for the catch-up.
+                    let (hub, changed) = (hub.clone(), changed.clone());
+                    tokio::spawn(async move {
+                        let caught_up = hub.caught_up.notified();
+                        if !hub.is_caught_up() {
+                            let _ = tokio::time::timeout(Duration::from_millis(500), caught_up).await;
+                        }
+                        changed.notify_one();
+                    });
+                    continue;
+                }
+                let message = hub.assignments(&name);
+                let ControllerMessage::Assignments { jobs, lingering, allow_root_jobs, .. } = &message else {
+                    unreachable!("assignments() makes Assignments")
+                };
+                let jobs: Vec<(JobId, u64, bool)> =
                     jobs.iter().map(|a| (a.job.id, a.job.incarnation, a.cancelled())).collect();
+                let fingerprint = (jobs, lingering.clone(), *allow_root_jobs);
                 if last_sent.as_ref() != Some(&fingerprint) {
-                    if tx.send(ControllerMessage::Assignments { jobs }).await.is_err() {
+                    if tx.send(message).await.is_err() {
                         break;
                     }
                     last_sent = Some(fingerprint);
@@ -316,8 +455,15 @@ fn drain_for_problems(hub: &Arc<AgentHub>, node: &str, problems: &[String]) {
     }
     let reason: Vec<&str> = problems.iter().take(8).map(String::as_str).collect();
     // The leader drains on the node's behalf, as uid 0 (audited as the controllers' own action).
-    let command =
-        Command::DrainNodes { names: vec![node.to_string()], drain: true, reason: reason.join("; "), by_uid: 0 };
+    // Its jobs are requeued: they are stopped (warning signal, SIGTERM, KillWait, SIGKILL) and resume elsewhere
+    // from their checkpoints.
+    let command = Command::DrainNodes {
+        names: vec![node.to_string()],
+        drain: true,
+        reason: reason.join("; "),
+        by_uid: 0,
+        requeue_jobs: true,
+    };
     let hub = hub.clone();
     let node = node.to_string();
     tokio::spawn(async move {
@@ -335,8 +481,28 @@ pub async fn leader_loops(hub: Arc<AgentHub>) {
     let mut leading_since: Option<Instant> = None;
     // One liveness check at a time, off this loop, so node-change notices keep flowing while it commits.
     let checking = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let catching_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut leadership = hub.raft.server_metrics();
     loop {
+        // A new leader catches up with its commit at once (and retries until it has), before any assignment.
+        if hub.is_leader() && !hub.is_caught_up() && !catching_up.swap(true, Ordering::AcqRel) {
+            let (hub, catching_up) = (hub.clone(), catching_up.clone());
+            tokio::spawn(async move {
+                while hub.is_leader() && !hub.is_caught_up() {
+                    hub.catch_up().await;
+                    if !hub.is_caught_up() {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+                catching_up.store(false, Ordering::Release);
+            });
+        }
         tokio::select! {
+            changed = leadership.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
             change = changes.recv() => {
                 let sessions = hub.sessions.lock().expect("sessions poisoned");
                 match change {
@@ -364,6 +530,9 @@ pub async fn leader_loops(hub: Arc<AgentHub>) {
                         declare_silent_nodes_down(&hub, since).await;
                         checking.store(false, Ordering::Release);
                     });
+                }
+                if hub.timing.fence_command.is_some() {
+                    fence_suspects(&hub, since);
                 }
             }
         }
@@ -394,4 +563,67 @@ async fn declare_silent_nodes_down(hub: &Arc<AgentHub>, leading_since: Instant) 
         }
     });
     futures::future::join_all(downs).await;
+}
+
+/// With a fence command configured (a BMC power-off, say): a node silent for `suspect_after_ms` is fenced by
+/// it, and once the command succeeds the node is declared down at once, without waiting for `node_timeout_ms`:
+/// a node that is off cannot run a second incarnation. One attempt per silent node at a time.
+fn fence_suspects(hub: &Arc<AgentHub>, leading_since: Instant) {
+    let suspect_after = Duration::from_millis(hub.timing.suspect_after_ms);
+    let candidates: Vec<(String, String)> = {
+        let applied = hub.view.read();
+        let seen = hub.last_seen.lock().expect("last_seen poisoned");
+        applied
+            .state
+            .nodes
+            .values()
+            .filter(|n| n.health == NodeHealth::Up)
+            .filter(|n| {
+                seen.get(&n.info.name).copied().unwrap_or(leading_since).max(leading_since).elapsed() > suspect_after
+            })
+            .map(|n| (n.info.name.clone(), n.info.host.clone()))
+            .collect()
+    };
+    for (node, host) in candidates {
+        if !hub.fencing.lock().expect("fencing poisoned").insert(node.clone()) {
+            continue;
+        }
+        let hub = hub.clone();
+        tokio::spawn(async move {
+            let fenced = run_fence_command(&hub, &node, &host).await;
+            if fenced {
+                let reason = "Not responding; fenced by the fence command".to_string();
+                match commit(&hub.raft, Command::NodeDown { name: node.clone(), reason }).await {
+                    Ok(_) => tracing::warn!(node = %node, "node fenced and declared DOWN; its jobs are requeued"),
+                    Err(e) => tracing::warn!(node = %node, "declaring the fenced node down failed: {}", e.message()),
+                }
+            }
+            hub.fencing.lock().expect("fencing poisoned").remove(&node);
+        });
+    }
+}
+
+/// Runs the configured fence command for one node (`{node}` and `{host}` substituted; run by `sh -c`), with a
+/// bounded time. True only if it exited 0.
+async fn run_fence_command(hub: &AgentHub, node: &str, host: &str) -> bool {
+    let Some(template) = &hub.timing.fence_command else { return false };
+    let command = template.replace("{node}", node).replace("{host}", host);
+    tracing::warn!(node, %command, "node silent: running the fence command");
+    let child = tokio::process::Command::new("/bin/sh").arg("-c").arg(&command).kill_on_drop(true).output();
+    match tokio::time::timeout(Duration::from_millis(hub.timing.fence_command_timeout_ms), child).await {
+        Ok(Ok(out)) if out.status.success() => true,
+        Ok(Ok(out)) => {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            tracing::error!(node, status = %out.status, "the fence command failed: {}", stderr.trim());
+            false
+        }
+        Ok(Err(e)) => {
+            tracing::error!(node, "the fence command could not run: {e}");
+            false
+        }
+        Err(_) => {
+            tracing::error!(node, "the fence command took longer than {} ms", hub.timing.fence_command_timeout_ms);
+            false
+        }
+    }
 }

@@ -244,15 +244,7 @@ impl Api {
         let Reply::Jobs(outcomes) = reply else {
             return Err(Status::internal("unexpected reply to a job command"));
         };
-        let outcomes = outcomes
-            .into_iter()
-            .map(|o| JobOutcome {
-                job_id: o.id,
-                ok: o.result.is_ok(),
-                error: o.result.err().map(|e| e.to_string()).unwrap_or_default(),
-            })
-            .collect();
-        Ok(Response::new(JobOutcomesReply { outcomes }))
+        Ok(Response::new(JobOutcomesReply { outcomes: outcomes.into_iter().map(outcome).collect() }))
     }
 
     fn local_status(&self) -> ReplicaStatus {
@@ -285,6 +277,11 @@ impl Api {
             },
         }
     }
+}
+
+/// One job's outcome on the wire.
+fn outcome(o: drover_state::JobOutcome) -> JobOutcome {
+    JobOutcome { job_id: o.id, ok: o.result.is_ok(), error: o.result.err().map(|e| e.to_string()).unwrap_or_default() }
 }
 
 /// A forward that got no answer means this replica cannot reach the leader: say so, and let the client try
@@ -590,7 +587,12 @@ impl DroverService for Api {
                     format!("Job {id} is pending execution: it has no tasks to signal")
                 }
                 Some(job) => {
-                    self.hub.signal(&job, message.signal);
+                    let target = match SignalTarget::try_from(message.target).unwrap_or(SignalTarget::Steps) {
+                        SignalTarget::Steps => drover_proto::wire::SignalTarget::Steps,
+                        SignalTarget::Batch => drover_proto::wire::SignalTarget::Batch,
+                        SignalTarget::Full => drover_proto::wire::SignalTarget::Full,
+                    };
+                    self.hub.signal(&job, message.signal, target);
                     String::new()
                 }
             };
@@ -721,7 +723,13 @@ impl DroverService for Api {
         forward_if_follower!(self, request, drain_nodes);
         let caller = self.security.caller(&request)?;
         let m = request.into_inner();
-        let command = Command::DrainNodes { names: m.names, drain: m.drain, reason: m.reason, by_uid: caller.uid };
+        let command = Command::DrainNodes {
+            names: m.names,
+            drain: m.drain,
+            reason: m.reason,
+            by_uid: caller.uid,
+            requeue_jobs: false,
+        };
         self.precheck(&command)?;
         self.write(command).await?;
         Ok(Response::new(Empty {}))
@@ -739,6 +747,35 @@ impl DroverService for Api {
         };
         let entries = self.view.audit(m.from_id.max(1), limit).map_err(|e| internal("reading the audit log", e))?;
         Ok(Response::new(ListAuditReply { json: drover_proto::wire::encode(&entries) }))
+    }
+
+    async fn requeue_jobs(&self, request: Request<RequeueJobsRequest>) -> Result<Response<JobOutcomesReply>, Status> {
+        forward_if_follower!(self, request, requeue_jobs);
+        let caller = self.security.caller(&request)?;
+        let message = request.into_inner();
+        if message.job_ids.is_empty() || message.job_ids.len() > MAX_IDS_PER_REQUEST {
+            return Err(Status::invalid_argument(format!("name between 1 and {MAX_IDS_PER_REQUEST} job ids")));
+        }
+        let command = Command::RequeueJobs { ids: message.job_ids, by_uid: caller.uid, hold: message.hold };
+        let Reply::Jobs(outcomes) = self.write(command).await? else {
+            return Err(Status::internal("unexpected reply to a requeue"));
+        };
+        Ok(Response::new(JobOutcomesReply { outcomes: outcomes.into_iter().map(outcome).collect() }))
+    }
+
+    async fn record_checkpoint(&self, request: Request<RecordCheckpointRequest>) -> Result<Response<Empty>, Status> {
+        forward_if_follower!(self, request, record_checkpoint);
+        let caller = self.security.caller(&request)?;
+        let m = request.into_inner();
+        let command = Command::RecordCheckpoint {
+            job_id: m.job_id,
+            incarnation: m.incarnation,
+            path: m.path,
+            step: m.step,
+            by_uid: caller.uid,
+        };
+        self.write(command).await?;
+        Ok(Response::new(Empty {}))
     }
 
     async fn who_am_i(&self, request: Request<Empty>) -> Result<Response<WhoAmIReply>, Status> {

@@ -60,9 +60,11 @@ impl Default for RaftTuning {
     }
 }
 
-/// How the leader judges agents. The invariant: an agent cut off from every leader kills its tasks
-/// (`fence_after_ms`) before the leader declares its node down and requeues its jobs (`node_timeout_ms`), so two
-/// incarnations of a job never run at once.
+/// How the leader judges agents. The invariant: a node's lease (renewed by heartbeats that a leader backed by a
+/// quorum answers) lasts `fence_after_ms`; when it runs out, the node's tasks are killed (by the agent, and by
+/// each task's supervisor if the agent itself is dead or hung), and only later, `node_timeout_ms` after the leader
+/// last heard the node, is the node declared down and its jobs requeued. So two incarnations of a job never run
+/// at once. See DESIGN's outage policy for the trade-off these numbers make.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentTiming {
@@ -70,17 +72,37 @@ pub struct AgentTiming {
     /// Silence after which the leader commits `NodeDown` (Slurm's `SlurmdTimeout`). A new leader first waits
     /// this long for every node to reconnect.
     pub node_timeout_ms: u64,
-    /// Silence from every leader after which an agent kills its tasks.
+    /// A node's lease: its tasks are killed when no leader backed by a quorum renewed it for this long. Also the
+    /// longest full controller outage jobs survive (they are requeued from their checkpoints after a longer one).
     pub fence_after_ms: u64,
     /// Between SIGTERM and SIGKILL when a job is cancelled or times out (Slurm's `KillWait`).
     pub kill_wait_ms: u64,
+    /// Optional: a command that powers a silent node off (e.g. `ipmitool -H {host}-bmc ... power off`); `{node}`
+    /// and `{host}` are substituted. Once it exits 0 the node is declared down at once, without waiting for
+    /// `node_timeout_ms`.
+    pub fence_command: Option<String>,
+    /// Silence after which the fence command is run.
+    pub suspect_after_ms: u64,
+    pub fence_command_timeout_ms: u64,
 }
 
 impl Default for AgentTiming {
     fn default() -> Self {
-        AgentTiming { heartbeat_ms: 1_000, node_timeout_ms: 15_000, fence_after_ms: 10_000, kill_wait_ms: 10_000 }
+        AgentTiming {
+            heartbeat_ms: 1_000,
+            node_timeout_ms: 8_000,
+            fence_after_ms: 5_000,
+            kill_wait_ms: 10_000,
+            fence_command: None,
+            suspect_after_ms: 2_000,
+            fence_command_timeout_ms: 30_000,
+        }
     }
 }
+
+/// How much longer than a lease the leader waits before declaring a silent node down: time for the supervisors
+/// to notice the lease ran out and for SIGKILL to land, plus clock-rate drift.
+pub const FENCE_MARGIN_MS: u64 = 500;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -121,10 +143,16 @@ impl ControllerConfig {
             return Err("raft.election_timeout_max_ms must exceed raft.election_timeout_min_ms".into());
         }
         let a = &self.agents;
-        if a.heartbeat_ms == 0 || a.fence_after_ms <= a.heartbeat_ms * 2 || a.node_timeout_ms <= a.fence_after_ms {
-            return Err(
-                "agents: need heartbeat_ms > 0, fence_after_ms > 2 x heartbeat_ms, and node_timeout_ms > fence_after_ms (agents must fence themselves before their jobs are requeued)".into(),
-            );
+        if a.heartbeat_ms == 0
+            || a.fence_after_ms <= a.heartbeat_ms * 2
+            || a.node_timeout_ms < a.fence_after_ms + FENCE_MARGIN_MS
+        {
+            return Err(format!(
+                "agents: need heartbeat_ms > 0, fence_after_ms > 2 x heartbeat_ms, and node_timeout_ms >= fence_after_ms + {FENCE_MARGIN_MS} (a node's tasks must be dead before its jobs are requeued)"
+            ));
+        }
+        if a.fence_command.is_some() && (a.suspect_after_ms <= a.heartbeat_ms * 2 || a.fence_command_timeout_ms == 0) {
+            return Err("agents: with a fence_command, need suspect_after_ms > 2 x heartbeat_ms and fence_command_timeout_ms > 0".into());
         }
         Ok(())
     }

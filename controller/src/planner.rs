@@ -51,7 +51,8 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                 gpus_total: n.info.gpus.len() as u32,
                 free_gpus: n.free_gpus().collect(),
                 cpus_total: cpus,
-                cpus_free: cpus.saturating_sub(n.allocated_cpus),
+                // CPUs still held by ended incarnations (lingering) are not free either.
+                cpus_free: cpus.saturating_sub(n.allocated_cpus + n.lingering.iter().map(|l| l.cpus).sum::<u32>()),
                 partitions: config
                     .partitions
                     .iter()
@@ -85,12 +86,13 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                 exclusive: job.spec.exclusive,
                 reservation: job.spec.reservation.clone(),
                 array_id: job.array.map(|a| a.array_job_id),
-                // Preemption is wired in with checkpoint-based requeue; until then no job is a victim.
                 partition: job.partition.clone(),
-                requeueable: false,
+                // Only requeue-able jobs are ever preempted: they come back, from their checkpoints.
+                requeueable: job.requeueable() && !job.stopping(),
                 priority: 0,
-                preempting: false,
-                preempted_for: None,
+                // A job already told to end (preempted, requeued, cancelled) frees its GPUs within KillWait.
+                preempting: job.stopping(),
+                preempted_for: job.requeue.as_ref().and_then(|r| r.preempted_for),
             });
         } else if job.state == JobState::Pending {
             let spec = &job.spec;
@@ -156,7 +158,10 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                 PartitionState::Drain => sched::PartitionState::Drain,
                 PartitionState::Down | PartitionState::Inactive => sched::PartitionState::Down,
             },
-            preempt_mode: sched::PreemptMode::Off,
+            preempt_mode: match p.preempt_mode {
+                drover_state::PreemptMode::Off => sched::PreemptMode::Off,
+                drover_state::PreemptMode::Requeue => sched::PreemptMode::Requeue,
+            },
         })
         .collect();
     sched::ClusterView {
@@ -179,8 +184,8 @@ fn sched_qos(q: &drover_state::Qos) -> sched::Qos {
         max_gpus_per_user: q.max_gpus_per_user,
         max_jobs_per_account: q.max_jobs_per_account,
         max_gpus_per_account: q.max_gpus_per_account,
-        preempt: Vec::new(),
-        preempt_exempt_time_s: None,
+        preempt: q.preempt.clone(),
+        preempt_exempt_time_s: q.preempt_exempt_time_s,
     }
 }
 
@@ -291,6 +296,17 @@ fn reason(r: sched::Reason) -> PendingReason {
 
 /// Turns a plan into the command to commit: starts with their tasks and CPUs per node, and the pending reasons
 /// that changed (at most `MAX_REASON_UPDATES`, in the plan's priority order). `None` when nothing changes.
+/// The plan as commands: one `ApplyPlan` (starts and reasons), and one `PreemptJobs` per job that preempts.
+pub fn commands(state: &State, plan: &sched::Plan) -> Vec<Command> {
+    let mut out: Vec<Command> = command(state, plan).into_iter().collect();
+    let mut by_preemptor: std::collections::BTreeMap<u64, Vec<u64>> = std::collections::BTreeMap::new();
+    for p in &plan.preemptions {
+        by_preemptor.entry(p.for_job).or_default().push(p.victim);
+    }
+    out.extend(by_preemptor.into_iter().map(|(for_job, victims)| Command::PreemptJobs { victims, for_job }));
+    out
+}
+
 pub fn command(state: &State, plan: &sched::Plan) -> Option<Command> {
     let allocations: Vec<Allocation> = plan
         .starts

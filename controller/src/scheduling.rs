@@ -76,20 +76,20 @@ pub async fn scheduling_loop(raft: Raft, view: StateView, id: u64, latest: Insig
                 match drover_scheduler::schedule(&cluster, &config) {
                     Ok(plan) => {
                         *latest.write().expect("insights lock poisoned") = insights(&plan, &config);
-                        planner::command(&view.read().state, &plan)
+                        planner::commands(&view.read().state, &plan)
                     }
                     Err(e) => {
                         tracing::error!("scheduling pass failed: {e}");
-                        None
+                        Vec::new()
                     }
                 }
             })
             .await;
             let pass_took = pass_started.elapsed();
-            if let Ok(Some(command)) = command
-                && let Err(e) = commit(&raft, command).await
-            {
-                tracing::warn!("committing a plan failed: {}", e.message());
+            for command in command.unwrap_or_default() {
+                if let Err(e) = commit(&raft, command).await {
+                    tracing::warn!("committing a plan failed: {}", e.message());
+                }
             }
             let pause = pass_took.max(Duration::from_millis(MIN_PASS_INTERVAL_MS));
             tokio::time::sleep(pause).await;

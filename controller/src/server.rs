@@ -86,7 +86,13 @@ impl Controller {
 
         let raft_server =
             RaftServer { raft: raft.clone(), snapshot_dir: db.snapshot_dir(), received: AtomicU64::new(0) };
-        let hub = AgentHub::new(config.id, raft.clone(), view.clone(), config.agents.clone());
+        let hub = AgentHub::new(
+            config.id,
+            raft.clone(),
+            view.clone(),
+            config.agents.clone(),
+            config.raft.election_timeout_min_ms,
+        );
         let insights = crate::scheduling::Insights::default();
         let api =
             Api::new(config.id, raft.clone(), view.clone(), local_ip, hub.clone(), insights.clone(), security.clone());

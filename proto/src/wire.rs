@@ -10,27 +10,69 @@ pub enum AgentMessage {
     /// First message of every session: the node's inventory (committed only if it changed or the node was down).
     Register { info: NodeInfo },
     /// Liveness (never logged), and problems that must keep new work off the node (a GPU failing its health
-    /// check, an inventory that disagrees with the config): the leader drains the node with them as reason.
-    Heartbeat { problems: Vec<String> },
+    /// check, an inventory that disagrees with the config): the leader drains the node with them as reason and
+    /// requeues its jobs. `seq` numbers the heartbeat; the leader's [`ControllerMessage::Lease`] answers it.
+    Heartbeat {
+        #[serde(default)]
+        seq: u64,
+        problems: Vec<String>,
+    },
     /// A job's batch script (or the cancelled remains of an interactive job) ended on its first node.
     JobEnded { job_id: JobId, incarnation: u64, end: JobEnd },
+    /// A job's marker file (`$DROVER_CHECKPOINT_DIR/LATEST`) names a finished checkpoint.
+    Checkpoint { job_id: JobId, incarnation: u64, path: String, step: Option<u64> },
+    /// These ended incarnations (listed as lingering in the assignments) have no task left on this node.
+    Released { keys: Vec<(JobId, u64)> },
+}
+
+/// Which of a job's tasks a signal reaches (`scancel --signal`, as Slurm: steps by default, `-b` the batch shell
+/// only, `--full` everything).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum SignalTarget {
+    /// Every step's tasks, not the batch shell.
+    #[default]
+    Steps,
+    /// The batch shell alone (not its children, not the steps).
+    Batch,
+    /// Every task: the steps and the batch shell with its children.
+    Full,
 }
 
 /// Leader → agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ControllerMessage {
-    /// Sent once a session is accepted: how often to heartbeat, after how long without a leader the agent must
-    /// kill its tasks (it is then declared down and its jobs requeued elsewhere), and the cluster's grace between
-    /// SIGTERM and SIGKILL (Slurm's `KillWait`).
+    /// Sent once a session is accepted: how often to heartbeat, how long a lease lasts (after it expires
+    /// without renewal the node's tasks are killed, before the leader declares the node down and requeues its
+    /// jobs), and the cluster's grace between SIGTERM and SIGKILL (Slurm's `KillWait`).
     Welcome { leader_id: u64, heartbeat_ms: u64, fence_after_ms: u64, kill_wait_ms: u64 },
-    /// Every job that holds this node now. Jobs the agent runs that are not listed must not run.
-    Assignments { jobs: Vec<Assignment> },
+    /// Every job that holds this node now, from the leader's state at `applied_index` (never older than its own
+    /// commit at election: an agent ignores assignments older than ones it already has). Jobs the agent runs that
+    /// are not listed must not run. `lingering` lists ended incarnations whose end this node must confirm.
+    Assignments {
+        jobs: Vec<Assignment>,
+        #[serde(default)]
+        applied_index: u64,
+        #[serde(default)]
+        lingering: Vec<(JobId, u64)>,
+        /// Whether the cluster's configuration (in the same state) lets jobs run as root.
+        #[serde(default)]
+        allow_root_jobs: bool,
+    },
     /// A `JobEnded` report is committed (or stale); the agent may forget it.
     EndAcked { job_id: JobId, incarnation: u64 },
-    /// `scancel --signal`: deliver to every task of the job on this node.
-    Signal { job_id: JobId, incarnation: u64, signal: i32 },
-    /// Answers each agent heartbeat, so an agent notices a leader that hangs (not only one that dies).
-    Alive,
+    /// `scancel --signal`: deliver to the job's tasks on this node that `target` names.
+    Signal {
+        job_id: JobId,
+        incarnation: u64,
+        signal: i32,
+        #[serde(default)]
+        target: SignalTarget,
+    },
+    /// The answer to heartbeat `seq`, sent only while the leader has heard from a quorum of controllers
+    /// recently: the node's lease runs until `lease_ms` after the agent *sent* that heartbeat. A leader cut off
+    /// from the quorum sends none, so its agents' leases run out (and they look for the new leader) before the
+    /// new leader can declare their nodes down.
+    Lease { seq: u64, lease_ms: u64 },
 }
 
 /// One job on one node.
@@ -46,9 +88,9 @@ pub struct Assignment {
 }
 
 impl Assignment {
-    /// True while the job's tasks must be stopped (cancelled, completing).
+    /// True while the job's tasks must be stopped (cancelled, or being requeued or preempted).
     pub fn cancelled(&self) -> bool {
-        self.job.ending.is_some()
+        self.job.stopping()
     }
 }
 

@@ -61,6 +61,9 @@ pub enum Command {
         /// Entries written before roles existed carry none: they were root's.
         #[serde(default)]
         by_uid: u32,
+        /// A health problem (a GPU fault): the node's requeue-able jobs are also stopped and requeued.
+        #[serde(default)]
+        requeue_jobs: bool,
     },
     /// The scheduler's plan: allocations to start and new pending reasons. `apply` re-checks every allocation
     /// against the current state and skips those that no longer fit, so a stale plan never double-books.
@@ -102,6 +105,32 @@ pub enum Command {
         ids: Vec<JobId>,
         by_uid: u32,
     },
+    /// `scontrol requeue` / `requeuehold`: running jobs end (warning signal, SIGTERM, KillWait, SIGKILL) and go
+    /// back to the queue as their next incarnation.
+    RequeueJobs {
+        ids: Vec<JobId>,
+        by_uid: u32,
+        hold: bool,
+    },
+    /// The scheduler preempts these running jobs for `for_job` (PreemptMode=REQUEUE): as a requeue.
+    PreemptJobs {
+        victims: Vec<JobId>,
+        for_job: JobId,
+    },
+    /// A job (or its agent, for the marker file) recorded a finished checkpoint; refused unless `incarnation` is
+    /// the job's current one.
+    RecordCheckpoint {
+        job_id: JobId,
+        incarnation: u64,
+        path: String,
+        step: Option<u64>,
+        by_uid: u32,
+    },
+    /// A node's agent confirmed that these ended incarnations have no task left there.
+    ReleaseLingering {
+        node: String,
+        keys: Vec<(JobId, u64)>,
+    },
     /// An administrative change made outside the state machine (replica membership, through openraft), recorded
     /// in the audit log after it took effect. Proposed only by the controller that made the change.
     RecordAudit {
@@ -141,6 +170,10 @@ pub struct JobEnd {
     pub usage: Usage,
     /// What went wrong when the task could not start (missing executable, bad directory).
     pub message: Option<String>,
+    /// The agent (or the task's supervisor) killed the tasks because the node's lease from the controllers
+    /// expired: a node failure, after which the job is requeued, not a failure of the job.
+    #[serde(default)]
+    pub fenced: bool,
 }
 
 impl Command {
@@ -163,6 +196,10 @@ impl Command {
             Command::TopJobs { .. } => "top_jobs",
             Command::UpdateJob { .. } => "update_job",
             Command::RecordAudit { .. } => "record_audit",
+            Command::RequeueJobs { .. } => "requeue_jobs",
+            Command::PreemptJobs { .. } => "preempt_jobs",
+            Command::RecordCheckpoint { .. } => "record_checkpoint",
+            Command::ReleaseLingering { .. } => "release_lingering",
         }
     }
 }
@@ -191,6 +228,10 @@ pub enum Reply {
     },
     Step {
         step_id: u32,
+    },
+    /// The victims told to end (those already ending or gone are left out).
+    Preempted {
+        jobs: Vec<JobId>,
     },
     /// Blank entries and membership changes.
     Nothing,

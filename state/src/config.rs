@@ -67,6 +67,33 @@ pub struct Partition {
     pub allow_accounts: Vec<String>,
     #[serde(default)]
     pub allow_qos: Vec<String>,
+    /// Shared storage for this partition's checkpoints (`DROVER_CHECKPOINT_DIR` is `DIR/JOBID/INCARNATION`);
+    /// unset: the cluster's `checkpoint_dir`.
+    #[serde(default)]
+    pub checkpoint_dir: Option<String>,
+    /// `PreemptMode=REQUEUE`: this partition's jobs may preempt requeue-able jobs of lower-tier partitions on the
+    /// same nodes (Slurm's `preempt/partition_prio`).
+    #[serde(default)]
+    pub preempt_mode: PreemptMode,
+}
+
+/// Slurm's `PreemptMode` (REQUEUE is the one training clusters use: the preempted job resumes from its
+/// checkpoint).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum PreemptMode {
+    #[default]
+    Off,
+    Requeue,
+}
+
+impl PreemptMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            PreemptMode::Off => "OFF",
+            PreemptMode::Requeue => "REQUEUE",
+        }
+    }
 }
 
 impl Partition {
@@ -84,6 +111,8 @@ impl Partition {
             priority_tier: 0,
             allow_accounts: Vec::new(),
             allow_qos: Vec::new(),
+            checkpoint_dir: None,
+            preempt_mode: PreemptMode::Off,
         }
     }
 }
@@ -128,6 +157,9 @@ pub struct PartitionUpdate {
     pub allow_accounts: Option<Vec<String>>,
     #[serde(default)]
     pub allow_qos: Option<Vec<String>>,
+    /// `PreemptMode=`.
+    #[serde(default)]
+    pub preempt_mode: Option<PreemptMode>,
 }
 
 /// Limits that protect the controllers from oversized or runaway input. Replicated, so every replica
@@ -215,6 +247,25 @@ pub struct ClusterConfig {
     /// Whether jobs may run as root (uid 0). Off by default: a job runs with its submitter's identity on every
     /// node, so root jobs are root on every GPU node.
     pub allow_root_jobs: bool,
+    /// Slurm's `MaxBatchRequeue`: a job whose node failed more than this many times is not requeued again.
+    #[serde(default = "default_max_batch_requeue")]
+    pub max_batch_requeue: u32,
+    /// Where checkpoints go when the partition names no `checkpoint_dir`; unset: `SUBMIT_DIR/.drover/checkpoints`.
+    pub checkpoint_dir: Option<String>,
+}
+
+fn default_max_batch_requeue() -> u32 {
+    crate::requeue::DEFAULT_MAX_BATCH_REQUEUE
+}
+
+impl ClusterConfig {
+    /// Where a job submitted from `submit_dir` to `partition` keeps its checkpoints.
+    pub fn checkpoint_root(&self, partition: &Partition, submit_dir: &str) -> String {
+        match partition.checkpoint_dir.as_ref().or(self.checkpoint_dir.as_ref()) {
+            Some(dir) => dir.clone(),
+            None => format!("{}/.drover/checkpoints", submit_dir.trim_end_matches('/')),
+        }
+    }
 }
 
 impl ClusterConfig {
@@ -249,6 +300,8 @@ impl Default for ClusterConfig {
             fairshare_half_life_s: DEFAULT_HALF_LIFE_S,
             scheduler: SchedulerSettings::default(),
             allow_root_jobs: false,
+            max_batch_requeue: crate::requeue::DEFAULT_MAX_BATCH_REQUEUE,
+            checkpoint_dir: None,
         }
         .normalized()
     }

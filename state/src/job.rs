@@ -92,6 +92,86 @@ pub struct JobSpec {
     pub gpus_total: Option<u32>,
     /// `--gpus-per-task` (already folded into `gpus_per_node` by the client; kept for `SLURM_GPUS_PER_TASK`).
     pub gpus_per_task: Option<u32>,
+    /// `--signal=[{R|B}:]SIG[@secs]`: a warning signal before the time limit, and before a requeue or a
+    /// preemption, so the job can checkpoint first.
+    pub signal: Option<WarnSignal>,
+    /// `--no-kill`: a multi-node job keeps running on its remaining nodes when one that is not its first fails.
+    pub no_kill: bool,
+}
+
+/// `--signal=[{R|B}:]SIG[@secs]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarnSignal {
+    pub signal: i32,
+    /// How long before the end it is sent (Slurm's default: 60 s).
+    pub before_s: u32,
+    /// `B:`: only the batch shell is signalled (Slurm's default: every step, not the batch shell).
+    pub batch_only: bool,
+    /// `R:` (reservation end); accepted and treated like the time limit.
+    pub reservation: bool,
+}
+
+/// A checkpoint a job recorded (`drover checkpoint record PATH`, or the marker file): where, which step, and
+/// which incarnation wrote it. The next incarnation starts with `DROVER_RESUME_FROM` = `path`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub path: String,
+    pub step: Option<u64>,
+    pub incarnation: u64,
+    /// When it was recorded (the leader's stamp).
+    pub time_ms: u64,
+}
+
+/// How one incarnation of a job ended, for `scontrol show job` and `sacct -D` (the newest last; bounded).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IncarnationRecord {
+    pub incarnation: u64,
+    pub start_ms: Option<u64>,
+    pub end_ms: u64,
+    /// Its nodes, as a hostlist.
+    pub nodes: String,
+    /// NODE_FAIL, PREEMPTED or REQUEUED.
+    pub state: JobState,
+    pub reason: String,
+    /// The checkpoint it started from (`DROVER_RESUME_FROM`), if any.
+    pub resumed_from: Option<String>,
+}
+
+/// How many incarnations `Job::history` keeps.
+pub const MAX_HISTORY: usize = 32;
+
+/// Why a running job is being stopped to be requeued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RequeueKind {
+    /// `scontrol requeue` / `requeuehold` (by its owner, from inside the job, or by an operator).
+    Requested,
+    /// A higher-priority job needs its GPUs (PreemptMode=REQUEUE).
+    Preempted,
+    /// Its node failed: a GPU fault, a fence, a lost node. Counts towards the cluster's requeue limit.
+    NodeFailure,
+}
+
+impl RequeueKind {
+    /// The state the ended incarnation is recorded with.
+    pub fn state(self) -> JobState {
+        match self {
+            RequeueKind::Requested => JobState::Requeued,
+            RequeueKind::Preempted => JobState::Preempted,
+            RequeueKind::NodeFailure => JobState::NodeFail,
+        }
+    }
+}
+
+/// A running job told to end and go back to the queue once its tasks are gone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequeueOrder {
+    pub kind: RequeueKind,
+    /// `requeuehold`: back in the queue held; by an operator for someone else's job, an administrator's hold.
+    pub hold: Option<PendingReason>,
+    pub reason: String,
+    /// For a preemption: the job whose start it makes room for.
+    #[serde(default)]
+    pub preempted_for: Option<JobId>,
 }
 
 /// What a `--dependency` entry waits for.
@@ -478,6 +558,22 @@ pub struct Job {
     /// `scontrol top`: the latest top wins among the owner's jobs (0 = never topped).
     #[serde(default)]
     pub top_rank: u64,
+    /// Set while a running job is being stopped to be requeued (requeue, preemption, GPU fault).
+    #[serde(default)]
+    pub requeue: Option<RequeueOrder>,
+    /// The latest checkpoint recorded, by any incarnation.
+    #[serde(default)]
+    pub checkpoint: Option<Checkpoint>,
+    /// Where incarnations keep their checkpoints (`DROVER_CHECKPOINT_DIR` is `ROOT/JOBID/INCARNATION`), resolved
+    /// at submit from the partition's or the cluster's `checkpoint_dir`.
+    #[serde(default)]
+    pub checkpoint_root: String,
+    /// How earlier incarnations ended (the newest last).
+    #[serde(default)]
+    pub history: Vec<IncarnationRecord>,
+    /// Requeues caused by failures (node loss, fences, GPU faults), checked against `max_batch_requeue`.
+    #[serde(default)]
+    pub failures: u32,
 }
 
 /// One task of a job array. The tasks of array `A` hold the consecutive job ids `A .. A + task_count`.
@@ -547,6 +643,21 @@ impl Job {
     /// CPUs held on all nodes.
     pub fn allocated_cpus(&self) -> u32 {
         self.allocation.iter().map(|a| a.cpus).sum()
+    }
+
+    /// Whether its tasks must be stopped now (cancelled, or to be requeued).
+    pub fn stopping(&self) -> bool {
+        self.ending.is_some() || self.requeue.is_some()
+    }
+
+    /// The checkpoint this incarnation resumes from: the latest one an earlier incarnation recorded.
+    pub fn resume_from(&self) -> Option<&Checkpoint> {
+        self.checkpoint.as_ref().filter(|c| c.incarnation < self.incarnation)
+    }
+
+    /// This incarnation's checkpoint directory (`DROVER_CHECKPOINT_DIR`).
+    pub fn checkpoint_dir(&self) -> String {
+        format!("{}/{}/{}", self.checkpoint_root.trim_end_matches('/'), self.id, self.incarnation)
     }
 }
 

@@ -19,8 +19,10 @@ pub mod job;
 pub mod lifecycle;
 pub mod node;
 pub mod qos;
+pub mod requeue;
 pub mod reservation;
 pub mod role;
+pub mod signal;
 pub mod slurm_time;
 pub mod state;
 
@@ -28,13 +30,13 @@ pub use account::{Account, AccountUpdate};
 pub use admin::{AdminOp, Object};
 pub use audit::AuditEntry;
 pub use command::{Allocation, Command, JobEnd, JobOutcome, JobUpdate, Reply, Request, Response};
-pub use config::{ClusterConfig, Limit, Partition, PartitionState, PartitionUpdate};
+pub use config::{ClusterConfig, Limit, Partition, PartitionState, PartitionUpdate, PreemptMode};
 pub use error::CommandError;
 pub use job::{
-    ArraySpec, ArrayTask, DepState, Dependency, DependencyKind, ExportPolicy, Job, JobId, JobSpec, JobState,
-    NodeAllocation, PendingReason, Usage,
+    ArraySpec, ArrayTask, Checkpoint, DepState, Dependency, DependencyKind, ExportPolicy, IncarnationRecord, Job,
+    JobId, JobSpec, JobState, NodeAllocation, PendingReason, RequeueKind, RequeueOrder, Usage, WarnSignal,
 };
-pub use node::{GpuInfo, Node, NodeHealth, NodeInfo};
+pub use node::{GpuInfo, Lingering, Node, NodeHealth, NodeInfo};
 pub use qos::Qos;
 pub use reservation::{Reservation, ReservationFlag, ReservationUpdate};
 pub use role::{AdminLevel, RoleGrant};

@@ -6,7 +6,7 @@
 use crate::command::{Allocation, JobEnd, Reply, Response};
 use crate::error::CommandError;
 use crate::job::{Job, JobId, JobState, NodeAllocation, PendingReason};
-use crate::node::{Node, NodeHealth, NodeInfo};
+use crate::node::{Lingering, Node, NodeHealth, NodeInfo};
 use crate::state::{Change, State};
 
 impl State {
@@ -41,6 +41,9 @@ impl State {
         node.health = NodeHealth::Down;
         node.reason = reason.to_string();
         node.since_ms = now_ms;
+        // Whatever lingered here is gone: a node is declared down only after its agent's lease expired, and its
+        // supervisors kill their tasks when it does.
+        node.lingering.clear();
         let jobs: Vec<JobId> = node.jobs.iter().copied().collect();
         for id in jobs {
             self.end_on_node_failure(id, name, now_ms, changes);
@@ -50,32 +53,17 @@ impl State {
         Ok(Reply::Nothing)
     }
 
-    /// A job lost a node: a job that was being cancelled is cancelled, a requeue-able one goes back to the queue
-    /// as a new incarnation, any other ends as NODE_FAIL.
-    fn end_on_node_failure(&mut self, id: JobId, node: &str, now_ms: u64, changes: &mut Vec<Change>) {
-        let mut job = self.remove_active(id).expect("a node's job is active");
-        self.release_allocation(&job, now_ms, changes);
-        job.message = Some(format!("node {node} failed"));
-        if job.ending.is_none() && job.spec.requeue != Some(false) && !job.spec.interactive {
-            job.state = JobState::Pending;
-            job.reason = PendingReason::None;
-            job.restart_count += 1;
-            job.incarnation += 1;
-            job.start_time_ms = None;
-            job.allocation.clear();
-            job.nodes.clear();
-            changes.push(Change::PutJob(job.clone()));
-            self.insert_active(job);
-            return;
-        }
-        job.state = job.ending.take().unwrap_or(JobState::NodeFail);
-        job.end_time_ms = Some(now_ms);
-        changes.push(Change::ArchiveJob(job));
-    }
-
-    /// Frees the job's GPUs and CPUs on every node it holds (the nodes are written to `changes`, except the
-    /// caller's own node in `node_down`, which writes it last).
-    fn release_allocation(&mut self, job: &Job, now_ms: u64, changes: &mut Vec<Change>) {
+    /// Frees what an incarnation holds. Its share on `freed_node` (the node that reported its end, or the node
+    /// that failed) and on nodes that are down is free at once; on every other node it lingers until that node's
+    /// agent confirms the incarnation's tasks are gone (`ReleaseLingering`), so no GPU is handed out while a
+    /// task may still be using it. The nodes are written to `changes`.
+    pub(crate) fn release_allocation(
+        &mut self,
+        job: &Job,
+        freed_node: Option<&str>,
+        now_ms: u64,
+        changes: &mut Vec<Change>,
+    ) {
         self.charge_usage(job, now_ms, changes);
         for share in &job.allocation {
             let node = self.nodes.get_mut(&share.node).expect("an allocation names a known node");
@@ -85,8 +73,33 @@ impl State {
             }
             node.allocated_cpus = node.allocated_cpus.checked_sub(share.cpus).expect("CPU count underflow");
             assert!(node.jobs.remove(&job.id), "node {} did not list job {}", share.node, job.id);
+            let freed = freed_node == Some(share.node.as_str()) || node.health == NodeHealth::Down;
+            if !freed && (!share.gpus.is_empty() || share.cpus > 0) {
+                node.lingering.push(Lingering {
+                    job: job.id,
+                    incarnation: job.incarnation,
+                    gpus: share.gpus.clone(),
+                    cpus: share.cpus,
+                });
+            }
             changes.push(Change::PutNode(node.clone()));
         }
+    }
+
+    /// An agent confirmed that these ended incarnations have no task left on its node.
+    pub(crate) fn release_lingering(
+        &mut self,
+        name: &str,
+        keys: &[(JobId, u64)],
+        changes: &mut Vec<Change>,
+    ) -> Response {
+        let node = self.nodes.get_mut(name).ok_or_else(|| CommandError::InvalidNodeName { name: name.to_string() })?;
+        let before = node.lingering.len();
+        node.lingering.retain(|l| !keys.contains(&(l.job, l.incarnation)));
+        if node.lingering.len() != before {
+            changes.push(Change::PutNode(node.clone()));
+        }
+        Ok(Reply::Nothing)
     }
 
     /// Charges the GPU-seconds an incarnation used to its account (decayed; see `account`). Nothing is charged
@@ -208,6 +221,9 @@ impl State {
                 if let Some(holder) = node.allocated_gpus.get(gpu) {
                     return Err(format!("GPU {gpu} on {} is held by job {holder}", share.node));
                 }
+                if node.gpu_held(*gpu) {
+                    return Err(format!("GPU {gpu} on {} is still held by an ended incarnation", share.node));
+                }
             }
             if share.cpus > node.free_cpus() {
                 return Err(format!("{} CPUs planned on {}, {} free", share.cpus, share.node, node.free_cpus()));
@@ -256,19 +272,35 @@ impl State {
             });
         }
         let mut job = self.remove_active(id).expect("checked");
-        self.release_allocation(&job, now_ms, changes);
-        job.state = match job.ending.take() {
-            Some(state) => state,
-            None if end.timed_out => JobState::Timeout,
-            None if end.exit_code == 0 && end.signal == 0 => JobState::Completed,
-            None => JobState::Failed,
-        };
+        // The batch node reports the end: its tasks are gone; the job's other nodes confirm theirs.
+        let reporter = job.nodes.first().cloned();
+        self.release_allocation(&job, reporter.as_deref(), now_ms, changes);
         job.exit_code = end.exit_code;
         job.exit_signal = end.signal;
         job.usage = end.usage;
         job.message = end.message.clone();
-        job.end_time_ms = Some(now_ms);
-        changes.push(Change::ArchiveJob(job));
+        if let Some(state) = job.ending.take() {
+            job.requeue = None;
+            self.archive(job, state, now_ms, changes);
+            return Ok(Reply::Nothing);
+        }
+        if end.fenced {
+            // Its node lost the controllers for longer than its lease and killed the tasks: a node failure, not
+            // the job's own failure.
+            let reason = "its node lost contact with the controllers and fenced its tasks".to_string();
+            self.fail_incarnation(job, reason, now_ms, changes);
+            return Ok(Reply::Nothing);
+        }
+        if let Some(order) = job.requeue.take() {
+            self.requeue(job, order, now_ms, changes);
+            return Ok(Reply::Nothing);
+        }
+        let state = match () {
+            () if end.timed_out => JobState::Timeout,
+            () if end.exit_code == 0 && end.signal == 0 => JobState::Completed,
+            () => JobState::Failed,
+        };
+        self.archive(job, state, now_ms, changes);
         Ok(Reply::Nothing)
     }
 
@@ -278,6 +310,7 @@ impl State {
         let job = self.jobs.get_mut(&id).expect("checked by the caller");
         job.state = JobState::Completing;
         job.ending = Some(JobState::Cancelled);
+        job.requeue = None;
         job.cancelled_by = Some(by_uid);
         changes.push(Change::PutJob(job.clone()));
     }
@@ -365,6 +398,28 @@ impl State {
             let cpus: u32 =
                 node.jobs.iter().map(|id| share_on(&self.jobs[id], &node.info.name).map_or(0, |s| s.cpus)).sum();
             assert_eq!(cpus, node.allocated_cpus, "{} CPU count", node.info.name);
+            // A lingering GPU is held by that ended incarnation alone: by no running job, by no other incarnation.
+            let mut lingering_gpus = std::collections::BTreeSet::new();
+            for l in &node.lingering {
+                for gpu in &l.gpus {
+                    assert!(lingering_gpus.insert(*gpu), "{} GPU {gpu} lingers twice", node.info.name);
+                    assert!(
+                        !node.allocated_gpus.contains_key(gpu),
+                        "{} GPU {gpu} lingers and is allocated",
+                        node.info.name
+                    );
+                }
+                assert!(
+                    self.jobs.get(&l.job).is_none_or(|j| j.incarnation != l.incarnation || j.allocation.is_empty()),
+                    "job {} incarnation {} both runs and lingers on {}",
+                    l.job,
+                    l.incarnation,
+                    node.info.name
+                );
+            }
+            if node.health == NodeHealth::Down {
+                assert!(node.lingering.is_empty(), "down node {} keeps lingering holds", node.info.name);
+            }
         }
         // A job that never started: its stored dependency verdicts agree with judging them afresh (where the target
         // is still known), and the reverse index lists it under every target it names. (A requeued job passed its
@@ -595,7 +650,13 @@ mod tests {
         let other = submit(&mut state, job(1, 1, 1));
         state.apply(&at(
             6,
-            Command::DrainNodes { names: vec!["gpu01".into()], drain: true, reason: "x".into(), by_uid: 0 },
+            Command::DrainNodes {
+                names: vec!["gpu01".into()],
+                drain: true,
+                reason: "x".into(),
+                by_uid: 0,
+                requeue_jobs: false,
+            },
         ));
         let shared = Allocation { job_id: other, nodes: vec![share("gpu02", vec![])] };
         let reply = state.apply(&at(7, Command::ApplyPlan { allocations: vec![shared], reasons: vec![] }));
@@ -612,6 +673,7 @@ mod tests {
             drain: true,
             reason: reason.into(),
             by_uid: 0,
+            requeue_jobs: false,
         };
         assert!(state.apply(&at(3, drain(""))).response.is_err());
         state.apply(&at(3, drain("bad GPU 3"))).response.unwrap();

@@ -68,6 +68,20 @@ pub struct Node {
     pub allocated_cpus: u32,
     /// Jobs with an allocation on this node.
     pub jobs: BTreeSet<JobId>,
+    /// GPUs and CPUs of ended incarnations whose tasks here may still be dying (a multi-node job that lost
+    /// another node, was requeued or ended on its first node): held until this node's agent confirms them gone,
+    /// or the node is declared down (its lease has then expired), so no new job gets a GPU still in use.
+    #[serde(default)]
+    pub lingering: Vec<Lingering>,
+}
+
+/// What an ended incarnation still holds on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lingering {
+    pub job: JobId,
+    pub incarnation: u64,
+    pub gpus: Vec<u32>,
+    pub cpus: u32,
 }
 
 impl Node {
@@ -81,6 +95,7 @@ impl Node {
             allocated_gpus: BTreeMap::new(),
             allocated_cpus: 0,
             jobs: BTreeSet::new(),
+            lingering: Vec::new(),
         }
     }
 
@@ -105,11 +120,17 @@ impl Node {
     }
 
     pub fn free_gpus(&self) -> impl Iterator<Item = u32> + '_ {
-        self.info.gpus.iter().map(|g| g.index).filter(|i| !self.allocated_gpus.contains_key(i))
+        self.info.gpus.iter().map(|g| g.index).filter(|i| !self.gpu_held(*i))
+    }
+
+    /// Whether a running job or a lingering incarnation holds GPU `index`.
+    pub fn gpu_held(&self, index: u32) -> bool {
+        self.allocated_gpus.contains_key(&index) || self.lingering.iter().any(|l| l.gpus.contains(&index))
     }
 
     pub fn free_cpus(&self) -> u32 {
-        self.info.cpus.saturating_sub(self.allocated_cpus)
+        let lingering: u32 = self.lingering.iter().map(|l| l.cpus).sum();
+        self.info.cpus.saturating_sub(self.allocated_cpus).saturating_sub(lingering)
     }
 }
 

@@ -21,6 +21,11 @@ pub struct Qos {
     /// `MaxWall`: the longest time limit a job of this QOS may ask for.
     pub max_wall_s: Option<u64>,
     pub description: String,
+    /// Slurm's `Preempt=`: QOS whose requeue-able running jobs this QOS's jobs may preempt
+    /// (`PreemptMode=REQUEUE`: they are warned, stopped and requeued, and resume from their checkpoints).
+    pub preempt: Vec<String>,
+    /// Slurm's `PreemptExemptTime`: a job of this QOS that started less than this long ago is not preempted.
+    pub preempt_exempt_time_s: Option<u64>,
 }
 
 impl Qos {

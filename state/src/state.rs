@@ -41,6 +41,8 @@ pub struct Resolved {
     pub max_nodes: u32,
     pub gpus_per_node: u32,
     pub dependency_state: Vec<DepState>,
+    /// Where its incarnations keep their checkpoints.
+    pub checkpoint_root: String,
 }
 
 /// The small, always-written part of the state.
@@ -247,9 +249,14 @@ impl State {
             }
             Command::RegisterNode { info } => self.register_node(info, request.time_ms, &mut changes),
             Command::NodeDown { name, reason } => self.node_down(name, reason, request.time_ms, &mut changes),
-            Command::DrainNodes { names, drain, reason, by_uid } => self
+            Command::DrainNodes { names, drain, reason, by_uid, requeue_jobs } => self
                 .require_level(*by_uid, AdminLevel::Operator, "draining or resuming nodes")
-                .and_then(|()| self.drain_nodes(names, *drain, reason, request.time_ms, &mut changes)),
+                .and_then(|()| self.drain_nodes(names, *drain, reason, request.time_ms, &mut changes))
+                .inspect(|_| {
+                    if *drain && *requeue_jobs {
+                        names.iter().for_each(|n| self.requeue_jobs_on(n, reason, &mut changes));
+                    }
+                }),
             Command::ApplyPlan { allocations, reasons } => {
                 self.apply_plan(allocations, reasons, request.time_ms, &mut changes)
             }
@@ -265,6 +272,20 @@ impl State {
             Command::UpdateJob { id, by_uid, update } => {
                 self.update_job(*id, *by_uid, update, &mut changes).map(|()| Reply::Nothing)
             }
+            Command::RequeueJobs { ids, by_uid, hold } => {
+                Ok(self.for_each_job(ids, |s, id| s.request_requeue(id, *by_uid, *hold, &mut changes)))
+            }
+            Command::PreemptJobs { victims, for_job } => self.preempt(victims, *for_job, &mut changes),
+            Command::RecordCheckpoint { job_id, incarnation, path, step, by_uid } => {
+                let checkpoint = crate::job::Checkpoint {
+                    path: path.clone(),
+                    step: *step,
+                    incarnation: *incarnation,
+                    time_ms: request.time_ms,
+                };
+                self.record_checkpoint(*job_id, checkpoint, *by_uid, &mut changes)
+            }
+            Command::ReleaseLingering { node, keys } => self.release_lingering(node, keys, &mut changes),
             Command::RecordAudit { by_uid, .. } => self
                 .require_level(*by_uid, AdminLevel::Administrator, "recording an audit entry")
                 .map(|()| Reply::Nothing),
@@ -422,6 +443,9 @@ impl State {
         if let Some(v) = &update.allow_qos {
             p.allow_qos = all(v);
         }
+        if let Some(mode) = update.preempt_mode {
+            p.preempt_mode = mode;
+        }
         if update.make_default {
             for (i, other) in config.partitions.iter_mut().enumerate() {
                 other.default = i == index;
@@ -564,7 +588,10 @@ impl State {
         sized.gpus_per_node = gpus_per_node;
         self.check_satisfiable(&sized, &partition.name)?;
         let dependency_state = self.judge_submission(&spec.dependency)?;
+        let submit_dir = if spec.submit_dir.is_empty() { &spec.work_dir } else { &spec.submit_dir };
+        let checkpoint_root = config.checkpoint_root(partition, submit_dir);
         Ok(Resolved {
+            checkpoint_root,
             partition: partition.name.clone(),
             time_limit_s,
             account,
@@ -698,6 +725,7 @@ impl State {
                 submit_time_ms: now_ms,
                 account: resolved.account.clone(),
                 qos: resolved.qos.clone(),
+                checkpoint_root: resolved.checkpoint_root.clone(),
                 array,
                 dependency_state: resolved.dependency_state.clone(),
                 ..Job::default()
@@ -752,6 +780,11 @@ impl State {
     fn cancel(&mut self, id: JobId, by_uid: u32, now_ms: u64, changes: &mut Vec<Change>) -> Result<(), CommandError> {
         let job = self.active_job(id, by_uid)?;
         match job.state {
+            // Already ending: a cancel wins over a requeue in progress (the job will not come back).
+            JobState::Completing if job.ending.is_none() => {
+                self.cancel_running(id, by_uid, changes);
+                return Ok(());
+            }
             JobState::Completing => return Ok(()),
             JobState::Pending => {}
             _ => {
@@ -886,7 +919,7 @@ fn audited(command: &Command) -> Option<(u32, &str, String)> {
     let json = |v: &dyn erased::Json| v.to_json();
     match command {
         Command::UpdatePartition { update, by_uid } => Some((*by_uid, "update_partition", json(update))),
-        Command::DrainNodes { names, drain, reason, by_uid } => {
+        Command::DrainNodes { names, drain, reason, by_uid, .. } => {
             let action = if *drain { "drain_nodes" } else { "resume_nodes" };
             Some((*by_uid, action, format!("nodes={} reason={reason:?}", names.join(","))))
         }

@@ -113,7 +113,13 @@ fn users_touch_only_their_own_jobs_and_operators_touch_any() {
 #[test]
 fn only_operators_drain_and_only_administrators_change_the_cluster() {
     let mut state = cluster(ClusterConfig::default());
-    let drain = |by_uid| Command::DrainNodes { names: vec!["n1".into()], drain: true, reason: "fan".into(), by_uid };
+    let drain = |by_uid| Command::DrainNodes {
+        names: vec!["n1".into()],
+        drain: true,
+        reason: "fan".into(),
+        by_uid,
+        requeue_jobs: false,
+    };
     let err = refused(&mut state, drain(ALICE));
     assert!(matches!(&err, CommandError::NotAuthorized { needed, .. } if needed == "Operator"), "{err}");
     assert!(err.to_string().contains("drover admin grant"), "the message says how to get the right: {err}");
@@ -156,7 +162,13 @@ fn only_operators_drain_and_only_administrators_change_the_cluster() {
 #[test]
 fn every_administrative_change_is_in_the_audit_log_with_who_and_when() {
     let mut state = cluster(ClusterConfig::default());
-    let drain = Command::DrainNodes { names: vec!["n1".into()], drain: true, reason: "fan".into(), by_uid: OLGA };
+    let drain = Command::DrainNodes {
+        names: vec!["n1".into()],
+        drain: true,
+        reason: "fan".into(),
+        by_uid: OLGA,
+        requeue_jobs: false,
+    };
     let applied = state.apply(&at(77, drain));
     let audits: Vec<_> = applied
         .changes
@@ -175,7 +187,13 @@ fn every_administrative_change_is_in_the_audit_log_with_who_and_when() {
     // A refused change leaves no audit entry (it changed nothing); an ordinary job command leaves none either.
     let applied = state.apply(&at(
         78,
-        Command::DrainNodes { names: vec!["n1".into()], drain: false, reason: String::new(), by_uid: ALICE },
+        Command::DrainNodes {
+            names: vec!["n1".into()],
+            drain: false,
+            reason: String::new(),
+            by_uid: ALICE,
+            requeue_jobs: false,
+        },
     ));
     assert!(applied.response.is_err() && applied.changes.is_empty());
     let job = submit(&mut state, spec(ALICE)).unwrap();
@@ -248,7 +266,13 @@ fn bad_administrative_input_is_refused_before_it_reaches_the_log() {
         by_uid: ALICE,
     };
     assert!(matches!(state.precheck(&unauthorized, 100), Err(CommandError::NotAuthorized { .. })));
-    let unknown_node = Command::DrainNodes { names: vec!["nope".into()], drain: true, reason: "x".into(), by_uid: 0 };
+    let unknown_node = Command::DrainNodes {
+        names: vec!["nope".into()],
+        drain: true,
+        reason: "x".into(),
+        by_uid: 0,
+        requeue_jobs: false,
+    };
     assert!(matches!(state.precheck(&unknown_node, 100), Err(CommandError::InvalidNodeName { .. })));
     assert!(state.precheck(&Command::SubmitJob { spec: Box::new(spec(0)), request_id: None }, 100).is_err());
     assert_eq!(state.precheck(&Command::SubmitJob { spec: Box::new(spec(ALICE)), request_id: None }, 100), Ok(()));

@@ -75,7 +75,7 @@ fn spec() -> impl Strategy<Value = JobSpec> {
         (prop::option::of(name()), prop::option::of(name()), prop::option::of(name()), prop::option::of(name()));
     let lists = (names(), names(), names(), prop::collection::vec(dependency(), 0..3), any::<bool>());
     let array = prop::option::of((prop::collection::vec(0u32..2_000, 0..6), prop::option::of(0u32..4)));
-    let flags = (any::<bool>(), any::<bool>(), prop::option::of(any::<bool>()), any::<bool>(), uid());
+    let flags = (any::<bool>(), any::<bool>(), prop::option::of(any::<bool>()), any::<bool>(), uid(), any::<bool>());
     (size, limits, names_part, lists, array, flags).prop_map(
         |(
             (min_nodes, max_nodes, gpus_per_node, cpus_per_task, ntasks_per_node),
@@ -83,7 +83,7 @@ fn spec() -> impl Strategy<Value = JobSpec> {
             (partition, qos, account, reservation),
             (nodelist, exclude, constraint, dependency, dependency_any),
             array,
-            (exclusive, interactive, requeue, hold, uid),
+            (exclusive, interactive, requeue, hold, uid, no_kill),
         )| JobSpec {
             name: "fuzz".into(),
             user: format!("u{uid}"),
@@ -112,6 +112,7 @@ fn spec() -> impl Strategy<Value = JobSpec> {
             interactive,
             requeue,
             hold,
+            no_kill,
             ..JobSpec::default()
         },
     )
@@ -167,6 +168,9 @@ fn partition_update() -> impl Strategy<Value = PartitionUpdate> {
                     make_default,
                     max_gpus_per_job: max_gpus,
                     priority_tier: tier,
+                    preempt_mode: tier.map(|t| {
+                        if t % 2 == 0 { drover_state::PreemptMode::Requeue } else { drover_state::PreemptMode::Off }
+                    }),
                     allow_accounts: allow.clone(),
                     allow_qos: allow,
                 }
@@ -275,8 +279,15 @@ fn job_update() -> impl Strategy<Value = JobUpdate> {
 }
 
 fn job_end() -> impl Strategy<Value = JobEnd> {
-    (any::<i32>(), any::<i32>(), any::<bool>(), prop::option::of("\\PC{0,20}")).prop_map(
-        |(exit_code, signal, timed_out, message)| JobEnd { exit_code, signal, timed_out, message, ..JobEnd::default() },
+    (any::<i32>(), any::<i32>(), any::<bool>(), prop::option::of("\\PC{0,20}"), any::<bool>()).prop_map(
+        |(exit_code, signal, timed_out, message, fenced)| JobEnd {
+            exit_code,
+            signal,
+            timed_out,
+            message,
+            fenced,
+            ..JobEnd::default()
+        },
     )
 }
 
@@ -298,7 +309,7 @@ fn command() -> impl Strategy<Value = Command> {
         1 => (ids(), uid()).prop_map(|(ids, by_uid)| Command::TopJobs { ids, by_uid }),
         1 => node_info().prop_map(|info| Command::RegisterNode { info }),
         1 => (name(), "\\PC{0,10}").prop_map(|(name, reason)| Command::NodeDown { name, reason }),
-        1 => (names(), any::<bool>(), "\\PC{0,10}", uid()).prop_map(|(names, drain, reason, by_uid)| Command::DrainNodes { names, drain, reason, by_uid }),
+        1 => (names(), any::<bool>(), "\\PC{0,10}", uid()).prop_map(|(names, drain, reason, by_uid)| Command::DrainNodes { names, drain, reason, by_uid, requeue_jobs: drain }),
         2 => (prop::collection::vec(allocation(), 0..3), prop::collection::vec((job_id(), Just(PendingReason::Resources)), 0..3))
             .prop_map(|(allocations, reasons)| Command::ApplyPlan { allocations, reasons }),
         2 => (job_id(), prop_oneof![0u64..3, any::<u64>()], job_end()).prop_map(|(job_id, incarnation, end)| Command::JobEnded { job_id, incarnation, end }),
@@ -308,6 +319,11 @@ fn command() -> impl Strategy<Value = Command> {
         1 => (job_id(), uid(), job_update()).prop_map(|(id, by_uid, update)| Command::UpdateJob { id, by_uid, update }),
         1 => (uid(), name(), "\\PC{0,10}").prop_map(|(by_uid, action, detail)| Command::RecordAudit { by_uid, action, detail }),
         1 => Just(Command::InitCluster { config: ClusterConfig::default() }),
+        2 => (ids(), uid(), any::<bool>()).prop_map(|(ids, by_uid, hold)| Command::RequeueJobs { ids, by_uid, hold }),
+        1 => (ids(), job_id()).prop_map(|(victims, for_job)| Command::PreemptJobs { victims, for_job }),
+        1 => (job_id(), prop_oneof![0u64..3, any::<u64>()], prop_oneof![Just("/ckpt/a".to_string()), name()], prop::option::of(any::<u64>()), uid())
+            .prop_map(|(job_id, incarnation, path, step, by_uid)| Command::RecordCheckpoint { job_id, incarnation, path, step, by_uid }),
+        1 => (name(), prop::collection::vec((job_id(), 0u64..3), 0..3)).prop_map(|(node, keys)| Command::ReleaseLingering { node, keys }),
     ]
 }
 

@@ -57,6 +57,12 @@ pub struct QosFields {
     /// The longest time limit (Slurm time format; UNLIMITED removes it).
     #[arg(long = "max-wall")]
     max_wall: Option<String>,
+    /// QOS whose requeue-able jobs this one's may preempt (Slurm's Preempt=; PreemptMode=REQUEUE); "" clears.
+    #[arg(long = "preempt")]
+    preempt: Option<String>,
+    /// Jobs of this QOS that started less than this long ago are not preempted (Slurm's PreemptExemptTime).
+    #[arg(long = "preempt-exempt-time")]
+    preempt_exempt_time: Option<String>,
     #[arg(long)]
     description: Option<String>,
 }
@@ -102,6 +108,13 @@ fn apply_qos_fields(mut qos: Qos, f: &QosFields) -> anyhow::Result<Qos> {
     }
     if let Some(d) = &f.description {
         qos.description = d.clone();
+    }
+    if let Some(list) = &f.preempt {
+        qos.preempt = list.split(',').map(str::trim).filter(|q| !q.is_empty()).map(str::to_string).collect();
+    }
+    if let Some(t) = &f.preempt_exempt_time {
+        qos.preempt_exempt_time_s =
+            parse_time_limit(t).map_err(|e| anyhow::anyhow!("--preempt-exempt-time {t:?}: {e}"))?;
     }
     Ok(qos)
 }

@@ -54,6 +54,16 @@ pub enum BenchCmd {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// A node dies under a checkpointing job: time until the job steps again elsewhere, from its checkpoint.
+    Requeue {
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Configure a fence command (a stand-in for a BMC power-off) so the dead node is declared down at once.
+        #[arg(long)]
+        fence_command: bool,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Heartbeat load: N simulated agents heartbeating on one leader; leader CPU and Raft log growth (zero
     /// expected from heartbeats).
     Heartbeats {
@@ -79,6 +89,9 @@ pub fn run(cmd: BenchCmd, _controllers: Option<&str>) -> anyhow::Result<()> {
             BenchCmd::State { jobs, clients, dir } => state(jobs, clients, bench_dir(dir, "state")).await,
             BenchCmd::Jobs { count, gpus, clients, dir } => {
                 bench_agents::jobs(count, gpus, clients, bench_dir(dir, "jobs")).await
+            }
+            BenchCmd::Requeue { runs, fence_command, dir } => {
+                super::bench_requeue::requeue(runs, fence_command, bench_dir(dir, "requeue")).await
             }
             BenchCmd::Heartbeats { agents, heartbeat_ms, duration_s, dir } => {
                 bench_agents::heartbeats(agents, heartbeat_ms, duration_s, bench_dir(dir, "heartbeats")).await

@@ -387,12 +387,14 @@ async fn beat(
     // A stalled bench process must not make up for lost time with a burst the leader never sees in reality.
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut in_flight: VecDeque<Instant> = VecDeque::with_capacity(SIM_IN_FLIGHT);
-    let heartbeat = envelope(&AgentMessage::Heartbeat { problems: Vec::new() });
+    let mut seq = 0u64;
     loop {
         tokio::select! {
             _ = stop.changed() => return None,
             _ = ticker.tick() => {
-                if tx.try_send(heartbeat.clone()).is_ok() {
+                seq += 1;
+                let heartbeat = envelope(&AgentMessage::Heartbeat { seq, problems: Vec::new() });
+                if tx.try_send(heartbeat).is_ok() {
                     sim.heartbeats.fetch_add(1, Ordering::Relaxed);
                     if in_flight.len() < SIM_IN_FLIGHT {
                         in_flight.push_back(Instant::now());
@@ -404,7 +406,7 @@ async fn beat(
             message = inbound.message() => {
                 let why = match message {
                     Ok(Some(envelope)) => match decode::<ControllerMessage>(&envelope.json) {
-                        Ok(ControllerMessage::Alive) => {
+                        Ok(ControllerMessage::Lease { .. }) => {
                             sim.alive.fetch_add(1, Ordering::Relaxed);
                             if let Some(sent) = in_flight.pop_front()
                                 && sim.measuring.load(Ordering::Relaxed)
@@ -439,7 +441,7 @@ pub async fn heartbeats(agents: usize, heartbeat_ms: u64, duration_s: u64, dir: 
         agents: 0,
         agent_heartbeat_ms: heartbeat_ms,
         agent_fence_after_ms: 3 * heartbeat_ms,
-        node_timeout_ms: 4 * heartbeat_ms,
+        node_timeout_ms: 3 * heartbeat_ms + heartbeat_ms.max(500),
         ..UpOptions::default()
     };
     let cluster = LocalCluster::up(&dir, options)?;

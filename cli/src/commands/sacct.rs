@@ -47,6 +47,9 @@ struct Args {
     start: Option<String>,
     #[arg(short = 'E', long = "endtime")]
     end: Option<String>,
+    /// Also every earlier incarnation of requeued jobs (REQUEUED, NODE_FAIL, PREEMPTED), each on its own row.
+    #[arg(short = 'D', long = "duplicates")]
+    duplicates: bool,
     #[arg(long = "controllers")]
     controllers: Option<String>,
 }
@@ -102,6 +105,11 @@ fn sacct(args: &[String]) -> anyhow::Result<()> {
         }
     }
     for job in &jobs {
+        if args.duplicates {
+            for earlier in earlier_incarnations(job) {
+                out.push_str(&row(&fields, |f| value(&f.name, &earlier, now), separator));
+            }
+        }
         out.push_str(&row(&fields, |f| value(&f.name, job, now), separator));
     }
     print!("{out}");
@@ -158,7 +166,7 @@ fn parse_fields(spec: &str) -> anyhow::Result<Vec<Field>> {
 }
 
 /// Supported fields and Slurm's default widths.
-const FIELDS: [(&str, usize); 26] = [
+const FIELDS: [(&str, usize); 30] = [
     ("JobID", 12),
     ("QOS", 10),
     ("Reservation", 12),
@@ -184,6 +192,10 @@ const FIELDS: [(&str, usize); 26] = [
     ("TotalCPU", 10),
     ("MaxRSS", 10),
     ("Restarts", 8),
+    ("Incarnation", 11),
+    ("Checkpoint", 30),
+    ("CheckpointStep", 14),
+    ("Reason", 20),
     ("Timelimit", 10),
 ];
 
@@ -227,9 +239,35 @@ fn value(field: &str, job: &Job, now: u64) -> String {
             }
         }
         "Restarts" => job.restart_count.to_string(),
+        "Incarnation" => job.incarnation.to_string(),
+        "Checkpoint" => job.checkpoint.as_ref().map(|c| c.path.clone()).unwrap_or_default(),
+        "CheckpointStep" => job.checkpoint.as_ref().and_then(|c| c.step).map(|s| s.to_string()).unwrap_or_default(),
+        "Reason" => job.message.clone().unwrap_or_default(),
         "Timelimit" => drover_state::slurm_time::format_time_limit(job.time_limit_s),
         _ => String::new(),
     }
+}
+
+/// A job's earlier incarnations as rows of their own, from its restart history.
+fn earlier_incarnations(job: &Job) -> Vec<Job> {
+    job.history
+        .iter()
+        .map(|h| Job {
+            state: h.state,
+            start_time_ms: h.start_ms,
+            end_time_ms: Some(h.end_ms),
+            nodes: drover_state::hostlist::expand_hostlist(&h.nodes).unwrap_or_default(),
+            incarnation: h.incarnation,
+            message: Some(h.reason.clone()),
+            allocation: Vec::new(),
+            history: Vec::new(),
+            checkpoint: None,
+            exit_code: 0,
+            exit_signal: 0,
+            cancelled_by: None,
+            ..job.clone()
+        })
+        .collect()
 }
 
 /// Slurm's `AllocTRES`: `billing=N,cpu=N,gres/gpu=N,node=N`.

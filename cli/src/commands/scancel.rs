@@ -16,9 +16,16 @@ struct Args {
     /// Cancel only jobs with this name.
     #[arg(short = 'n', long = "name", alias = "jobname")]
     name: Option<String>,
-    /// Send this signal to the job's tasks instead of cancelling it.
+    /// Send this signal to the job's tasks instead of cancelling it (to its steps, not the batch shell, unless
+    /// -b or --full says otherwise).
     #[arg(short = 's', long = "signal")]
     signal: Option<String>,
+    /// With --signal: signal the batch shell only (not its children, not the steps).
+    #[arg(short = 'b', long = "batch")]
+    batch: bool,
+    /// With --signal: signal everything, the batch shell and its children included.
+    #[arg(short = 'f', long = "full")]
+    full: bool,
     /// Report what is done.
     #[arg(short = 'v', long = "verbose")]
     verbose: bool,
@@ -69,7 +76,13 @@ fn cancel(args: &[String]) -> anyhow::Result<i32> {
     }
     if let Some(signal) = &args.signal {
         // Signals go to the running tasks through their node agents; nothing is logged.
-        let outcomes = rt.block_on(client.signal(&ids, parse_signal(signal)?))?;
+        let target = match (args.batch, args.full) {
+            (true, true) => anyhow::bail!("-b/--batch and -f/--full exclude each other"),
+            (true, false) => drover_proto::v1::SignalTarget::Batch,
+            (false, true) => drover_proto::v1::SignalTarget::Full,
+            (false, false) => drover_proto::v1::SignalTarget::Steps,
+        };
+        let outcomes = rt.block_on(client.signal(&ids, parse_signal(signal)?, target))?;
         let mut code = 0;
         for o in outcomes.iter().filter(|o| !o.ok) {
             eprintln!("scancel: error: Signal job error on job id {}: {}", o.job_id, o.error);
@@ -94,25 +107,5 @@ fn cancel(args: &[String]) -> anyhow::Result<i32> {
 
 /// Accepts `TERM`, `SIGTERM`, `USR1`, or a number.
 pub fn parse_signal(text: &str) -> anyhow::Result<i32> {
-    if let Ok(n) = text.parse::<i32>() {
-        if (1..=64).contains(&n) {
-            return Ok(n);
-        }
-        anyhow::bail!("Invalid signal: {text}");
-    }
-    let name = text.trim_start_matches("SIG").to_ascii_uppercase();
-    let n = match name.as_str() {
-        "HUP" => libc::SIGHUP,
-        "INT" => libc::SIGINT,
-        "QUIT" => libc::SIGQUIT,
-        "KILL" => libc::SIGKILL,
-        "USR1" => libc::SIGUSR1,
-        "USR2" => libc::SIGUSR2,
-        "TERM" => libc::SIGTERM,
-        "CONT" => libc::SIGCONT,
-        "STOP" => libc::SIGSTOP,
-        "ALRM" => libc::SIGALRM,
-        _ => anyhow::bail!("Invalid signal: {text}"),
-    };
-    Ok(n)
+    drover_state::signal::parse_signal(text).map_err(|e| anyhow::anyhow!(e))
 }

@@ -17,7 +17,7 @@ pub fn run(args: &[String]) -> i32 {
     }
 }
 
-const USAGE: &str = "usage: scontrol show job [ID] | scontrol write batch_script ID [FILE|-] | scontrol top ID... | scontrol update jobid=ID [TimeLimit=T] [Nice=N] [QOS=Q] [Dependency=D] | scontrol create reservation ReservationName=N StartTime=T (Duration=D|EndTime=T) (Nodes=LIST|NodeCnt=N|TRES=gres/gpu=N) (Users=U,..|Accounts=A,..) [Flags=MAINT] | scontrol update ReservationName=N ... | scontrol delete ReservationName=N | scontrol show reservation [NAME] | scontrol show node [NAME] | scontrol hold ID... | scontrol release ID... | scontrol show hostnames [HOSTLIST] | scontrol update nodename=LIST state=drain|resume [reason=TEXT] | scontrol show partition [NAME] | scontrol update partitionname=NAME [state=UP|DOWN|DRAIN|INACTIVE] [maxtime=T] [defaulttime=T] [maxnodes=N] [nodes=LIST] [default=yes]";
+const USAGE: &str = "usage: scontrol show job [ID] | scontrol requeue ID[,ID...] | scontrol requeuehold ID[,ID...] | scontrol write batch_script ID [FILE|-] | scontrol top ID... | scontrol update jobid=ID [TimeLimit=T] [Nice=N] [QOS=Q] [Dependency=D] | scontrol create reservation ReservationName=N StartTime=T (Duration=D|EndTime=T) (Nodes=LIST|NodeCnt=N|TRES=gres/gpu=N) (Users=U,..|Accounts=A,..) [Flags=MAINT] | scontrol update ReservationName=N ... | scontrol delete ReservationName=N | scontrol show reservation [NAME] | scontrol show node [NAME] | scontrol hold ID... | scontrol release ID... | scontrol show hostnames [HOSTLIST] | scontrol update nodename=LIST state=drain|resume [reason=TEXT] | scontrol show partition [NAME] | scontrol update partitionname=NAME [state=UP|DOWN|DRAIN|INACTIVE] [maxtime=T] [defaulttime=T] [maxnodes=N] [nodes=LIST] [default=yes]";
 
 fn is_reservation(word: &str) -> bool {
     matches!(word.to_ascii_lowercase().as_str(), "reservation" | "reservations" | "res")
@@ -72,6 +72,8 @@ fn dispatch(args: &[String]) -> anyhow::Result<i32> {
             print_hostnames(&list)
         }
         ["show", "hostnames", list] => print_hostnames(list),
+        ["requeue", ids @ ..] if !ids.is_empty() => requeue(controllers.as_deref(), ids, false),
+        ["requeuehold", ids @ ..] if !ids.is_empty() => requeue(controllers.as_deref(), ids, true),
         ["hold", ids @ ..] | ["release", ids @ ..] | ["uhold", ids @ ..] | ["top", ids @ ..] if !ids.is_empty() => {
             hold_release(controllers.as_deref(), words[0], ids)
         }
@@ -166,8 +168,15 @@ fn update_partition(controllers: Option<&str>, first: &str, words: &[&str]) -> a
             }
             "allowaccounts" => update.allow_accounts = Some(value.split(',').map(str::to_string).collect()),
             "allowqos" => update.allow_qos = Some(value.split(',').map(str::to_string).collect()),
+            "preemptmode" => {
+                update.preempt_mode = Some(match value.to_ascii_uppercase().as_str() {
+                    "OFF" => drover_state::PreemptMode::Off,
+                    "REQUEUE" => drover_state::PreemptMode::Requeue,
+                    _ => anyhow::bail!("Invalid PreemptMode {value:?}: OFF or REQUEUE"),
+                })
+            }
             other => anyhow::bail!(
-                "Update of partition {other} is not supported (State, MaxTime, DefaultTime, MaxNodes, MaxTRESPerJob=gres/gpu=N, Nodes, Default, PriorityTier, AllowAccounts, AllowQos)"
+                "Update of partition {other} is not supported (State, MaxTime, DefaultTime, MaxNodes, MaxTRESPerJob=gres/gpu=N, Nodes, Default, PriorityTier, AllowAccounts, AllowQos, PreemptMode)"
             ),
         }
     }
@@ -200,13 +209,14 @@ fn show_partitions(controllers: Option<&str>, name: Option<&str>) -> anyhow::Res
             nodes.iter().filter(|n| state.node_in_partition(&n.info, &p.name)).map(|n| n.info.name.clone()).collect();
         let gpus: usize = nodes.iter().filter(|n| members.contains(&n.info.name)).map(|n| n.info.gpus.len()).sum();
         println!(
-            "PartitionName={}\n   AllowAccounts={} AllowQos={}\n   Default={} State={} PriorityTier={}\n   MaxNodes={} MaxTime={} DefaultTime={} MaxTRESPerJob={}\n   Nodes={}\n   TotalNodes={} TotalGPUs={}\n",
+            "PartitionName={}\n   AllowAccounts={} AllowQos={}\n   Default={} State={} PriorityTier={} PreemptMode={}\n   MaxNodes={} MaxTime={} DefaultTime={} MaxTRESPerJob={}\n   Nodes={}\n   TotalNodes={} TotalGPUs={}\n",
             p.name,
             if p.allow_accounts.is_empty() { "ALL".to_string() } else { p.allow_accounts.join(",") },
             if p.allow_qos.is_empty() { "ALL".to_string() } else { p.allow_qos.join(",") },
             if p.default { "YES" } else { "NO" },
             p.state.name(),
             p.priority_tier,
+            p.preempt_mode.name(),
             p.max_nodes.map_or("UNLIMITED".to_string(), |n| n.to_string()),
             format_time_limit(p.max_time_s),
             p.default_time_s.map_or("NONE".to_string(), |t| format_time_limit(Some(t))),
@@ -398,6 +408,39 @@ pub fn show_job_text(job: &Job, now_ms: u64) -> String {
         "StdIn=/dev/null".to_string(),
         format!("StdOut={stdout}"),
     ];
+    let mut lines = lines.to_vec();
+    // Checkpoints and restarts (Drover's own lines): where this incarnation writes, what it resumes from, and
+    // how each earlier incarnation ended.
+    lines.push(format!(
+        "Incarnation={} CheckpointDir={} Failures={}",
+        job.incarnation,
+        job.checkpoint_dir(),
+        job.failures
+    ));
+    if let Some(c) = &job.checkpoint {
+        lines.push(format!(
+            "Checkpoint={} CheckpointStep={} CheckpointIncarnation={} CheckpointTime={}",
+            c.path,
+            c.step.map_or_else(|| "N/A".to_string(), |s| s.to_string()),
+            c.incarnation,
+            format_timestamp(Some(c.time_ms))
+        ));
+    }
+    if let Some(r) = &job.requeue {
+        lines.push(format!("Requeueing={:?} Reason={}", r.kind, r.reason.replace(' ', "_")));
+    }
+    for h in &job.history {
+        lines.push(format!(
+            "Restart[{}]: State={} NodeList={} StartTime={} EndTime={} ResumedFrom={} Reason={}",
+            h.incarnation,
+            h.state.name(),
+            if h.nodes.is_empty() { "(null)" } else { &h.nodes },
+            format_timestamp(h.start_ms),
+            format_timestamp(Some(h.end_ms)),
+            h.resumed_from.as_deref().unwrap_or("(null)"),
+            h.reason.replace(' ', "_")
+        ));
+    }
     let mut out = lines[0].clone();
     for line in &lines[1..] {
         out.push_str("\n   ");
@@ -405,6 +448,23 @@ pub fn show_job_text(job: &Job, now_ms: u64) -> String {
     }
     out.push('\n');
     out
+}
+
+/// `scontrol requeue ID[,ID...]` / `requeuehold`: running jobs end (their --signal warning first) and go back to
+/// the queue as their next incarnation; from inside a job too (`scontrol requeue $SLURM_JOB_ID`).
+fn requeue(controllers: Option<&str>, ids: &[&str], hold: bool) -> anyhow::Result<i32> {
+    let refs: Vec<String> =
+        ids.iter().flat_map(|s| s.split(',')).filter(|s| !s.is_empty()).map(str::to_string).collect();
+    let client = crate::connect::client(controllers)?;
+    let rt = crate::connect::runtime();
+    let ids = rt.block_on(crate::job_refs::resolve(&client, &refs, false))?;
+    let outcomes = rt.block_on(client.requeue(&ids, hold))?;
+    let mut code = 0;
+    for o in outcomes.iter().filter(|o| !o.ok) {
+        eprintln!("scontrol: error: Requeue of job {} failed: {}", o.job_id, o.error);
+        code = 1;
+    }
+    Ok(code)
 }
 
 fn hold_release(controllers: Option<&str>, verb: &str, ids: &[&str]) -> anyhow::Result<i32> {

@@ -1,0 +1,220 @@
+//! Starting tasks: a job's batch script on its first node, and the tasks of `srun` steps. Each runs under its own
+//! supervisor (see `supervise`), as the job's user, with the job's environment (Slurm, torch, checkpoints), under
+//! the node's lease.
+
+use std::path::{Path, PathBuf};
+
+use drover_proto::wire::Assignment;
+use drover_state::{JobEnd, Usage};
+
+use crate::env::{Placement, StepPlacement, task_environment};
+use crate::node::{NodeAgent, is_root, now_ms};
+use crate::patterns::{PatternContext, expand_output_path};
+use crate::supervise::{self, TaskLaunch, TaskResult};
+
+impl NodeAgent {
+    /// Root jobs only where the cluster allows them (the leader says so in its welcome); checked here too, so a
+    /// confused or compromised controller cannot make a root agent run one.
+    fn may_run_as(&self, uid: u32) -> Result<(), String> {
+        if uid == 0 && !self.timing().allow_root_jobs {
+            return Err("jobs may not run as root on this cluster (allow_root_jobs is off)".to_string());
+        }
+        Ok(())
+    }
+
+    pub(crate) fn launch_batch(&self, a: &Assignment) {
+        let key = (a.job.id, a.job.incarnation);
+        let dir = self.batch_dir(key);
+        let spec = &a.job.spec;
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::error!(job = key.0, "cannot create {}: {e}", dir.display());
+            return;
+        }
+        if let Err(message) = self.may_run_as(spec.uid) {
+            write_failed_result(&dir, &message);
+            return;
+        }
+        let script_path = dir.join("script");
+        let script = a.script.clone().unwrap_or_default();
+        let written = std::fs::write(&script_path, script.as_bytes()).and_then(|_| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&script_path, std::fs::Permissions::from_mode(0o755))?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+            if is_root() {
+                std::os::unix::fs::chown(&script_path, Some(spec.uid), Some(spec.gid))?;
+            }
+            Ok(())
+        });
+        let ctx = PatternContext {
+            job_id: a.job.id,
+            user: &spec.user,
+            job_name: &spec.name,
+            node: &self.info.name,
+            node_id: 0,
+            task_id: None,
+            step: Some("batch".to_string()),
+            restart_count: a.job.restart_count,
+            array_job_id: a.job.array.map(|x| x.array_job_id),
+            array_task_id: a.job.array.map(|x| x.task_id),
+        };
+        let work_dir = if spec.work_dir.is_empty() { "/".to_string() } else { spec.work_dir.clone() };
+        // Slurm's default names array tasks' output by array and task.
+        let default_out = if a.job.array.is_some() { "slurm-%A_%a.out" } else { "slurm-%j.out" };
+        let stdout = expand_output_path(spec.stdout.as_deref().unwrap_or(default_out), &ctx, &work_dir);
+        let stderr = spec.stderr.as_deref().map(|p| expand_output_path(p, &ctx, &work_dir));
+        let gpus = a.job.allocation.first().map(|s| s.gpus.clone()).unwrap_or_default();
+        let placement = Placement {
+            job: &a.job,
+            hosts: &a.hosts,
+            node_index: 0,
+            node_name: &self.info.name,
+            gpus: &gpus,
+            step: None,
+            controllers: &self.config.controllers.join(","),
+            client_config: &self.client_config_path(),
+        };
+        let mut argv = vec!["/bin/bash".to_string(), script_path.display().to_string()];
+        argv.extend(spec.script_args.iter().cloned());
+        let launch = TaskLaunch {
+            argv,
+            env: task_environment(&placement, spec.exported_environment()),
+            cwd: work_dir,
+            uid: spec.uid,
+            gid: spec.gid,
+            user: spec.user.clone(),
+            stdout,
+            stderr,
+            append: spec.open_append,
+            lease_file: Some(self.lease_path().display().to_string()),
+            // The incarnation's own checkpoint directory, made as the job's user (never as root, in a directory
+            // the user controls).
+            make_dirs: vec![a.job.checkpoint_dir()],
+        };
+        let started = written
+            .map_err(|e| e.to_string())
+            .and_then(|_| supervise::spawn(&self.exe, &dir, &launch).map_err(|e| e.to_string()));
+        match started {
+            Ok(pid) => tracing::info!(job = key.0, incarnation = key.1, pid, "batch script started"),
+            Err(message) => {
+                tracing::error!(job = key.0, "batch script could not start: {message}");
+                write_failed_result(&dir, &message);
+            }
+        }
+    }
+
+    /// Starts one task of a step (`srun`); its output goes to files in its directory unless the step names its own.
+    pub fn launch_step_task(
+        &self,
+        a: &Assignment,
+        launch: &drover_proto::wire::StepLaunch,
+        rank: u32,
+        local_rank: u32,
+    ) -> Result<(PathBuf, Option<PathBuf>, Option<PathBuf>), String> {
+        let key = (a.job.id, a.job.incarnation);
+        let dir = self.tasks_dir.join(format!("{}.{}.{}.{}", key.0, key.1, launch.step_id, rank));
+        let spec = &a.job.spec;
+        self.may_run_as(spec.uid)?;
+        if !self.lease_valid() {
+            return Err("this node holds no lease from the controllers right now; try again".to_string());
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let ctx = PatternContext {
+            job_id: a.job.id,
+            user: &spec.user,
+            job_name: &spec.name,
+            node: &self.info.name,
+            node_id: a.node_index,
+            task_id: Some(rank),
+            step: Some(launch.step_id.to_string()),
+            restart_count: a.job.restart_count,
+            array_job_id: a.job.array.map(|x| x.array_job_id),
+            array_task_id: a.job.array.map(|x| x.task_id),
+        };
+        let cwd = if launch.cwd.is_empty() { spec.work_dir.clone() } else { launch.cwd.clone() };
+        let (stdout, stderr, streamed_out, streamed_err) = match (&launch.output, &launch.error) {
+            (Some(out), err) => {
+                let stdout = expand_output_path(out, &ctx, &cwd);
+                let stderr = err.as_deref().map(|p| expand_output_path(p, &ctx, &cwd));
+                (stdout, stderr, None, None)
+            }
+            (None, err) => {
+                let out = dir.join("stdout");
+                let (stderr, streamed_err) = match err {
+                    Some(p) => (Some(expand_output_path(p, &ctx, &cwd)), None),
+                    None => (Some(dir.join("stderr").display().to_string()), Some(dir.join("stderr"))),
+                };
+                (out.display().to_string(), stderr, Some(out), streamed_err)
+            }
+        };
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
+        if is_root() {
+            // The task's user must be able to create its output files in the directory.
+            let _ = std::os::unix::fs::chown(&dir, Some(spec.uid), Some(spec.gid));
+        }
+        let gpus = a.job.allocation.get(a.node_index as usize).map(|s| s.gpus.clone()).unwrap_or_default();
+        let placement = Placement {
+            job: &a.job,
+            hosts: &a.hosts,
+            node_index: a.node_index,
+            node_name: &self.info.name,
+            gpus: &gpus,
+            step: Some(StepPlacement {
+                step_id: launch.step_id,
+                nodes: &launch.nodes,
+                tasks_per_node: &launch.tasks_per_node,
+                rank,
+                local_rank,
+            }),
+            controllers: &self.config.controllers.join(","),
+            client_config: &self.client_config_path(),
+        };
+        let task = TaskLaunch {
+            argv: launch.argv.clone(),
+            env: task_environment(&placement, launch.env.clone()),
+            cwd,
+            uid: spec.uid,
+            gid: spec.gid,
+            user: spec.user.clone(),
+            stdout,
+            stderr,
+            append: spec.open_append,
+            lease_file: Some(self.lease_path().display().to_string()),
+            make_dirs: Vec::new(),
+        };
+        supervise::spawn(&self.exe, &dir, &task).map_err(|e| e.to_string())?;
+        Ok((dir, streamed_out, streamed_err))
+    }
+}
+
+/// A job's end as its batch task's result says (`fenced`: the node's lease ran out and the tasks were killed).
+pub(crate) fn end_from(result: &TaskResult, timed_out: bool, fenced: bool) -> JobEnd {
+    JobEnd {
+        exit_code: result.exit_code,
+        signal: result.signal,
+        timed_out,
+        usage: Usage { cpu_ms: result.cpu_ms, max_rss_kb: result.max_rss_kb },
+        message: result.error.clone(),
+        fenced: fenced || result.fenced,
+    }
+}
+
+/// Records a launch that failed before a supervisor existed, as the supervisor would have.
+pub(crate) fn write_failed_result(dir: &Path, message: &str) {
+    let now = now_ms();
+    let result = TaskResult {
+        exit_code: supervise::EXIT_SETUP_FAILED,
+        signal: 0,
+        started_ms: now,
+        ended_ms: now,
+        cpu_ms: 0,
+        max_rss_kb: 0,
+        error: Some(message.to_string()),
+        fenced: false,
+    };
+    let json = serde_json::to_vec(&result).expect("results serialize");
+    let tmp = dir.join("result.json.tmp");
+    if std::fs::write(&tmp, json).and_then(|_| std::fs::rename(&tmp, dir.join(supervise::RESULT_FILE))).is_err() {
+        tracing::error!("cannot record the failed launch in {}", dir.display());
+    }
+}

@@ -1,0 +1,490 @@
+//! A multi-week run survives node loss, partitions and controller outages: stories on a real local cluster.
+//!
+//! Every story runs the same job: it counts to 60, one step every 0.1 s, logs each step with its incarnation
+//! (`SLURM_RESTART_COUNT`), its node and the time, and records a checkpoint every 5 steps with `drover checkpoint
+//! record`. After a fault it must run again from its latest checkpoint, end with exactly 60 steps, and at no moment
+//! may two incarnations step (the log, written by the tasks themselves, says so).
+//!
+//! Network faults are real: each node and replica has its own loopback address, and iptables drops its packets.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use drover_cli::local::{LocalCluster, UpOptions};
+
+mod common;
+
+use common::{Shell, setup};
+
+const TOTAL: u32 = 60;
+
+/// The job: counts, checkpoints every 5 steps, resumes from `DROVER_RESUME_FROM`.
+const COUNTER: &str = r#"#!/bin/bash
+step=0
+if [ -n "$DROVER_RESUME_FROM" ]; then step=$(cat "$DROVER_RESUME_FROM"); fi
+echo "start $SLURM_RESTART_COUNT $step $(date +%s%N) $SLURMD_NODENAME" >> steps.log
+while [ "$step" -lt "$TOTAL" ]; do
+  step=$((step + 1))
+  sleep 0.1
+  echo "step $SLURM_RESTART_COUNT $step $(date +%s%N) $SLURMD_NODENAME" >> steps.log
+  if [ $((step % 5)) -eq 0 ]; then
+    f="$DROVER_CHECKPOINT_DIR/step-$step"
+    echo "$step" > "$f.tmp" && mv "$f.tmp" "$f"
+    drover checkpoint record "$f" --step "$step" || echo "record failed at $step" >> steps.log
+  fi
+done
+echo "done $SLURM_RESTART_COUNT $step $(date +%s%N) $SLURMD_NODENAME" >> steps.log
+"#;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Fast timing: leases of 1.5 s, nodes declared down after 2.5 s of silence.
+fn options() -> UpOptions {
+    UpOptions {
+        agents: 2,
+        gpus_per_agent: 2,
+        distinct_ips: true,
+        agent_heartbeat_ms: 200,
+        agent_fence_after_ms: 1_500,
+        node_timeout_ms: 2_500,
+        kill_wait_ms: 1_000,
+        ..UpOptions::default()
+    }
+}
+
+impl Shell {
+    fn counter(&self, args: &[&str]) -> u64 {
+        self.counter_with(COUNTER, args)
+    }
+
+    /// Submits `script` (a variant of the counter) as the job.
+    fn counter_with(&self, script: &str, args: &[&str]) -> u64 {
+        std::fs::write(self.cwd.join("count.sh"), script).unwrap();
+        let mut all = vec!["--gres=gpu:1", "-o", "count-%j.out", "--export=ALL,TOTAL=60"];
+        all.extend_from_slice(args);
+        all.push("count.sh");
+        self.submit(&all)
+    }
+
+    fn state(&self, id: u64) -> String {
+        let out = self.ok("sacct", &["-j", &id.to_string(), "-n", "-P", "-o", "State"]);
+        out.trim().to_string()
+    }
+
+    fn wait_for(&self, what: &str, timeout: Duration, mut done: impl FnMut(&Shell) -> bool) {
+        let start = Instant::now();
+        while !done(self) {
+            assert!(start.elapsed() < timeout, "{what} did not happen within {timeout:?}\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn wait_state(&self, id: u64, want: &str, timeout: Duration) {
+        self.wait_for(&format!("job {id} {want}"), timeout, |sh| sh.state(id) == want);
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.cwd.join("steps.log")).unwrap_or_default()
+    }
+
+    fn steps(&self) -> Vec<Line> {
+        self.log().lines().filter_map(Line::parse).collect()
+    }
+
+    /// Waits until the job has stepped at least this far.
+    fn wait_step(&self, at_least: u32) {
+        self.wait_for(&format!("step {at_least}"), Duration::from_secs(30), |sh| {
+            sh.steps().iter().any(|l| l.kind == "step" && l.step >= at_least)
+        });
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Line {
+    kind: String,
+    restart: u32,
+    step: u32,
+    t_ns: u128,
+    node: String,
+}
+
+impl Line {
+    fn parse(text: &str) -> Option<Line> {
+        let w: Vec<&str> = text.split_whitespace().collect();
+        let [kind, restart, step, t, node] = w.as_slice() else { return None };
+        Some(Line {
+            kind: kind.to_string(),
+            restart: restart.parse().ok()?,
+            step: step.parse().ok()?,
+            t_ns: t.parse().ok()?,
+            node: node.to_string(),
+        })
+    }
+}
+
+/// What one incarnation did, from the job's own log.
+#[derive(Debug)]
+struct Incarnation {
+    restart: u32,
+    node: String,
+    resumed_at: u32,
+    last_step: u32,
+    first_ns: u128,
+    last_ns: u128,
+}
+
+/// Checks the log of a finished job: exactly `TOTAL` steps in the end, each incarnation resuming from a recorded
+/// checkpoint (a multiple of 5 it had reached), and no two incarnations ever stepping at the same time.
+fn check_log(sh: &Shell) -> Vec<Incarnation> {
+    let mut lines = sh.steps();
+    lines.sort_by_key(|l| l.t_ns);
+    let log = sh.log();
+    assert!(!log.contains("record failed"), "every checkpoint was recorded:\n{log}");
+    // Incarnations never interleave: once a later one has logged, no earlier one logs again.
+    for pair in lines.windows(2) {
+        assert!(pair[0].restart <= pair[1].restart, "two incarnations stepped at once:\n{pair:?}\n{log}");
+    }
+    let mut incarnations: Vec<Incarnation> = Vec::new();
+    for line in &lines {
+        match incarnations.last_mut() {
+            Some(inc) if inc.restart == line.restart => {
+                if line.kind == "step" {
+                    assert_eq!(line.step, inc.last_step + 1, "steps in order within an incarnation:\n{log}");
+                    inc.last_step = line.step;
+                }
+                inc.last_ns = line.t_ns;
+            }
+            _ => {
+                assert_eq!(line.kind, "start", "an incarnation starts with its start line:\n{log}");
+                incarnations.push(Incarnation {
+                    restart: line.restart,
+                    node: line.node.clone(),
+                    resumed_at: line.step,
+                    last_step: line.step,
+                    first_ns: line.t_ns,
+                    last_ns: line.t_ns,
+                });
+            }
+        }
+    }
+    for pair in incarnations.windows(2) {
+        let (before, after) = (&pair[0], &pair[1]);
+        assert!(after.resumed_at.is_multiple_of(5), "resumed from a checkpoint:\n{log}");
+        assert!(after.resumed_at <= before.last_step, "never from a checkpoint it had not reached:\n{log}");
+        assert!(before.last_step - after.resumed_at < 10, "from the latest checkpoint, not an older one:\n{log}");
+    }
+    let last = lines.last().expect("the job logged");
+    assert_eq!((last.kind.as_str(), last.step), ("done", TOTAL), "exactly {TOTAL} steps in the end:\n{log}");
+    incarnations
+}
+
+/// iptables rules that cut addresses off, removed again when dropped (also when the test fails).
+struct Firewall {
+    rules: Vec<Vec<String>>,
+}
+
+impl Firewall {
+    fn new() -> Firewall {
+        let out = Command::new("iptables").args(["-L", "INPUT", "-n"]).output();
+        assert!(
+            out.is_ok_and(|o| o.status.success()),
+            "iptables is needed for the network-fault stories (apt-get install iptables; .ci/run installs it)"
+        );
+        Firewall { rules: Vec::new() }
+    }
+
+    fn add(&mut self, rule: &[&str]) {
+        let rule: Vec<String> = rule.iter().map(|s| s.to_string()).collect();
+        let out = Command::new("iptables").arg("-I").args(&rule).output().unwrap();
+        assert!(out.status.success(), "iptables -I {rule:?}: {}", String::from_utf8_lossy(&out.stderr));
+        self.rules.push(rule);
+    }
+
+    /// Drops every packet from or to `ip` (a node cut off from everyone).
+    fn isolate(&mut self, ip: &str) {
+        self.add(&["INPUT", "-s", ip, "-j", "DROP"]);
+        self.add(&["INPUT", "-d", ip, "-j", "DROP"]);
+    }
+
+    /// Drops packets between `a` and `b`, both ways.
+    fn cut(&mut self, a: &str, b: &str) {
+        self.add(&["INPUT", "-s", a, "-d", b, "-j", "DROP"]);
+        self.add(&["INPUT", "-s", b, "-d", a, "-j", "DROP"]);
+    }
+
+    fn heal(&mut self) {
+        for rule in self.rules.drain(..) {
+            let _ = Command::new("iptables").arg("-D").args(&rule).output();
+        }
+    }
+}
+
+impl Drop for Firewall {
+    fn drop(&mut self) {
+        self.heal();
+    }
+}
+
+/// The agent process id (in `cluster.json`) of node `name`.
+fn agent_id(cluster: &LocalCluster, name: &str) -> u64 {
+    cluster.agents().into_iter().find(|(n, _)| n == name).map(|(_, id)| id).unwrap()
+}
+
+fn running_node(sh: &Shell, id: u64) -> String {
+    sh.ok("sacct", &["-j", &id.to_string(), "-n", "-P", "-o", "NodeList"]).trim().to_string()
+}
+
+fn leader(cluster: &LocalCluster) -> u64 {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _context = rt.enter();
+    let client = cluster.client().unwrap();
+    let start = Instant::now();
+    loop {
+        if let Ok(status) = rt.block_on(client.cluster_status())
+            && let Some(l) = status.replicas.iter().find(|r| r.role == "leader")
+        {
+            return l.id;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "no leader");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_dead_node_s_job_resumes_on_the_other_node_from_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut cluster, sh) = setup(dir.path(), options());
+    let id = sh.counter(&[]);
+    sh.wait_step(17);
+    let node = running_node(&sh, id);
+    // The node dies: agent, supervisors and tasks, all SIGKILLed.
+    let agent = agent_id(&cluster, &node);
+    cluster.kill(agent).unwrap();
+    drover_cli::local::kill_tasks(&cluster.process(agent).unwrap().data_dir.join("tasks"));
+    let killed = Instant::now();
+    sh.wait_for("the next incarnation", Duration::from_secs(15), |sh| sh.steps().iter().any(|l| l.restart == 1));
+    eprintln!("node killed -> job running elsewhere from its checkpoint: {:?}", killed.elapsed());
+    sh.wait_state(id, "COMPLETED", Duration::from_secs(40));
+    let incarnations = check_log(&sh);
+    assert_eq!(incarnations.len(), 2, "{incarnations:?}");
+    assert_ne!(incarnations[1].node, node, "it ran again on the other node");
+    assert!(incarnations[1].resumed_at >= 15, "from its latest checkpoint: {incarnations:?}");
+    // scontrol and sacct show the restart history and the checkpoint.
+    let show = sh.ok("scontrol", &["show", "job", &id.to_string()]);
+    assert!(show.contains("Restarts=1") && show.contains("Restart[0]: State=NODE_FAIL"), "{show}");
+    assert!(show.contains("CheckpointStep=60"), "{show}");
+    let acct = sh.ok("sacct", &["-j", &id.to_string(), "-D", "-n", "-P", "-o", "State,NodeList,Incarnation"]);
+    assert_eq!(
+        acct.lines().collect::<Vec<_>>(),
+        [format!("NODE_FAIL|{node}|0"), format!("COMPLETED|{}|1", incarnations[1].node)]
+    );
+}
+
+#[test]
+fn a_node_cut_off_by_the_network_fences_its_tasks_before_its_job_runs_elsewhere() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root for iptables (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (cluster, sh) = setup(dir.path(), options());
+    let id = sh.counter(&[]);
+    sh.wait_step(12);
+    let node = running_node(&sh, id);
+    let ip = cluster.ip_of(agent_id(&cluster, &node));
+    let mut firewall = Firewall::new();
+    // The node's processes all live on; only its network is gone.
+    firewall.isolate(&ip);
+    sh.wait_for("the next incarnation", Duration::from_secs(15), |sh| sh.steps().iter().any(|l| l.restart == 1));
+    sh.wait_state(id, "COMPLETED", Duration::from_secs(40));
+    firewall.heal();
+    let incarnations = check_log(&sh);
+    assert_eq!(incarnations.len(), 2, "{incarnations:?}");
+    assert_ne!(incarnations[1].node, node);
+    assert!(incarnations[0].last_ns < incarnations[1].first_ns, "the cut-off incarnation stopped first");
+}
+
+#[test]
+fn a_leader_cut_off_from_the_quorum_stops_renewing_and_nothing_runs_twice() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root for iptables (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (cluster, sh) = setup(dir.path(), options());
+    let id = sh.counter(&[]);
+    sh.wait_step(12);
+    let old = leader(&cluster);
+    let mut firewall = Firewall::new();
+    // The leader still reaches the agents and they it; it no longer reaches the other replicas.
+    for other in [1, 2, 3].into_iter().filter(|r| *r != old) {
+        firewall.cut(&cluster.ip_of(10 + old), &cluster.ip_of(10 + other));
+    }
+    sh.wait_for("a new leader", Duration::from_secs(20), |_| leader_among(&cluster, old).is_some());
+    sh.wait_state(id, "COMPLETED", Duration::from_secs(60));
+    firewall.heal();
+    // Whether the job kept its node (its agent found the new leader within its lease) or was fenced and
+    // requeued, it never ran twice, and it counted exactly to the end.
+    check_log(&sh);
+}
+
+/// A leader other than `old`, if the replicas other than `old` agree on one.
+fn leader_among(cluster: &LocalCluster, old: u64) -> Option<u64> {
+    let others: Vec<String> =
+        [1u64, 2, 3].into_iter().filter(|r| *r != old).map(|r| cluster.process(r).unwrap().address.clone()).collect();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _context = rt.enter();
+    let client = cluster.client_at(&others.join(",")).ok()?.with_deadline(Duration::from_millis(500));
+    let status = rt.block_on(client.cluster_status()).ok()?;
+    status.replicas.iter().find(|r| r.role == "leader" && r.id != old).map(|r| r.id)
+}
+
+#[test]
+fn a_controller_outage_longer_than_the_lease_fences_and_the_job_resumes_from_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut cluster, sh) = setup(dir.path(), options());
+    let id = sh.counter(&[]);
+    sh.wait_step(12);
+    // Every controller stops (a disk stall, an upgrade gone long) for twice the lease.
+    for replica in [1, 2, 3] {
+        cluster.signal(replica, libc::SIGSTOP).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(3_000));
+    let stepped_while_out = sh.steps().len();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(sh.steps().len(), stepped_while_out, "the tasks were fenced: no step without a lease");
+    for replica in [1, 2, 3] {
+        cluster.signal(replica, libc::SIGCONT).unwrap();
+    }
+    // The fence was a node failure: requeued, resumed from the checkpoint, finished (not FAILED for good).
+    sh.wait_state(id, "COMPLETED", Duration::from_secs(60));
+    let incarnations = check_log(&sh);
+    assert!(incarnations.len() >= 2, "{incarnations:?}");
+    let show = sh.ok("scontrol", &["show", "job", &id.to_string()]);
+    assert!(show.contains("Restart[0]: State=NODE_FAIL"), "{show}");
+}
+
+#[test]
+fn a_leader_failover_in_the_middle_of_a_requeue_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut cluster, sh) = setup(dir.path(), options());
+    let id = sh.counter(&[]);
+    sh.wait_step(12);
+    let node = running_node(&sh, id);
+    let agent = agent_id(&cluster, &node);
+    cluster.kill(agent).unwrap();
+    drover_cli::local::kill_tasks(&cluster.process(agent).unwrap().data_dir.join("tasks"));
+    // As soon as the node is declared down (the requeue is being carried out), the leader dies too.
+    sh.wait_for("the node declared down", Duration::from_secs(15), |sh| sh.ok("sinfo", &["-R", "-h"]).contains(&node));
+    cluster.kill(leader(&cluster)).unwrap();
+    sh.wait_state(id, "COMPLETED", Duration::from_secs(60));
+    let incarnations = check_log(&sh);
+    assert_eq!(incarnations.len(), 2, "{incarnations:?}");
+}
+
+#[test]
+fn an_injected_xid_drains_the_node_warns_the_job_and_requeues_it_from_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cluster, sh) = setup(dir.path(), UpOptions { agent_fault_files: true, ..options() });
+    // B:USR1@5: the batch shell gets SIGUSR1 five seconds before it is stopped, and says so.
+    let script = COUNTER.replace("step=0\n", "step=0\ntrap 'echo warned >> warned.log' USR1\n");
+    let id = sh.counter_with(&script, &["--signal=B:USR1@5"]);
+    sh.wait_step(12);
+    let node = running_node(&sh, id);
+    // GPU 0 falls off the bus (XID 79), as NVML would report it.
+    std::fs::write(cluster.fault_file(&node), "0 xid 79\n").unwrap();
+    sh.wait_for("the drain", Duration::from_secs(15), |sh| sh.ok("sinfo", &["-R", "-h"]).contains("XID 79"));
+    sh.wait_state(id, "COMPLETED", Duration::from_secs(60));
+    let incarnations = check_log(&sh);
+    assert_eq!(incarnations.len(), 2, "{incarnations:?}");
+    assert_ne!(incarnations[1].node, node, "requeued away from the drained node");
+    let show = sh.ok("scontrol", &["show", "job", &id.to_string()]);
+    assert!(show.contains("Restart[0]: State=NODE_FAIL") && show.contains("XID_79"), "{show}");
+    let warned = std::fs::read_to_string(sh.cwd.join("warned.log")).unwrap_or_default();
+    assert_eq!(warned.lines().count(), 1, "the warning signal came once, before the stop: {warned:?}");
+}
+
+#[test]
+fn a_job_whose_nodes_keep_failing_stops_at_the_requeue_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let options =
+        UpOptions { agent_fault_files: true, extra_toml: "[cluster]\nmax_batch_requeue = 1\n".into(), ..options() };
+    let (cluster, sh) = setup(dir.path(), options);
+    let id = sh.counter(&[]);
+    for round in 0..2 {
+        sh.wait_for("the job running", Duration::from_secs(30), |sh| sh.state(id) == "RUNNING");
+        sh.wait_for("a step", Duration::from_secs(30), |sh| {
+            sh.steps().iter().any(|l| l.restart == round && l.kind == "step")
+        });
+        let node = running_node(&sh, id);
+        std::fs::write(cluster.fault_file(&node), "0 xid 79\n").unwrap();
+        sh.wait_for("the job stopped", Duration::from_secs(30), |sh| sh.state(id) != "RUNNING");
+    }
+    sh.wait_state(id, "NODE_FAIL", Duration::from_secs(30));
+    let reason = sh.ok("sacct", &["-j", &id.to_string(), "-n", "-P", "-o", "Reason"]);
+    assert!(reason.contains("max_batch_requeue of 1"), "{reason}");
+}
+
+#[test]
+fn scontrol_requeue_from_inside_the_job_restarts_it_from_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, sh) = setup(dir.path(), options());
+    // The first incarnation asks to be requeued at step 12, as Lightning and submitit do on SIGUSR1.
+    let script = COUNTER.replace(
+        "  if [ $((step % 5)) -eq 0 ]; then",
+        "  if [ \"$SLURM_RESTART_COUNT\" = 0 ] && [ \"$step\" = 12 ]; then scontrol requeue \"$SLURM_JOB_ID\"; sleep 30; fi\n  if [ $((step % 5)) -eq 0 ]; then",
+    );
+    std::fs::write(sh.cwd.join("count.sh"), &script).unwrap();
+    let id = sh.submit(&["--gres=gpu:1", "-o", "count-%j.out", "--export=ALL,TOTAL=60", "count.sh"]);
+    sh.wait_state(id, "COMPLETED", Duration::from_secs(60));
+    let incarnations = check_log(&sh);
+    assert_eq!(incarnations.len(), 2, "{incarnations:?}");
+    assert_eq!(incarnations[1].resumed_at, 10, "from the checkpoint at step 10");
+    let show = sh.ok("scontrol", &["show", "job", &id.to_string()]);
+    assert!(show.contains("Restart[0]: State=REQUEUED") && show.contains("Failures=0"), "{show}");
+}
+
+#[test]
+fn a_hung_agent_s_tasks_die_at_its_lease_s_end_killed_by_their_supervisors() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut cluster, sh) = setup(dir.path(), options());
+    let id = sh.counter(&[]);
+    sh.wait_step(12);
+    let node = running_node(&sh, id);
+    let agent = agent_id(&cluster, &node);
+    // The agent hangs (its supervisors and tasks run on): nobody renews the lease, and nobody kills the tasks
+    // but the supervisors themselves.
+    cluster.signal(agent, libc::SIGSTOP).unwrap();
+    sh.wait_state(id, "COMPLETED", Duration::from_secs(60));
+    cluster.signal(agent, libc::SIGCONT).unwrap();
+    let incarnations = check_log(&sh);
+    assert_eq!(incarnations.len(), 2, "{incarnations:?}");
+    assert_ne!(incarnations[1].node, node);
+}
+
+#[test]
+fn a_preempted_job_is_warned_requeued_and_resumes_from_its_checkpoint_after_the_urgent_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, sh) = setup(dir.path(), UpOptions { agents: 1, ..options() });
+    sh.ok("drover", &["qos", "add", "urgent", "--priority", "100", "--preempt", "normal"]);
+    // The training job takes both GPUs; B:USR1@2: its shell hears about the preemption 2 s ahead.
+    let script = COUNTER.replace("step=0\n", "step=0\ntrap 'echo warned >> warned.log' USR1\n");
+    let id = sh.counter_with(&script, &["--gres=gpu:2", "--signal=B:USR1@2"]);
+    sh.wait_step(12);
+    let urgent = sh.submit(&["--qos=urgent", "--gres=gpu:2", "-o", "urgent.out", "--wrap", "echo urgent ran"]);
+    sh.wait_state(urgent, "COMPLETED", Duration::from_secs(40));
+    sh.wait_state(id, "COMPLETED", Duration::from_secs(60));
+    let incarnations = check_log(&sh);
+    assert_eq!(incarnations.len(), 2, "{incarnations:?}");
+    let show = sh.ok("scontrol", &["show", "job", &id.to_string()]);
+    assert!(show.contains("Restart[0]: State=PREEMPTED") && show.contains("Failures=0"), "{show}");
+    assert!(show.contains(&format!("preempted_by_job_{urgent}")), "{show}");
+    assert_eq!(std::fs::read_to_string(sh.cwd.join("warned.log")).unwrap_or_default().lines().count(), 1);
+    // The urgent job ran between the two incarnations.
+    let urgent_ran = std::fs::metadata(sh.cwd.join("urgent.out")).unwrap().modified().unwrap();
+    let urgent_ns = urgent_ran.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    assert!(incarnations[0].last_ns < urgent_ns && urgent_ns < incarnations[1].first_ns, "{incarnations:?}");
+}

@@ -1,0 +1,240 @@
+//! How incarnations end when the job does not: node failure, fencing, `scontrol requeue`, preemption, GPU faults;
+//! and the checkpoints that let the next incarnation resume.
+//!
+//! A requeued job keeps its id and becomes a new incarnation (`incarnation + 1`): every report, checkpoint record
+//! and task directory names its incarnation, so anything an older one says or does afterwards is refused or
+//! killed. Failures (not requests or preemptions) count towards the cluster's `max_batch_requeue`, after which the
+//! job stays NODE_FAIL instead of crashing again and again on bad hardware.
+
+use crate::command::{Reply, Response};
+use crate::error::CommandError;
+use crate::hostlist::compress_hostlist;
+use crate::job::{
+    Checkpoint, IncarnationRecord, Job, JobId, JobState, MAX_HISTORY, MAX_PATH_BYTES, PendingReason, RequeueKind,
+    RequeueOrder,
+};
+use crate::role::AdminLevel;
+use crate::state::{Change, State};
+
+/// Slurm's `MaxBatchRequeue` default.
+pub const DEFAULT_MAX_BATCH_REQUEUE: u32 = 5;
+
+impl Job {
+    /// Whether it may go back to the queue (`--no-requeue` and interactive allocations may not).
+    pub fn requeueable(&self) -> bool {
+        self.spec.requeue != Some(false) && !self.spec.interactive
+    }
+}
+
+impl State {
+    /// A job lost `node`: cancelled if it was being cancelled; with `--no-kill`, it carries on without a node that
+    /// is not its first; otherwise its incarnation failed (requeued, or NODE_FAIL).
+    pub(crate) fn end_on_node_failure(&mut self, id: JobId, node: &str, now_ms: u64, changes: &mut Vec<Change>) {
+        let job = self.jobs.get(&id).expect("a node's job is active");
+        if job.ending.is_none()
+            && job.spec.no_kill
+            && job.nodes.len() > 1
+            && job.nodes.first().map(String::as_str) != Some(node)
+        {
+            self.shrink(id, node, changes);
+            return;
+        }
+        let mut job = self.remove_active(id).expect("checked above");
+        self.release_allocation(&job, Some(node), now_ms, changes);
+        job.message = Some(format!("node {node} failed"));
+        if let Some(state) = job.ending.take() {
+            job.requeue = None;
+            self.archive(job, state, now_ms, changes);
+            return;
+        }
+        self.fail_incarnation(job, format!("node {node} failed"), now_ms, changes);
+    }
+
+    /// `--no-kill`: the job keeps its other nodes; the failed one's share is simply gone (the node is down).
+    fn shrink(&mut self, id: JobId, node: &str, changes: &mut Vec<Change>) {
+        let job = self.jobs.get_mut(&id).expect("checked by the caller");
+        let share = job.allocation.iter().position(|a| a.node == node).map(|i| job.allocation.remove(i));
+        job.nodes.retain(|n| n != node);
+        job.message = Some(format!("node {node} failed; --no-kill: running on {} node(s)", job.nodes.len()));
+        let job = job.clone();
+        changes.push(Change::PutJob(job.clone()));
+        if let Some(share) = share {
+            let n = self.nodes.get_mut(node).expect("the failed node is known");
+            for gpu in &share.gpus {
+                n.allocated_gpus.remove(gpu);
+            }
+            n.allocated_cpus = n.allocated_cpus.saturating_sub(share.cpus);
+            n.jobs.remove(&id);
+        }
+    }
+
+    /// An incarnation ended because its node failed (lost, fenced, faulty GPU): requeued if the job allows it
+    /// and has not failed too often, NODE_FAIL otherwise. The allocation is already released.
+    pub(crate) fn fail_incarnation(&mut self, mut job: Job, reason: String, now_ms: u64, changes: &mut Vec<Change>) {
+        if !job.requeueable() {
+            job.message = Some(reason);
+            self.archive(job, JobState::NodeFail, now_ms, changes);
+            return;
+        }
+        let order = RequeueOrder { kind: RequeueKind::NodeFailure, hold: None, reason, preempted_for: None };
+        self.requeue(job, order, now_ms, changes);
+    }
+
+    /// Puts an ended incarnation's job back in the queue as the next incarnation (or ends it for good when a
+    /// failure exceeds the requeue limit). The allocation is already released.
+    pub(crate) fn requeue(&mut self, mut job: Job, order: RequeueOrder, now_ms: u64, changes: &mut Vec<Change>) {
+        let limit = self.config().map_or(crate::requeue::DEFAULT_MAX_BATCH_REQUEUE, |c| c.max_batch_requeue);
+        self.record_incarnation(&mut job, order.kind.state(), &order.reason, now_ms);
+        if order.kind == RequeueKind::NodeFailure {
+            job.failures += 1;
+            if job.failures > limit {
+                job.message = Some(format!(
+                    "{}; not requeued: it failed {} times, over the cluster's max_batch_requeue of {limit}",
+                    order.reason, job.failures
+                ));
+                self.archive(job, JobState::NodeFail, now_ms, changes);
+                return;
+            }
+        }
+        job.state = JobState::Pending;
+        job.reason = order.hold.clone().unwrap_or(PendingReason::None);
+        job.held = order.hold.is_some();
+        job.restart_count += 1;
+        job.incarnation += 1;
+        job.start_time_ms = None;
+        job.allocation.clear();
+        job.nodes.clear();
+        job.requeue = None;
+        job.next_step_id = 0;
+        job.message = Some(order.reason);
+        changes.push(Change::PutJob(job.clone()));
+        self.insert_active(job);
+    }
+
+    /// Appends how the current incarnation ended to the job's history (bounded, oldest dropped first).
+    fn record_incarnation(&self, job: &mut Job, state: JobState, reason: &str, now_ms: u64) {
+        if job.history.len() >= MAX_HISTORY {
+            job.history.remove(0);
+        }
+        job.history.push(IncarnationRecord {
+            incarnation: job.incarnation,
+            start_ms: job.start_time_ms,
+            end_ms: now_ms,
+            nodes: compress_hostlist(&job.nodes),
+            state,
+            reason: reason.to_string(),
+            resumed_from: job.resume_from().map(|c| c.path.clone()),
+        });
+    }
+
+    /// Ends a job for good: out of the active table, into the accounting history.
+    pub(crate) fn archive(&mut self, mut job: Job, state: JobState, now_ms: u64, changes: &mut Vec<Change>) {
+        job.state = state;
+        job.end_time_ms = Some(now_ms);
+        changes.push(Change::ArchiveJob(job));
+    }
+
+    /// `scontrol requeue` / `requeuehold`: a running job is told to end (with its `--signal` warning, then
+    /// SIGTERM, KillWait, SIGKILL) and goes back to the queue once its tasks are gone.
+    pub(crate) fn request_requeue(
+        &mut self,
+        id: JobId,
+        by_uid: u32,
+        hold: bool,
+        changes: &mut Vec<Change>,
+    ) -> Result<(), CommandError> {
+        let job = self.active_job(id, by_uid)?;
+        if !job.requeueable() {
+            return Err(CommandError::InvalidRequest(format!(
+                "Requeue of job {id} is disabled: it was submitted with --no-requeue (or is an interactive allocation)"
+            )));
+        }
+        if job.ending.is_some() {
+            return Err(CommandError::NotRunning { id, state: "COMPLETING (being cancelled)".to_string() });
+        }
+        if job.requeue.is_some() {
+            return Ok(());
+        }
+        if job.state != JobState::Running {
+            return Err(CommandError::NotRunning { id, state: job.state.name().to_string() });
+        }
+        let held = match (hold, by_uid != job.spec.uid && self.level_of(by_uid) >= AdminLevel::Operator) {
+            (false, _) => None,
+            (true, true) => Some(PendingReason::JobHeldAdmin),
+            (true, false) => Some(PendingReason::JobHeldUser),
+        };
+        let reason = format!("requeued by uid {by_uid}");
+        let order = RequeueOrder { kind: RequeueKind::Requested, hold: held, reason, preempted_for: None };
+        self.order_requeue(id, order, changes);
+        Ok(())
+    }
+
+    /// Tells a running job to stop and come back (a no-op for one already stopping).
+    pub(crate) fn order_requeue(&mut self, id: JobId, order: RequeueOrder, changes: &mut Vec<Change>) -> bool {
+        let Some(job) = self.jobs.get_mut(&id) else { return false };
+        if job.state != JobState::Running || job.stopping() || !job.requeueable() {
+            return false;
+        }
+        job.state = JobState::Completing;
+        job.requeue = Some(order);
+        changes.push(Change::PutJob(job.clone()));
+        true
+    }
+
+    /// The scheduler chose these running jobs to make room for `for_job` (PreemptMode=REQUEUE).
+    pub(crate) fn preempt(&mut self, victims: &[JobId], for_job: JobId, changes: &mut Vec<Change>) -> Response {
+        let mut preempted = Vec::new();
+        for &id in victims {
+            let reason = format!("preempted by job {for_job}");
+            let order = RequeueOrder { kind: RequeueKind::Preempted, hold: None, reason, preempted_for: Some(for_job) };
+            if self.order_requeue(id, order, changes) {
+                preempted.push(id);
+            }
+        }
+        Ok(Reply::Preempted { jobs: preempted })
+    }
+
+    /// A node's GPUs failed their health check: it is drained, and its requeue-able jobs are stopped (with their
+    /// warning signal) and requeued elsewhere, from their checkpoints.
+    pub(crate) fn requeue_jobs_on(&mut self, node: &str, reason: &str, changes: &mut Vec<Change>) {
+        let ids: Vec<JobId> = self.nodes.get(node).map(|n| n.jobs.iter().copied().collect()).unwrap_or_default();
+        for id in ids {
+            let why = format!("node {node} drained: {reason}");
+            let order = RequeueOrder { kind: RequeueKind::NodeFailure, hold: None, reason: why, preempted_for: None };
+            self.order_requeue(id, order, changes);
+        }
+    }
+
+    /// `drover checkpoint record PATH [--step N]` (or the agent, for a job's marker file): the latest checkpoint,
+    /// with the incarnation that wrote it. A record from any other incarnation than the current one is refused:
+    /// a zombie incarnation can never replace what the next one resumes from.
+    pub(crate) fn record_checkpoint(
+        &mut self,
+        id: JobId,
+        checkpoint: Checkpoint,
+        by_uid: u32,
+        changes: &mut Vec<Change>,
+    ) -> Response {
+        let (incarnation, path) = (checkpoint.incarnation, checkpoint.path.as_str());
+        let job = self.active_job(id, by_uid)?;
+        if job.incarnation != incarnation {
+            return Err(CommandError::StaleReport {
+                id,
+                incarnation,
+                why: format!("the job is at incarnation {}: only it may record checkpoints", job.incarnation),
+            });
+        }
+        if !matches!(job.state, JobState::Running | JobState::Completing) {
+            return Err(CommandError::NotRunning { id, state: job.state.name().to_string() });
+        }
+        if path.is_empty() || !path.starts_with('/') || path.len() > MAX_PATH_BYTES || path.contains('\0') {
+            return Err(CommandError::InvalidRequest(format!(
+                "checkpoint path {path:?} must be an absolute path of at most {MAX_PATH_BYTES} bytes"
+            )));
+        }
+        let job = self.jobs.get_mut(&id).expect("checked by active_job");
+        job.checkpoint = Some(checkpoint);
+        changes.push(Change::PutJob(job.clone()));
+        Ok(Reply::Nothing)
+    }
+}

@@ -1,0 +1,257 @@
+//! Stories for incarnations that end without the job ending: node failure, fencing, `scontrol requeue`,
+//! preemption, GPU faults, the requeue limit, `--no-kill`, and the checkpoints the next incarnation resumes from.
+//! Through `State::apply` alone.
+
+use drover_state::{
+    Allocation, ClusterConfig, Command, CommandError, GpuInfo, JobEnd, JobSpec, JobState, NodeAllocation, NodeInfo,
+    PendingReason, Reply, Request, State,
+};
+
+const ALICE: u32 = 1001;
+
+fn at(time_ms: u64, command: Command) -> Request {
+    Request { time_ms, command }
+}
+
+fn cluster(max_batch_requeue: u32) -> State {
+    let mut state = State::default();
+    let config = ClusterConfig { max_batch_requeue, ..ClusterConfig::default() };
+    state.apply(&at(0, Command::InitCluster { config }));
+    for name in ["n1", "n2", "n3"] {
+        let info = NodeInfo {
+            name: name.into(),
+            cpus: 64,
+            gpus: (0..4).map(|index| GpuInfo { index, ..GpuInfo::default() }).collect(),
+            ..NodeInfo::default()
+        };
+        state.apply(&at(1, Command::RegisterNode { info })).response.unwrap();
+    }
+    state
+}
+
+fn spec(nodes: u32) -> JobSpec {
+    JobSpec {
+        name: "train".into(),
+        user: "alice".into(),
+        uid: ALICE,
+        gid: ALICE,
+        script: "#!/bin/sh\n".into(),
+        min_nodes: nodes,
+        max_nodes: nodes,
+        cpus_per_task: 1,
+        ntasks_per_node: Some(1),
+        gpus_per_node: 2,
+        submit_dir: "/home/alice".into(),
+        ..JobSpec::default()
+    }
+}
+
+fn submit(state: &mut State, spec: JobSpec) -> u64 {
+    match state.apply(&at(10, Command::SubmitJob { spec: Box::new(spec), request_id: None })).response {
+        Ok(Reply::Submitted { job_id, .. }) => job_id,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Starts job `id` on `nodes`, GPUs 0 and 1 of each.
+fn start(state: &mut State, id: u64, nodes: &[&str], time_ms: u64) {
+    let shares =
+        nodes.iter().map(|n| NodeAllocation { node: n.to_string(), gpus: vec![0, 1], cpus: 1, tasks: 1 }).collect();
+    let plan = Command::ApplyPlan { allocations: vec![Allocation { job_id: id, nodes: shares }], reasons: vec![] };
+    match state.apply(&at(time_ms, plan)).response {
+        Ok(Reply::Planned { started, refused }) => assert_eq!(started, vec![id], "refused: {refused:?}"),
+        other => panic!("{other:?}"),
+    }
+    state.check_invariants();
+}
+
+fn end(state: &mut State, id: u64, end: JobEnd, time_ms: u64) {
+    let incarnation = state.job(id).unwrap().incarnation;
+    state.apply(&at(time_ms, Command::JobEnded { job_id: id, incarnation, end })).response.unwrap();
+    state.check_invariants();
+}
+
+fn record(state: &mut State, id: u64, incarnation: u64, path: &str, step: u64) -> Result<Reply, CommandError> {
+    let command =
+        Command::RecordCheckpoint { job_id: id, incarnation, path: path.into(), step: Some(step), by_uid: ALICE };
+    state.apply(&at(50, command)).response
+}
+
+#[test]
+fn a_fenced_incarnation_is_a_node_failure_and_the_next_one_resumes_from_its_checkpoint() {
+    let mut state = cluster(5);
+    let id = submit(&mut state, spec(1));
+    assert_eq!(state.job(id).unwrap().checkpoint_dir(), format!("/home/alice/.drover/checkpoints/{id}/0"));
+    start(&mut state, id, &["n1"], 20);
+    record(&mut state, id, 0, "/ckpt/step-40", 40).unwrap();
+    // The agent fenced (the controllers were gone longer than its lease) and killed the tasks with SIGKILL.
+    end(&mut state, id, JobEnd { signal: 9, fenced: true, ..JobEnd::default() }, 100);
+    let job = state.job(id).expect("requeued, not FAILED");
+    assert_eq!((job.state, job.incarnation, job.restart_count, job.failures), (JobState::Pending, 1, 1, 1));
+    assert_eq!(job.resume_from().map(|c| (c.path.as_str(), c.step)), Some(("/ckpt/step-40", Some(40))));
+    assert_eq!(job.checkpoint_dir(), format!("/home/alice/.drover/checkpoints/{id}/1"));
+    let ended = &job.history[0];
+    assert_eq!((ended.incarnation, ended.state, ended.nodes.as_str()), (0, JobState::NodeFail, "n1"));
+    assert!(ended.reason.contains("fenced"), "{}", ended.reason);
+    // The zombie of incarnation 0 can no longer record anything; incarnation 1 can once it runs.
+    let err = record(&mut state, id, 0, "/ckpt/step-41", 41).unwrap_err();
+    assert!(matches!(err, CommandError::StaleReport { .. }), "{err}");
+    start(&mut state, id, &["n2"], 120);
+    record(&mut state, id, 1, "/ckpt/step-60", 60).unwrap();
+    assert_eq!(state.job(id).unwrap().resume_from(), None, "its own checkpoint is not one it resumes from");
+}
+
+#[test]
+fn a_job_that_fails_too_often_stays_failed() {
+    let mut state = cluster(2);
+    let id = submit(&mut state, spec(1));
+    for round in 0..3u64 {
+        start(&mut state, id, &["n1"], 100 + round * 100);
+        state.apply(&at(150 + round * 100, Command::NodeDown { name: "n1".into(), reason: "lost".into() }));
+        state.check_invariants();
+        let info = state.nodes["n1"].info.clone();
+        state.apply(&at(160 + round * 100, Command::RegisterNode { info })).response.unwrap();
+        if round < 2 {
+            assert_eq!(state.job(id).unwrap().state, JobState::Pending, "round {round}: requeued");
+        }
+    }
+    assert!(state.job(id).is_none(), "the third failure is over max_batch_requeue = 2: archived");
+}
+
+#[test]
+fn scontrol_requeue_stops_the_job_and_brings_it_back_and_requeuehold_holds_it() {
+    let mut state = cluster(5);
+    let id = submit(&mut state, spec(1));
+    start(&mut state, id, &["n1"], 20);
+    let requeue = |hold| Command::RequeueJobs { ids: vec![id], by_uid: ALICE, hold };
+    state.apply(&at(30, requeue(false))).response.unwrap();
+    let job = state.job(id).unwrap();
+    assert_eq!(job.state, JobState::Completing);
+    assert!(job.stopping(), "the agent stops its tasks");
+    assert_eq!(state.nodes["n1"].allocated_gpus.len(), 2, "GPUs held until the tasks are gone");
+    end(&mut state, id, JobEnd { signal: 15, ..JobEnd::default() }, 40);
+    let job = state.job(id).unwrap();
+    assert_eq!((job.state, job.incarnation, job.failures), (JobState::Pending, 1, 0), "a request is no failure");
+    assert_eq!(job.history[0].state, JobState::Requeued);
+    assert!(state.nodes["n1"].allocated_gpus.is_empty());
+
+    start(&mut state, id, &["n2"], 50);
+    state.apply(&at(60, requeue(true))).response.unwrap();
+    end(&mut state, id, JobEnd::default(), 70);
+    let job = state.job(id).unwrap();
+    assert!(job.held && job.reason == PendingReason::JobHeldUser, "requeuehold: back in the queue, held");
+
+    // A pending job is not running: nothing to requeue. A --no-requeue job may not be requeued.
+    let Ok(Reply::Jobs(outcomes)) = state.apply(&at(80, requeue(false))).response else { panic!() };
+    assert!(matches!(outcomes[0].result, Err(CommandError::NotRunning { .. })));
+    let stubborn = submit(&mut state, JobSpec { requeue: Some(false), ..spec(1) });
+    start(&mut state, stubborn, &["n3"], 90);
+    let refused = Command::RequeueJobs { ids: vec![stubborn], by_uid: ALICE, hold: false };
+    let Ok(Reply::Jobs(outcomes)) = state.apply(&at(95, refused)).response else { panic!() };
+    assert!(outcomes[0].result.as_ref().unwrap_err().to_string().contains("--no-requeue"));
+}
+
+#[test]
+fn a_cancel_during_a_requeue_ends_the_job() {
+    let mut state = cluster(5);
+    let id = submit(&mut state, spec(1));
+    start(&mut state, id, &["n1"], 20);
+    state.apply(&at(30, Command::RequeueJobs { ids: vec![id], by_uid: ALICE, hold: false })).response.unwrap();
+    state.apply(&at(31, Command::CancelJobs { ids: vec![id], by_uid: ALICE })).response.unwrap();
+    end(&mut state, id, JobEnd { signal: 15, ..JobEnd::default() }, 40);
+    assert!(state.job(id).is_none(), "cancelled, not requeued");
+}
+
+#[test]
+fn preempted_jobs_end_and_come_back_as_preempted_incarnations() {
+    let mut state = cluster(5);
+    let victim = submit(&mut state, spec(1));
+    start(&mut state, victim, &["n1"], 20);
+    let reply = state.apply(&at(30, Command::PreemptJobs { victims: vec![victim, 999], for_job: 7 })).response;
+    assert_eq!(reply, Ok(Reply::Preempted { jobs: vec![victim] }));
+    // Preempting it again (the next scheduling pass) changes nothing.
+    let again = state.apply(&at(31, Command::PreemptJobs { victims: vec![victim], for_job: 7 }));
+    assert_eq!(again.response, Ok(Reply::Preempted { jobs: vec![] }));
+    assert!(again.changes.is_empty());
+    end(&mut state, victim, JobEnd { signal: 15, ..JobEnd::default() }, 40);
+    let job = state.job(victim).unwrap();
+    assert_eq!((job.state, job.failures), (JobState::Pending, 0));
+    assert_eq!(job.history[0].state, JobState::Preempted);
+    assert!(job.history[0].reason.contains("preempted by job 7"));
+}
+
+#[test]
+fn gpus_on_surviving_nodes_stay_held_until_their_agent_confirms_the_old_tasks_are_gone() {
+    let mut state = cluster(5);
+    let id = submit(&mut state, spec(2));
+    start(&mut state, id, &["n1", "n2"], 20);
+    state.apply(&at(30, Command::NodeDown { name: "n1".into(), reason: "lost".into() })).response.unwrap();
+    state.check_invariants();
+    assert_eq!(state.job(id).unwrap().state, JobState::Pending, "requeued");
+    // n2's tasks of incarnation 0 may still be dying: its GPUs are not free for anyone.
+    let n2 = &state.nodes["n2"];
+    assert_eq!(n2.lingering.len(), 1);
+    assert_eq!((n2.lingering[0].job, n2.lingering[0].incarnation, n2.lingering[0].gpus.clone()), (id, 0, vec![0, 1]));
+    assert_eq!(n2.free_gpus().collect::<Vec<_>>(), vec![2, 3]);
+    let other = submit(&mut state, JobSpec { nodelist: vec!["n2".into()], ..spec(1) });
+    let plan = Command::ApplyPlan {
+        allocations: vec![Allocation {
+            job_id: other,
+            nodes: vec![NodeAllocation { node: "n2".into(), gpus: vec![0, 1], cpus: 1, tasks: 1 }],
+        }],
+        reasons: vec![],
+    };
+    let Ok(Reply::Planned { refused, .. }) = state.apply(&at(40, plan)).response else { panic!() };
+    assert!(refused[0].1.contains("ended incarnation"), "{refused:?}");
+    // The agent on n2 confirms; a stale or repeated confirmation changes nothing.
+    let release = |keys| Command::ReleaseLingering { node: "n2".into(), keys };
+    assert!(state.apply(&at(50, release(vec![(id, 5)]))).changes.is_empty());
+    state.apply(&at(51, release(vec![(id, 0)]))).response.unwrap();
+    assert!(state.nodes["n2"].lingering.is_empty());
+    start(&mut state, other, &["n2"], 60);
+    end(&mut state, other, JobEnd::default(), 65);
+    // A node that goes down takes what lingered there with it.
+    let long = submit(&mut state, spec(2));
+    start(&mut state, long, &["n2", "n3"], 70);
+    end(&mut state, long, JobEnd::default(), 80);
+    assert_eq!(state.nodes["n3"].lingering.len(), 1, "the batch node reported; n3 has to confirm");
+    state.apply(&at(90, Command::NodeDown { name: "n3".into(), reason: "lost".into() })).response.unwrap();
+    state.check_invariants();
+    assert!(state.nodes["n3"].lingering.is_empty());
+}
+
+#[test]
+fn no_kill_keeps_a_job_on_its_remaining_nodes_unless_its_first_node_fails() {
+    let mut state = cluster(5);
+    let id = submit(&mut state, JobSpec { no_kill: true, ..spec(3) });
+    start(&mut state, id, &["n1", "n2", "n3"], 20);
+    state.apply(&at(30, Command::NodeDown { name: "n3".into(), reason: "lost".into() })).response.unwrap();
+    state.check_invariants();
+    let job = state.job(id).unwrap();
+    assert_eq!((job.state, job.nodes.clone(), job.incarnation), (JobState::Running, vec!["n1".into(), "n2".into()], 0));
+    state.apply(&at(40, Command::NodeDown { name: "n1".into(), reason: "lost".into() })).response.unwrap();
+    state.check_invariants();
+    assert_eq!(state.job(id).unwrap().state, JobState::Pending, "its first node (the batch script's) failed");
+}
+
+#[test]
+fn a_gpu_fault_drains_the_node_and_requeues_its_jobs() {
+    let mut state = cluster(5);
+    let id = submit(&mut state, spec(1));
+    start(&mut state, id, &["n1"], 20);
+    let drain = Command::DrainNodes {
+        names: vec!["n1".into()],
+        drain: true,
+        reason: "GPU 1: XID 79 (fallen off the bus)".into(),
+        by_uid: 0,
+        requeue_jobs: true,
+    };
+    state.apply(&at(30, drain)).response.unwrap();
+    let job = state.job(id).unwrap();
+    assert!(job.stopping() && job.state == JobState::Completing);
+    end(&mut state, id, JobEnd { signal: 15, ..JobEnd::default() }, 40);
+    let job = state.job(id).unwrap();
+    assert_eq!((job.state, job.failures), (JobState::Pending, 1));
+    assert!(job.history[0].reason.contains("XID 79"), "{}", job.history[0].reason);
+    assert_eq!(state.nodes["n1"].state_name(), "DRAINED");
+}
