@@ -15,8 +15,10 @@ use std::time::{Duration, Instant};
 
 /// The lease file's name in the agent's state directory.
 pub const LEASE_FILE: &str = "lease";
-/// How often a supervisor looks at the lease while its task runs.
+/// How often a supervisor without a pidfd (an old kernel) looks at its task and the lease.
 pub const CHECK_INTERVAL_MS: u64 = 100;
+/// The longest a supervisor sleeps between two looks at the lease (a renewal moves the expiry it sleeps to).
+pub const MAX_CHECK_INTERVAL_MS: u64 = 1_000;
 
 /// Milliseconds of `CLOCK_BOOTTIME`.
 pub fn boottime_ms() -> u64 {

@@ -861,8 +861,35 @@ fn ignore_hangup_and_interrupt() {
 /// Blocks until the task's main process has ended, leaving it a zombie so its pid stays reserved.
 /// Waits for the task's main process to exit (without reaping it), killing its process group if the node's
 /// lease expires first. True if it was fenced that way.
+///
+/// It sleeps until the task exits or the lease, as last read, runs out (a pidfd wakes it at the exit itself), then
+/// reads the lease again: a renewed lease costs one wake-up per lease period, and an exit is noticed at once.
 fn wait_within_lease(pid: i32, pgid: i32, lease: &Path, log: &mut Log) -> bool {
+    let pidfd = open_pidfd(pid);
     let mut fenced = false;
+    loop {
+        if exited_without_reaping(pid, log) {
+            return fenced;
+        }
+        let now = crate::lease::boottime_ms();
+        match crate::lease::read(lease) {
+            Some(expires) if expires > now => {
+                let wait_ms = (expires - now).min(crate::lease::MAX_CHECK_INTERVAL_MS);
+                wait_for_exit_or_timeout(pidfd.as_ref(), wait_ms);
+            }
+            _ if !fenced => {
+                log.line(format_args!("the node's lease ({}) expired: killing the task (fenced)", lease.display()));
+                // SAFETY: pgid is our unreaped child's group.
+                unsafe { libc::kill(-pgid, libc::SIGKILL) };
+                fenced = true;
+            }
+            _ => wait_for_exit_or_timeout(pidfd.as_ref(), crate::lease::MAX_CHECK_INTERVAL_MS),
+        }
+    }
+}
+
+/// Whether the task's main process has exited (it stays unreaped: its pid and group stay ours).
+fn exited_without_reaping(pid: i32, log: &mut Log) -> bool {
     loop {
         // SAFETY: siginfo_t is plain data; waitid fills it.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -870,23 +897,39 @@ fn wait_within_lease(pid: i32, pgid: i32, lease: &Path, log: &mut Log) -> bool {
         let rc = unsafe {
             libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT | libc::WNOHANG)
         };
-        if rc == 0 && unsafe { info.si_pid() } != 0 {
-            return fenced;
+        if rc == 0 {
+            // SAFETY: waitid filled `info`.
+            return unsafe { info.si_pid() } != 0;
         }
-        if rc != 0 {
-            let err = io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::EINTR) {
-                log.line(format_args!("waitid({pid}): {err}"));
-                return fenced;
-            }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINTR) {
+            log.line(format_args!("waitid({pid}): {err}"));
+            return true;
         }
-        if !fenced && crate::lease::expired(lease) {
-            log.line(format_args!("the node's lease ({}) expired: killing the task (fenced)", lease.display()));
-            // SAFETY: pgid is our unreaped child's group.
-            unsafe { libc::kill(-pgid, libc::SIGKILL) };
-            fenced = true;
+    }
+}
+
+/// A pidfd for our child, readable once it exits (Linux 5.3+); `None` where the kernel has none (then the wait
+/// below is a plain sleep).
+fn open_pidfd(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a descriptor the kernel just gave us, owned by nobody else.
+    Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+fn wait_for_exit_or_timeout(pidfd: Option<&OwnedFd>, timeout_ms: u64) {
+    let timeout = timeout_ms.min(i32::MAX as u64) as i32;
+    match pidfd {
+        Some(fd) => {
+            let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd; EINTR just means "look again", which the caller does.
+            unsafe { libc::poll(&mut pfd, 1, timeout) };
         }
-        std::thread::sleep(Duration::from_millis(crate::lease::CHECK_INTERVAL_MS));
+        None => std::thread::sleep(Duration::from_millis(timeout_ms.min(crate::lease::CHECK_INTERVAL_MS))),
     }
 }
 

@@ -385,3 +385,17 @@ fn sprio_and_squeue_start_show_the_schedulers_view_of_waiting_jobs() {
     assert_eq!(row[0], waiting);
     assert!(row[1] > 0 && row[1] >= row[2..].iter().sum::<u64>().saturating_sub(5), "{sprio}");
 }
+
+/// `--signal=B:USR1@3` with a 6 s limit: the batch shell hears USR1 about 3 s in, then TIMEOUT at 6 s.
+#[test]
+fn a_warning_signal_comes_ahead_of_the_time_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, sh) = setup(dir.path(), UpOptions { agents: 1, kill_wait_ms: 1_000, ..UpOptions::default() });
+    let script = "trap 'echo warned at $SECONDS' USR1; for i in $(seq 300); do sleep 0.1; done";
+    let id = sh.submit(&["--signal=B:USR1@3", "-t", "0:06", "-o", "warn.out", "--wrap", script]);
+    assert_eq!(sh.wait_done(id, Duration::from_secs(40)), "TIMEOUT");
+    let out = sh.read("warn.out");
+    let at: Vec<u32> = out.lines().filter_map(|l| l.strip_prefix("warned at ")?.trim().parse().ok()).collect();
+    assert_eq!(at.len(), 1, "one warning: {out}");
+    assert!((2..=4).contains(&at[0]), "about 3 s before the 6 s limit: {out}");
+}

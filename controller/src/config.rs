@@ -94,7 +94,7 @@ impl Default for AgentTiming {
             fence_after_ms: 5_000,
             kill_wait_ms: 10_000,
             fence_command: None,
-            suspect_after_ms: 2_000,
+            suspect_after_ms: 2_500,
             fence_command_timeout_ms: 30_000,
         }
     }

@@ -57,11 +57,8 @@ async fn one_run(fence: bool, dir: &Path) -> anyhow::Result<Duration> {
     let mut extra = String::new();
     if fence {
         // `drover local fence` powers a local node off (SIGKILLs its agent and its tasks), as a BMC would.
-        extra = format!(
-            "[agents]\nfence_command = \"{} local fence --dir {} {{node}}\"\nsuspect_after_ms = 2001\n",
-            exe.display(),
-            dir.display()
-        );
+        extra =
+            format!("[agents]\nfence_command = \"{} local fence --dir {} {{node}}\"\n", exe.display(), dir.display());
     }
     // The controllers' production defaults (`AgentTiming::default()` in drover-controller), not the local
     // cluster's quicker ones.
