@@ -85,10 +85,21 @@ fn bad_submissions_are_refused_with_errors_that_name_the_problem() {
     assert!(err.contains("127.0.0.1:9"), "the error lists the addresses tried: {err}");
 }
 
+/// Runs `drover local down` on a detached cluster's directory when the test ends, however it ends.
+struct DownOnDrop(std::path::PathBuf);
+
+impl Drop for DownOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new(env!("CARGO_BIN_EXE_drover")).args(["local", "down", "--dir"]).arg(&self.0).output();
+    }
+}
+
 #[test]
 fn local_up_prints_the_export_line_and_local_down_stops_everything() {
     let dir = tempfile::tempdir().unwrap();
     let drover = env!("CARGO_BIN_EXE_drover");
+    // A failed assertion below must not leave a detached cluster running after its directory is gone.
+    let _down_on_exit = DownOnDrop(dir.path().join("c"));
     let up = Command::new(drover)
         .args(["local", "up", "--controllers", "3", "--dir"])
         .arg(dir.path().join("c"))
