@@ -226,10 +226,8 @@ fn a_dead_node_requeues_its_job_on_a_live_one() {
     ]);
     sh.wait_state(id, "RUNNING", Duration::from_secs(20));
     let node = sh.acct(id, "NodeList").remove(0);
-    let (_, agent) = cluster.agents().into_iter().find(|(name, _)| *name == node).unwrap();
     // The node dies: its agent and every task on it.
-    cluster.kill(agent).unwrap();
-    drover_cli::local::kill_tasks(&cluster.process(agent).unwrap().data_dir.join("tasks"));
+    drover_cli::local::fence_node(&mut cluster, &node).unwrap();
     assert_eq!(sh.wait_done(id, Duration::from_secs(40)), "COMPLETED");
     let acct = sh.acct(id, "Restarts,NodeList");
     assert_eq!(acct[0], "1", "requeued once");

@@ -261,9 +261,7 @@ fn a_dead_node_s_job_resumes_on_the_other_node_from_its_checkpoint() {
     sh.wait_step(17);
     let node = running_node(&sh, id);
     // The node dies: agent, supervisors and tasks, all SIGKILLed.
-    let agent = agent_id(&cluster, &node);
-    cluster.kill(agent).unwrap();
-    drover_cli::local::kill_tasks(&cluster.process(agent).unwrap().data_dir.join("tasks"));
+    drover_cli::local::fence_node(&mut cluster, &node).unwrap();
     let killed = Instant::now();
     sh.wait_for("the next incarnation", Duration::from_secs(15), |sh| sh.steps().iter().any(|l| l.restart == 1));
     eprintln!("node killed -> job running elsewhere from its checkpoint: {:?}", killed.elapsed());
@@ -374,9 +372,7 @@ fn a_leader_failover_in_the_middle_of_a_requeue_loses_nothing() {
     let id = sh.counter(&[]);
     sh.wait_step(12);
     let node = running_node(&sh, id);
-    let agent = agent_id(&cluster, &node);
-    cluster.kill(agent).unwrap();
-    drover_cli::local::kill_tasks(&cluster.process(agent).unwrap().data_dir.join("tasks"));
+    drover_cli::local::fence_node(&mut cluster, &node).unwrap();
     // As soon as the node is declared down (the requeue is being carried out), the leader dies too.
     sh.wait_for("the node declared down", Duration::from_secs(15), |sh| sh.ok("sinfo", &["-R", "-h"]).contains(&node));
     cluster.kill(leader(&cluster)).unwrap();
@@ -421,7 +417,12 @@ fn a_job_whose_nodes_keep_failing_stops_at_the_requeue_limit() {
         });
         let node = running_node(&sh, id);
         std::fs::write(cluster.fault_file(&node), "0 xid 79\n").unwrap();
-        sh.wait_for("the job stopped", Duration::from_secs(30), |sh| sh.state(id) != "RUNNING");
+        // Its incarnation ends; a requeued one may be RUNNING again before a poll sees it stopped.
+        sh.wait_for("the incarnation stopped", Duration::from_secs(30), |sh| {
+            let out = sh.ok("sacct", &["-j", &id.to_string(), "-n", "-P", "-o", "State,Restarts"]);
+            let (state, restarts) = out.trim().split_once('|').unwrap_or_default();
+            state != "RUNNING" || restarts.parse::<u32>().unwrap_or(0) > round
+        });
     }
     sh.wait_state(id, "NODE_FAIL", Duration::from_secs(30));
     let reason = sh.ok("sacct", &["-j", &id.to_string(), "-n", "-P", "-o", "Reason"]);
