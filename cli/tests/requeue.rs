@@ -404,6 +404,35 @@ fn an_injected_xid_drains_the_node_warns_the_job_and_requeues_it_from_its_checkp
 }
 
 #[test]
+fn a_no_kill_job_loses_a_node_and_runs_on_with_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut cluster, sh) = setup(dir.path(), options());
+    // A two-node job whose batch script (on the first node) writes a line every 100 ms.
+    let script = "#!/bin/bash\nwhile true; do echo tick >> ticks.log; sleep 0.1; done\n";
+    std::fs::write(sh.cwd.join("ticks.sh"), script).unwrap();
+    let id = sh.submit(&["-N", "2", "--no-kill", "--gres=gpu:1", "-o", "/dev/null", "ticks.sh"]);
+    sh.wait_state(id, "RUNNING", Duration::from_secs(20));
+    let nodes = sh.ok("squeue", &["-h", "-j", &id.to_string(), "-o", "%N"]).trim().to_string();
+    let first = drover_state::hostlist::expand_hostlist(&nodes).unwrap().remove(0);
+    let other = cluster.agents().into_iter().map(|(name, _)| name).find(|n| *n != first).unwrap();
+    drover_cli::local::fence_node(&mut cluster, &other).unwrap();
+    // The lost node is declared down; the job keeps running, on the first node alone, and its script never stopped.
+    sh.wait_for("the lost node declared down", Duration::from_secs(15), |sh| {
+        sh.ok("sinfo", &["-R", "-h"]).contains(&other)
+    });
+    let ticks = || std::fs::read_to_string(sh.cwd.join("ticks.log")).unwrap_or_default().lines().count();
+    let before = ticks();
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert!(ticks() > before + 5, "the batch script keeps running");
+    assert_eq!(sh.state(id), "RUNNING");
+    let now_on = sh.ok("squeue", &["-h", "-j", &id.to_string(), "-o", "%N"]).trim().to_string();
+    assert_eq!(now_on, first, "the job shrank to its remaining node");
+    assert_eq!(sh.ok("sacct", &["-j", &id.to_string(), "-n", "-P", "-o", "Restarts"]).trim(), "0");
+    sh.ok("scancel", &[&id.to_string()]);
+    sh.wait_for("the job cancelled", Duration::from_secs(20), |sh| sh.state(id).starts_with("CANCELLED"));
+}
+
+#[test]
 fn a_job_whose_nodes_keep_failing_stops_at_the_requeue_limit() {
     let dir = tempfile::tempdir().unwrap();
     let options =
