@@ -162,7 +162,8 @@ mod tests {
     use super::*;
 
     fn job() -> Job {
-        let share = |node: &str, gpus: Vec<u32>| NodeAllocation { node: node.into(), gpus, cpus: 4, tasks: 4 };
+        let share =
+            |node: &str, gpus: Vec<u32>| NodeAllocation { node: node.into(), gpus, cpus: 4, tasks: 4, mem_mb: 0 };
         Job {
             id: 42,
             spec: JobSpec {

@@ -11,6 +11,7 @@ use drover_state::dependents::combine;
 use drover_state::first_fit::MAX_REASON_UPDATES;
 use drover_state::{
     Allocation, Command, DepState, DependencyKind, JobState, NodeAllocation, PartitionState, PendingReason, State,
+    job::MemRequest,
 };
 
 /// Stand-in for `--time=UNLIMITED` in the scheduler's timeline (it needs an end to reserve around).
@@ -53,6 +54,8 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                 cpus_total: cpus,
                 // CPUs still held by ended incarnations (lingering) are not free either.
                 cpus_free: cpus.saturating_sub(n.allocated_cpus + n.lingering.iter().map(|l| l.cpus).sum::<u32>()),
+                mem_total_mb: n.info.memory_mb,
+                mem_free_mb: n.free_mem_mb(),
                 partitions: config
                     .partitions
                     .iter()
@@ -107,6 +110,13 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                 nodes: spec.min_nodes,
                 gpus_per_node: spec.gpus_per_node,
                 cpus_per_node: per_node_tasks.saturating_mul(spec.cpus_per_task),
+                mem_per_node_mb: match spec.mem_request() {
+                    None => 0,
+                    Some(MemRequest::PerNode(0)) => sched::ALL_MEMORY,
+                    Some(request) => {
+                        request.on_node(per_node_tasks.saturating_mul(spec.cpus_per_task), spec.gpus_per_node, 0)
+                    }
+                },
                 gpu_type: spec.gpu_type.clone(),
                 time_limit_s: job.time_limit_s.unwrap_or(UNLIMITED_S),
                 exclusive: spec.exclusive,
@@ -326,7 +336,9 @@ pub fn command(state: &State, plan: &sched::Plan) -> Option<Command> {
                         (all, true) => all,
                         (_, false) => tasks.saturating_mul(job.spec.cpus_per_task),
                     };
-                    NodeAllocation { node: node.clone(), gpus: gpus.clone(), cpus, tasks }
+                    let mem_mb =
+                        state.nodes.get(node).map_or(0, |n| n.mem_for(job.spec.mem_request(), cpus, gpus.len() as u32));
+                    NodeAllocation { node: node.clone(), gpus: gpus.clone(), cpus, tasks, mem_mb }
                 })
                 .collect();
             Some(Allocation { job_id: *id, nodes: shares })

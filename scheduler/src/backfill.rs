@@ -25,7 +25,7 @@ pub mod preempt;
 use crate::error::ScheduleError;
 use crate::fairshare::FairShareTree;
 use crate::model::{
-    ClusterView, DependencyState, PartitionState, PendingJob, Qos, RunningJob, SchedulerConfig, Topology,
+    ClusterView, DependencyState, PartitionState, PendingJob, Qos, RunningJob, SchedulerConfig, Topology, mem_needed,
 };
 use crate::placement::{Candidate, choose_nodes, lowest_gpus};
 use crate::plan::{NodeAlloc, Plan, Preemption, Reason};
@@ -44,6 +44,8 @@ struct NodeRt {
     total: u32,
     free_mask: u64,
     cpus_free: u32,
+    mem_total: u64,
+    mem_free: u64,
     part_mask: u64,
     feature_mask: u64,
     /// 0: no type; otherwise an interned GPU type.
@@ -120,6 +122,7 @@ struct ShapeKey {
     nodes: u32,
     gpus_per_node: u32,
     cpus_per_node: u32,
+    mem_per_node_mb: u64,
     gpu_type: u32,
     features: u64,
     exclusive: bool,
@@ -194,6 +197,7 @@ struct Req {
     nodes: u32,
     gpus_per_node: u32,
     cpus_per_node: u32,
+    mem_per_node_mb: u64,
     time_limit_s: u64,
     exclusive: bool,
     allow_multi_site: bool,
@@ -205,6 +209,7 @@ impl Req {
             nodes: job.nodes,
             gpus_per_node: job.gpus_per_node,
             cpus_per_node: job.cpus_per_node,
+            mem_per_node_mb: job.mem_per_node_mb,
             time_limit_s: job.time_limit_s,
             exclusive: job.exclusive,
             allow_multi_site: job.allow_multi_site,
@@ -488,6 +493,8 @@ impl<'a> Pass<'a> {
                 total: n.gpus_total,
                 free_mask,
                 cpus_free: n.cpus_free,
+                mem_total: n.mem_total_mb,
+                mem_free: n.mem_free_mb,
                 part_mask,
                 feature_mask,
                 gpu_type,
@@ -751,6 +758,7 @@ impl<'a> Pass<'a> {
                     nodes: job.nodes,
                     gpus_per_node: job.gpus_per_node,
                     cpus_per_node: job.cpus_per_node,
+                    mem_per_node_mb: job.mem_per_node_mb,
                     gpu_type: filter.gpu_type,
                     features: filter.features,
                     exclusive: job.exclusive,
@@ -1043,6 +1051,7 @@ impl<'a> Pass<'a> {
                 || !filter.admits(idx, n)
                 || n.free_mask.count_ones() < need
                 || n.cpus_free < job.cpus_per_node
+                || n.mem_free < mem_needed(job.mem_per_node_mb, n.mem_total)
                 || n.general.min_over(self.now_s, end_s) < need as i32
                 || (need == 0 && self.in_advance_reservation(n, end_s))
             {
@@ -1082,6 +1091,7 @@ impl<'a> Pass<'a> {
                 || room < need
                 || (n.free_mask.count_ones() as i32) < need
                 || n.cpus_free < job.cpus_per_node
+                || n.mem_free < mem_needed(job.mem_per_node_mb, n.mem_total)
             {
                 continue;
             }
@@ -1105,6 +1115,7 @@ impl<'a> Pass<'a> {
                 n.free_mask &= !(1u64 << b);
             }
             n.cpus_free = n.cpus_free.saturating_sub(job.cpus_per_node);
+            n.mem_free = n.mem_free.saturating_sub(mem_needed(job.mem_per_node_mb, n.mem_total));
             match resv {
                 None => n.general.add(now_s, end_s, -(need as i32)),
                 Some(ri) => {
@@ -1680,6 +1691,7 @@ mod tests {
                     nodes: 2 + rng.below(6) as u32,
                     gpus_per_node: rng.below(9) as u32,
                     cpus_per_node: 0,
+                    mem_per_node_mb: 0,
                     time_limit_s: 600 * (1 + rng.below(100)),
                     exclusive: false,
                     allow_multi_site: false,

@@ -27,6 +27,11 @@ pub struct Node {
     pub free_gpus: Vec<u32>,
     pub cpus_total: u32,
     pub cpus_free: u32,
+    /// Memory in MiB; a node with `mem_total_mb == 0` does not track memory (any request fits).
+    #[serde(default)]
+    pub mem_total_mb: u64,
+    #[serde(default)]
+    pub mem_free_mb: u64,
     pub partitions: Vec<String>,
     /// `--constraint` matches against these.
     pub features: Vec<String>,
@@ -103,6 +108,19 @@ pub struct ArrayLimit {
     pub max_running: u32,
 }
 
+/// [`PendingJob::mem_per_node_mb`] for "all of each node's memory".
+pub const ALL_MEMORY: u64 = u64::MAX;
+
+/// The MiB a job asking for `per_node` (or [`ALL_MEMORY`]) needs on a node of `total` MiB; 0 where the node does
+/// not track memory.
+pub fn mem_needed(per_node: u64, total: u64) -> u64 {
+    match (total, per_node) {
+        (0, _) => 0,
+        (total, ALL_MEMORY) => total,
+        (_, mb) => mb,
+    }
+}
+
 /// A job waiting to start.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingJob {
@@ -117,6 +135,9 @@ pub struct PendingJob {
     /// GPUs on each node (`--gres=gpu:N`), may be 0 for CPU-only work.
     pub gpus_per_node: u32,
     pub cpus_per_node: u32,
+    /// Memory on each node in MiB ([`ALL_MEMORY`]: the node's whole memory, Slurm's `--mem=0`).
+    #[serde(default)]
+    pub mem_per_node_mb: u64,
     pub gpu_type: Option<String>,
     pub time_limit_s: u64,
     pub exclusive: bool,
@@ -157,6 +178,7 @@ impl PendingJob {
             nodes,
             gpus_per_node,
             cpus_per_node: 0,
+            mem_per_node_mb: 0,
             gpu_type: None,
             time_limit_s,
             exclusive: false,

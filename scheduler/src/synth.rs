@@ -35,6 +35,8 @@ pub fn node(i: usize, gpus: u32) -> Node {
         free_gpus: (0..gpus).collect(),
         cpus_total: 64,
         cpus_free: 64,
+        mem_total_mb: 512 * 1024,
+        mem_free_mb: 512 * 1024,
         partitions: vec!["gpu".into()],
         features: Vec::new(),
         gpu_type: None,

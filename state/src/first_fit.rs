@@ -26,6 +26,7 @@ impl Plan {
 struct Free {
     gpus: Vec<u32>,
     cpus: u32,
+    mem_mb: u64,
 }
 
 /// Pending reasons are refreshed for at most this many jobs per pass, in queue order (Slurm's main scheduler
@@ -39,7 +40,9 @@ pub fn first_fit(state: &State, max_allocations: usize) -> Plan {
         .nodes
         .values()
         .filter(|n| n.schedulable())
-        .map(|n| (n.info.name.as_str(), Free { gpus: n.free_gpus().collect(), cpus: n.free_cpus() }))
+        .map(|n| {
+            (n.info.name.as_str(), Free { gpus: n.free_gpus().collect(), cpus: n.free_cpus(), mem_mb: n.free_mem_mb() })
+        })
         .collect();
     let mut plan = Plan::default();
     let mut membership: BTreeMap<(&str, &str), bool> = BTreeMap::new();
@@ -87,6 +90,7 @@ fn place<'a>(
             && spec.accepts_node(name, &node.info.features)
             && capacity.gpus.len() as u32 >= spec.gpus_per_node
             && (node.info.cpus == 0 || capacity.cpus >= cpus)
+            && (!node.tracks_memory() || capacity.mem_mb >= node.mem_for(spec.mem_request(), cpus, spec.gpus_per_node))
             && spec.gpu_type.as_ref().is_none_or(|t| node.info.gpu_type.eq_ignore_ascii_case(t))
             && *membership
                 .entry((name, job.partition.as_str()))
@@ -105,9 +109,12 @@ fn place<'a>(
             let capacity = free.get_mut(name).expect("chosen from free");
             // Lowest indices first, so a node's GPUs fill in order and big jobs find whole nodes.
             let gpus: Vec<u32> = capacity.gpus.drain(..spec.gpus_per_node as usize).collect();
-            let cpus = if state.nodes[*name].info.cpus == 0 { 0 } else { tasks * spec.cpus_per_task };
+            let node = &state.nodes[*name];
+            let cpus = if node.info.cpus == 0 { 0 } else { tasks * spec.cpus_per_task };
+            let mem_mb = node.mem_for(spec.mem_request(), cpus, spec.gpus_per_node);
             capacity.cpus -= cpus;
-            NodeAllocation { node: name.to_string(), gpus, cpus, tasks }
+            capacity.mem_mb -= mem_mb;
+            NodeAllocation { node: name.to_string(), gpus, cpus, tasks, mem_mb }
         })
         .collect();
     Some(shares)

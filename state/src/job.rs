@@ -97,6 +97,68 @@ pub struct JobSpec {
     pub signal: Option<WarnSignal>,
     /// `--no-kill`: a multi-node job keeps running on its remaining nodes when one that is not its first fails.
     pub no_kill: bool,
+    /// `--mem`, `--mem-per-cpu`, `--mem-per-gpu`: memory reserved on each node (the scheduler places on it, the
+    /// agent confines the tasks to it where the host allows). `None` reserves none.
+    pub mem: Option<MemRequest>,
+    /// `--begin`: not eligible to start before this time (ms since the epoch; resolved by the client).
+    pub begin_ms: Option<u64>,
+    /// `--deadline`: a pending job that can no longer finish by then is cancelled (Slurm's DEADLINE state).
+    pub deadline_ms: Option<u64>,
+    /// `--time-min`: the shortest limit the job accepts (recorded; shown by `scontrol show job`).
+    pub time_min_s: Option<u64>,
+    /// `--cpus-per-gpu` and `--ntasks-per-gpu`, as given (already folded into `cpus_per_task` and
+    /// `ntasks_per_node` by the client; kept for `SLURM_CPUS_PER_GPU` and `scontrol show job`).
+    pub cpus_per_gpu: Option<u32>,
+    pub ntasks_per_gpu: Option<u32>,
+    /// `--wckey` and `--comment`: recorded and shown (`sacct -o WCKey,Comment`).
+    pub wckey: Option<String>,
+    pub comment: Option<String>,
+}
+
+/// A memory request, in MiB (Slurm's M). Each form is per node once resolved against the node's share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemRequest {
+    /// `--mem=N`; `--mem=0` asks for all of each node's memory.
+    PerNode(u64),
+    /// `--mem-per-cpu=N`: times the CPUs the job gets on the node.
+    PerCpu(u64),
+    /// `--mem-per-gpu=N`: times the GPUs the job gets on the node.
+    PerGpu(u64),
+}
+
+impl MemRequest {
+    /// MiB on one node holding `cpus` CPUs and `gpus` GPUs of the job, whose memory is `node_mb`.
+    pub fn on_node(self, cpus: u32, gpus: u32, node_mb: u64) -> u64 {
+        match self {
+            MemRequest::PerNode(0) => node_mb,
+            MemRequest::PerNode(mb) => mb,
+            MemRequest::PerCpu(mb) => mb.saturating_mul(u64::from(cpus)),
+            MemRequest::PerGpu(mb) => mb.saturating_mul(u64::from(gpus)),
+        }
+    }
+
+    /// As Slurm prints it in `ReqMem` and `scontrol show job` (`MinMemoryNode=4G`).
+    pub fn describe(self) -> String {
+        let (mb, per) = match self {
+            MemRequest::PerNode(mb) => (mb, "Node"),
+            MemRequest::PerCpu(mb) => (mb, "CPU"),
+            MemRequest::PerGpu(mb) => (mb, "GPU"),
+        };
+        format!("MinMemory{per}={}", format_mb(mb))
+    }
+}
+
+/// MiB as Slurm prints sizes: `512M`, `4G`, `1.50T`.
+pub fn format_mb(mb: u64) -> String {
+    if mb >= 1 << 20 && mb % (1 << 20) == 0 {
+        format!("{}T", mb >> 20)
+    } else if mb >= 1 << 10 && mb % (1 << 10) == 0 {
+        format!("{}G", mb >> 10)
+    } else if mb >= 1 << 10 {
+        format!("{:.2}G", mb as f64 / 1024.0)
+    } else {
+        format!("{mb}M")
+    }
 }
 
 /// `--signal=[{R|B}:]SIG[@secs]`.
@@ -264,6 +326,8 @@ impl JobSpec {
         opt("--gres type", &self.gpu_type, MAX_NAME_BYTES)?;
         opt("--qos", &self.qos, MAX_NAME_BYTES)?;
         opt("--reservation", &self.reservation, MAX_NAME_BYTES)?;
+        opt("--wckey", &self.wckey, MAX_NAME_BYTES)?;
+        opt("--comment", &self.comment, MAX_PATH_BYTES)?;
         for (field, list) in
             [("--constraint", &self.constraint), ("--nodelist", &self.nodelist), ("--exclude", &self.exclude)]
         {
@@ -308,6 +372,11 @@ impl JobSpec {
             (None, Some(per_node)) => per_node.saturating_mul(self.min_nodes.max(1)),
             (None, None) => self.min_nodes.max(1),
         }
+    }
+
+    /// The memory request in force: `--exclusive` without one takes each node's whole memory, as in Slurm.
+    pub fn mem_request(&self) -> Option<MemRequest> {
+        self.mem.or(self.exclusive.then_some(MemRequest::PerNode(0)))
     }
 
     /// Total GPUs on the minimum node count (Slurm's `AllocTRES` gres/gpu).
@@ -645,6 +714,11 @@ impl Job {
         self.allocation.iter().map(|a| a.cpus).sum()
     }
 
+    /// Memory held on all nodes, in MiB.
+    pub fn allocated_mem_mb(&self) -> u64 {
+        self.allocation.iter().map(|a| a.mem_mb).sum()
+    }
+
     /// Whether its tasks must be stopped now (cancelled, or to be requeued).
     pub fn stopping(&self) -> bool {
         self.ending.is_some() || self.requeue.is_some()
@@ -670,6 +744,9 @@ pub struct NodeAllocation {
     pub cpus: u32,
     /// How many of the job's tasks run there (block distribution).
     pub tasks: u32,
+    /// Memory reserved there, in MiB (0: none requested, or the node does not track memory).
+    #[serde(default)]
+    pub mem_mb: u64,
 }
 
 /// What a job's tasks consumed, summed over tasks (CPU) or the maximum (RSS).

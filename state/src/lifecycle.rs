@@ -72,14 +72,16 @@ impl State {
                 assert_eq!(holder, Some(job.id), "GPU {gpu} on {} was not held by job {}", share.node, job.id);
             }
             node.allocated_cpus = node.allocated_cpus.checked_sub(share.cpus).expect("CPU count underflow");
+            node.allocated_mem_mb = node.allocated_mem_mb.checked_sub(share.mem_mb).expect("memory count underflow");
             assert!(node.jobs.remove(&job.id), "node {} did not list job {}", share.node, job.id);
             let freed = freed_node == Some(share.node.as_str()) || node.health == NodeHealth::Down;
-            if !freed && (!share.gpus.is_empty() || share.cpus > 0) {
+            if !freed && (!share.gpus.is_empty() || share.cpus > 0 || share.mem_mb > 0) {
                 node.lingering.push(Lingering {
                     job: job.id,
                     incarnation: job.incarnation,
                     gpus: share.gpus.clone(),
                     cpus: share.cpus,
+                    mem_mb: share.mem_mb,
                 });
             }
             changes.push(Change::PutNode(node.clone()));
@@ -228,6 +230,13 @@ impl State {
             if share.cpus > node.free_cpus() {
                 return Err(format!("{} CPUs planned on {}, {} free", share.cpus, share.node, node.free_cpus()));
             }
+            let mem = node.mem_for(job.spec.mem_request(), share.cpus, share.gpus.len() as u32);
+            if share.mem_mb != mem {
+                return Err(format!("{} MiB planned on {}, the job asks for {mem}", share.mem_mb, share.node));
+            }
+            if share.mem_mb > node.free_mem_mb() {
+                return Err(format!("{} MiB planned on {}, {} free", share.mem_mb, share.node, node.free_mem_mb()));
+            }
         }
         Ok(())
     }
@@ -240,6 +249,7 @@ impl State {
                 node.allocated_gpus.insert(*gpu, id);
             }
             node.allocated_cpus += share.cpus;
+            node.allocated_mem_mb += share.mem_mb;
             node.jobs.insert(id);
             changes.push(Change::PutNode(node.clone()));
         }
@@ -354,6 +364,7 @@ impl State {
         let fits = |n: &&&Node| {
             n.info.gpus.len() as u32 >= job.gpus_per_node
                 && (n.info.cpus == 0 || n.info.cpus >= cpus)
+                && (!n.tracks_memory() || n.mem_for(job.mem_request(), cpus, job.gpus_per_node) <= n.info.memory_mb)
                 && job.gpu_type.as_ref().is_none_or(|t| n.info.gpu_type.eq_ignore_ascii_case(t))
                 && job.accepts_node(&n.info.name, &n.info.features)
         };
@@ -362,8 +373,14 @@ impl State {
             return Ok(());
         }
         let most_gpus = members.iter().map(|n| n.info.gpus.len()).max().unwrap_or(0);
+        let most_mem = members.iter().map(|n| n.info.memory_mb).max().unwrap_or(0);
+        let mem = match job.mem_request() {
+            Some(crate::job::MemRequest::PerNode(0)) => " and all the memory".to_string(),
+            Some(request) => format!(" and {} MiB of memory", request.on_node(cpus, job.gpus_per_node, 0)),
+            None => String::new(),
+        };
         Err(CommandError::NodeConfigUnavailable(format!(
-            "{} node(s) with {} GPU(s){}{} and {cpus} CPU(s) each requested; partition {partition} has {} node(s), {fitting} of them big enough and allowed by --nodelist/--exclude/--constraint (at most {most_gpus} GPUs per node)",
+            "{} node(s) with {} GPU(s){}{}, {cpus} CPU(s){} each requested; partition {partition} has {} node(s), {fitting} of them big enough and allowed by --nodelist/--exclude/--constraint (at most {most_gpus} GPUs and {most_mem} MiB per node)",
             job.min_nodes,
             job.gpus_per_node,
             job.gpu_type.as_ref().map(|t| format!(" of type {t}")).unwrap_or_default(),
@@ -372,6 +389,7 @@ impl State {
             } else {
                 format!(" with features {}", job.constraint.join("&"))
             },
+            mem,
             members.len(),
         )))
     }
@@ -398,6 +416,9 @@ impl State {
             let cpus: u32 =
                 node.jobs.iter().map(|id| share_on(&self.jobs[id], &node.info.name).map_or(0, |s| s.cpus)).sum();
             assert_eq!(cpus, node.allocated_cpus, "{} CPU count", node.info.name);
+            let mem: u64 =
+                node.jobs.iter().map(|id| share_on(&self.jobs[id], &node.info.name).map_or(0, |s| s.mem_mb)).sum();
+            assert_eq!(mem, node.allocated_mem_mb, "{} memory count", node.info.name);
             // A lingering GPU is held by that ended incarnation alone: by no running job, by no other incarnation.
             let mut lingering_gpus = std::collections::BTreeSet::new();
             for l in &node.lingering {
@@ -631,7 +652,8 @@ mod tests {
         let mut pinned = job(1, 1, 1);
         pinned.exclude = vec!["gpu01".into()];
         let pinned = submit(&mut state, pinned);
-        let share = |node: &str, gpus: Vec<u32>| NodeAllocation { node: node.into(), gpus, cpus: 1, tasks: 1 };
+        let share =
+            |node: &str, gpus: Vec<u32>| NodeAllocation { node: node.into(), gpus, cpus: 1, tasks: 1, mem_mb: 0 };
         let forged = Allocation { job_id: pinned, nodes: vec![share("gpu01", vec![0])] };
         let reply = state.apply(&at(3, Command::ApplyPlan { allocations: vec![forged], reasons: vec![] }));
         let Ok(Reply::Planned { refused, .. }) = reply.response else { panic!() };

@@ -66,6 +66,9 @@ pub struct Node {
     pub allocated_gpus: BTreeMap<u32, JobId>,
     /// CPUs held by jobs.
     pub allocated_cpus: u32,
+    /// Memory held by jobs, in MiB.
+    #[serde(default)]
+    pub allocated_mem_mb: u64,
     /// Jobs with an allocation on this node.
     pub jobs: BTreeSet<JobId>,
     /// GPUs and CPUs of ended incarnations whose tasks here may still be dying (a multi-node job that lost
@@ -82,6 +85,8 @@ pub struct Lingering {
     pub incarnation: u64,
     pub gpus: Vec<u32>,
     pub cpus: u32,
+    #[serde(default)]
+    pub mem_mb: u64,
 }
 
 impl Node {
@@ -94,6 +99,7 @@ impl Node {
             since_ms: now_ms,
             allocated_gpus: BTreeMap::new(),
             allocated_cpus: 0,
+            allocated_mem_mb: 0,
             jobs: BTreeSet::new(),
             lingering: Vec::new(),
         }
@@ -109,7 +115,8 @@ impl Node {
             (NodeHealth::Up, false, false) => {
                 let gpus_full = !self.info.gpus.is_empty() && self.free_gpus().next().is_none();
                 let cpus_full = self.info.cpus > 0 && self.allocated_cpus >= self.info.cpus;
-                if gpus_full || cpus_full { "ALLOCATED" } else { "MIXED" }
+                let mem_full = self.info.memory_mb > 0 && self.allocated_mem_mb >= self.info.memory_mb;
+                if gpus_full || cpus_full || mem_full { "ALLOCATED" } else { "MIXED" }
             }
         }
     }
@@ -131,6 +138,26 @@ impl Node {
     pub fn free_cpus(&self) -> u32 {
         let lingering: u32 = self.lingering.iter().map(|l| l.cpus).sum();
         self.info.cpus.saturating_sub(self.allocated_cpus).saturating_sub(lingering)
+    }
+
+    /// Memory not held by a job or a lingering incarnation, in MiB. A node that reports no memory
+    /// (`memory_mb == 0`) does not track it: see [`Node::tracks_memory`].
+    pub fn free_mem_mb(&self) -> u64 {
+        let lingering: u64 = self.lingering.iter().map(|l| l.mem_mb).sum();
+        self.info.memory_mb.saturating_sub(self.allocated_mem_mb).saturating_sub(lingering)
+    }
+
+    /// Whether memory is a consumable resource here (the node reported its size).
+    pub fn tracks_memory(&self) -> bool {
+        self.info.memory_mb > 0
+    }
+
+    /// The MiB a share of `cpus` CPUs and `gpus` GPUs of a job asking for `mem` reserves here.
+    pub fn mem_for(&self, mem: Option<crate::job::MemRequest>, cpus: u32, gpus: u32) -> u64 {
+        match mem {
+            Some(request) if self.tracks_memory() => request.on_node(cpus, gpus, self.info.memory_mb),
+            _ => 0,
+        }
     }
 }
 

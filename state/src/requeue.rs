@@ -64,6 +64,7 @@ impl State {
                 n.allocated_gpus.remove(gpu);
             }
             n.allocated_cpus = n.allocated_cpus.saturating_sub(share.cpus);
+            n.allocated_mem_mb = n.allocated_mem_mb.saturating_sub(share.mem_mb);
             n.jobs.remove(&id);
         }
     }

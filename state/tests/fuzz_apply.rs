@@ -132,7 +132,7 @@ fn node_info() -> impl Strategy<Value = NodeInfo> {
 
 fn allocation() -> impl Strategy<Value = Allocation> {
     let share = (name(), prop::collection::vec(0u32..10, 0..5), prop_oneof![0u32..4, any::<u32>()], 0u32..4)
-        .prop_map(|(node, gpus, cpus, tasks)| NodeAllocation { node, gpus, cpus, tasks });
+        .prop_map(|(node, gpus, cpus, tasks)| NodeAllocation { node, gpus, cpus, tasks, mem_mb: 0 });
     (job_id(), prop::collection::vec(share, 0..3)).prop_map(|(job_id, nodes)| Allocation { job_id, nodes })
 }
 

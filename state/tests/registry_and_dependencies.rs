@@ -60,7 +60,7 @@ fn admin(state: &mut State, op: AdminOp) -> Result<Reply, CommandError> {
 fn start(state: &mut State, id: u64, node: &str, gpu: u32, time_ms: u64) {
     let allocation = Allocation {
         job_id: id,
-        nodes: vec![NodeAllocation { node: node.into(), gpus: vec![gpu], cpus: 1, tasks: 1 }],
+        nodes: vec![NodeAllocation { node: node.into(), gpus: vec![gpu], cpus: 1, tasks: 1, mem_mb: 0 }],
     };
     let applied = state.apply(&at(time_ms, Command::ApplyPlan { allocations: vec![allocation], reasons: vec![] }));
     assert!(matches!(applied.response, Ok(Reply::Planned { ref started, .. }) if started == &vec![id]));

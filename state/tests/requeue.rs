@@ -55,8 +55,10 @@ fn submit(state: &mut State, spec: JobSpec) -> u64 {
 
 /// Starts job `id` on `nodes`, GPUs 0 and 1 of each.
 fn start(state: &mut State, id: u64, nodes: &[&str], time_ms: u64) {
-    let shares =
-        nodes.iter().map(|n| NodeAllocation { node: n.to_string(), gpus: vec![0, 1], cpus: 1, tasks: 1 }).collect();
+    let shares = nodes
+        .iter()
+        .map(|n| NodeAllocation { node: n.to_string(), gpus: vec![0, 1], cpus: 1, tasks: 1, mem_mb: 0 })
+        .collect();
     let plan = Command::ApplyPlan { allocations: vec![Allocation { job_id: id, nodes: shares }], reasons: vec![] };
     match state.apply(&at(time_ms, plan)).response {
         Ok(Reply::Planned { started, refused }) => assert_eq!(started, vec![id], "refused: {refused:?}"),
@@ -197,7 +199,7 @@ fn gpus_on_surviving_nodes_stay_held_until_their_agent_confirms_the_old_tasks_ar
     let plan = Command::ApplyPlan {
         allocations: vec![Allocation {
             job_id: other,
-            nodes: vec![NodeAllocation { node: "n2".into(), gpus: vec![0, 1], cpus: 1, tasks: 1 }],
+            nodes: vec![NodeAllocation { node: "n2".into(), gpus: vec![0, 1], cpus: 1, tasks: 1, mem_mb: 0 }],
         }],
         reasons: vec![],
     };
