@@ -25,7 +25,8 @@ pub mod preempt;
 use crate::error::ScheduleError;
 use crate::fairshare::FairShareTree;
 use crate::model::{
-    ClusterView, DependencyState, PartitionState, PendingJob, Qos, RunningJob, SchedulerConfig, Topology, mem_needed,
+    ClusterView, DependencyState, JobId, PartitionState, PendingJob, Qos, RunningJob, SchedulerConfig, Topology,
+    mem_needed,
 };
 use crate::placement::{Candidate, choose_nodes, lowest_gpus};
 use crate::plan::{NodeAlloc, Plan, Preemption, Reason};
@@ -514,10 +515,27 @@ impl<'a> Pass<'a> {
         let mut preempt = preempt::Preempt::new(view, config, &part_index, nodes.len());
         let preempting = preempt.is_some();
         let kill_at = now_s.saturating_add(config.kill_wait_s.max(1));
+        // Preemptors still waiting in this view for their victims to end.
+        let waiting: Vec<JobId> = if preempting {
+            let mut targets: Vec<JobId> = view.running.iter().filter_map(|r| r.preempted_for).collect();
+            targets.sort_unstable();
+            targets.dedup();
+            let mut waiting: Vec<JobId> =
+                view.pending.iter().map(|p| p.id).filter(|id| targets.binary_search(id).is_ok()).collect();
+            waiting.sort_unstable();
+            waiting
+        } else {
+            Vec::new()
+        };
         let release_s = |job: &RunningJob| {
             let end_s = job.expected_end_s();
             if job.preempting && !(preempting && preempt::Preempt::holds_back(job)) {
                 end_s.min(kill_at).max(now_s + 1)
+            } else if job.preempting && job.preempted_for.is_some_and(|f| waiting.binary_search(&f).is_ok()) {
+                // Held back for its waiting preemptor even when its time limit runs out first: released to
+                // everyone only after `kill_at`, or a job ahead of the preemptor could take the GPUs it was
+                // killed for, and the preemptor would preempt again in the next pass.
+                end_s.max(kill_at + 1)
             } else {
                 end_s.max(now_s + 1)
             }

@@ -568,34 +568,40 @@ proptest! {
 
     #[test]
     fn the_next_pass_does_not_preempt_again(seed in any::<u64>(), ending in any::<bool>(), later in 0u64..30) {
-        let v = preempt_view(seed, ending);
-        let cfg = config();
-        let plan = schedule(&v, &cfg).unwrap();
-        // The controller starts what the plan starts and marks the victims as ending, for their preemptor.
-        let mut next = apply(&v, &plan);
-        for p in &plan.preemptions {
-            let r = next.running.iter_mut().find(|r| r.id == p.victim).unwrap();
-            r.preempting = true;
-            r.preempted_for = Some(p.for_job);
-        }
-        // Passes re-run while the victims are ending (same second, or a little later with nothing else ending).
-        let quiet = next.running.iter().all(|r| r.expected_end_s() <= v.now_s || r.expected_end_s() > v.now_s + later);
-        next.now_s = if quiet { v.now_s + later } else { v.now_s };
-        let again = schedule(&next, &cfg).unwrap();
-        let preemptors: HashSet<u64> = plan.preemptions.iter().map(|p| p.for_job).collect();
-        for p in &again.preemptions {
-            prop_assert!(!preemptors.contains(&p.for_job), "job {} preempts again: {:?}", p.for_job, again.preemptions);
-        }
-        for &job in &preemptors {
-            // In the same second: reserved by the time its victims are gone (or earlier, or it even starts, when
-            // GPUs free up another way: other jobs' preemptors here may have started elsewhere). Later,
-            // `now + kill_wait` has moved on and its window may run into another reservation.
-            let t = again.expected_start_of(job);
-            let by = next.now_s + cfg.kill_wait_s;
-            let ok = again.start_of(job).is_some() || t.is_some_and(|t| t <= by);
-            prop_assert!(next.now_s > v.now_s || ok, "job {} reserved at {:?}", job, t);
-        }
+        next_pass_check(seed, ending, later)?;
     }
+}
+
+/// `the_next_pass_does_not_preempt_again` for one input (also replayed for seeds it once failed on).
+fn next_pass_check(seed: u64, ending: bool, later: u64) -> Result<(), TestCaseError> {
+    let v = preempt_view(seed, ending);
+    let cfg = config();
+    let plan = schedule(&v, &cfg).unwrap();
+    // The controller starts what the plan starts and marks the victims as ending, for their preemptor.
+    let mut next = apply(&v, &plan);
+    for p in &plan.preemptions {
+        let r = next.running.iter_mut().find(|r| r.id == p.victim).unwrap();
+        r.preempting = true;
+        r.preempted_for = Some(p.for_job);
+    }
+    // Passes re-run while the victims are ending (same second, or a little later with nothing else ending).
+    let quiet = next.running.iter().all(|r| r.expected_end_s() <= v.now_s || r.expected_end_s() > v.now_s + later);
+    next.now_s = if quiet { v.now_s + later } else { v.now_s };
+    let again = schedule(&next, &cfg).unwrap();
+    let preemptors: HashSet<u64> = plan.preemptions.iter().map(|p| p.for_job).collect();
+    for p in &again.preemptions {
+        prop_assert!(!preemptors.contains(&p.for_job), "job {} preempts again: {:?}", p.for_job, again.preemptions);
+    }
+    for &job in &preemptors {
+        // In the same second: reserved by the time its victims are gone (or earlier, or it even starts, when
+        // GPUs free up another way: other jobs' preemptors here may have started elsewhere). Later,
+        // `now + kill_wait` has moved on and its window may run into another reservation.
+        let t = again.expected_start_of(job);
+        let by = next.now_s + cfg.kill_wait_s;
+        let ok = again.start_of(job).is_some() || t.is_some_and(|t| t <= by);
+        prop_assert!(next.now_s > v.now_s || ok, "job {} reserved at {:?}", job, t);
+    }
+    Ok(())
 }
 
 /// The preemption properties above are not vacuous: their views preempt often, sometimes several victims for
@@ -622,4 +628,51 @@ fn preempt_views_exercise_preemption() {
     }
     println!("{plans} plans preempt; {multi_victim} multi-victim; {multi_node} multi-node; {reserved_ending} reuse");
     assert!(plans > 150 && multi_victim > 20 && multi_node > 20 && reserved_ending > 8);
+}
+
+/// Found by `the_next_pass_does_not_preempt_again`: job 1 preempted a victim on a node where another job's GPU was
+/// already ending (for a job no longer pending), counting on both. In the next pass job 4, ahead of it, could use
+/// ending GPUs on either of two nodes and took that one, so job 1 waited an hour while its victim was killed.
+#[test]
+fn a_job_leaves_a_preemptors_node_alone_when_another_would_do() {
+    let v = preempt_view(11616507634832963097, true);
+    let cfg = config();
+    let plan = schedule(&v, &cfg).unwrap();
+    assert!(!plan.victims_of(1).is_empty(), "job 1 preempts");
+    let mut next = apply(&v, &plan);
+    for p in &plan.preemptions {
+        let r = next.running.iter_mut().find(|r| r.id == p.victim).unwrap();
+        r.preempting = true;
+        r.preempted_for = Some(p.for_job);
+    }
+    let again = schedule(&next, &cfg).unwrap();
+    assert_eq!(again.expected_start_of(1), Some(v.now_s + cfg.kill_wait_s));
+    assert_eq!(again.expected_start_of(4), Some(v.now_s + cfg.kill_wait_s), "and job 4 still gets its GPU then");
+}
+
+/// Found by `the_next_pass_does_not_preempt_again`: a victim whose time limit ran out before the (moving)
+/// `kill_at` was released to everyone in the next pass, so a job ahead took its GPUs and its preemptor preempted
+/// another job. Victims of a waiting preemptor are now held for it until `kill_at` whatever their limit.
+#[test]
+fn a_victim_that_would_end_anyway_stays_held_for_its_preemptor() {
+    next_pass_check(10429518826659784653, true, 3).unwrap();
+}
+
+/// The other side of the rule above: GPUs ending for a preemptor that is no longer waiting go to everyone at
+/// their end (found by `victims_are_enough_and_each_is_needed` on a first version that held them back too).
+#[test]
+fn gpus_ending_for_no_waiting_preemptor_are_everyones_at_their_end() {
+    let v = preempt_view(6481400564984635038, true);
+    let cfg = config();
+    let at = v.now_s + cfg.kill_wait_s;
+    for job in &v.pending {
+        let mut alone = v.clone();
+        alone.pending = vec![job.clone()];
+        let victims = schedule(&alone, &cfg).unwrap().victims_of(job.id);
+        for &keep in &victims {
+            let fewer: Vec<u64> = victims.iter().copied().filter(|&x| x != keep).collect();
+            let plan = schedule(&view_at(&alone, at, job, &fewer), &cfg).unwrap();
+            assert!(plan.start_of(job.id).is_none(), "job {} fits without preempting {keep}", job.id);
+        }
+    }
 }

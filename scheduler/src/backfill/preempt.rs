@@ -326,6 +326,14 @@ impl<'a> Preempt<'a> {
         }
     }
 
+    /// Whether node `i` holds victims ending for some other job that is pending in this view.
+    fn earmarked_elsewhere(&self, i: u32, who: Who) -> bool {
+        self.by_node[i as usize].iter().any(|s| match self.victims[s.v as usize].state {
+            State::Ending(Some(f)) => f != who.id && self.ending_for.get(&f) == Some(&true),
+            _ => false,
+        })
+    }
+
     /// What victim `v` frees on node `i` early, unless a reservation already used it.
     fn early_on(&self, i: u32, v: u32) -> Option<Early> {
         self.by_node[i as usize].iter().find(|s| s.v == v && !s.used).map(|s| (s.end_s, s.gpus))
@@ -602,7 +610,13 @@ impl<'a> Pass<'a> {
                 let best = options.iter().min_by(|a, b| (a.cost, &a.set, a.node).cmp(&(b.cost, &b.set, b.node)))?;
                 (vec![best.node], best.set.clone())
             } else {
-                (choose_nodes(&free, 1, multi)?, Vec::new())
+                // Leave alone, when it can, a node whose ending GPUs another pending job preempted for: that job
+                // counted on the GPUs ending there beside its own victims, and taking those would make it
+                // wait after all while its victims are killed.
+                let clear: Vec<Candidate> =
+                    free.iter().filter(|c| !pre.earmarked_elsewhere(c.node, who)).cloned().collect();
+                let pool = if clear.is_empty() { &free } else { &clear };
+                (choose_nodes(pool, 1, multi)?, Vec::new())
             }
         } else {
             // The cheapest options (and every one with a multi-node victim, which may free several nodes) are
