@@ -150,9 +150,9 @@ impl MemRequest {
 
 /// MiB as Slurm prints sizes: `512M`, `4G`, `1.50T`.
 pub fn format_mb(mb: u64) -> String {
-    if mb >= 1 << 20 && mb % (1 << 20) == 0 {
+    if mb >= 1 << 20 && mb.is_multiple_of(1 << 20) {
         format!("{}T", mb >> 20)
-    } else if mb >= 1 << 10 && mb % (1 << 10) == 0 {
+    } else if mb >= 1 << 10 && mb.is_multiple_of(1 << 10) {
         format!("{}G", mb >> 10)
     } else if mb >= 1 << 10 {
         format!("{:.2}G", mb as f64 / 1024.0)
