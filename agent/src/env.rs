@@ -3,6 +3,7 @@
 
 use drover_state::Job;
 use drover_state::hostlist::compress_hostlist;
+use drover_state::job::MemRequest;
 
 /// Where one task runs within its job (and step, for `srun`).
 pub struct Placement<'a> {
@@ -99,6 +100,23 @@ pub fn task_environment(p: &Placement, base: Vec<(String, String)>) -> Vec<(Stri
     }
     set("SLURM_TASKS_PER_NODE", tasks_per_node_string(&job_tasks));
     set("SLURM_CPUS_PER_TASK", spec.cpus_per_task.to_string());
+    if let Some(n) = spec.cpus_per_gpu {
+        set("SLURM_CPUS_PER_GPU", n.to_string());
+    }
+    if let Some(n) = spec.ntasks_per_gpu {
+        set("SLURM_NTASKS_PER_GPU", n.to_string());
+    }
+    // As Slurm sets them: the request in MiB, under the name of its kind (--mem=0 shows the node's share).
+    match spec.mem {
+        Some(MemRequest::PerNode(0)) => {
+            let share = job.allocation.get(p.node_index as usize).map_or(0, |a| a.mem_mb);
+            set("SLURM_MEM_PER_NODE", share.to_string());
+        }
+        Some(MemRequest::PerNode(mb)) => set("SLURM_MEM_PER_NODE", mb.to_string()),
+        Some(MemRequest::PerCpu(mb)) => set("SLURM_MEM_PER_CPU", mb.to_string()),
+        Some(MemRequest::PerGpu(mb)) => set("SLURM_MEM_PER_GPU", mb.to_string()),
+        None => {}
+    }
     set("SLURM_NODEID", p.node_index.to_string());
     set("SLURMD_NODENAME", p.node_name.to_string());
     set("SLURM_GPUS_ON_NODE", p.gpus.len().to_string());
@@ -233,6 +251,33 @@ mod tests {
         assert_eq!(get(&env, "MASTER_ADDR"), "10.0.0.1");
         assert_eq!(get(&env, "MASTER_PORT"), master_port(42).to_string());
         assert_eq!(get(&env, "SLURM_RESTART_COUNT"), "1");
+    }
+
+    #[test]
+    fn memory_requests_show_as_slurm_sets_them() {
+        let mut job = job();
+        let hosts = vec!["10.0.0.1".to_string(), "10.0.0.2".to_string()];
+        let env_of = |job: &Job| {
+            let placement = Placement {
+                job,
+                hosts: &hosts,
+                node_index: 0,
+                node_name: "gpu01",
+                gpus: &job.allocation[0].gpus,
+                step: None,
+                controllers: "127.0.0.1:1",
+                client_config: "",
+            };
+            task_environment(&placement, Vec::new())
+        };
+        job.spec.mem = Some(MemRequest::PerGpu(8_192));
+        job.spec.cpus_per_gpu = Some(2);
+        let env = env_of(&job);
+        assert_eq!((get(&env, "SLURM_MEM_PER_GPU"), get(&env, "SLURM_CPUS_PER_GPU")), ("8192", "2"));
+        // --mem=0: the node's whole memory, as held.
+        job.spec.mem = Some(MemRequest::PerNode(0));
+        job.allocation[0].mem_mb = 65_536;
+        assert_eq!(get(&env_of(&job), "SLURM_MEM_PER_NODE"), "65536");
     }
 
     #[test]

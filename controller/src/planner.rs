@@ -132,6 +132,8 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                 array: job.array.and_then(|a| {
                     a.max_running.map(|max_running| sched::ArrayLimit { array_id: a.array_job_id, max_running })
                 }),
+                // Rounded up: a job never starts before the second it asked for.
+                begin_s: spec.begin_ms.map_or(0, |ms| ms.div_ceil(1_000)),
             });
         }
     }
@@ -298,6 +300,7 @@ fn reason(r: sched::Reason) -> PendingReason {
         sched::Reason::PartitionDown => PendingReason::PartitionDown,
         sched::Reason::PartitionTimeLimit => PendingReason::PartitionTimeLimit,
         sched::Reason::JobHeldUser => PendingReason::JobHeldUser,
+        sched::Reason::BeginTime => PendingReason::BeginTime,
         sched::Reason::JobArrayTaskLimit => PendingReason::JobArrayTaskLimit,
         sched::Reason::QOSMaxJobsPerAccountLimit => PendingReason::QOSMaxJobsPerAccountLimit,
         sched::Reason::QOSMaxGRESPerAccount => PendingReason::QOSMaxGRESPerAccount,
@@ -456,6 +459,46 @@ mod tests {
         assert_eq!(started, vec![short], "only the job that ends before the big one's reserved start may backfill");
         assert_eq!(state.job(big).unwrap().reason, PendingReason::Resources);
         assert_ne!(state.job(long).unwrap().state, JobState::Running);
+    }
+
+    #[test]
+    fn memory_is_held_like_gpus_and_a_job_waits_for_it() {
+        let mut state = State::default();
+        let config = ClusterConfig { allow_root_jobs: true, ..ClusterConfig::default() };
+        state.apply(&at(0, Command::InitCluster { config }));
+        let info = NodeInfo { memory_mb: 64 * 1024, ..node("n1", 8, "s1") };
+        state.apply(&at(1, Command::RegisterNode { info })).response.unwrap();
+        let mem = |m| JobSpec { mem: Some(m), ..job(1, 1, 600) };
+        // 40 GiB, then 4 GiB per GPU on 4 GPUs (16 GiB): both fit in 64 GiB; a third 40 GiB job does not.
+        let first = submit(&mut state, mem(MemRequest::PerNode(40 * 1024)), 1_000);
+        let per_gpu = submit(&mut state, JobSpec { gpus_per_node: 4, ..mem(MemRequest::PerGpu(4 * 1024)) }, 1_000);
+        let third = submit(&mut state, mem(MemRequest::PerNode(40 * 1024)), 1_000);
+        let mut started = schedule(&mut state, 2_000);
+        started.sort_unstable();
+        assert_eq!(started, vec![first, per_gpu]);
+        assert_eq!(state.nodes["n1"].allocated_mem_mb, 56 * 1024);
+        assert_eq!(state.job(per_gpu).unwrap().allocation[0].mem_mb, 16 * 1024);
+        assert_eq!(state.job(third).unwrap().reason, PendingReason::Resources, "3 GPUs are free, the memory is not");
+        // --mem=0 takes the whole node's memory, so it waits for the node to empty.
+        let whole = submit(&mut state, mem(MemRequest::PerNode(0)), 3_000);
+        assert!(schedule(&mut state, 4_000).is_empty());
+        assert_ne!(state.job(whole).unwrap().state, JobState::Running);
+        // A request no node could ever hold is refused at submit, naming the memory.
+        let refused = state.apply(&at(
+            5_000,
+            Command::SubmitJob { spec: Box::new(mem(MemRequest::PerNode(65 * 1024))), request_id: None },
+        ));
+        let err = refused.response.unwrap_err().to_string();
+        assert!(err.contains("66560 MiB of memory") && err.contains("65536 MiB per node"), "{err}");
+    }
+
+    #[test]
+    fn a_job_with_a_begin_time_waits_for_it_with_reason_begin_time() {
+        let mut state = cluster();
+        let later = submit(&mut state, JobSpec { begin_ms: Some(60_000), ..job(1, 1, 600) }, 1_000);
+        assert!(schedule(&mut state, 2_000).is_empty());
+        assert_eq!(state.job(later).unwrap().reason, PendingReason::BeginTime);
+        assert_eq!(schedule(&mut state, 60_000), vec![later]);
     }
 
     /// The whole loop, replicated state included: usage charged in `apply` when jobs end, decayed, read back into

@@ -732,6 +732,9 @@ impl<'a> Pass<'a> {
                 if job.held {
                     break 'early Some(Reason::JobHeldUser);
                 }
+                if job.begin_s > now_s {
+                    break 'early Some(Reason::BeginTime);
+                }
                 match job.dependency {
                     DependencyState::Satisfied => {}
                     DependencyState::Waiting => break 'early Some(Reason::Dependency),

@@ -163,6 +163,9 @@ pub struct PendingJob {
     /// Set for a task of a throttled job array.
     #[serde(default)]
     pub array: Option<ArrayLimit>,
+    /// `--begin`: not eligible before this time (0: at once).
+    #[serde(default)]
+    pub begin_s: u64,
 }
 
 impl PendingJob {
@@ -179,6 +182,7 @@ impl PendingJob {
             gpus_per_node,
             cpus_per_node: 0,
             mem_per_node_mb: 0,
+            begin_s: 0,
             gpu_type: None,
             time_limit_s,
             exclusive: false,

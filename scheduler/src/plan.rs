@@ -23,6 +23,8 @@ pub enum Reason {
     PartitionDown,
     PartitionTimeLimit,
     JobHeldUser,
+    /// `--begin` is still in the future.
+    BeginTime,
     /// Its job array already runs `max_running` tasks.
     JobArrayTaskLimit,
     QOSMaxJobsPerAccountLimit,
@@ -44,6 +46,7 @@ impl Reason {
             Reason::PartitionDown => "PartitionDown",
             Reason::PartitionTimeLimit => "PartitionTimeLimit",
             Reason::JobHeldUser => "JobHeldUser",
+            Reason::BeginTime => "BeginTime",
             Reason::JobArrayTaskLimit => "JobArrayTaskLimit",
             Reason::QOSMaxJobsPerAccountLimit => "QOSMaxJobsPerAccountLimit",
             Reason::QOSMaxGRESPerAccount => "QOSMaxGRESPerAccount",
