@@ -51,6 +51,21 @@ pub struct AgentConfig {
     /// default, /etc/drover/client.toml.
     #[serde(default)]
     pub client_config: Option<PathBuf>,
+    /// Confine each job's tasks to the memory it was given (`--mem`...), with a cgroup per job under
+    /// `memory_cgroup` (a path relative to the cgroup mount). Needs root; without it memory is scheduled but not
+    /// enforced, and the agent logs why.
+    #[serde(default = "default_enforce_memory")]
+    pub enforce_memory: bool,
+    #[serde(default = "default_memory_cgroup")]
+    pub memory_cgroup: String,
+}
+
+fn default_enforce_memory() -> bool {
+    true
+}
+
+fn default_memory_cgroup() -> String {
+    crate::cgroup::DEFAULT_SUBDIR.to_string()
 }
 
 fn default_kill_wait_ms() -> u64 {

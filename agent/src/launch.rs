@@ -10,7 +10,7 @@ use drover_state::{JobEnd, Usage};
 use crate::env::{Placement, StepPlacement, task_environment};
 use crate::node::{NodeAgent, is_root, now_ms};
 use crate::patterns::{PatternContext, expand_output_path};
-use crate::supervise::{self, TaskLaunch, TaskResult};
+use crate::supervise::{self, TaskLaunch, TaskMemory, TaskResult};
 
 impl NodeAgent {
     /// Root jobs only where the cluster allows them (the leader says so in its welcome); checked here too, so a
@@ -89,6 +89,7 @@ impl NodeAgent {
             // The incarnation's own checkpoint directory, made as the job's user (never as root, in a directory
             // the user controls).
             make_dirs: vec![a.job.checkpoint_dir()],
+            memory: self.task_memory(a),
         };
         let started = written
             .map_err(|e| e.to_string())
@@ -181,9 +182,19 @@ impl NodeAgent {
             append: spec.open_append,
             lease_file: Some(self.lease_path().display().to_string()),
             make_dirs: Vec::new(),
+            memory: self.task_memory(a),
         };
         supervise::spawn(&self.exe, &dir, &task).map_err(|e| e.to_string())?;
         Ok((dir, streamed_out, streamed_err))
+    }
+}
+
+impl NodeAgent {
+    /// The job's memory cgroup for its tasks here, when it holds memory on this node and memory is enforced.
+    fn task_memory(&self, a: &Assignment) -> Option<TaskMemory> {
+        let root = self.cgroup.clone()?;
+        let limit_mb = a.job.allocation.get(a.node_index as usize).map_or(0, |s| s.mem_mb);
+        (limit_mb > 0).then_some(TaskMemory { root, job: a.job.id, incarnation: a.job.incarnation, limit_mb })
     }
 }
 
@@ -196,6 +207,7 @@ pub(crate) fn end_from(result: &TaskResult, timed_out: bool, fenced: bool) -> Jo
         usage: Usage { cpu_ms: result.cpu_ms, max_rss_kb: result.max_rss_kb },
         message: result.error.clone(),
         fenced: fenced || result.fenced,
+        oom: result.oom,
     }
 }
 
@@ -211,6 +223,7 @@ pub(crate) fn write_failed_result(dir: &Path, message: &str) {
         max_rss_kb: 0,
         error: Some(message.to_string()),
         fenced: false,
+        oom: false,
     };
     let json = serde_json::to_vec(&result).expect("results serialize");
     let tmp = dir.join("result.json.tmp");

@@ -76,6 +76,8 @@ fn load_config(args: &Args) -> anyhow::Result<AgentConfig> {
             kill_wait_ms: 10_000,
             security: None,
             client_config: None,
+            enforce_memory: true,
+            memory_cgroup: drover_agent::cgroup::DEFAULT_SUBDIR.to_string(),
         },
     };
     if let Some(v) = &args.name {

@@ -114,6 +114,8 @@ pub struct NodeAgent {
     /// the controllers).
     pub key: drover_auth::ClusterKey,
     pub tls: drover_auth::ClientTls,
+    /// Where jobs' memory cgroups go; `None` when memory is not enforced on this node.
+    pub cgroup: Option<crate::cgroup::CgroupRoot>,
 }
 
 pub fn now_ms() -> u64 {
@@ -142,6 +144,25 @@ impl NodeAgent {
         // A restarted agent holds the lease its predecessor had (its tasks kept running under it).
         let lease_until =
             lease::read(&config.state_dir.join(lease::LEASE_FILE)).map_or_else(Instant::now, lease::from_boottime_ms);
+        // SAFETY: geteuid cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        let cgroup = match (config.enforce_memory, root) {
+            (false, _) => None,
+            (true, false) => {
+                tracing::warn!("not running as root: jobs' memory requests are scheduled but not enforced");
+                None
+            }
+            (true, true) => match crate::cgroup::detect(&config.memory_cgroup) {
+                Ok(root) => {
+                    tracing::info!(cgroup = %root.path.display(), hierarchy = ?root.hierarchy, "memory is enforced");
+                    Some(root)
+                }
+                Err(why) => {
+                    tracing::warn!("jobs' memory requests are scheduled but not enforced: {why}");
+                    None
+                }
+            },
+        };
         Ok(Arc::new(NodeAgent {
             config,
             info,
@@ -167,6 +188,7 @@ impl NodeAgent {
             wake: Notify::new(),
             key,
             tls,
+            cgroup,
         }))
     }
 

@@ -114,6 +114,18 @@ pub struct TaskLaunch {
     /// Directories to create (with parents) as the task's user before it starts, e.g. its checkpoint directory.
     #[serde(default)]
     pub make_dirs: Vec<String>,
+    /// The job's memory cgroup on this node, which the task joins before it runs (`None`: not confined).
+    #[serde(default)]
+    pub memory: Option<TaskMemory>,
+}
+
+/// Which job cgroup a task joins, and the job's memory limit on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskMemory {
+    pub root: crate::cgroup::CgroupRoot,
+    pub job: u64,
+    pub incarnation: u64,
+    pub limit_mb: u64,
 }
 
 /// How a task ended, as the supervisor saw it.
@@ -135,6 +147,9 @@ pub struct TaskResult {
     /// The supervisor killed the task because the node's lease expired (a fence, not the job's own failure).
     #[serde(default)]
     pub fenced: bool,
+    /// The kernel's OOM killer killed it: the job went over its memory (Slurm's OUT_OF_MEMORY).
+    #[serde(default)]
+    pub oom: bool,
 }
 
 /// What [`status`] finds in a task directory.
@@ -422,6 +437,17 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
     };
     let Prepared { stdout, stderr, program } = prepared;
     let stderr_for_errors = stderr.try_clone().ok();
+    // The job's memory cgroup, joined by the task itself between fork and exec (so nothing it allocates escapes).
+    let cgroup = match launch.memory.as_ref().map(join_point).transpose() {
+        Ok(cgroup) => cgroup,
+        Err(failure) => return failed(log, Some(&stderr), failure),
+    };
+    let procs_fd = cgroup.as_ref().map_or(-1, |(_, procs)| procs.as_raw_fd());
+    // OOM kills counted so far (other tasks of the job may share the cgroup): any new one is this task's.
+    let oom_before = match (&cgroup, &launch.memory) {
+        (Some((dir, _)), Some(memory)) => crate::cgroup::oom_kills(dir, memory.root.hierarchy),
+        _ => 0,
+    };
 
     let (stage_read, stage_write) = match pipe() {
         Ok(fds) => fds,
@@ -440,11 +466,12 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
     let child_creds = creds.clone();
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe calls (signal, setpgid,
     // setgroups, setgid, setuid, write) on data prepared before the fork; it allocates nothing.
-    unsafe { command.pre_exec(move || prepare_child(stage_fd, child_creds.as_ref())) };
+    unsafe { command.pre_exec(move || prepare_child(stage_fd, procs_fd, child_creds.as_ref())) };
     let started_ms = now_ms();
     let spawned = command.spawn();
     drop(command); // closes our copies of the task's output files
     drop(stage_write);
+    let cgroup = cgroup.map(|(dir, _procs)| dir); // the task has joined (or failed to): close cgroup.procs
     let child = match spawned {
         Ok(child) => {
             drop(stderr_for_errors);
@@ -500,6 +527,21 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
     let usage = children_usage();
     let (exit_code, signal) = decode_wait_status(wait_status);
     log.line(format_args!("task {pid} ended: exit code {exit_code}, signal {signal}"));
+    let oom = match (&cgroup, &launch.memory) {
+        (Some(dir), Some(memory)) => {
+            // As Slurm: any process of the task killed for memory (often a child, while the shell lives on to
+            // exit 137) makes it OUT_OF_MEMORY.
+            let killed = crate::cgroup::oom_kills(dir, memory.root.hierarchy) > oom_before;
+            if killed {
+                log.line(format_args!("the task went over the job's {} MiB of memory", memory.limit_mb));
+            }
+            if let Err(e) = crate::cgroup::remove_if_empty(dir) {
+                log.line(format_args!("cannot remove the cgroup {}: {e}", dir.display()));
+            }
+            killed
+        }
+        _ => false,
+    };
     TaskResult {
         exit_code,
         signal,
@@ -509,7 +551,25 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
         max_rss_kb: usage.max_rss_kb,
         error,
         fenced,
+        oom,
     }
+}
+
+/// The job's cgroup (created with its limit if this is the job's first task here) and its `cgroup.procs`, open
+/// for the task to write itself into.
+fn join_point(memory: &TaskMemory) -> Result<(PathBuf, File), Failure> {
+    let dir =
+        crate::cgroup::job_cgroup(&memory.root, memory.job, memory.incarnation, memory.limit_mb).map_err(|e| {
+            Failure::setup(
+                format!("cannot set up the job's memory cgroup under {}: {e}", memory.root.path.display()),
+                None,
+            )
+        })?;
+    let procs = OpenOptions::new()
+        .write(true)
+        .open(crate::cgroup::procs_file(&dir))
+        .map_err(|e| Failure::setup(format!("cannot open {}: {e}", crate::cgroup::procs_file(&dir).display()), None))?;
+    Ok((dir, procs))
 }
 
 /// What the task needs that must be opened or checked as its user.
@@ -613,6 +673,7 @@ impl Failure {
                 message: Some(format!("execve(): {name}: {why}")),
             },
             Some(STAGE_PROCESS_GROUP) => Failure::setup(format!("setpgid(): {why}"), None),
+            Some(STAGE_CGROUP) => Failure::setup(format!("joining the job's memory cgroup: {why}"), None),
             Some(STAGE_SETGROUPS) => Failure::setup(format!("setgroups() for user {:?}: {why}", launch.user), None),
             Some(STAGE_SETGID) => Failure::setup(format!("setgid({}): {why}", launch.gid), None),
             Some(STAGE_SETUID) => Failure::setup(format!("setuid({}): {why}", launch.uid), None),
@@ -637,6 +698,7 @@ fn failed(log: &mut Log, stderr: Option<&File>, failure: Failure) -> TaskResult 
         max_rss_kb: 0,
         error: Some(failure.error),
         fenced: false,
+        oom: false,
     }
 }
 
@@ -769,6 +831,7 @@ fn current_groups() -> io::Result<Vec<libc::gid_t>> {
 
 // Stages the child reports, one byte each, before it attempts them: the last byte received tells which step failed,
 // since the error std passes back from a failed pre_exec or exec is only an errno.
+const STAGE_CGROUP: u8 = 6;
 const STAGE_PROCESS_GROUP: u8 = 1;
 const STAGE_SETGROUPS: u8 = 2;
 const STAGE_SETGID: u8 = 3;
@@ -776,7 +839,7 @@ const STAGE_SETUID: u8 = 4;
 const STAGE_EXEC: u8 = 5;
 
 /// Runs in the task's process between fork and exec: async-signal-safe calls only, no allocation.
-fn prepare_child(stage: RawFd, creds: Option<&Credentials>) -> io::Result<()> {
+fn prepare_child(stage: RawFd, procs: RawFd, creds: Option<&Credentials>) -> io::Result<()> {
     let mark = |byte: u8| {
         // SAFETY: write(2) of one byte from a live stack value.
         unsafe { libc::write(stage, (&byte as *const u8).cast(), 1) };
@@ -788,6 +851,13 @@ fn prepare_child(stage: RawFd, creds: Option<&Credentials>) -> io::Result<()> {
         libc::signal(libc::SIGHUP, libc::SIG_DFL);
         libc::signal(libc::SIGINT, libc::SIG_DFL);
         libc::signal(libc::SIGTERM, libc::SIG_DFL);
+        if procs >= 0 {
+            // "0" is the writing process: the task joins its job's memory cgroup while still privileged.
+            mark(STAGE_CGROUP);
+            if libc::write(procs, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(io::Error::last_os_error());
+            }
+        }
         mark(STAGE_PROCESS_GROUP);
         check(libc::setpgid(0, 0))?;
         if let Some(creds) = creds {

@@ -41,6 +41,7 @@ fn shell_task(work: &Path, script: &str) -> TaskLaunch {
         append: false,
         lease_file: None,
         make_dirs: Vec::new(),
+        memory: None,
     }
 }
 
@@ -524,4 +525,40 @@ fn the_supervisor_kills_its_task_when_the_nodes_lease_expires() {
     launch.lease_file = Some(path_str(&lease));
     let result = run_to_end(&dir, &launch);
     assert_eq!((result.exit_code, result.fenced), (3, false));
+}
+
+/// A memory cgroup of this test's own, or why the host has none (not root, no memory controller).
+fn memory_root(name: &str) -> Result<drover_agent::cgroup::CgroupRoot, String> {
+    if !is_root() {
+        return Err("not root".into());
+    }
+    drover_agent::cgroup::detect(&format!("drover-test/{name}-{}", std::process::id()))
+}
+
+fn confined(work: &Path, script: &str, root: &drover_agent::cgroup::CgroupRoot, job: u64) -> TaskLaunch {
+    TaskLaunch {
+        memory: Some(supervise::TaskMemory { root: root.clone(), job, incarnation: 0, limit_mb: 64 }),
+        ..shell_task(work, script)
+    }
+}
+
+#[test]
+fn a_task_over_its_jobs_memory_is_killed_and_says_out_of_memory() {
+    let root = match memory_root("oom") {
+        Ok(root) => root,
+        Err(why) => return eprintln!("SKIPPED: memory cannot be confined on this host: {why}"),
+    };
+    let work = TempDir::new().unwrap();
+    // `tail` keeps the whole "line" of zeros: 400 MiB against a 64 MiB limit.
+    let hog = run_to_end(&work.path().join("hog"), &confined(work.path(), "head -c 400M /dev/zero | tail", &root, 1));
+    assert!(hog.oom, "{hog:?}\n{}", log_of(&work.path().join("hog")));
+    assert!(hog.max_rss_kb < 80 << 10, "confined near 64 MiB, far below 400: {hog:?}");
+    // Within the limit: runs to the end, and the job's cgroup is gone afterwards.
+    let fine =
+        run_to_end(&work.path().join("fine"), &confined(work.path(), "head -c 16M /dev/zero | tail | wc -c", &root, 2));
+    assert_eq!((fine.exit_code, fine.signal, fine.oom), (0, 0, false), "{fine:?}");
+    assert_eq!(read(work.path().join("out")).trim(), (16 << 20).to_string());
+    assert!(!root.path.join("job_2.0").exists(), "the job's cgroup is removed with its last task");
+    let _ = fs::remove_dir(&root.path);
+    let _ = fs::remove_dir(root.path.parent().unwrap());
 }

@@ -203,10 +203,12 @@ impl LocalCluster {
         let agent_ip: IpAddr = ip.parse()?;
         let (cert, key) = pki.issue(&name, &drover_auth::Role::Agent(name.clone()), &[], &[agent_ip, LOOPBACK])?;
         let toml = format!(
-            "name = {name:?}\ncontrollers = {controllers:?}\nlisten = {addr:?}\nhost = {ip:?}\nstate_dir = {:?}\ncpus = 64\nmemory_mb = 65536\nkill_wait_ms = {}\nclient_config = {:?}\n\n[gpus]\nsimulate = {}\nmodel = \"H200\"\n",
+            "name = {name:?}\ncontrollers = {controllers:?}\nlisten = {addr:?}\nhost = {ip:?}\nstate_dir = {:?}\ncpus = 64\nmemory_mb = 65536\nkill_wait_ms = {}\nclient_config = {:?}\nmemory_cgroup = {:?}\n\n[gpus]\nsimulate = {}\nmodel = \"H200\"\n",
             home.join("state").display().to_string(),
             self.options.kill_wait_ms,
             self.dir.join("client.toml").display().to_string(),
+            // Several local clusters share a host, and all have a node01 running job 1: one cgroup tree each.
+            format!("drover-local/{:016x}/{name}", fnv1a(self.dir.display().to_string().as_bytes())),
             self.options.gpus_per_agent,
         );
         let mut toml = toml;
@@ -523,7 +525,16 @@ impl LocalCluster {
             kill_tasks(&process.data_dir.join("tasks"));
         }
         let _ = std::fs::remove_file(self.dir.join("cluster.json"));
+        self.remove_cgroups();
         Ok(())
+    }
+
+    /// Removes the agents' memory cgroups (best effort: a cgroup goes only once its processes have).
+    fn remove_cgroups(&self) {
+        let tree = format!("drover-local/{:016x}", fnv1a(self.dir.display().to_string().as_bytes()));
+        for mount in ["/sys/fs/cgroup", "/sys/fs/cgroup/memory"] {
+            remove_cgroup_tree(&Path::new(mount).join(&tree));
+        }
     }
 }
 
@@ -618,8 +629,21 @@ impl Drop for LocalCluster {
                     kill_tasks(&process.data_dir.join("tasks"));
                 }
             }
+            self.remove_cgroups();
         }
     }
+}
+
+/// rmdir of a cgroup directory and the cgroups below it, deepest first (cgroup files need no deleting).
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&entry.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// Whether `pid` exited within `timeout`.
@@ -637,4 +661,9 @@ fn wait_gone(pid: u32, timeout: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(10));
     }
     false
+}
+
+/// A stable 64-bit hash (FNV-1a) of a cluster's directory, to name its cgroups.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
 }

@@ -174,6 +174,9 @@ pub struct JobEnd {
     /// expired: a node failure, after which the job is requeued, not a failure of the job.
     #[serde(default)]
     pub fenced: bool,
+    /// The kernel killed a task for going over the job's memory (`--mem`): the job ends OUT_OF_MEMORY.
+    #[serde(default)]
+    pub oom: bool,
 }
 
 impl Command {

@@ -307,6 +307,7 @@ impl State {
         }
         let state = match () {
             () if end.timed_out => JobState::Timeout,
+            () if end.oom => JobState::OutOfMemory,
             () if end.exit_code == 0 && end.signal == 0 => JobState::Completed,
             () => JobState::Failed,
         };
