@@ -1,28 +1,37 @@
-//! `sbatch`'s command line and `#SBATCH` directives, turned into a [`JobSpec`].
+//! `sbatch`'s command line, `#SBATCH` directives and `SBATCH_*` input environment variables, turned into a
+//! [`JobSpec`], as Slurm 22.05's `sbatch` reads them.
 //!
-//! Pure: no I/O, no environment reads, no clock. Submission happens in two steps, because the script file can
-//! only be read once its path is known:
+//! Pure: no I/O, no environment reads, no clock. The caller passes the environment, the time and the local UTC
+//! offset in a [`SubmitContext`]. Submission happens in two steps, because the script file can only be read once
+//! its path is known:
 //!
 //! 1. [`parse_command_line`] parses the arguments (without `argv[0]`) into a [`CommandLine`]: the options, checked
 //!    and in order, then the script path and the script's own arguments. As with Slurm, option parsing stops at
 //!    the first non-option argument (the script); everything after it belongs to the script.
 //! 2. The caller reads the script (from the path, or stdin when there is none), then [`build_spec`] applies the
-//!    script's `#SBATCH` directives first and the command-line options after them, so the command line wins.
+//!    script's `#SBATCH` directives, then the `SBATCH_*` environment variables, then the command-line options:
+//!    the command line wins over the environment, the environment over the script (Slurm's order).
 //!
 //! Options are matched as `getopt_long` does: `--name=value` or `--name value`, `-Xvalue` or `-X value`, value-less
-//! short flags may be bundled (`-HJname`), `--` ends the options. Long names must be spelled out in full (no
-//! abbreviations). Supported: `--job-name/-J`, `--partition/-p`, `--account/-A`, `--nodes/-N` (`N` or `MIN-MAX`),
-//! `--ntasks/-n`, `--ntasks-per-node`, `--cpus-per-task/-c`, `--gres` (`gpu`, `gpu:N`, `gpu:TYPE`, `gpu:TYPE:N`,
-//! `none`), `--gpus-per-node` (`N` or `TYPE:N`), `--gpus/-G` (`N` or `TYPE:N`, the job's total), `--gpus-per-task`
-//! (`N` or `TYPE:N`), `--time/-t`, `--output/-o`, `--error/-e`, `--chdir/-D`, `--export`, `--open-mode`,
-//! `--exclusive`, `--constraint/-C`, `--nodelist/-w`, `--exclude/-x`, `--array/-a` (`0-15`, `0,6,16-32`, `0-15:4`,
-//! with an optional `%N` limit), `--dependency/-d` (`afterok:12:13`, `afterany:5_3`, `after`, `afternotok`,
-//! `singleton`; joined by `,` or `?`), `--qos/-q`, `--reservation`, `--nice[=N]`, `--requeue`, `--no-requeue`,
-//! `--hold/-H`, `--parsable`, `--wrap` (command line only).
+//! short flags may be bundled (`-HJname`), `--` ends the options. An optional value (`--nice`, `--exclusive`,
+//! `--no-kill`, `--get-user-env`, `--propagate`) is taken only when attached (`--nice=5`); `--nice 5` leaves `5`
+//! as the next argument. Long names must be spelled out in full (no abbreviations).
 //!
-//! `--nice` takes an optional value, as in Slurm (getopt's optional argument): `--nice` alone means 100, and only
-//! `--nice=N` attaches a value (`--nice 50` leaves `50` as the next argument, the script). N may be negative
-//! (the controller allows that to root only) and lies within ±2147483645.
+//! Acted on: `--job-name/-J`, `--partition/-p`, `--account/-A`, `--nodes/-N` (`N` or `MIN-MAX`), `--ntasks/-n`,
+//! `--ntasks-per-node` (or `--tasks-per-node`), `--cpus-per-task/-c`, `--gres` (`gpu`, `gpu:N`, `gpu:TYPE`,
+//! `gpu:TYPE:N`, `none`), `--gpus-per-node` (`N` or `TYPE:N`), `--gpus/-G` (`N` or `TYPE:N`, the job's total),
+//! `--gpus-per-task` (`N` or `TYPE:N`), `--cpus-per-gpu`, `--ntasks-per-gpu`, `--mem`, `--mem-per-cpu`,
+//! `--mem-per-gpu`, `--time/-t`, `--time-min`, `--begin/-b`, `--deadline`, `--output/-o`, `--error/-e`,
+//! `--chdir/-D`, `--export`, `--open-mode`, `--exclusive[=user|mcs|oversubscribe]`, `--oversubscribe/-s`,
+//! `--constraint/-C`, `--nodelist/-w`, `--exclude/-x`, `--array/-a` (`0-15`, `0,6,16-32`, `0-15:4`, with an
+//! optional `%N` limit), `--dependency/-d` (`afterok:12:13`, `afterany:5_3`, `after`, `afternotok`,
+//! `singleton`; joined by `,` or `?`), `--qos/-q`, `--reservation`, `--nice[=N]`, `--requeue`, `--no-requeue`,
+//! `--signal`, `--no-kill/-k[=off]`, `--hold/-H`, `--wckey`, `--comment`, `--parsable`, `--quiet/-Q` and `--wrap`
+//! (those two on the command line only, as in Slurm: a `#SBATCH -Q` does nothing and a `#SBATCH --wrap` is an
+//! error).
+//!
+//! `--nice` alone means 100; N may be negative (the controller allows that to root only) and lies within
+//! ±2147483645.
 //!
 //! GPUs: the last of `--gres`, `--gpus-per-node`, `--gpus` and `--gpus-per-task` given wins entirely (count and
 //! type), and is resolved once all options are applied. `--gpus=N` with a fixed `--nodes` count becomes
@@ -30,14 +39,68 @@
 //! `--gpus-per-task=N` needs `--ntasks` or `--ntasks-per-node` and gives each node N times the most tasks any node
 //! gets. A count of 0 means no GPUs.
 //!
-//! Accepted and ignored (they take a value, which is checked to be present and then dropped; nothing about them
-//! reaches the job): `--mail-type`, `--mail-user`, `--comment`.
+//! Per-GPU counts are folded in after that, as Slurm's `cons_tres` works them out:
+//! - `--ntasks-per-gpu=N` with GPUs asked for makes N tasks per GPU: N x GPUs per node tasks on each node (an
+//!   `--ntasks` is replaced by that total, as Slurm does, with a warning); with a job total (`--gpus` and no fixed
+//!   `--nodes`) the task count is N x the total. Without GPUs it asks for `--ntasks` / N GPUs (or one per node
+//!   when only `--nodes` is given); `--ntasks` must then be a multiple of N. It cannot be combined with
+//!   `--ntasks-per-node`, `--gpus-per-task` or a node range.
+//! - `--cpus-per-gpu=N` gives each node N x its GPUs CPUs, shared by the node's tasks: `cpus_per_task` becomes
+//!   N x GPUs per node / the most tasks on a node, rounded up (for a job total not yet spread over nodes, N x the
+//!   total / `--ntasks`, or / the tasks on one node). It excludes `--cpus-per-task`, and has no effect (a
+//!   warning) without GPUs.
 //!
-//! Error messages carry no `sbatch: error: ` prefix; print them as `sbatch: error: {err}`.
+//! Memory: `--mem`, `--mem-per-cpu` and `--mem-per-gpu` take `SIZE[K|M|G|T][B]` in any case, MiB when no unit is
+//! given; `K` rounds up to whole MiB. `--mem=0` asks for all of each node's memory. As in Slurm they exclude one
+//! another: two different ones in the script or on the command line (together) are an error; one given there
+//! overrides any `SBATCH_MEM_*` variable; two different `SBATCH_MEM_*` variables are an error. `--mem-per-gpu`
+//! needs GPUs. A size over 2^63 - 1 MiB is refused.
+//!
+//! Times: `--time-min` takes `--time`'s formats and may not exceed `--time`. `--begin` and `--deadline` take
+//! Slurm's `parse_time` forms, in the submitter's local time (its UTC offset at submission: a daylight-saving
+//! change before the time is not accounted for): `HH:MM[:SS] [AM|PM]`, `midnight`, `noon`, `fika` (15:00),
+//! `teatime` (16:00), `today`, `tomorrow`, `MMDD[YY]`, `MM/DD[/YY]`, `MM.DD[.YY]`, `YYYY-MM-DD[THH:MM[:SS]]`,
+//! a date and a time together (`MM/DD-HH:MM`, `tomorrow 10:00`), `now[{+|-}COUNT[seconds|minutes|hours|days|
+//! weeks]]` (singular units too; seconds by default), and `uts<epoch seconds>`. A time of day not after the
+//! current minute means tomorrow; a date without a year not after now means next year; a date alone means its
+//! midnight. A `--deadline` before the `--begin` is an error.
+//!
+//! Accepted with a warning, because Drover does not act on them (their values are dropped): `--acctg-freq`,
+//! `--batch`, `--cluster-constraint`, `--context`, `--contiguous`, `--core-spec/-S`, `--cores-per-socket`,
+//! `--cpu-freq`, `--delay-boot`, `--distribution/-m`, `--export-file`, `--extra-node-info/-B`,
+//! `--get-user-env`, `--gpu-bind`, `--gpu-freq`, `--gres-flags`, `--hint`, `--kill-on-invalid-dep=yes`,
+//! `--licenses/-L`, `--mail-type` (not `NONE`), `--mail-user`, `--mcs-label`, `--mem-bind`, `--mincpus`,
+//! `--network`, `--ntasks-per-core`, `--ntasks-per-socket`, `--overcommit/-O`, `--power`, `--prefer`,
+//! `--priority`, `--profile`, `--propagate`, `--reboot`, `--sockets-per-node`, `--spread-job`, `--switches`,
+//! `--thread-spec`, `--threads-per-core`, `--tmp`, `--use-min-nodes`, `--verbose/-v`, `--wait-all-nodes`,
+//! `--exclusive=user|mcs` (treated as `--exclusive`) and `--oversubscribe`. Accepted silently because Drover
+//! already behaves so: `--ignore-pbs`, `--kill-on-invalid-dep=no`, `--input=/dev/null`, `--clusters=` (empty).
+//!
+//! Refused with an error, because ignoring them would run the job differently from what was asked: `--uid`,
+//! `--gid`, `--wait/-W`, `--test-only`, `--clusters/-M` (unless empty), `--bb`, `--bbf`, `--container`,
+//! `--gpus-per-socket`, `--nodefile/-F`, `--input/-i` (other than `/dev/null`).
+//!
+//! Input environment variables (sbatch 22.05's list, applied in its order): `SBATCH_ACCOUNT`, `SBATCH_ARRAY_INX`,
+//! `SBATCH_CONSTRAINT`, `SBATCH_CPUS_PER_GPU`, `SBATCH_ERROR`, `SBATCH_EXCLUSIVE`, `SBATCH_EXPORT`, `SBATCH_GPUS`,
+//! `SBATCH_GPUS_PER_NODE`, `SBATCH_GPUS_PER_TASK`, `SBATCH_GRES`, `SBATCH_JOB_NAME`, `SBATCH_MEM_PER_CPU`,
+//! `SBATCH_MEM_PER_GPU`, `SBATCH_MEM_PER_NODE`, `SBATCH_NO_KILL`, `SBATCH_NO_REQUEUE`, `SBATCH_OPEN_MODE`,
+//! `SBATCH_OUTPUT`, `SBATCH_PARTITION`, `SBATCH_QOS`, `SBATCH_REQUEUE`, `SBATCH_RESERVATION`, `SBATCH_SIGNAL`,
+//! `SBATCH_TIMELIMIT`, `SBATCH_WCKEY`, and those standing for the warned and refused options above
+//! ([`ENV_OPTIONS`] lists them all). Slurm has no `SBATCH_TIME_MIN` or `SBATCH_CPUS_PER_TASK`. A flag variable
+//! (`SBATCH_REQUEUE`) is on when empty, `yes` or a non-zero number, and otherwise has no effect; an empty
+//! variable for an option that needs a value is skipped. Only `sbatch` reads them ([`SubmitContext::sbatch_env`]).
+//!
+//! Directives: only lines starting exactly with `#SBATCH` (or the old `#SLURM`, with a warning) count, and they
+//! are read until the first command: a line whose first non-blank character is not `#`. Blank lines and comments
+//! do not stop them. Words are split as Slurm does (quotes group, a backslash escapes, an unquoted `#` starts a
+//! comment), but each line is parsed on its own, so an option's value cannot continue on the next line.
+//!
+//! Error messages carry no `sbatch: error: ` prefix; print them as `sbatch: error: {err}`, and the warnings of
+//! [`ParsedSubmit::warnings`] as `sbatch: warning: {warning}` (unless `--quiet`).
 
 use std::fmt;
 
-use drover_state::job::{ArraySpec, Dependency, ExportPolicy, JobSpec};
+use drover_state::job::{ArraySpec, Dependency, ExportPolicy, JobSpec, MemRequest};
 use drover_state::{array, dependency, slurm_time};
 
 /// The `MaxArraySize` `sbatch` checks `--array` against (Slurm's default); the controller enforces its own too.
@@ -52,7 +115,11 @@ pub const MAX_NICE: i32 = 2_147_483_645;
 /// The largest batch script accepted (Slurm's default `max_script_size`).
 pub const MAX_SCRIPT_BYTES: usize = 4 * 1024 * 1024;
 
-/// Who submits, from where, with which environment: everything the parser would otherwise read from the process.
+/// The largest memory size accepted, in MiB: Slurm keeps sizes in a signed 64-bit count (and flags the top bit).
+pub const MAX_MEM_MB: u64 = i64::MAX as u64;
+
+/// Who submits, from where, with which environment, and when: everything the parser would otherwise read from
+/// the process.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SubmitContext {
     pub user: String,
@@ -62,6 +129,13 @@ pub struct SubmitContext {
     pub cwd: String,
     /// The submitting process's environment, in order.
     pub env: Vec<(String, String)>,
+    /// The time of submission, in milliseconds since the epoch (`--begin=now+1hour`, `--begin=16:00`).
+    pub now_ms: u64,
+    /// The submitter's local time minus UTC at `now_ms`, in seconds (`--begin=16:00` is 16:00 local time).
+    pub utc_offset_s: i32,
+    /// Whether the `SBATCH_*` input environment variables apply: true for `sbatch`; `srun` (and `salloc`) read
+    /// their own variables in Slurm, never these.
+    pub sbatch_env: bool,
 }
 
 /// The outcome of [`build_spec`]: the job to submit, and how to report it.
@@ -70,8 +144,13 @@ pub struct ParsedSubmit {
     pub spec: JobSpec,
     /// `--parsable` (on the command line or in a directive): print only the job id.
     pub parsable: bool,
+    /// `--quiet/-Q` on the command line: print neither the job id nor the warnings, only errors.
+    pub quiet: bool,
     /// The script path from the command line, as given (`None` for `--wrap` or a script read from stdin).
     pub script_path: Option<String>,
+    /// One line each, without the `sbatch: warning: ` prefix: options accepted but not acted on, and options
+    /// acted on differently from how they were spelled (in the order found, each once).
+    pub warnings: Vec<String>,
 }
 
 /// The command line, parsed: options in the order given, then the script and its arguments.
@@ -87,9 +166,12 @@ pub struct CommandLine {
     pub script_args: Vec<String>,
     /// `--parsable` was given on the command line.
     pub parsable: bool,
+    /// `--quiet/-Q` was given on the command line (the only place Slurm reads it).
+    pub quiet: bool,
 }
 
-/// One option, its value checked and parsed. Directives and command-line options both parse to these.
+/// One option, its value checked and parsed. Directives, environment variables and command-line options all
+/// parse to these.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SbatchOption {
     JobName(String),
@@ -118,6 +200,12 @@ pub enum SbatchOption {
         count: u32,
         gpu_type: Option<String>,
     },
+    /// `--cpus-per-gpu`: folded into `cpus_per_task` in [`build_spec`].
+    CpusPerGpu(u32),
+    /// `--ntasks-per-gpu` (or Slurm's hidden `--ntasks-per-tres`): folded into the task counts in [`build_spec`].
+    NtasksPerGpu(u32),
+    /// `--mem`, `--mem-per-cpu`, `--mem-per-gpu`, in MiB.
+    Mem(MemRequest),
     /// `--array`: task ids (sorted, unique) and the `%N` limit.
     Array(ArraySpec),
     /// `--dependency`: the entries, and whether any one suffices (`?`) rather than all (`,`).
@@ -131,6 +219,12 @@ pub enum SbatchOption {
     Nice(i32),
     /// `--time`: seconds, `None` for UNLIMITED (or 0).
     TimeLimit(Option<u64>),
+    /// `--time-min`: seconds, `None` for UNLIMITED (or 0).
+    TimeMin(Option<u64>),
+    /// `--begin/-b`: placed in time by [`build_spec`], against [`SubmitContext::now_ms`].
+    Begin(TimeSpec),
+    /// `--deadline`, likewise.
+    Deadline(TimeSpec),
     Output(String),
     Error(String),
     Chdir(String),
@@ -143,26 +237,47 @@ pub enum SbatchOption {
     Requeue(bool),
     /// `--signal=[{R|B}:]SIG[@secs]`.
     Signal(drover_state::WarnSignal),
-    /// `--no-kill/-k`.
-    NoKill,
+    /// `--no-kill/-k` (true), `--no-kill=off` or `=no` (false).
+    NoKill(bool),
     /// `--open-mode=append` (true) or `truncate` (false).
     OpenAppend(bool),
-    Exclusive,
+    /// `--exclusive[=...]` and `--oversubscribe/-s`.
+    Exclusive(Exclusive),
     /// `--constraint`: features all required (`a&b`).
     Constraint(Vec<String>),
     /// `--nodelist` / `--exclude`: expanded host names.
     Nodelist(Vec<String>),
     Exclude(Vec<String>),
+    Wckey(String),
+    Comment(String),
     Hold,
     Parsable,
-    /// An accepted-and-ignored option (`--mail-type`, `--mail-user`, `--comment`); dropped by [`build_spec`].
+    /// `--quiet/-Q`: acted on from the command line only.
+    Quiet,
+    /// An option Drover accepts and does not act on; [`build_spec`] drops it and, when `note` is not empty, warns
+    /// `--{flag} is ignored: {note}`.
     Ignored {
+        /// The long name, without its dashes (`gpu-bind`).
         flag: &'static str,
-        value: String,
+        value: Option<String>,
+        note: &'static str,
     },
 }
 
-/// What is wrong with one option (on the command line or in a directive).
+/// How a job shares its nodes: `--exclusive[=MODE]` and `--oversubscribe`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exclusive {
+    /// `--exclusive`: whole nodes, shared with no other job.
+    Node,
+    /// `--exclusive=user`: Slurm shares the nodes with the same user's jobs only; Drover shares them with none.
+    User,
+    /// `--exclusive=mcs`: likewise, for jobs of the same MCS label.
+    Mcs,
+    /// `--exclusive=oversubscribe` or `--oversubscribe/-s`: not exclusive (Drover never oversubscribes).
+    Oversubscribe,
+}
+
+/// What is wrong with one option (on the command line, in a directive or in an environment variable).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OptionError {
     #[error("unrecognized option {flag:?}; supported options: {}", SupportedOptions)]
@@ -173,8 +288,13 @@ pub enum OptionError {
     UnexpectedValue { flag: String, value: String },
     #[error("invalid {flag} value {value:?}: {expected}")]
     InvalidValue { flag: String, value: String, expected: String },
+    /// An option Slurm has that Drover refuses rather than ignores.
+    #[error("{flag}: {reason}")]
+    Refused { flag: String, reason: &'static str },
     #[error("unexpected argument {arg:?}: #SBATCH lines may hold only options")]
     UnexpectedArgument { arg: String },
+    #[error("heterogeneous jobs (#SBATCH {word}) are not supported; submit the components as separate jobs")]
+    HetJob { word: String },
     #[error("unmatched {quote} quote")]
     UnmatchedQuote { quote: char },
     #[error("--wrap is allowed only on the sbatch command line, not in a #SBATCH line")]
@@ -190,6 +310,9 @@ pub enum SbatchError {
     /// A bad `#SBATCH` line: its 1-based number and text.
     #[error("script line {line}: {error} (in {text:?})")]
     Directive { line: usize, text: String, error: OptionError },
+    /// A bad `SBATCH_*` input environment variable.
+    #[error("environment variable {var}: {error}")]
+    Environment { var: String, error: OptionError },
     #[error("no batch script given; pass a script file or --wrap")]
     NoScript,
     #[error("script arguments are not permitted with --wrap (got {arg:?}); put the whole command in --wrap=\"...\"")]
@@ -234,18 +357,27 @@ enum Kind {
     GpusPerNode,
     GpusTotal,
     GpusPerTask,
+    CpusPerGpu,
+    NtasksPerGpu,
+    Mem,
+    MemPerCpu,
+    MemPerGpu,
     Array,
     Dependency,
     Qos,
     Reservation,
     Nice,
     Time,
+    TimeMin,
+    Begin,
+    Deadline,
     Output,
     Error,
     Chdir,
     Export,
     OpenMode,
     Exclusive,
+    Oversubscribe,
     Constraint,
     Nodelist,
     Exclude,
@@ -254,9 +386,23 @@ enum Kind {
     Signal,
     NoKill,
     Hold,
+    Wckey,
+    Comment,
     Parsable,
+    Quiet,
     Wrap,
-    Ignored,
+    /// `--clusters/-M`: refused unless empty.
+    Clusters,
+    /// `--input/-i`: refused unless `/dev/null` (where a batch script's stdin already comes from).
+    Input,
+    /// `--kill-on-invalid-dep=yes|no`: `no` is what Drover does.
+    KillOnInvalidDep,
+    /// `--mail-type`: `NONE` is what Drover does.
+    MailType,
+    /// Accepted, not acted on: warns `--long is ignored: {note}` (silent when the note is empty).
+    Unused(Arg, &'static str),
+    /// Refused: the error says why.
+    Refused(Arg, &'static str),
 }
 
 /// Whether an option takes a value, as getopt's `has_arg`.
@@ -271,10 +417,26 @@ enum Arg {
 impl Kind {
     fn arg(self) -> Arg {
         match self {
-            Kind::Requeue | Kind::NoRequeue | Kind::Hold | Kind::Parsable | Kind::Exclusive => Arg::No,
-            Kind::Nice | Kind::NoKill => Arg::Optional,
+            Kind::Requeue | Kind::NoRequeue | Kind::Hold | Kind::Parsable | Kind::Quiet | Kind::Oversubscribe => {
+                Arg::No
+            }
+            Kind::Nice | Kind::NoKill | Kind::Exclusive => Arg::Optional,
+            Kind::Unused(arg, _) | Kind::Refused(arg, _) => arg,
             _ => Arg::Required,
         }
+    }
+
+    /// Listed in the "supported options" of [`OptionError::Unknown`]: the options Drover acts on.
+    fn listed(self) -> bool {
+        !matches!(
+            self,
+            Kind::Unused(..)
+                | Kind::Refused(..)
+                | Kind::Clusters
+                | Kind::Input
+                | Kind::KillOnInvalidDep
+                | Kind::MailType
+        )
     }
 }
 
@@ -284,43 +446,253 @@ struct OptDef {
     kind: Kind,
 }
 
+const fn opt(long: &'static str, short: Option<char>, kind: Kind) -> OptDef {
+    OptDef { long, short, kind }
+}
+
+/// Why each accepted-and-ignored option is ignored (the warning's second half).
+const PLACEMENT: &str = "Drover places jobs by node, CPU and GPU counts, not sockets, cores or threads";
+const NO_REBOOT: &str = "Drover never reboots nodes for a job";
+const NO_SWITCHES: &str = "Drover's placement does not count network switches";
+const NO_SPEC_CORES: &str = "Drover reserves no cores for system use";
+
+/// Every option of Slurm 22.05's `sbatch` except `--help`, `--usage` and `--version`, in the order of its
+/// option table.
 const OPTIONS: &[OptDef] = &[
-    OptDef { long: "job-name", short: Some('J'), kind: Kind::JobName },
-    OptDef { long: "partition", short: Some('p'), kind: Kind::Partition },
-    OptDef { long: "account", short: Some('A'), kind: Kind::Account },
-    OptDef { long: "nodes", short: Some('N'), kind: Kind::Nodes },
-    OptDef { long: "ntasks", short: Some('n'), kind: Kind::Ntasks },
-    OptDef { long: "ntasks-per-node", short: None, kind: Kind::NtasksPerNode },
-    OptDef { long: "cpus-per-task", short: Some('c'), kind: Kind::CpusPerTask },
-    OptDef { long: "gres", short: None, kind: Kind::Gres },
-    OptDef { long: "gpus-per-node", short: None, kind: Kind::GpusPerNode },
-    OptDef { long: "gpus", short: Some('G'), kind: Kind::GpusTotal },
-    OptDef { long: "gpus-per-task", short: None, kind: Kind::GpusPerTask },
-    OptDef { long: "array", short: Some('a'), kind: Kind::Array },
-    OptDef { long: "dependency", short: Some('d'), kind: Kind::Dependency },
-    OptDef { long: "qos", short: Some('q'), kind: Kind::Qos },
-    OptDef { long: "reservation", short: None, kind: Kind::Reservation },
-    OptDef { long: "nice", short: None, kind: Kind::Nice },
-    OptDef { long: "time", short: Some('t'), kind: Kind::Time },
-    OptDef { long: "output", short: Some('o'), kind: Kind::Output },
-    OptDef { long: "error", short: Some('e'), kind: Kind::Error },
-    OptDef { long: "chdir", short: Some('D'), kind: Kind::Chdir },
-    OptDef { long: "export", short: None, kind: Kind::Export },
-    OptDef { long: "open-mode", short: None, kind: Kind::OpenMode },
-    OptDef { long: "exclusive", short: None, kind: Kind::Exclusive },
-    OptDef { long: "constraint", short: Some('C'), kind: Kind::Constraint },
-    OptDef { long: "nodelist", short: Some('w'), kind: Kind::Nodelist },
-    OptDef { long: "exclude", short: Some('x'), kind: Kind::Exclude },
-    OptDef { long: "requeue", short: None, kind: Kind::Requeue },
-    OptDef { long: "no-requeue", short: None, kind: Kind::NoRequeue },
-    OptDef { long: "signal", short: None, kind: Kind::Signal },
-    OptDef { long: "no-kill", short: Some('k'), kind: Kind::NoKill },
-    OptDef { long: "hold", short: Some('H'), kind: Kind::Hold },
-    OptDef { long: "parsable", short: None, kind: Kind::Parsable },
-    OptDef { long: "wrap", short: None, kind: Kind::Wrap },
-    OptDef { long: "mail-type", short: None, kind: Kind::Ignored },
-    OptDef { long: "mail-user", short: None, kind: Kind::Ignored },
-    OptDef { long: "comment", short: None, kind: Kind::Ignored },
+    opt("account", Some('A'), Kind::Account),
+    opt("acctg-freq", None, Kind::Unused(Arg::Required, "Drover samples no accounting data")),
+    opt("array", Some('a'), Kind::Array),
+    opt("batch", None, Kind::Unused(Arg::Required, "the batch script runs on the job's first node")),
+    opt("begin", Some('b'), Kind::Begin),
+    opt("bb", None, Kind::Refused(Arg::Required, "burst buffers are not supported")),
+    opt("bbf", None, Kind::Refused(Arg::Required, "burst buffers are not supported")),
+    opt("cluster-constraint", None, Kind::Unused(Arg::Required, "Drover runs a single cluster")),
+    opt("chdir", Some('D'), Kind::Chdir),
+    opt("cluster", None, Kind::Clusters),
+    opt("clusters", Some('M'), Kind::Clusters),
+    opt("comment", None, Kind::Comment),
+    opt(
+        "container",
+        None,
+        Kind::Refused(
+            Arg::Required,
+            "OCI containers are not supported; start the container from inside the batch script",
+        ),
+    ),
+    opt("context", None, Kind::Unused(Arg::Required, "Drover sets no SELinux context")),
+    opt("contiguous", None, Kind::Unused(Arg::No, "nodes are chosen without regard to their names")),
+    opt("constraint", Some('C'), Kind::Constraint),
+    opt("core-spec", Some('S'), Kind::Unused(Arg::Required, NO_SPEC_CORES)),
+    opt("cores-per-socket", None, Kind::Unused(Arg::Required, PLACEMENT)),
+    opt("cpu-freq", None, Kind::Unused(Arg::Required, "Drover does not set CPU frequencies")),
+    opt("cpus-per-gpu", None, Kind::CpusPerGpu),
+    opt("cpus-per-task", Some('c'), Kind::CpusPerTask),
+    opt("deadline", None, Kind::Deadline),
+    opt("delay-boot", None, Kind::Unused(Arg::Required, NO_REBOOT)),
+    opt("dependency", Some('d'), Kind::Dependency),
+    opt(
+        "distribution",
+        Some('m'),
+        Kind::Unused(Arg::Required, "tasks are laid out in blocks, filling one node after another"),
+    ),
+    opt("error", Some('e'), Kind::Error),
+    opt("exclude", Some('x'), Kind::Exclude),
+    opt("exclusive", None, Kind::Exclusive),
+    opt("export", None, Kind::Export),
+    opt(
+        "export-file",
+        None,
+        Kind::Unused(Arg::Required, "the variables in that file are not loaded; pass them with --export"),
+    ),
+    opt("extra-node-info", Some('B'), Kind::Unused(Arg::Required, PLACEMENT)),
+    opt(
+        "get-user-env",
+        None,
+        Kind::Unused(Arg::Optional, "the job gets the submitting environment (--export), not a login environment"),
+    ),
+    opt(
+        "gid",
+        None,
+        Kind::Refused(
+            Arg::Required,
+            "only root may submit as another group; Drover takes the group from your credential",
+        ),
+    ),
+    opt("gpu-bind", None, Kind::Unused(Arg::Required, "every task sees all of the job's GPUs on its node")),
+    opt("gpu-freq", None, Kind::Unused(Arg::Required, "Drover does not set GPU clocks")),
+    opt("gpus", Some('G'), Kind::GpusTotal),
+    opt("gpus-per-node", None, Kind::GpusPerNode),
+    opt(
+        "gpus-per-socket",
+        None,
+        Kind::Refused(Arg::Required, "not supported; ask for GPUs with --gpus-per-node, --gpus or --gres"),
+    ),
+    opt("gpus-per-task", None, Kind::GpusPerTask),
+    opt("gres", None, Kind::Gres),
+    opt("gres-flags", None, Kind::Unused(Arg::Required, "GPUs are chosen without regard to CPU binding")),
+    opt("hint", None, Kind::Unused(Arg::Required, "Drover does not bind tasks to cores")),
+    opt("hold", Some('H'), Kind::Hold),
+    // Drover never translates #PBS lines, which is what --ignore-pbs asks for.
+    opt("ignore-pbs", None, Kind::Unused(Arg::No, "")),
+    opt("input", Some('i'), Kind::Input),
+    opt("job-name", Some('J'), Kind::JobName),
+    opt("kill-on-invalid-dep", None, Kind::KillOnInvalidDep),
+    opt(
+        "licenses",
+        Some('L'),
+        Kind::Unused(Arg::Required, "Drover tracks no licenses; the job may start while none is free"),
+    ),
+    opt("mail-type", None, Kind::MailType),
+    opt("mail-user", None, Kind::Unused(Arg::Required, "Drover sends no mail")),
+    opt("mcs-label", None, Kind::Unused(Arg::Required, "Drover has no MCS labels")),
+    opt("mem", None, Kind::Mem),
+    opt("mem-bind", None, Kind::Unused(Arg::Required, "Drover does not bind memory to NUMA nodes")),
+    opt("mem-per-cpu", None, Kind::MemPerCpu),
+    opt("mem-per-gpu", None, Kind::MemPerGpu),
+    opt("mincpus", None, Kind::Unused(Arg::Required, "CPUs are reserved by --cpus-per-task and the task counts")),
+    opt("network", None, Kind::Unused(Arg::Required, "Drover configures no network resources")),
+    opt("nice", None, Kind::Nice),
+    opt("no-kill", Some('k'), Kind::NoKill),
+    opt("no-requeue", None, Kind::NoRequeue),
+    opt("nodefile", Some('F'), Kind::Refused(Arg::Required, "not supported; list the nodes with --nodelist")),
+    opt("nodelist", Some('w'), Kind::Nodelist),
+    opt("nodes", Some('N'), Kind::Nodes),
+    opt("ntasks", Some('n'), Kind::Ntasks),
+    opt("ntasks-per-core", None, Kind::Unused(Arg::Required, PLACEMENT)),
+    opt("ntasks-per-gpu", None, Kind::NtasksPerGpu),
+    opt("ntasks-per-node", None, Kind::NtasksPerNode),
+    opt("ntasks-per-socket", None, Kind::Unused(Arg::Required, PLACEMENT)),
+    opt("ntasks-per-tres", None, Kind::NtasksPerGpu),
+    opt("open-mode", None, Kind::OpenMode),
+    opt("output", Some('o'), Kind::Output),
+    opt("overcommit", Some('O'), Kind::Unused(Arg::No, "every task gets its own CPUs")),
+    opt("oversubscribe", Some('s'), Kind::Oversubscribe),
+    opt("parsable", None, Kind::Parsable),
+    opt("partition", Some('p'), Kind::Partition),
+    opt("power", None, Kind::Unused(Arg::Required, "Drover has no power management")),
+    opt(
+        "prefer",
+        None,
+        Kind::Unused(Arg::Required, "soft feature preferences are not supported; --constraint sets hard ones"),
+    ),
+    opt(
+        "priority",
+        None,
+        Kind::Unused(Arg::Required, "only an operator may set a job's priority; use --nice to lower it"),
+    ),
+    opt("profile", None, Kind::Unused(Arg::Required, "Drover gathers no profiles")),
+    opt(
+        "propagate",
+        None,
+        Kind::Unused(Arg::Optional, "the submitting shell's resource limits are not applied to the job"),
+    ),
+    opt("qos", Some('q'), Kind::Qos),
+    opt("quiet", Some('Q'), Kind::Quiet),
+    opt("reboot", None, Kind::Unused(Arg::No, NO_REBOOT)),
+    opt("requeue", None, Kind::Requeue),
+    opt("reservation", None, Kind::Reservation),
+    opt("signal", None, Kind::Signal),
+    opt("sockets-per-node", None, Kind::Unused(Arg::Required, PLACEMENT)),
+    opt("spread-job", None, Kind::Unused(Arg::No, "nodes are chosen by Drover's placement")),
+    opt("switches", None, Kind::Unused(Arg::Required, NO_SWITCHES)),
+    opt("tasks-per-node", None, Kind::NtasksPerNode),
+    opt(
+        "test-only",
+        None,
+        Kind::Refused(Arg::No, "not supported yet; Drover cannot estimate a start time without submitting"),
+    ),
+    opt("thread-spec", None, Kind::Unused(Arg::Required, NO_SPEC_CORES)),
+    opt("threads-per-core", None, Kind::Unused(Arg::Required, PLACEMENT)),
+    opt("time", Some('t'), Kind::Time),
+    opt("time-min", None, Kind::TimeMin),
+    opt("tmp", None, Kind::Unused(Arg::Required, "Drover does not track local disk space")),
+    opt(
+        "uid",
+        None,
+        Kind::Refused(
+            Arg::Required,
+            "only root may submit as another user; Drover takes the user from your credential",
+        ),
+    ),
+    opt("use-min-nodes", None, Kind::Unused(Arg::No, "the scheduler picks the node count within --nodes")),
+    opt("verbose", Some('v'), Kind::Unused(Arg::No, "Drover's sbatch has no verbose output")),
+    opt(
+        "wait",
+        Some('W'),
+        Kind::Refused(
+            Arg::No,
+            "not supported yet; sbatch returns once the job is queued (follow it with squeue or sacct)",
+        ),
+    ),
+    opt("wait-all-nodes", None, Kind::Unused(Arg::Required, "the script starts as soon as the allocation is made")),
+    opt("wckey", None, Kind::Wckey),
+    opt("wrap", None, Kind::Wrap),
+];
+
+/// The input environment variables Slurm 22.05's `sbatch` reads, in the order it applies them (a later one wins
+/// for the same option), and the long option each stands for. `SBATCH_REQ_SWITCH` and `SBATCH_WAIT4SWITCH` stand
+/// for Slurm's two halves of `--switches`; `SBATCH_DEBUG` for `--verbose`.
+pub const ENV_OPTIONS: &[(&str, &str)] = &[
+    ("SBATCH_IGNORE_PBS", "ignore-pbs"),
+    ("SBATCH_ACCOUNT", "account"),
+    ("SBATCH_ARRAY_INX", "array"),
+    ("SBATCH_ACCTG_FREQ", "acctg-freq"),
+    ("SBATCH_BATCH", "batch"),
+    ("SBATCH_BURST_BUFFER", "bb"),
+    ("SBATCH_CLUSTER_CONSTRAINT", "cluster-constraint"),
+    ("SBATCH_CLUSTERS", "clusters"),
+    ("SLURM_CLUSTERS", "clusters"),
+    ("SBATCH_CONTAINER", "container"),
+    ("SBATCH_CONSTRAINT", "constraint"),
+    ("SBATCH_CORE_SPEC", "core-spec"),
+    ("SBATCH_CPU_FREQ_REQ", "cpu-freq"),
+    ("SBATCH_CPUS_PER_GPU", "cpus-per-gpu"),
+    ("SBATCH_DEBUG", "verbose"),
+    ("SBATCH_DELAY_BOOT", "delay-boot"),
+    ("SBATCH_DISTRIBUTION", "distribution"),
+    ("SBATCH_EXCLUSIVE", "exclusive"),
+    ("SBATCH_EXPORT", "export"),
+    ("SBATCH_GET_USER_ENV", "get-user-env"),
+    ("SBATCH_GRES", "gres"),
+    ("SBATCH_GRES_FLAGS", "gres-flags"),
+    ("SBATCH_GPUS", "gpus"),
+    ("SBATCH_GPU_BIND", "gpu-bind"),
+    ("SBATCH_GPU_FREQ", "gpu-freq"),
+    ("SBATCH_GPUS_PER_NODE", "gpus-per-node"),
+    ("SBATCH_GPUS_PER_SOCKET", "gpus-per-socket"),
+    ("SBATCH_GPUS_PER_TASK", "gpus-per-task"),
+    ("SLURM_HINT", "hint"),
+    ("SBATCH_HINT", "hint"),
+    ("SBATCH_JOB_NAME", "job-name"),
+    ("SBATCH_MEM_BIND", "mem-bind"),
+    ("SBATCH_MEM_PER_CPU", "mem-per-cpu"),
+    ("SBATCH_MEM_PER_GPU", "mem-per-gpu"),
+    ("SBATCH_MEM_PER_NODE", "mem"),
+    ("SBATCH_NETWORK", "network"),
+    ("SBATCH_NO_KILL", "no-kill"),
+    ("SBATCH_NO_REQUEUE", "no-requeue"),
+    ("SBATCH_OPEN_MODE", "open-mode"),
+    ("SBATCH_OVERCOMMIT", "overcommit"),
+    ("SBATCH_PARTITION", "partition"),
+    ("SBATCH_POWER", "power"),
+    ("SBATCH_PROFILE", "profile"),
+    ("SBATCH_QOS", "qos"),
+    ("SBATCH_REQ_SWITCH", "switches"),
+    ("SBATCH_REQUEUE", "requeue"),
+    ("SBATCH_RESERVATION", "reservation"),
+    ("SBATCH_SIGNAL", "signal"),
+    ("SBATCH_SPREAD_JOB", "spread-job"),
+    ("SBATCH_THREAD_SPEC", "thread-spec"),
+    ("SBATCH_THREADS_PER_CORE", "threads-per-core"),
+    ("SBATCH_TIMELIMIT", "time"),
+    ("SBATCH_USE_MIN_NODES", "use-min-nodes"),
+    ("SBATCH_WAIT", "wait"),
+    ("SBATCH_WAIT_ALL_NODES", "wait-all-nodes"),
+    ("SBATCH_WAIT4SWITCH", "switches"),
+    ("SBATCH_WCKEY", "wckey"),
+    ("SBATCH_ERROR", "error"),
+    ("SBATCH_INPUT", "input"),
+    ("SBATCH_OUTPUT", "output"),
 ];
 
 /// Lists the supported options in [`OptionError::Unknown`]'s message.
@@ -328,7 +700,10 @@ struct SupportedOptions;
 
 impl fmt::Display for SupportedOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, def) in OPTIONS.iter().filter(|d| d.kind != Kind::Ignored).enumerate() {
+        // The most used first, as before; the rest alphabetically.
+        let mut defs: Vec<&OptDef> = OPTIONS.iter().filter(|d| d.kind.listed() && !HIDDEN.contains(&d.long)).collect();
+        defs.sort_by_key(|d| (LISTED_FIRST.iter().position(|l| *l == d.long).unwrap_or(LISTED_FIRST.len()), d.long));
+        for (i, def) in defs.iter().enumerate() {
             if i > 0 {
                 f.write_str(", ")?;
             }
@@ -339,6 +714,34 @@ impl fmt::Display for SupportedOptions {
         }
         Ok(())
     }
+}
+
+/// Aliases left out of [`SupportedOptions`] (Slurm's man page does not list them either).
+const HIDDEN: &[&str] = &["ntasks-per-tres", "tasks-per-node"];
+
+/// The options named first in [`SupportedOptions`], in this order.
+const LISTED_FIRST: &[&str] = &[
+    "job-name",
+    "partition",
+    "account",
+    "nodes",
+    "ntasks",
+    "ntasks-per-node",
+    "cpus-per-task",
+    "gres",
+    "gpus-per-node",
+    "gpus",
+    "gpus-per-task",
+    "mem",
+    "mem-per-cpu",
+    "mem-per-gpu",
+    "time",
+    "output",
+    "error",
+];
+
+fn find_long(name: &str) -> Option<&'static OptDef> {
+    OPTIONS.iter().find(|d| d.long == name)
 }
 
 /// One parsed item of an argument list.
@@ -370,8 +773,7 @@ fn parse_args(args: &[String]) -> Result<Parsed, OptionError> {
                 None => (body, None),
             };
             let flag = format!("--{name}");
-            let def =
-                OPTIONS.iter().find(|d| d.long == name).ok_or_else(|| OptionError::Unknown { flag: flag.clone() })?;
+            let def = find_long(name).ok_or_else(|| OptionError::Unknown { flag: flag.clone() })?;
             let value = match (def.kind.arg(), inline) {
                 (Arg::Required | Arg::Optional, Some(v)) => Some(v.to_string()),
                 (Arg::Required, None) => {
@@ -422,18 +824,57 @@ fn invalid(flag: &str, value: &str, expected: impl Into<String>) -> OptionError 
 
 /// Checks and parses one option's value.
 fn parse_value(def: &OptDef, flag: &str, value: Option<String>) -> Result<Item, OptionError> {
+    let ignored = |value: Option<String>, note: &'static str| SbatchOption::Ignored { flag: def.long, value, note };
+    if let Kind::Refused(_, reason) = def.kind {
+        return Err(OptionError::Refused { flag: flag.to_string(), reason });
+    }
     let Some(value) = value else {
         return Ok(Item::Option(match def.kind {
             Kind::Requeue => SbatchOption::Requeue(true),
             Kind::NoRequeue => SbatchOption::Requeue(false),
             Kind::Hold => SbatchOption::Hold,
             Kind::Parsable => SbatchOption::Parsable,
-            Kind::Exclusive => SbatchOption::Exclusive,
+            Kind::Quiet => SbatchOption::Quiet,
+            Kind::Exclusive => SbatchOption::Exclusive(Exclusive::Node),
+            Kind::Oversubscribe => SbatchOption::Exclusive(Exclusive::Oversubscribe),
             Kind::Nice => SbatchOption::Nice(DEFAULT_NICE),
-            Kind::NoKill => SbatchOption::NoKill,
+            Kind::NoKill => SbatchOption::NoKill(true),
+            Kind::Unused(_, note) => ignored(None, note),
             _ => return Err(OptionError::MissingValue { flag: flag.to_string() }),
         }));
     };
+    // Values Drover drops are not checked (Slurm checks some, but none of them changes what Drover runs), except
+    // those that decide whether there is anything to warn about.
+    match def.kind {
+        Kind::Unused(_, note) => return Ok(Item::Option(ignored(Some(value), note))),
+        Kind::MailType => {
+            let note = if value.eq_ignore_ascii_case("NONE") { "" } else { "Drover sends no mail" };
+            return Ok(Item::Option(ignored(Some(value), note)));
+        }
+        Kind::KillOnInvalidDep => {
+            let note = match value.to_ascii_lowercase().as_str() {
+                "yes" => "a job whose dependency can never be satisfied stays pending (DependencyNeverSatisfied)",
+                "no" => "",
+                _ => return Err(invalid(flag, &value, "expected yes or no")),
+            };
+            return Ok(Item::Option(ignored(Some(value), note)));
+        }
+        Kind::Clusters if value.is_empty() => return Ok(Item::Option(ignored(Some(value), ""))),
+        Kind::Clusters => {
+            return Err(OptionError::Refused {
+                flag: flag.to_string(),
+                reason: "Drover runs a single cluster; federation (submitting to other clusters) is not supported",
+            });
+        }
+        Kind::Input if value == "/dev/null" => return Ok(Item::Option(ignored(Some(value), ""))),
+        Kind::Input => {
+            return Err(OptionError::Refused {
+                flag: flag.to_string(),
+                reason: "not supported: a batch script's stdin is /dev/null; redirect it inside the script",
+            });
+        }
+        _ => {}
+    }
     if value.is_empty() {
         let expected = match def.kind {
             Kind::Wrap => "expected a command to run",
@@ -448,10 +889,17 @@ fn parse_value(def: &OptDef, flag: &str, value: Option<String>) -> Result<Item, 
         Kind::Output => SbatchOption::Output(value),
         Kind::Error => SbatchOption::Error(value),
         Kind::Chdir => SbatchOption::Chdir(value),
+        Kind::Wckey => SbatchOption::Wckey(value),
+        Kind::Comment => SbatchOption::Comment(value),
         Kind::Nodes => parse_nodes(flag, &value)?,
         Kind::Ntasks => SbatchOption::Ntasks(positive(flag, &value)?),
         Kind::NtasksPerNode => SbatchOption::NtasksPerNode(positive(flag, &value)?),
         Kind::CpusPerTask => SbatchOption::CpusPerTask(positive(flag, &value)?),
+        Kind::CpusPerGpu => SbatchOption::CpusPerGpu(positive(flag, &value)?),
+        Kind::NtasksPerGpu => SbatchOption::NtasksPerGpu(positive(flag, &value)?),
+        Kind::Mem => SbatchOption::Mem(MemRequest::PerNode(parse_mem_size(flag, &value)?)),
+        Kind::MemPerCpu => SbatchOption::Mem(MemRequest::PerCpu(parse_mem_size(flag, &value)?)),
+        Kind::MemPerGpu => SbatchOption::Mem(MemRequest::PerGpu(parse_mem_size(flag, &value)?)),
         Kind::Gres => parse_gres(flag, &value)?,
         Kind::GpusPerNode => {
             let (per_node, gpu_type) = parse_gpu_count(flag, &value)?;
@@ -478,21 +926,31 @@ fn parse_value(def: &OptDef, flag: &str, value: Option<String>) -> Result<Item, 
         Kind::Signal => {
             SbatchOption::Signal(drover_state::signal::parse_warn_signal(&value).map_err(|e| invalid(flag, &value, e))?)
         }
-        // Slurm's `--no-kill[=off]`.
+        // Slurm's `--no-kill[=set|off|no]`.
         Kind::NoKill => match value.to_ascii_lowercase().as_str() {
-            "off" | "no" => SbatchOption::Ignored { flag: "no-kill", value },
-            _ => SbatchOption::NoKill,
+            "set" => SbatchOption::NoKill(true),
+            "off" | "no" => SbatchOption::NoKill(false),
+            _ => return Err(invalid(flag, &value, "expected set, off or no (or no value)")),
         },
-        Kind::Time => match slurm_time::parse_time_limit(&value) {
-            Ok(limit) => SbatchOption::TimeLimit(limit),
-            Err(e) => {
-                return Err(invalid(
-                    flag,
-                    &value,
-                    format!("{}; accepted formats: {}", e.problem, slurm_time::ACCEPTED_TIME_FORMATS),
-                ));
-            }
+        Kind::Exclusive => match value.to_ascii_lowercase().as_str() {
+            "exclusive" => SbatchOption::Exclusive(Exclusive::Node),
+            "user" => SbatchOption::Exclusive(Exclusive::User),
+            "mcs" => SbatchOption::Exclusive(Exclusive::Mcs),
+            "oversubscribe" => SbatchOption::Exclusive(Exclusive::Oversubscribe),
+            _ => return Err(invalid(flag, &value, "expected user, mcs or oversubscribe (or no value)")),
         },
+        Kind::Time | Kind::TimeMin => {
+            let limit = slurm_time::parse_time_limit(&value).map_err(|e| {
+                invalid(flag, &value, format!("{}; accepted formats: {}", e.problem, slurm_time::ACCEPTED_TIME_FORMATS))
+            })?;
+            if def.kind == Kind::Time { SbatchOption::TimeLimit(limit) } else { SbatchOption::TimeMin(limit) }
+        }
+        Kind::Begin | Kind::Deadline => {
+            let at = TimeSpec::parse(&value).map_err(|problem| {
+                invalid(flag, &value, format!("{problem}; accepted formats: {ACCEPTED_DATE_FORMATS}"))
+            })?;
+            if def.kind == Kind::Begin { SbatchOption::Begin(at) } else { SbatchOption::Deadline(at) }
+        }
         Kind::Export => parse_export(flag, &value)?,
         Kind::Constraint => {
             if value.contains(['|', '[', ']', '*']) {
@@ -512,10 +970,18 @@ fn parse_value(def: &OptDef, flag: &str, value: Option<String>) -> Result<Item, 
             _ => return Err(invalid(flag, &value, "expected append or truncate")),
         },
         Kind::Wrap => return Ok(Item::Wrap(value)),
-        Kind::Ignored => SbatchOption::Ignored { flag: def.long, value },
-        Kind::Requeue | Kind::NoRequeue | Kind::Hold | Kind::Parsable | Kind::Exclusive => {
-            unreachable!("value-less options never get a value here")
-        }
+        Kind::Requeue
+        | Kind::NoRequeue
+        | Kind::Hold
+        | Kind::Parsable
+        | Kind::Quiet
+        | Kind::Oversubscribe
+        | Kind::Unused(..)
+        | Kind::Refused(..)
+        | Kind::Clusters
+        | Kind::Input
+        | Kind::KillOnInvalidDep
+        | Kind::MailType => unreachable!("value-less and dropped options are handled above"),
     };
     Ok(Item::Option(option))
 }
@@ -534,6 +1000,34 @@ fn positive(flag: &str, value: &str) -> Result<u32, OptionError> {
         Some(n) => Ok(n),
         None => Err(invalid(flag, value, "expected a positive whole number")),
     }
+}
+
+/// A memory size as Slurm's `str_to_mbytes` reads it, in MiB: digits (an optional leading `+`), then an optional
+/// unit `K`, `M`, `G` or `T` in either case, optionally followed by `B`. No unit means MiB; `K` rounds up.
+fn parse_mem_size(flag: &str, value: &str) -> Result<u64, OptionError> {
+    const EXPECTED: &str = "expected a whole number with an optional unit K, M, G or T (MiB when none), e.g. 4G";
+    let unsigned = value.strip_prefix('+').unwrap_or(value);
+    let digits_end = unsigned.bytes().position(|b| !b.is_ascii_digit()).unwrap_or(unsigned.len());
+    let (digits, unit) = unsigned.split_at(digits_end);
+    if digits.is_empty() {
+        return Err(invalid(flag, value, EXPECTED));
+    }
+    let unit = unit.to_ascii_uppercase();
+    let unit = match unit.as_str() {
+        "" => "M",
+        "B" => return Err(invalid(flag, value, EXPECTED)),
+        u => u.strip_suffix('B').unwrap_or(u),
+    };
+    let too_large = || invalid(flag, value, format!("the size is too large (at most {MAX_MEM_MB} MiB)"));
+    let n: u64 = digits.parse().map_err(|_| too_large())?;
+    let mb = match unit {
+        "K" => Some(n.div_ceil(1024)),
+        "M" => Some(n),
+        "G" => n.checked_mul(1 << 10),
+        "T" => n.checked_mul(1 << 20),
+        _ => return Err(invalid(flag, value, EXPECTED)),
+    };
+    mb.filter(|mb| *mb <= MAX_MEM_MB).ok_or_else(too_large)
 }
 
 fn parse_nodes(flag: &str, value: &str) -> Result<SbatchOption, OptionError> {
@@ -618,12 +1112,395 @@ fn parse_nice(flag: &str, value: &str) -> Result<i32, OptionError> {
     }
 }
 
-/// The GPU option that won (the last of `--gres`, `--gpus-per-node`, `--gpus`, `--gpus-per-task`).
-enum GpuRequest {
-    PerNode(u32),
-    Total(u32),
-    PerTask(u32),
+// ---- --begin and --deadline ----
+
+/// The forms [`TimeSpec::parse`] accepts, as listed in its errors.
+pub const ACCEPTED_DATE_FORMATS: &str = "HH:MM[:SS] [AM|PM], midnight, noon, fika, teatime, today, tomorrow, \
+     MMDD[YY], MM/DD[/YY], MM.DD[.YY], YYYY-MM-DD[THH:MM[:SS]], now[+COUNT[seconds|minutes|hours|days|weeks]]";
+
+/// The furthest `now+COUNT` may reach either way: ten thousand years, well past any calendar date Slurm prints.
+const MAX_DELTA_S: i64 = 10_000 * 366 * 86_400;
+
+/// A `--begin` or `--deadline` value, checked but not yet placed in time: that needs the clock and the local
+/// UTC offset, which only [`build_spec`] has (from [`SubmitContext`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimeSpec(TimeAt);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TimeAt {
+    /// `uts<seconds>`: an absolute time.
+    Epoch(i64),
+    /// The parts in the order given; each later one overrides the fields it sets, as in Slurm's `parse_time`.
+    Parts(Vec<TimePart>),
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TimePart {
+    Today,
+    Tomorrow,
+    /// `now` plus this many seconds: sets the date and the time.
+    Now(i64),
+    /// A time of day (`HH:MM[:SS]`, `noon`, ...).
+    Clock {
+        hour: i64,
+        minute: i64,
+        second: i64,
+    },
+    /// A date; `month` counts from 0. `year` is `None` for `MMDD` without `YY` (or with `YY` = `00`, as in Slurm),
+    /// which leaves the year as it was, or picks it.
+    Date {
+        month: i64,
+        mday: i64,
+        year: Option<i64>,
+    },
+}
+
+/// C's `isspace` in the C locale (Slurm's parsers use it, and Rust's whitespace is wider).
+fn is_c_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+fn starts_with_ci(text: &[u8], word: &str) -> bool {
+    text.len() >= word.len() && text[..word.len()].eq_ignore_ascii_case(word.as_bytes())
+}
+
+/// `now+COUNT[unit]` units, matched in this order (so `seconds` before `second`), case-insensitive.
+const DELTA_UNITS: &[(&str, i64)] = &[
+    ("seconds", 1),
+    ("second", 1),
+    ("minutes", 60),
+    ("minute", 60),
+    ("hours", 3_600),
+    ("hour", 3_600),
+    ("days", 86_400),
+    ("day", 86_400),
+    ("weeks", 604_800),
+    ("week", 604_800),
+];
+
+impl TimeSpec {
+    /// Parses a value as Slurm's `parse_time` does: a scan over the text in which blanks, `-` and `T` separate,
+    /// keywords (`today`, `now+1hour`, `noon`, ...) and numbers (`16:00`, `0120`, `2026-01-20`) each set some of
+    /// the date and time fields, a later one overriding an earlier one. Slurm's quirks are kept: a capital `T`
+    /// is a separator, so `Today` or `TOMORROW` is refused; `MM/DD/YYYY` is refused (the year has two digits);
+    /// a year `00` means no year.
+    pub fn parse(text: &str) -> Result<TimeSpec, String> {
+        // C strings end at NUL, and Slurm's scan stops at a newline.
+        let b = text.as_bytes();
+        let b = &b[..b.iter().position(|&c| c == 0 || c == b'\n').unwrap_or(b.len())];
+        if starts_with_ci(b, "uts") {
+            let digits = std::str::from_utf8(&b[3..]).unwrap_or_default();
+            let uts = digits.strip_prefix('+').unwrap_or(digits);
+            return match uts.bytes().all(|c| c.is_ascii_digit()).then(|| uts.parse::<i64>().ok()).flatten() {
+                Some(s) if s >= 1_000_000 => Ok(TimeSpec(TimeAt::Epoch(s))),
+                _ => Err("uts must be followed by seconds since the epoch (at least 1000000)".to_string()),
+            };
+        }
+        let at = |i: usize| b.get(i).copied().unwrap_or(0);
+        let unexpected = |i: usize| match b.get(i..) {
+            Some(rest) if !rest.is_empty() => format!("unexpected {:?}", String::from_utf8_lossy(rest)),
+            _ => "it ends too early".to_string(),
+        };
+        let mut parts = Vec::new();
+        let mut pos = 0;
+        while pos < b.len() {
+            let c = b[pos];
+            if c == b' ' || c == b'\t' || c == b'-' || c == b'T' {
+                pos += 1;
+                continue;
+            }
+            let rest = &b[pos..];
+            let keyword = [
+                ("today", Some(TimePart::Today)),
+                ("tomorrow", Some(TimePart::Tomorrow)),
+                ("midnight", Some(TimePart::Clock { hour: 0, minute: 0, second: 0 })),
+                ("noon", Some(TimePart::Clock { hour: 12, minute: 0, second: 0 })),
+                ("fika", Some(TimePart::Clock { hour: 15, minute: 0, second: 0 })),
+                ("teatime", Some(TimePart::Clock { hour: 16, minute: 0, second: 0 })),
+                ("now", None),
+            ]
+            .into_iter()
+            .find(|(word, _)| starts_with_ci(rest, word));
+            match keyword {
+                Some((word, Some(part))) => {
+                    parts.push(part);
+                    pos += word.len();
+                    continue;
+                }
+                Some((_, None)) => {
+                    let mut i = pos + 3;
+                    let delta = loop {
+                        match at(i) {
+                            sign @ (b'+' | b'-') => {
+                                let (delta, end) = now_delta(b, i + 1).ok_or_else(|| {
+                                    format!("{}; expected now+COUNT[seconds|minutes|hours|days|weeks]", unexpected(i))
+                                })?;
+                                i = end;
+                                break if sign == b'-' { -delta } else { delta };
+                            }
+                            b' ' | b'\t' => i += 1,
+                            0 => break 0,
+                            _ => return Err(unexpected(i)),
+                        }
+                    };
+                    parts.push(TimePart::Now(delta));
+                    pos = i;
+                    continue;
+                }
+                None => {}
+            }
+            if !c.is_ascii_digit() {
+                return Err(unexpected(pos));
+            }
+            let (part, end) = if at(pos + 1) == b':' || at(pos + 2) == b':' {
+                clock_at(b, pos).ok_or_else(|| format!("{} in a time of day HH:MM[:SS]", unexpected(pos)))?
+            } else {
+                date_at(b, pos).ok_or_else(|| format!("{} in a date", unexpected(pos)))?
+            };
+            parts.push(part);
+            pos = end;
+        }
+        if parts.is_empty() {
+            return Err("no date or time given".to_string());
+        }
+        Ok(TimeSpec(TimeAt::Parts(parts)))
+    }
+
+    /// Seconds since the epoch: the parts applied to the submitter's local date and time. `None` when the result
+    /// lies before 1970 (or beyond any calendar).
+    fn resolve(&self, now_ms: u64, utc_offset_s: i32) -> Option<i64> {
+        let parts = match &self.0 {
+            TimeAt::Epoch(s) => return Some(*s),
+            TimeAt::Parts(parts) => parts,
+        };
+        let offset = i64::from(utc_offset_s);
+        let local_now = i64::try_from(now_ms / 1_000).ok()?.checked_add(offset)?;
+        let now = Civil::from_seconds(local_now);
+        let (mut hour, mut minute, mut second) = (None, 0, 0);
+        let mut date: Option<(i64, i64)> = None;
+        let mut year: Option<i64> = None;
+        for part in parts {
+            match *part {
+                TimePart::Today => (date, year) = (Some((now.month, now.mday)), Some(now.year)),
+                TimePart::Tomorrow => {
+                    let t = Civil::from_seconds(local_now + 86_400);
+                    (date, year) = (Some((t.month, t.mday)), Some(t.year));
+                }
+                TimePart::Now(delta) => {
+                    let t = Civil::from_seconds(local_now.checked_add(delta)?);
+                    (date, year) = (Some((t.month, t.mday)), Some(t.year));
+                    (hour, minute, second) = (Some(t.hour), t.minute, t.second);
+                }
+                TimePart::Clock { hour: h, minute: m, second: s } => (hour, minute, second) = (Some(h), m, s),
+                TimePart::Date { month, mday, year: y } => {
+                    date = Some((month, mday));
+                    year = y.or(year);
+                }
+            }
+        }
+        let hour = match (hour, date) {
+            (None, None) => return None,
+            // A date alone is its midnight.
+            (None, Some(_)) => {
+                (minute, second) = (0, 0);
+                0
+            }
+            (Some(h), _) => h,
+        };
+        // A time of day alone is the next one: today if it is after the current minute, else tomorrow.
+        let (month, mday) = match date {
+            Some(date) => date,
+            None if (hour, minute) > (now.hour, now.minute) => (now.month, now.mday),
+            None => {
+                let t = Civil::from_seconds(local_now + 86_400);
+                year = year.or(Some(t.year));
+                (t.month, t.mday)
+            }
+        };
+        // A date without a year is the next one: this year if it is after now (to the minute), else next year.
+        let year = year.unwrap_or(if (month, mday, hour, minute) > (now.month, now.mday, now.hour, now.minute) {
+            now.year
+        } else {
+            now.year + 1
+        });
+        // Like mktime, a day past the month's end rolls over into the next month (`02/31` is March 2 or 3).
+        let days = days_from_civil(year, month + 1, 1) + mday - 1;
+        let local = days.checked_mul(86_400)?.checked_add(hour * 3_600 + minute * 60 + second)?;
+        local.checked_sub(offset).filter(|s| *s > 0)
+    }
+}
+
+/// `COUNT[unit]` after `now+`: blanks anywhere, digits, then an optional unit that ends it. Returns the seconds
+/// and the index after what it read.
+fn now_delta(b: &[u8], mut i: usize) -> Option<(i64, usize)> {
+    let mut count: i64 = 0;
+    let mut digits = 0;
+    while i < b.len() {
+        if is_c_space(b[i]) {
+            i += 1;
+            continue;
+        }
+        if let Some((unit, multiplier)) = DELTA_UNITS.iter().find(|(unit, _)| starts_with_ci(&b[i..], unit)) {
+            count = count.checked_mul(*multiplier)?;
+            i += unit.len();
+            break;
+        }
+        if !b[i].is_ascii_digit() {
+            return None;
+        }
+        count = count.checked_mul(10)?.checked_add(i64::from(b[i] - b'0'))?;
+        digits += 1;
+        i += 1;
+    }
+    (digits > 0 && count <= MAX_DELTA_S).then_some((count, i))
+}
+
+/// `HH:MM[:SS] [AM|PM]` at `pos` (Slurm's `_get_time`): a 1- or 2-digit hour, 2-digit minutes and seconds.
+fn clock_at(b: &[u8], pos: usize) -> Option<(TimePart, usize)> {
+    let at = |i: usize| b.get(i).copied().unwrap_or(0);
+    let digit = |i: usize| at(i).is_ascii_digit().then(|| i64::from(at(i) - b'0'));
+    let mut o = pos;
+    let mut hour = digit(o)?;
+    o += 1;
+    if at(o) != b':' {
+        hour = hour * 10 + digit(o)?;
+        o += 1;
+    }
+    if hour > 23 || at(o) != b':' {
+        return None;
+    }
+    let minute = digit(o + 1)? * 10 + digit(o + 2)?;
+    o += 3;
+    if minute > 59 {
+        return None;
+    }
+    let mut second = 0;
+    if at(o) == b':' {
+        second = digit(o + 1)? * 10 + digit(o + 2)?;
+        o += 3;
+        if second > 59 {
+            return None;
+        }
+    }
+    while is_c_space(at(o)) {
+        o += 1;
+    }
+    let rest = b.get(o..).unwrap_or_default();
+    if starts_with_ci(rest, "pm") {
+        hour += 12;
+        hour = match hour {
+            24 => 12,
+            h if h > 23 => return None,
+            h => h,
+        };
+        o += 2;
+    } else if starts_with_ci(rest, "am") {
+        hour = match hour {
+            12 => 0,
+            h if h > 11 => return None,
+            h => h,
+        };
+        o += 2;
+    }
+    Some((TimePart::Clock { hour, minute, second }, o))
+}
+
+/// A date at `pos` (Slurm's `_get_date`): `YYYY-MM-DD` when dashes stand at the 5th and 8th place, else
+/// `MM[/.]DD[[/.]YY]` with 1- or 2-digit month and day.
+fn date_at(b: &[u8], pos: usize) -> Option<(TimePart, usize)> {
+    let at = |i: usize| b.get(i).copied().unwrap_or(0);
+    let digit = |i: usize| at(i).is_ascii_digit().then(|| i64::from(at(i) - b'0'));
+    // One or two digits from `o` (the first may be taken as given: the caller checked it).
+    let one_or_two = |o: &mut usize| -> Option<i64> {
+        let mut n = digit(*o)?;
+        *o += 1;
+        if let Some(d) = digit(*o) {
+            n = n * 10 + d;
+            *o += 1;
+        }
+        Some(n)
+    };
+    let mut o = pos;
+    if b.len() >= pos + 7 && at(pos + 4) == b'-' && at(pos + 7) == b'-' {
+        let year = (0..4).try_fold(0, |y, k| Some(y * 10 + digit(pos + k)?))?;
+        // Exactly `MM`: Slurm's scan refuses a one-digit month here.
+        let month = digit(pos + 5)? * 10 + digit(pos + 6)?;
+        if !(1..=12).contains(&month) {
+            return None;
+        }
+        o = pos + 8;
+        let mday = one_or_two(&mut o)?;
+        if !(1..=31).contains(&mday) {
+            return None;
+        }
+        return Some((TimePart::Date { month: month - 1, mday, year: Some(year) }, o));
+    }
+    let month = one_or_two(&mut o)?;
+    if !(1..=12).contains(&month) {
+        return None;
+    }
+    if matches!(at(o), b'.' | b'/') {
+        o += 1;
+    }
+    let mday = one_or_two(&mut o)?;
+    if !(1..=31).contains(&mday) {
+        return None;
+    }
+    if matches!(at(o), b'.' | b'/') {
+        o += 1;
+    }
+    let mut yy = 0;
+    if let Some(d) = digit(o) {
+        yy = d * 10 + digit(o + 1)?;
+        o += 2;
+    }
+    let year = (yy != 0).then_some(2000 + yy);
+    Some((TimePart::Date { month: month - 1, mday, year }, o))
+}
+
+/// A local date and time of day; `month` counts from 0.
+struct Civil {
+    year: i64,
+    month: i64,
+    mday: i64,
+    hour: i64,
+    minute: i64,
+    second: i64,
+}
+
+impl Civil {
+    fn from_seconds(s: i64) -> Civil {
+        let (days, secs) = (s.div_euclid(86_400), s.rem_euclid(86_400));
+        let (year, month, mday) = civil_from_days(days);
+        Civil { year, month: month - 1, mday, hour: secs / 3_600, minute: secs / 60 % 60, second: secs % 60 }
+    }
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (`month` 1-12), after Howard Hinnant's algorithm.
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The inverse of [`days_from_civil`]: `(year, month 1-12, day)`.
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+// ---- --export ----
 
 /// Splits on commas outside single or double quotes, dropping the quote characters.
 fn split_export(value: &str) -> Result<Vec<String>, char> {
@@ -697,16 +1574,23 @@ fn parse_export(flag: &str, value: &str) -> Result<SbatchOption, OptionError> {
 pub fn parse_command_line(args: &[String]) -> Result<CommandLine, SbatchError> {
     let parsed = parse_args(args)?;
     let mut cmd = CommandLine::default();
+    let mut verbose = false;
     for item in parsed.items {
         match item {
             Item::Wrap(command) => cmd.wrap = Some(command),
             Item::Option(option) => {
-                if option == SbatchOption::Parsable {
-                    cmd.parsable = true;
+                match &option {
+                    SbatchOption::Parsable => cmd.parsable = true,
+                    SbatchOption::Quiet => cmd.quiet = true,
+                    SbatchOption::Ignored { flag: "verbose", .. } => verbose = true,
+                    _ => {}
                 }
                 cmd.options.push(option);
             }
         }
+    }
+    if cmd.quiet && verbose {
+        return Err(SbatchError::Conflict("don't specify both --verbose (-v) and --quiet (-Q)".to_string()));
     }
     if let Some(at) = parsed.positional {
         if cmd.wrap.is_some() {
@@ -744,6 +1628,11 @@ fn check_script(script: &str) -> Result<(), SbatchError> {
     Ok(())
 }
 
+/// C's `isspace` for a char (ASCII only, as in the C locale Slurm's directive reader runs in).
+fn is_c_space_char(c: char) -> bool {
+    c.is_ascii() && is_c_space(c as u8)
+}
+
 /// Splits a `#SBATCH` line's remainder into arguments as Slurm does: whitespace separates, single and double
 /// quotes group (and are removed), a backslash escapes the next character, an unquoted `#` starts a comment.
 fn directive_words(text: &str) -> Result<Vec<String>, OptionError> {
@@ -768,7 +1657,7 @@ fn directive_words(text: &str) -> Result<Vec<String>, OptionError> {
                 in_word = true;
             }
             None if c == '#' => break,
-            None if c.is_whitespace() => {
+            None if is_c_space_char(c) => {
                 if in_word {
                     words.push(std::mem::take(&mut word));
                     in_word = false;
@@ -789,19 +1678,42 @@ fn directive_words(text: &str) -> Result<Vec<String>, OptionError> {
     Ok(words)
 }
 
-/// The options in a script's `#SBATCH` lines, in order. Like Slurm, only lines before the first command (a line
-/// whose first non-blank character is not `#`) are read, and only lines starting exactly with `#SBATCH` count.
-fn script_directives(script: &str) -> Result<Vec<SbatchOption>, SbatchError> {
+/// The options in a script's directives, in order, and a warning if it used Slurm's old `#SLURM` prefix.
+///
+/// As in Slurm's `_opt_batch_script`, only lines starting exactly with `#SBATCH` (or `#SLURM`) are directives,
+/// and they are read until the first command: a line with something other than C whitespace before its first
+/// `#`, or no `#` at all but something that is not whitespace. Blank lines and comments do not stop the scan.
+fn script_directives(script: &str) -> Result<(Vec<SbatchOption>, Option<String>), SbatchError> {
     let mut options = Vec::new();
+    let mut old_prefix = None;
     for (index, line) in script.split('\n').enumerate() {
-        let Some(rest) = line.strip_prefix("#SBATCH") else {
-            if line.trim_start().starts_with('#') || line.trim().is_empty() {
-                continue;
+        let rest = match (line.strip_prefix("#SBATCH"), line.strip_prefix("#SLURM")) {
+            (Some(rest), _) => rest,
+            (None, Some(rest)) => {
+                old_prefix.get_or_insert_with(|| {
+                    format!(
+                        "script line {}: change #SLURM to #SBATCH in your script, and check the options are valid \
+                         in sbatch",
+                        index + 1
+                    )
+                });
+                rest
             }
-            break;
+            (None, None) => {
+                let first = line.bytes().find(|b| !is_c_space(*b));
+                match first {
+                    None | Some(b'#') => continue,
+                    Some(_) => break,
+                }
+            }
         };
         let at_line = |error| SbatchError::Directive { line: index + 1, text: line.to_string(), error };
         let words = directive_words(rest).map_err(at_line)?;
+        if let Some(word) =
+            words.first().filter(|w| w.eq_ignore_ascii_case("hetjob") || w.eq_ignore_ascii_case("packjob"))
+        {
+            return Err(at_line(OptionError::HetJob { word: word.clone() }));
+        }
         let parsed = parse_args(&words).map_err(at_line)?;
         if let Some(at) = parsed.positional {
             return Err(at_line(OptionError::UnexpectedArgument { arg: words[at].clone() }));
@@ -814,6 +1726,40 @@ fn script_directives(script: &str) -> Result<Vec<SbatchOption>, SbatchError> {
                 Item::Option(option) => options.push(option),
                 Item::Wrap(_) => return Err(at_line(OptionError::WrapInScript)),
             }
+        }
+    }
+    Ok((options, old_prefix))
+}
+
+/// Whether an environment variable turns a value-less option on, as Slurm reads flag variables: empty, `yes`
+/// (any case) or a non-zero whole number. Anything else leaves the option alone.
+fn env_flag_on(value: &str) -> bool {
+    if value.is_empty() || value.eq_ignore_ascii_case("yes") {
+        return true;
+    }
+    let digits = value.strip_prefix(['-', '+']).unwrap_or(value);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) && digits.bytes().any(|b| b != b'0')
+}
+
+/// The options the `SBATCH_*` input environment variables set, in [`ENV_OPTIONS`] order.
+fn environment_options(env: &[(String, String)]) -> Result<Vec<SbatchOption>, SbatchError> {
+    let mut options = Vec::new();
+    for (var, long) in ENV_OPTIONS {
+        // The first of duplicate names, as getenv finds it.
+        let Some((_, value)) = env.iter().find(|(name, _)| name == var) else { continue };
+        let def = find_long(long).expect("ENV_OPTIONS names known options");
+        let value = match def.kind.arg() {
+            Arg::No if env_flag_on(value) => None,
+            Arg::No => continue,
+            Arg::Optional if value.is_empty() => None,
+            // An empty value for an option that needs one says nothing: skipped rather than refused.
+            Arg::Required if value.is_empty() => continue,
+            Arg::Optional | Arg::Required => Some(value.clone()),
+        };
+        let at_var = |error| SbatchError::Environment { var: var.to_string(), error };
+        match parse_value(def, &format!("--{long}"), value).map_err(at_var)? {
+            Item::Option(option) => options.push(option),
+            Item::Wrap(_) => unreachable!("no variable stands for --wrap"),
         }
     }
     Ok(options)
@@ -858,6 +1804,13 @@ fn export_environment(
     out
 }
 
+/// The GPU option that won (the last of `--gres`, `--gpus-per-node`, `--gpus`, `--gpus-per-task`).
+enum GpuRequest {
+    PerNode(u32),
+    Total(u32),
+    PerTask(u32),
+}
+
 /// Turns the winning GPU option into `gpus_per_node` (or `gpus_total`, for the controller), once the node and
 /// task counts are final.
 fn resolve_gpus(spec: &mut JobSpec, gpus: Option<GpuRequest>, nodes_given: bool) -> Result<(), SbatchError> {
@@ -900,9 +1853,124 @@ fn most_tasks_on_a_node(spec: &JobSpec) -> u32 {
     spec.max_tasks_per_node(spec.min_nodes)
 }
 
-/// Builds the job: the script's `#SBATCH` directives first, then the command line's options over them.
+/// Where an option came from. Slurm's exclusivity rules treat the script and the command line alike ("set by
+/// the command line") and let either override the environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Script,
+    Environment,
+    CommandLine,
+}
+
+/// `--ntasks-per-gpu=N`, folded into the task counts (and, without GPUs, into a GPU request) as Slurm's
+/// `gres_job_state_validate` does. Runs after [`resolve_gpus`].
+fn fold_ntasks_per_gpu(
+    spec: &mut JobSpec,
+    per_gpu: u32,
+    nodes_given: bool,
+    gpus_per_task_given: bool,
+    warnings: &mut Vec<String>,
+) -> Result<(), SbatchError> {
+    let conflict = |msg: String| Err(SbatchError::Conflict(msg));
+    if spec.ntasks_per_node.is_some() {
+        return conflict("--ntasks-per-node is mutually exclusive with --ntasks-per-gpu".to_string());
+    }
+    if gpus_per_task_given {
+        return conflict("--gpus-per-task is mutually exclusive with --ntasks-per-gpu".to_string());
+    }
+    if spec.min_nodes != spec.max_nodes {
+        return conflict("--ntasks-per-gpu cannot be used with a node range (--nodes=MIN-MAX)".to_string());
+    }
+    let too_many = || SbatchError::Conflict(format!("--ntasks-per-gpu={per_gpu} makes too many tasks"));
+    spec.ntasks_per_gpu = Some(per_gpu);
+    let total = if spec.gpus_per_node > 0 {
+        let per_node = per_gpu.checked_mul(spec.gpus_per_node).ok_or_else(too_many)?;
+        spec.ntasks_per_node = Some(per_node);
+        per_node.checked_mul(spec.min_nodes.max(1)).ok_or_else(too_many)?
+    } else if let Some(gpus) = spec.gpus_total.filter(|g| *g > 0) {
+        gpus.checked_mul(per_gpu).ok_or_else(too_many)?
+    } else {
+        // No GPUs asked for: they follow from the task count, one GPU per N tasks.
+        let tasks = match (spec.ntasks, nodes_given) {
+            (Some(tasks), _) => tasks,
+            (None, true) => spec.min_nodes.checked_mul(per_gpu).ok_or_else(too_many)?,
+            (None, false) => {
+                return conflict(format!(
+                    "--ntasks-per-gpu={per_gpu} needs GPUs (--gpus, --gpus-per-node or --gres) or a task count \
+                     (--ntasks or --nodes)"
+                ));
+            }
+        };
+        if tasks % per_gpu != 0 {
+            return conflict(format!("--ntasks={tasks} has to be a multiple of --ntasks-per-gpu={per_gpu}"));
+        }
+        spec.ntasks = Some(tasks);
+        spec.gpu_type = None;
+        return resolve_gpus(spec, Some(GpuRequest::Total(tasks / per_gpu)), nodes_given);
+    };
+    if let Some(asked) = spec.ntasks.filter(|n| *n != total) {
+        warnings.push(format!(
+            "--ntasks={asked} is replaced by {total}: --ntasks-per-gpu={per_gpu} times the job's GPUs, as Slurm does"
+        ));
+    }
+    if spec.ntasks.is_some() || spec.gpus_total.is_some() {
+        spec.ntasks = Some(total);
+    }
+    Ok(())
+}
+
+/// `--cpus-per-gpu=N`, folded into `cpus_per_task`: each node's tasks share N CPUs per GPU on the node. Runs
+/// after the GPU and task counts are final.
+fn fold_cpus_per_gpu(spec: &mut JobSpec, per_gpu: u32, warnings: &mut Vec<String>) -> Result<(), SbatchError> {
+    spec.cpus_per_gpu = Some(per_gpu);
+    let (gpus, tasks) = if spec.gpus_per_node > 0 {
+        (spec.gpus_per_node, most_tasks_on_a_node(spec))
+    } else if let Some(total) = spec.gpus_total.filter(|g| *g > 0) {
+        // Not yet spread over nodes: the job's CPUs for its GPUs, shared by all of its tasks.
+        (total, spec.ntasks.unwrap_or_else(|| most_tasks_on_a_node(spec)))
+    } else {
+        warnings.push(format!("--cpus-per-gpu={per_gpu} has no effect: the job asks for no GPUs"));
+        return Ok(());
+    };
+    let cpus = (u64::from(per_gpu) * u64::from(gpus)).div_ceil(u64::from(tasks.max(1)));
+    spec.cpus_per_task = u32::try_from(cpus).map_err(|_| {
+        SbatchError::Conflict(format!("--cpus-per-gpu={per_gpu} with {gpus} GPUs is too many CPUs per task"))
+    })?;
+    Ok(())
+}
+
+/// The memory option that wins, by Slurm's rules: at most one kind from the script and the command line (the
+/// last of that kind), which then overrides the environment; else at most one kind from the environment.
+fn resolve_mem(script_or_cli: &[MemRequest], env: &[MemRequest]) -> Result<Option<MemRequest>, SbatchError> {
+    let kinds = |list: &[MemRequest]| {
+        let mut seen = [false; 3];
+        for mem in list {
+            seen[match mem {
+                MemRequest::PerNode(_) => 0,
+                MemRequest::PerCpu(_) => 1,
+                MemRequest::PerGpu(_) => 2,
+            }] = true;
+        }
+        seen.iter().filter(|s| **s).count()
+    };
+    if kinds(script_or_cli) > 1 {
+        return Err(SbatchError::Conflict("--mem, --mem-per-cpu, and --mem-per-gpu are mutually exclusive".into()));
+    }
+    if let Some(last) = script_or_cli.last() {
+        return Ok(Some(*last));
+    }
+    if kinds(env) > 1 {
+        return Err(SbatchError::Conflict(
+            "SBATCH_MEM_PER_NODE, SBATCH_MEM_PER_CPU, and SBATCH_MEM_PER_GPU are mutually exclusive".into(),
+        ));
+    }
+    Ok(env.last().copied())
+}
+
+/// Builds the job: the script's `#SBATCH` directives first, then the `SBATCH_*` environment variables (when
+/// [`SubmitContext::sbatch_env`]), then the command line's options over them.
 ///
-/// `script_text` is the script read from `cmd.script_path`, or from stdin when there is no path; it is ignored
+/// `script_text` is the script read from `cmd.script_path`, or from stdin when there is none; it is ignored
 /// with `--wrap`, which generates the script (and has no directives).
 pub fn build_spec(
     cmd: &CommandLine,
@@ -921,7 +1989,15 @@ pub fn build_spec(
         (None, None) => return Err(SbatchError::NoScript),
     };
     check_script(&script)?;
-    let directives = if cmd.wrap.is_some() { Vec::new() } else { script_directives(&script)? };
+    let mut warnings = Vec::new();
+    let directives = if cmd.wrap.is_some() {
+        Vec::new()
+    } else {
+        let (directives, old_prefix) = script_directives(&script)?;
+        warnings.extend(old_prefix);
+        directives
+    };
+    let environment = if ctx.sbatch_env { environment_options(&ctx.env)? } else { Vec::new() };
 
     let mut spec = JobSpec {
         name: String::new(),
@@ -942,7 +2018,18 @@ pub fn build_spec(
     let mut parsable = false;
     let mut nodes_given = false;
     let mut gpus = None;
-    for option in directives.iter().chain(&cmd.options) {
+    let mut gpus_per_task_given = false;
+    let mut cpus_per_task_given = false;
+    let mut cpus_per_gpu = None;
+    let mut ntasks_per_gpu = None;
+    let (mut mem_set, mut mem_env) = (Vec::new(), Vec::new());
+    let (mut begin, mut deadline) = (None, None);
+    let sources = directives
+        .iter()
+        .map(|o| (Source::Script, o))
+        .chain(environment.iter().map(|o| (Source::Environment, o)))
+        .chain(cmd.options.iter().map(|o| (Source::CommandLine, o)));
+    for (source, option) in sources {
         match option {
             SbatchOption::JobName(v) => name = Some(v.clone()),
             SbatchOption::Partition(v) => spec.partition = Some(v.clone()),
@@ -954,7 +2041,10 @@ pub fn build_spec(
             }
             SbatchOption::Ntasks(n) => spec.ntasks = Some(*n),
             SbatchOption::NtasksPerNode(n) => spec.ntasks_per_node = Some(*n),
-            SbatchOption::CpusPerTask(n) => spec.cpus_per_task = *n,
+            SbatchOption::CpusPerTask(n) => {
+                spec.cpus_per_task = *n;
+                cpus_per_task_given = true;
+            }
             SbatchOption::Gpus { per_node, gpu_type } => {
                 gpus = Some(GpuRequest::PerNode(*per_node));
                 spec.gpu_type = gpu_type.clone();
@@ -966,7 +2056,12 @@ pub fn build_spec(
             SbatchOption::GpusPerTask { count, gpu_type } => {
                 gpus = Some(GpuRequest::PerTask(*count));
                 spec.gpu_type = gpu_type.clone();
+                gpus_per_task_given = true;
             }
+            SbatchOption::CpusPerGpu(n) => cpus_per_gpu = Some(*n),
+            SbatchOption::NtasksPerGpu(n) => ntasks_per_gpu = Some(*n),
+            SbatchOption::Mem(mem) if source == Source::Environment => mem_env.push(*mem),
+            SbatchOption::Mem(mem) => mem_set.push(*mem),
             SbatchOption::Array(v) => spec.array = Some(v.clone()),
             SbatchOption::Dependency { deps, any } => {
                 spec.dependency = deps.clone();
@@ -976,6 +2071,9 @@ pub fn build_spec(
             SbatchOption::Reservation(v) => spec.reservation = Some(v.clone()),
             SbatchOption::Nice(v) => spec.nice = *v,
             SbatchOption::TimeLimit(limit) => spec.time_limit_s = *limit,
+            SbatchOption::TimeMin(limit) => spec.time_min_s = *limit,
+            SbatchOption::Begin(at) => begin = Some(at),
+            SbatchOption::Deadline(at) => deadline = Some(at),
             SbatchOption::Output(v) => spec.stdout = Some(v.clone()),
             SbatchOption::Error(v) => spec.stderr = Some(v.clone()),
             SbatchOption::Chdir(v) => chdir = Some(v.clone()),
@@ -985,18 +2083,84 @@ pub fn build_spec(
             }
             SbatchOption::Requeue(v) => spec.requeue = Some(*v),
             SbatchOption::Signal(w) => spec.signal = Some(*w),
-            SbatchOption::NoKill => spec.no_kill = true,
+            SbatchOption::NoKill(v) => spec.no_kill = *v,
             SbatchOption::Hold => spec.hold = true,
             SbatchOption::OpenAppend(v) => spec.open_append = *v,
-            SbatchOption::Exclusive => spec.exclusive = true,
+            SbatchOption::Exclusive(mode) => {
+                spec.exclusive = *mode != Exclusive::Oversubscribe;
+                let warning = match mode {
+                    Exclusive::Node => None,
+                    Exclusive::User => {
+                        Some("--exclusive=user is treated as --exclusive: the job's nodes run no other job")
+                    }
+                    Exclusive::Mcs => {
+                        Some("--exclusive=mcs is treated as --exclusive: the job's nodes run no other job")
+                    }
+                    Exclusive::Oversubscribe => {
+                        Some("--oversubscribe only lifts --exclusive: Drover never oversubscribes CPUs or GPUs")
+                    }
+                };
+                warnings.extend(warning.map(str::to_string));
+            }
             SbatchOption::Constraint(v) => spec.constraint = v.clone(),
             SbatchOption::Nodelist(v) => spec.nodelist = v.clone(),
             SbatchOption::Exclude(v) => spec.exclude = v.clone(),
+            SbatchOption::Wckey(v) => spec.wckey = Some(v.clone()),
+            SbatchOption::Comment(v) => spec.comment = Some(v.clone()),
             SbatchOption::Parsable => parsable = true,
-            SbatchOption::Ignored { .. } => {}
+            // Slurm reads --quiet in its first pass over the command line only; elsewhere it does nothing.
+            SbatchOption::Quiet if source == Source::Script => {
+                warnings.push("--quiet in a #SBATCH line has no effect; give it on the command line".to_string());
+            }
+            SbatchOption::Quiet => {}
+            SbatchOption::Ignored { flag, note, .. } => {
+                if !note.is_empty() {
+                    warnings.push(format!("--{flag} is ignored: {note}"));
+                }
+            }
         }
     }
+    spec.mem = resolve_mem(&mem_set, &mem_env)?;
     resolve_gpus(&mut spec, gpus, nodes_given)?;
+    if let Some(n) = ntasks_per_gpu {
+        fold_ntasks_per_gpu(&mut spec, n, nodes_given, gpus_per_task_given, &mut warnings)?;
+    }
+    if let Some(n) = cpus_per_gpu {
+        if cpus_per_task_given {
+            return Err(SbatchError::Conflict("--cpus-per-gpu is mutually exclusive with --cpus-per-task".into()));
+        }
+        fold_cpus_per_gpu(&mut spec, n, &mut warnings)?;
+    }
+    if matches!(spec.mem, Some(MemRequest::PerGpu(_))) && spec.gpus_per_node == 0 && spec.gpus_total.is_none() {
+        return Err(SbatchError::Conflict(
+            "--mem-per-gpu needs GPUs: give --gpus, --gpus-per-node, --gpus-per-task or --gres".into(),
+        ));
+    }
+    if let (Some(min), Some(limit)) = (spec.time_min_s, spec.time_limit_s)
+        && min > limit
+    {
+        return Err(SbatchError::Conflict(format!(
+            "--time-min ({}) is longer than --time ({})",
+            slurm_time::format_duration(min),
+            slurm_time::format_duration(limit)
+        )));
+    }
+    let place = |flag: &str, at: Option<&TimeSpec>| -> Result<Option<u64>, SbatchError> {
+        let Some(at) = at else { return Ok(None) };
+        let secs = at
+            .resolve(ctx.now_ms, ctx.utc_offset_s)
+            .ok_or_else(|| SbatchError::Conflict(format!("{flag} names a time before 1970 or beyond any calendar")))?;
+        Ok(Some(u64::try_from(secs).unwrap_or(0).saturating_mul(1_000)))
+    };
+    spec.begin_ms = place("--begin", begin)?;
+    spec.deadline_ms = place("--deadline", deadline)?;
+    if let (Some(begin), Some(deadline)) = (spec.begin_ms, spec.deadline_ms)
+        && deadline < begin
+    {
+        return Err(SbatchError::Conflict(
+            "Incompatible begin and deadline time specification: --deadline is before --begin".into(),
+        ));
+    }
     spec.name = name.unwrap_or(default_name);
     spec.work_dir = match &chdir {
         Some(dir) => resolve_dir(&ctx.cwd, dir),
@@ -1004,7 +2168,19 @@ pub fn build_spec(
     };
     spec.environment = export_environment(&spec.export, &export_set, &ctx.env);
     spec.script = script;
-    Ok(ParsedSubmit { spec, parsable: parsable || cmd.parsable, script_path: cmd.script_path.clone() })
+    let mut unique: Vec<String> = Vec::with_capacity(warnings.len());
+    for warning in warnings {
+        if !unique.contains(&warning) {
+            unique.push(warning);
+        }
+    }
+    Ok(ParsedSubmit {
+        spec,
+        parsable: parsable || cmd.parsable,
+        quiet: cmd.quiet,
+        script_path: cmd.script_path.clone(),
+        warnings: unique,
+    })
 }
 
 #[cfg(test)]
@@ -1027,8 +2203,15 @@ mod tests {
                 ("HOME".into(), "/home/alice".into()),
                 ("LANG".into(), "C.UTF-8".into()),
             ],
+            // Tuesday 2026-03-10, 14:30:15 local time, one hour east of UTC.
+            now_ms: NOW_MS,
+            utc_offset_s: 3_600,
+            sbatch_env: true,
         }
     }
+
+    /// 2026-03-10T13:30:15Z.
+    const NOW_MS: u64 = 1_773_149_415_000;
 
     const SCRIPT: &str = "#!/bin/bash\necho hi\n";
 
@@ -1052,6 +2235,10 @@ mod tests {
     fn script_err(script: &str) -> SbatchError {
         let cmd = parse_command_line(&args(&["job.sh"])).unwrap();
         build_spec(&cmd, Some(script), &ctx()).expect_err("should fail")
+    }
+
+    fn warnings(list: &[&str]) -> Vec<String> {
+        submit(list, Some(SCRIPT)).unwrap_or_else(|e| panic!("{list:?}: {e}")).warnings
     }
 
     // ---- defaults ----
@@ -1140,6 +2327,15 @@ mod tests {
             ("gpus", Some("G"), "a100:4", |s| {
                 s.gpus_total == Some(4) && s.gpus_per_node == 0 && s.gpu_type.as_deref() == Some("a100")
             }),
+            ("mem", None, "4G", |s| s.mem == Some(MemRequest::PerNode(4096))),
+            ("mem-per-cpu", None, "2000", |s| s.mem == Some(MemRequest::PerCpu(2000))),
+            ("tasks-per-node", None, "4", |s| s.ntasks_per_node == Some(4)),
+            ("time-min", None, "30", |s| s.time_min_s == Some(1800)),
+            ("begin", Some("b"), "now+60", |s| s.begin_ms == Some(NOW_MS + 60_000)),
+            ("deadline", None, "now+1hour", |s| s.deadline_ms == Some(NOW_MS + 3_600_000)),
+            ("wckey", None, "proj", |s| s.wckey.as_deref() == Some("proj")),
+            ("comment", None, "a note", |s| s.comment.as_deref() == Some("a note")),
+            ("signal", None, "USR1@90", |s| s.signal.is_some_and(|w| w.before_s == 90)),
         ];
         for (long, short, value, check) in cases {
             let mut forms = vec![vec![format!("--{long}={value}")], vec![format!("--{long}"), value.to_string()]];
@@ -1205,20 +2401,20 @@ mod tests {
     }
 
     #[test]
-    fn ignored_options_are_accepted_and_dropped() {
-        let cmd = parse_command_line(&args(&[
-            "--mail-type=END,FAIL",
-            "--mail-user",
-            "a@b.c",
-            "--comment=hello world",
-            "job.sh",
-        ]))
-        .unwrap();
-        assert_eq!(cmd.options.len(), 3);
+    fn ignored_options_are_accepted_dropped_and_warned_about() {
+        let cmd = parse_command_line(&args(&["--mail-type=END,FAIL", "--mail-user", "a@b.c", "job.sh"])).unwrap();
+        assert_eq!(cmd.options.len(), 2);
         assert!(cmd.options.iter().all(|o| matches!(o, SbatchOption::Ignored { .. })));
-        let s = build_spec(&cmd, Some(SCRIPT), &ctx()).unwrap().spec;
-        assert_eq!(s, spec(&["job.sh"], SCRIPT));
+        let parsed = build_spec(&cmd, Some(SCRIPT), &ctx()).unwrap();
+        assert_eq!(parsed.spec, spec(&["job.sh"], SCRIPT));
+        // One warning per option, even though both say the same.
+        assert_eq!(
+            parsed.warnings,
+            ["--mail-type is ignored: Drover sends no mail", "--mail-user is ignored: Drover sends no mail"]
+        );
         assert!(cmd_err(&["--mail-type"]).contains("--mail-type requires a value"));
+        // Asking for no mail is what Drover does anyway.
+        assert!(warnings(&["--mail-type=NONE", "job.sh"]).is_empty());
     }
 
     #[test]
@@ -1677,14 +2873,21 @@ mod tests {
 
     #[test]
     fn unknown_options() {
-        let msg = cmd_err(&["--mem=4G", "job.sh"]);
-        assert!(msg.starts_with("unrecognized option \"--mem\"; supported options: --job-name/-J,"), "{msg}");
+        // sbatch has no --x11 (salloc and srun do).
+        let msg = cmd_err(&["--x11", "job.sh"]);
+        assert!(msg.starts_with("unrecognized option \"--x11\"; supported options: --job-name/-J,"), "{msg}");
         assert!(msg.contains("--gpus-per-node"), "{msg}");
         for listed in ["--array/-a", "--dependency/-d", "--qos/-q", "--reservation", "--nice", "--gpus/-G"] {
             assert!(msg.contains(listed), "{listed}: {msg}");
         }
         assert!(msg.contains("--gpus-per-task"), "{msg}");
-        assert!(!msg.contains("mail-type"), "{msg}");
+        for listed in ["--mem", "--mem-per-gpu", "--cpus-per-gpu", "--begin/-b", "--time-min", "--wckey", "--comment"] {
+            assert!(msg.contains(listed), "{listed}: {msg}");
+        }
+        // Only what Drover acts on is listed; hidden aliases neither.
+        for unlisted in ["mail-type", "gpu-bind", "--uid", "--wait", "--tasks-per-node", "ntasks-per-tres"] {
+            assert!(!msg.contains(unlisted), "{unlisted}: {msg}");
+        }
         assert!(cmd_err(&["-Z", "job.sh"]).starts_with("unrecognized option \"-Z\""));
         assert!(cmd_err(&["-HX"]).starts_with("unrecognized option \"-X\""));
         // No abbreviations.
@@ -1814,9 +3017,9 @@ mod tests {
             err.to_string(),
             "script line 3: invalid --nodes value \"two\": expected a number or MIN-MAX (in \"#SBATCH --nodes=two\")"
         );
-        let err = script_err("#!/bin/bash\n\n#SBATCH --mem=4G\n");
-        assert!(err.to_string().starts_with("script line 3: unrecognized option \"--mem\""), "{err}");
-        assert!(err.to_string().ends_with("(in \"#SBATCH --mem=4G\")"), "{err}");
+        let err = script_err("#!/bin/bash\n\n#SBATCH --x11=all\n");
+        assert!(err.to_string().starts_with("script line 3: unrecognized option \"--x11\""), "{err}");
+        assert!(err.to_string().ends_with("(in \"#SBATCH --x11=all\")"), "{err}");
         let err = script_err("#!/bin/bash\n#SBATCH -N\n");
         assert_eq!(err.to_string(), "script line 2: option -N requires a value (in \"#SBATCH -N\")");
         let err = script_err("#!/bin/bash\n#SBATCH -J \"open\n");
@@ -1900,5 +3103,778 @@ mod tests {
     fn shebang_only_script() {
         let s = spec(&["job.sh"], "#!/bin/sh");
         assert_eq!(s.script, "#!/bin/sh");
+    }
+
+    // ---- memory ----
+
+    fn mem_of(list: &[&str]) -> Option<MemRequest> {
+        let mut full = list.to_vec();
+        full.push("job.sh");
+        spec(&full, SCRIPT).mem
+    }
+
+    #[test]
+    fn memory_sizes_take_slurms_units() {
+        use MemRequest::*;
+        assert_eq!(mem_of(&[]), None);
+        assert_eq!(mem_of(&["--mem=500"]), Some(PerNode(500)));
+        assert_eq!(mem_of(&["--mem", "4G"]), Some(PerNode(4096)));
+        assert_eq!(mem_of(&["--mem=4g"]), Some(PerNode(4096)));
+        assert_eq!(mem_of(&["--mem=4GB"]), Some(PerNode(4096)));
+        assert_eq!(mem_of(&["--mem=4gb"]), Some(PerNode(4096)));
+        assert_eq!(mem_of(&["--mem=16384M"]), Some(PerNode(16384)));
+        assert_eq!(mem_of(&["--mem=8mb"]), Some(PerNode(8)));
+        assert_eq!(mem_of(&["--mem=2T"]), Some(PerNode(2 << 20)));
+        assert_eq!(mem_of(&["--mem=+5"]), Some(PerNode(5)));
+        // K rounds up to whole MiB.
+        assert_eq!(mem_of(&["--mem=1024K"]), Some(PerNode(1)));
+        assert_eq!(mem_of(&["--mem=1025k"]), Some(PerNode(2)));
+        assert_eq!(mem_of(&["--mem=1K"]), Some(PerNode(1)));
+        assert_eq!(mem_of(&["--mem=0K"]), Some(PerNode(0)));
+        // 0 is all of each node's memory.
+        assert_eq!(mem_of(&["--mem=0"]), Some(PerNode(0)));
+        assert_eq!(mem_of(&["--mem-per-cpu=2G"]), Some(PerCpu(2048)));
+        assert_eq!(mem_of(&["--gres=gpu:1", "--mem-per-gpu=40G"]), Some(PerGpu(40960)));
+        let largest = "8796093022207T"; // 2^63 - 2^20 MiB
+        assert_eq!(mem_of(&["--mem", largest]), Some(PerNode(MAX_MEM_MB - (1 << 20) + 1)));
+        assert_eq!(mem_of(&["--mem=9223372036854775807"]), Some(PerNode(MAX_MEM_MB)));
+    }
+
+    #[test]
+    fn bad_memory_sizes_say_what_is_accepted() {
+        let expected = "expected a whole number with an optional unit K, M, G or T (MiB when none), e.g. 4G";
+        for bad in ["G", "4X", "4GiB", "4 G", "-1", "1.5G", "4B", "B", "4GBB", "0x10", " 4"] {
+            assert_eq!(cmd_err(&["--mem", bad]), format!("invalid --mem value {bad:?}: {expected}"), "{bad:?}");
+        }
+        assert_eq!(cmd_err(&["--mem-per-cpu="]), "invalid --mem-per-cpu value \"\": the value is empty");
+        let too_large = "the size is too large (at most 9223372036854775807 MiB)";
+        for huge in [
+            "9223372036854775808",
+            "8796093022208T",
+            "9007199254740992G",
+            "18446744073709551616",
+            "99999999999999999999999K",
+        ] {
+            assert_eq!(cmd_err(&["--mem-per-gpu", huge]), format!("invalid --mem-per-gpu value {huge:?}: {too_large}"));
+        }
+    }
+
+    #[test]
+    fn memory_options_exclude_one_another_as_in_slurm() {
+        use MemRequest::*;
+        let exclusive = "--mem, --mem-per-cpu, and --mem-per-gpu are mutually exclusive";
+        let err = build_err(&["--mem=4G", "--mem-per-cpu=1G", "job.sh"], SCRIPT);
+        assert_eq!(err, SbatchError::Conflict(exclusive.into()));
+        // The script counts as the command line here: Slurm refuses a script's --mem with a --mem-per-cpu given
+        // to sbatch, rather than letting one win.
+        let err = build_err(&["--mem-per-cpu=1G", "job.sh"], "#!/bin/sh\n#SBATCH --mem=4G\n");
+        assert_eq!(err.to_string(), exclusive);
+        // The same option again: the last wins.
+        assert_eq!(mem_of(&["--mem=1G", "--mem=2G"]), Some(PerNode(2048)));
+        assert_eq!(spec(&["--mem=2G", "job.sh"], "#!/bin/sh\n#SBATCH --mem=8G\n").mem, Some(PerNode(2048)));
+    }
+
+    #[test]
+    fn mem_per_gpu_needs_gpus() {
+        let err = build_err(&["--mem-per-gpu=10G", "job.sh"], SCRIPT);
+        assert_eq!(
+            err.to_string(),
+            "--mem-per-gpu needs GPUs: give --gpus, --gpus-per-node, --gpus-per-task or --gres"
+        );
+        assert!(build_err(&["--gres=gpu:0", "--mem-per-gpu=10G", "job.sh"], SCRIPT).to_string().contains("needs GPUs"));
+        // A job total the controller spreads later is GPUs too.
+        assert_eq!(mem_of(&["--gpus=16", "--mem-per-gpu=10G"]), Some(MemRequest::PerGpu(10240)));
+    }
+
+    // ---- --cpus-per-gpu and --ntasks-per-gpu ----
+
+    #[test]
+    fn cpus_per_gpu_shares_each_gpus_cpus_among_the_nodes_tasks() {
+        let cpus = |list: &[&str]| {
+            let mut full = list.to_vec();
+            full.push("job.sh");
+            let s = spec(&full, SCRIPT);
+            (s.cpus_per_task, s.cpus_per_gpu)
+        };
+        // One task per node (the default) gets all of its node's CPUs for GPUs.
+        assert_eq!(cpus(&["--gres=gpu:4", "--cpus-per-gpu=8"]), (32, Some(8)));
+        assert_eq!(cpus(&["--cpus-per-gpu=8", "--gpus-per-node=4", "--ntasks-per-node=4"]), (8, Some(8)));
+        // 10 CPUs over 3 tasks: each gets 4.
+        assert_eq!(cpus(&["-n", "3", "--gpus-per-node=2", "--cpus-per-gpu=5"]), (4, Some(5)));
+        // Tasks in blocks: 3 tasks on 2 nodes is 2 + 1; the busier node's tasks share its 32 CPUs.
+        assert_eq!(cpus(&["-N", "2", "-n", "3", "--gres=gpu:4", "--cpus-per-gpu=8"]), (16, Some(8)));
+        // --gpus-per-task: GPUs per node follow the tasks first.
+        assert_eq!(cpus(&["-n", "2", "--gpus-per-task=2", "--cpus-per-gpu=3"]), (6, Some(3)));
+        // A job total not yet spread: its CPUs shared by all of its tasks, or by one task per node.
+        assert_eq!(cpus(&["--gpus=8", "--cpus-per-gpu=4", "-n", "4"]), (8, Some(4)));
+        assert_eq!(cpus(&["--gpus=8", "--cpus-per-gpu=4"]), (32, Some(4)));
+        // --gpus over a fixed node count is per node.
+        assert_eq!(cpus(&["-N", "2", "--gpus=8", "--cpus-per-gpu=4"]), (16, Some(4)));
+    }
+
+    #[test]
+    fn cpus_per_gpu_conflicts_and_edges() {
+        let exclusive = "--cpus-per-gpu is mutually exclusive with --cpus-per-task";
+        assert_eq!(
+            build_err(&["-c", "2", "--gres=gpu:1", "--cpus-per-gpu=4", "job.sh"], SCRIPT).to_string(),
+            exclusive
+        );
+        assert_eq!(
+            build_err(&["--gres=gpu:1", "-c", "2", "job.sh"], "#!/bin/sh\n#SBATCH --cpus-per-gpu=4\n").to_string(),
+            exclusive
+        );
+        // Without GPUs there is nothing to multiply: a warning, and the default one CPU per task.
+        let parsed = submit(&["--cpus-per-gpu=4", "job.sh"], Some(SCRIPT)).unwrap();
+        assert_eq!(parsed.spec.cpus_per_task, 1);
+        assert_eq!(parsed.warnings, ["--cpus-per-gpu=4 has no effect: the job asks for no GPUs"]);
+        assert_eq!(cmd_err(&["--cpus-per-gpu=0"]), "invalid --cpus-per-gpu value \"0\": must be at least 1");
+        let err = build_err(&["--gpus-per-node=100000", "--cpus-per-gpu=4294967295", "job.sh"], SCRIPT);
+        assert!(err.to_string().contains("too many CPUs per task"), "{err}");
+    }
+
+    fn tasks_of(list: &[&str]) -> (Option<u32>, Option<u32>, u32, Option<u32>, Option<u32>) {
+        let mut full = list.to_vec();
+        full.push("job.sh");
+        let s = spec(&full, SCRIPT);
+        (s.ntasks, s.ntasks_per_node, s.gpus_per_node, s.gpus_total, s.ntasks_per_gpu)
+    }
+
+    #[test]
+    fn ntasks_per_gpu_with_gpus_sets_the_tasks() {
+        // N tasks for each GPU of each node.
+        assert_eq!(
+            tasks_of(&["-N", "2", "--gpus-per-node=4", "--ntasks-per-gpu=2"]),
+            (None, Some(8), 4, None, Some(2))
+        );
+        assert_eq!(tasks_of(&["--gres=gpu:a100:8", "--ntasks-per-gpu=1"]), (None, Some(8), 8, None, Some(1)));
+        // An --ntasks that agrees stays; one that does not is replaced, as Slurm does, with a warning.
+        assert_eq!(
+            tasks_of(&["-N", "2", "-n", "16", "--gres=gpu:4", "--ntasks-per-gpu=2"]),
+            (Some(16), Some(8), 4, None, Some(2))
+        );
+        let parsed =
+            submit(&["-N", "2", "-n", "5", "--gres=gpu:4", "--ntasks-per-gpu=2", "job.sh"], Some(SCRIPT)).unwrap();
+        assert_eq!((parsed.spec.ntasks, parsed.spec.ntasks_per_node), (Some(16), Some(8)));
+        assert_eq!(
+            parsed.warnings,
+            ["--ntasks=5 is replaced by 16: --ntasks-per-gpu=2 times the job's GPUs, as Slurm does"]
+        );
+        // A job total: N tasks per GPU of it.
+        assert_eq!(tasks_of(&["--gpus=8", "--ntasks-per-gpu=2"]), (Some(16), None, 0, Some(8), Some(2)));
+        // Slurm's hidden --ntasks-per-tres is the same thing.
+        assert_eq!(tasks_of(&["--gpus-per-node=2", "--ntasks-per-tres=3"]), (None, Some(6), 2, None, Some(3)));
+    }
+
+    #[test]
+    fn ntasks_per_gpu_without_gpus_asks_for_them() {
+        // One GPU for every N tasks, a job total (the controller spreads it) ...
+        assert_eq!(tasks_of(&["-n", "8", "--ntasks-per-gpu=2"]), (Some(8), None, 0, Some(4), Some(2)));
+        // ... or per node, when --nodes is fixed.
+        assert_eq!(tasks_of(&["-N", "2", "-n", "8", "--ntasks-per-gpu=2"]), (Some(8), None, 2, None, Some(2)));
+        // --nodes alone: N tasks per node, hence one GPU per node.
+        assert_eq!(tasks_of(&["-N", "2", "--ntasks-per-gpu=3"]), (Some(6), None, 1, None, Some(3)));
+        let err = build_err(&["-n", "7", "--ntasks-per-gpu=2", "job.sh"], SCRIPT);
+        assert_eq!(err.to_string(), "--ntasks=7 has to be a multiple of --ntasks-per-gpu=2");
+        let err = build_err(&["-N", "4", "-n", "6", "--ntasks-per-gpu=2", "job.sh"], SCRIPT);
+        assert_eq!(err.to_string(), "--gpus=3 cannot be spread evenly over 4 nodes; use --gpus-per-node");
+        let err = build_err(&["--ntasks-per-gpu=2", "job.sh"], SCRIPT);
+        assert!(err.to_string().starts_with("--ntasks-per-gpu=2 needs GPUs"), "{err}");
+    }
+
+    #[test]
+    fn ntasks_per_gpu_refuses_what_slurm_refuses() {
+        let err = |list: &[&str]| build_err(list, SCRIPT).to_string();
+        assert_eq!(
+            err(&["--ntasks-per-node=2", "--gres=gpu:2", "--ntasks-per-gpu=1", "job.sh"]),
+            "--ntasks-per-node is mutually exclusive with --ntasks-per-gpu"
+        );
+        assert_eq!(
+            err(&["-n", "2", "--gpus-per-task=1", "--gres=gpu:2", "--ntasks-per-gpu=1", "job.sh"]),
+            "--gpus-per-task is mutually exclusive with --ntasks-per-gpu"
+        );
+        assert_eq!(
+            err(&["-N", "1-2", "--gres=gpu:2", "--ntasks-per-gpu=1", "job.sh"]),
+            "--ntasks-per-gpu cannot be used with a node range (--nodes=MIN-MAX)"
+        );
+        assert!(err(&["--gpus-per-node=65536", "--ntasks-per-gpu=65536", "job.sh"]).contains("too many tasks"));
+    }
+
+    // ---- --wckey, --comment, --time-min ----
+
+    #[test]
+    fn wckey_comment_and_time_min_are_recorded() {
+        let s =
+            spec(&["--wckey=ml", "--comment", "sweep 3 of 8", "--time-min=1:00:00", "-t", "4:00:00", "job.sh"], SCRIPT);
+        assert_eq!((s.wckey.as_deref(), s.comment.as_deref()), (Some("ml"), Some("sweep 3 of 8")));
+        assert_eq!((s.time_min_s, s.time_limit_s), (Some(3600), Some(4 * 3600)));
+        let s = spec(&["job.sh"], "#!/bin/sh\n#SBATCH --comment=\"from the script\" --time-min=2-0\n");
+        assert_eq!((s.comment.as_deref(), s.time_min_s), (Some("from the script"), Some(2 * 86_400)));
+        // UNLIMITED (or 0) is no minimum, as for --time.
+        assert_eq!(spec(&["--time-min=UNLIMITED", "job.sh"], SCRIPT).time_min_s, None);
+        assert_eq!(spec(&["--time-min=0", "-t", "10", "job.sh"], SCRIPT).time_min_s, None);
+        // Without --time the partition's limit applies, which only the controller knows.
+        assert_eq!(spec(&["--time-min=90", "job.sh"], SCRIPT).time_min_s, Some(5400));
+    }
+
+    #[test]
+    fn time_min_errors() {
+        assert_eq!(
+            build_err(&["--time-min=2:00:00", "-t", "60", "job.sh"], SCRIPT).to_string(),
+            "--time-min (2:00:00) is longer than --time (1:00:00)"
+        );
+        let msg = cmd_err(&["--time-min=1h"]);
+        assert!(msg.starts_with("invalid --time-min value \"1h\": \"1h\" is not a whole number"), "{msg}");
+        assert_eq!(cmd_err(&["--wckey="]), "invalid --wckey value \"\": the value is empty");
+    }
+
+    // ---- --begin and --deadline ----
+
+    /// Milliseconds since the epoch of a local time in the test context (UTC+1).
+    fn local_ms(date: (i64, i64, i64), clock: (i64, i64, i64)) -> u64 {
+        let (y, mo, d) = date;
+        let (h, mi, s) = clock;
+        ((days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + s - 3600) * 1000) as u64
+    }
+
+    fn begin(value: &str) -> u64 {
+        spec(&[&format!("--begin={value}"), "job.sh"], SCRIPT).begin_ms.unwrap_or_else(|| panic!("{value}"))
+    }
+
+    const TODAY: (i64, i64, i64) = (2026, 3, 10);
+    const TOMORROW: (i64, i64, i64) = (2026, 3, 11);
+
+    #[test]
+    fn the_calendar_arithmetic_matches_known_dates() {
+        for (date, days) in [
+            ((1970, 1, 1), 0),
+            ((1969, 12, 31), -1),
+            ((2000, 2, 29), 11_016),
+            ((2000, 3, 1), 11_017),
+            ((2024, 12, 31), 20_088),
+            ((2026, 3, 10), 20_522),
+            ((2100, 3, 1), 47_541),
+        ] {
+            assert_eq!(days_from_civil(date.0, date.1, date.2), days, "{date:?}");
+            assert_eq!(civil_from_days(days), date);
+        }
+        assert_eq!(local_ms(TODAY, (14, 30, 15)), NOW_MS);
+    }
+
+    #[test]
+    fn begin_at_a_time_of_day_is_the_next_one() {
+        // Now is 14:30:15 local.
+        assert_eq!(begin("16:00"), local_ms(TODAY, (16, 0, 0)));
+        assert_eq!(begin("14:31"), local_ms(TODAY, (14, 31, 0)));
+        assert_eq!(begin("23:59:59"), local_ms(TODAY, (23, 59, 59)));
+        // Not after the current minute: tomorrow (Slurm compares hours and minutes only).
+        assert_eq!(begin("14:30:59"), local_ms(TOMORROW, (14, 30, 59)));
+        assert_eq!(begin("9:05"), local_ms(TOMORROW, (9, 5, 0)));
+        assert_eq!(begin("00:00"), local_ms(TOMORROW, (0, 0, 0)));
+        // AM and PM, with or without a space, in any case.
+        assert_eq!(begin("4:00 PM"), local_ms(TODAY, (16, 0, 0)));
+        assert_eq!(begin("4:00pm"), local_ms(TODAY, (16, 0, 0)));
+        assert_eq!(begin("12:00 pm"), local_ms(TOMORROW, (12, 0, 0)));
+        assert_eq!(begin("12:15am"), local_ms(TOMORROW, (0, 15, 0)));
+        assert_eq!(begin("11:00 AM"), local_ms(TOMORROW, (11, 0, 0)));
+        // Named times.
+        assert_eq!(begin("midnight"), local_ms(TOMORROW, (0, 0, 0)));
+        assert_eq!(begin("noon"), local_ms(TOMORROW, (12, 0, 0)));
+        assert_eq!(begin("fika"), local_ms(TODAY, (15, 0, 0)));
+        assert_eq!(begin("teatime"), local_ms(TODAY, (16, 0, 0)));
+        assert_eq!(begin("NOON"), local_ms(TOMORROW, (12, 0, 0)));
+    }
+
+    #[test]
+    fn begin_on_a_day() {
+        // A day alone is its midnight, even today's (already past: the job is eligible at once).
+        assert_eq!(begin("today"), local_ms(TODAY, (0, 0, 0)));
+        assert_eq!(begin("tomorrow"), local_ms(TOMORROW, (0, 0, 0)));
+        assert_eq!(begin("tomorrow 10:00"), local_ms(TOMORROW, (10, 0, 0)));
+        assert_eq!(begin("teatime tomorrow"), local_ms(TOMORROW, (16, 0, 0)));
+        assert_eq!(begin("today 9:00"), local_ms(TODAY, (9, 0, 0)));
+        assert_eq!(begin("2026-01-20T12:34:00"), local_ms((2026, 1, 20), (12, 34, 0)));
+        assert_eq!(begin("2026-01-20T12:34"), local_ms((2026, 1, 20), (12, 34, 0)));
+        assert_eq!(begin("2027-12-01"), local_ms((2027, 12, 1), (0, 0, 0)));
+        assert_eq!(begin("2027-12-1 18:00"), local_ms((2027, 12, 1), (18, 0, 0)));
+        // Without a year: this year if still ahead, else next year.
+        assert_eq!(begin("0315"), local_ms((2026, 3, 15), (0, 0, 0)));
+        assert_eq!(begin("03/15"), local_ms((2026, 3, 15), (0, 0, 0)));
+        assert_eq!(begin("3/15"), local_ms((2026, 3, 15), (0, 0, 0)));
+        assert_eq!(begin("03.15"), local_ms((2026, 3, 15), (0, 0, 0)));
+        assert_eq!(begin("03/09"), local_ms((2027, 3, 9), (0, 0, 0)));
+        // Today's date at midnight has passed: next year, as in Slurm.
+        assert_eq!(begin("0310"), local_ms((2027, 3, 10), (0, 0, 0)));
+        assert_eq!(begin("03/10-16:00"), local_ms((2026, 3, 10), (16, 0, 0)));
+        // Two-digit years; 00 counts as no year, as in Slurm.
+        assert_eq!(begin("031527"), local_ms((2027, 3, 15), (0, 0, 0)));
+        assert_eq!(begin("03/15/27"), local_ms((2027, 3, 15), (0, 0, 0)));
+        assert_eq!(begin("03.15.27"), local_ms((2027, 3, 15), (0, 0, 0)));
+        assert_eq!(begin("03/15/00"), local_ms((2026, 3, 15), (0, 0, 0)));
+        // A day past the month's end rolls over, as mktime does: February 31 is March 3.
+        assert_eq!(begin("2027-02-31"), local_ms((2027, 3, 3), (0, 0, 0)));
+    }
+
+    #[test]
+    fn begin_relative_to_now() {
+        assert_eq!(begin("now"), NOW_MS);
+        assert_eq!(begin("now+60"), NOW_MS + 60_000);
+        assert_eq!(begin("now+60seconds"), NOW_MS + 60_000);
+        assert_eq!(begin("now+1second"), NOW_MS + 1_000);
+        assert_eq!(begin("now+90minutes"), NOW_MS + 90 * 60_000);
+        assert_eq!(begin("now+1hour"), NOW_MS + 3_600_000);
+        assert_eq!(begin("now+2HOURS"), NOW_MS + 7_200_000);
+        assert_eq!(begin("now + 2 days"), NOW_MS + 2 * 86_400_000);
+        assert_eq!(begin("now+1week"), NOW_MS + 7 * 86_400_000);
+        assert_eq!(begin("now-1hour"), NOW_MS - 3_600_000);
+        assert_eq!(begin("uts1800000000"), 1_800_000_000_000);
+        // The short option.
+        assert_eq!(spec(&["-b", "now+5minutes", "job.sh"], SCRIPT).begin_ms, Some(NOW_MS + 300_000));
+    }
+
+    #[test]
+    fn begin_uses_the_submitters_utc_offset() {
+        let mut c = ctx();
+        c.utc_offset_s = -5 * 3600;
+        let cmd = parse_command_line(&args(&["--begin=16:00", "job.sh"])).unwrap();
+        // 16:00 at UTC-5 is 21:00 UTC; now there is 09:30 so it is today.
+        let utc = days_from_civil(2026, 3, 10) * 86_400 + 21 * 3600;
+        assert_eq!(build_spec(&cmd, Some(SCRIPT), &c).unwrap().spec.begin_ms, Some(utc as u64 * 1000));
+    }
+
+    #[test]
+    fn bad_begin_values_are_refused() {
+        for bad in [
+            "now+1h",
+            "now+",
+            "now+hours",
+            "nowish",
+            "now+1hour30minutes",
+            "tomorow",
+            "25:00",
+            "10:60",
+            "10:5",
+            "10:00:61",
+            "13:00pm",
+            "1:00 xm",
+            "13/01",
+            "00/10",
+            "03/32",
+            "2026-1-20",
+            "2026-13-01",
+            "03/15/2027",
+            "12pm",
+            "uts5",
+            "uts",
+            "  ",
+            "-",
+            "T",
+            "next friday",
+        ] {
+            let msg = cmd_err(&["--begin", bad]);
+            assert!(msg.starts_with(&format!("invalid --begin value {bad:?}: ")), "{bad:?}: {msg}");
+            assert!(msg.ends_with(ACCEPTED_DATE_FORMATS), "{bad:?}: {msg}");
+        }
+        // Slurm's scan skips a capital T as the date/time separator, so a capitalized word is not a keyword.
+        assert!(cmd_err(&["--begin=Today"]).contains("unexpected \"oday\""));
+        assert!(cmd_err(&["--deadline=now+1fortnight"]).starts_with("invalid --deadline value"));
+        let err = build_err(&["--begin=1969-12-31", "job.sh"], SCRIPT);
+        assert_eq!(err.to_string(), "--begin names a time before 1970 or beyond any calendar");
+    }
+
+    #[test]
+    fn deadline_must_not_precede_begin() {
+        let s = spec(&["--begin=now+1hour", "--deadline=tomorrow", "job.sh"], SCRIPT);
+        assert_eq!((s.begin_ms, s.deadline_ms), (Some(NOW_MS + 3_600_000), Some(local_ms(TOMORROW, (0, 0, 0)))));
+        let s = spec(&["--deadline=now+2days", "job.sh"], SCRIPT);
+        assert_eq!((s.begin_ms, s.deadline_ms), (None, Some(NOW_MS + 2 * 86_400_000)));
+        let err = build_err(&["--begin=tomorrow", "--deadline=now+1hour", "job.sh"], SCRIPT);
+        assert_eq!(err.to_string(), "Incompatible begin and deadline time specification: --deadline is before --begin");
+        // In a directive too, with the same clock.
+        let s = spec(&["job.sh"], "#!/bin/sh\n#SBATCH --begin=now+10minutes\n");
+        assert_eq!(s.begin_ms, Some(NOW_MS + 600_000));
+    }
+
+    // ---- options Drover does not act on ----
+
+    #[test]
+    fn unused_options_warn_and_take_their_values_as_getopt_does() {
+        // (argv before the script, the one warning)
+        let cases: &[(&[&str], &str)] = &[
+            (&["--gpu-bind=closest"], "--gpu-bind is ignored: every task sees all of the job's GPUs on its node"),
+            (&["--gpu-bind", "single:1"], "--gpu-bind is ignored"),
+            (&["--distribution=block:cyclic"], "--distribution is ignored: tasks are laid out in blocks"),
+            (&["-m", "cyclic"], "--distribution is ignored"),
+            (&["-mcyclic"], "--distribution is ignored"),
+            (&["--hint", "nomultithread"], "--hint is ignored: Drover does not bind tasks to cores"),
+            (&["--mcs-label=g"], "--mcs-label is ignored"),
+            (&["--profile=task"], "--profile is ignored"),
+            (&["--acctg-freq", "task=30"], "--acctg-freq is ignored"),
+            (&["--propagate"], "--propagate is ignored"),
+            (&["--propagate=STACK,CORE"], "--propagate is ignored"),
+            (&["--get-user-env"], "--get-user-env is ignored"),
+            (&["--get-user-env=10L"], "--get-user-env is ignored"),
+            (
+                &["--kill-on-invalid-dep=yes"],
+                "--kill-on-invalid-dep is ignored: a job whose dependency can never be satisfied stays pending",
+            ),
+            (&["--tmp=100G"], "--tmp is ignored: Drover does not track local disk space"),
+            (&["--ntasks-per-core=1"], "--ntasks-per-core is ignored"),
+            (&["--ntasks-per-socket", "2"], "--ntasks-per-socket is ignored"),
+            (&["--cores-per-socket=8"], "--cores-per-socket is ignored"),
+            (&["--sockets-per-node=2"], "--sockets-per-node is ignored"),
+            (&["--threads-per-core=1"], "--threads-per-core is ignored"),
+            (&["-B", "2:8:1"], "--extra-node-info is ignored"),
+            (&["-S", "2"], "--core-spec is ignored"),
+            (&["--thread-spec=2"], "--thread-spec is ignored"),
+            (&["--mincpus=16"], "--mincpus is ignored"),
+            (&["--switches=1@10:00"], "--switches is ignored"),
+            (&["--power=level"], "--power is ignored"),
+            (&["-L", "matlab:1"], "--licenses is ignored: Drover tracks no licenses"),
+            (&["--licenses=a,b"], "--licenses is ignored"),
+            (&["--spread-job"], "--spread-job is ignored"),
+            (&["--use-min-nodes"], "--use-min-nodes is ignored"),
+            (&["--overcommit"], "--overcommit is ignored"),
+            (&["-O"], "--overcommit is ignored"),
+            (&["--export-file=vars.env"], "--export-file is ignored: the variables in that file are not loaded"),
+            (&["--priority=TOP"], "--priority is ignored: only an operator may set a job's priority"),
+            (&["--delay-boot=10"], "--delay-boot is ignored: Drover never reboots nodes for a job"),
+            (&["--reboot"], "--reboot is ignored"),
+            (&["--cpu-freq=high"], "--cpu-freq is ignored"),
+            (&["--gpu-freq=high"], "--gpu-freq is ignored"),
+            (&["--network=x"], "--network is ignored"),
+            (&["--mem-bind=local"], "--mem-bind is ignored"),
+            (&["--gres-flags=enforce-binding"], "--gres-flags is ignored"),
+            (&["--prefer=a100"], "--prefer is ignored"),
+            (&["--contiguous"], "--contiguous is ignored"),
+            (&["--batch=feature"], "--batch is ignored"),
+            (&["--cluster-constraint=x"], "--cluster-constraint is ignored"),
+            (&["--context=unconfined_u"], "--context is ignored"),
+            (&["--wait-all-nodes=1"], "--wait-all-nodes is ignored"),
+            (&["--verbose"], "--verbose is ignored: Drover's sbatch has no verbose output"),
+            (&["-vv"], "--verbose is ignored"),
+            (&["--exclusive=user"], "--exclusive=user is treated as --exclusive: the job's nodes run no other job"),
+            (&["--exclusive=MCS"], "--exclusive=mcs is treated as --exclusive"),
+            (&["--oversubscribe"], "--oversubscribe only lifts --exclusive: Drover never oversubscribes CPUs or GPUs"),
+            (&["-s"], "--oversubscribe only lifts --exclusive"),
+        ];
+        let plain = spec(&["job.sh"], SCRIPT);
+        for (list, warning) in cases {
+            let mut full = list.to_vec();
+            full.extend(["job.sh", "arg"]);
+            let parsed = submit(&full, Some(SCRIPT)).unwrap_or_else(|e| panic!("{list:?}: {e}"));
+            // The script is still the script: an optional value was not taken from the next word.
+            assert_eq!(parsed.script_path.as_deref(), Some("job.sh"), "{list:?}");
+            assert_eq!(parsed.spec.script_args, ["arg"], "{list:?}");
+            assert_eq!(parsed.warnings.len(), 1, "{list:?}: {:?}", parsed.warnings);
+            assert!(parsed.warnings[0].starts_with(warning), "{list:?}: {:?}", parsed.warnings);
+            // And nothing else about the job changed (bar the exclusive flag).
+            let mut s = parsed.spec;
+            s.exclusive = false;
+            s.script_args.clear();
+            assert_eq!(s, plain, "{list:?}");
+        }
+    }
+
+    #[test]
+    fn unused_options_in_directives_and_silent_ones() {
+        let parsed =
+            submit(&["job.sh"], Some("#!/bin/sh\n#SBATCH --hint=compute_bound -m block\n#SBATCH --hint=x\n")).unwrap();
+        // Each warning once.
+        assert_eq!(
+            parsed.warnings,
+            [
+                "--hint is ignored: Drover does not bind tasks to cores",
+                "--distribution is ignored: tasks are laid out in blocks, filling one node after another"
+            ]
+        );
+        // What Drover does anyway needs no warning.
+        for quiet in [
+            &["--ignore-pbs"][..],
+            &["--kill-on-invalid-dep=no"],
+            &["--mail-type=none"],
+            &["--clusters="],
+            &["-M", ""],
+            &["--input=/dev/null"],
+            &["--exclusive"],
+            &["--exclusive=exclusive"],
+        ] {
+            let mut full = quiet.to_vec();
+            full.push("job.sh");
+            assert_eq!(warnings(&full), Vec::<String>::new(), "{quiet:?}");
+        }
+        // Value-less ones refuse a value; some values are still checked.
+        assert_eq!(cmd_err(&["--reboot=yes"]), "option --reboot takes no value, but was given \"yes\"");
+        assert_eq!(
+            cmd_err(&["--kill-on-invalid-dep=maybe"]),
+            "invalid --kill-on-invalid-dep value \"maybe\": expected yes or no"
+        );
+        assert_eq!(cmd_err(&["--hint"]), "option --hint requires a value");
+    }
+
+    #[test]
+    fn exclusive_takes_an_optional_mode() {
+        assert!(spec(&["--exclusive", "job.sh"], SCRIPT).exclusive);
+        assert!(spec(&["--exclusive=user", "job.sh"], SCRIPT).exclusive);
+        assert!(!spec(&["--exclusive=oversubscribe", "job.sh"], SCRIPT).exclusive);
+        // The later of --exclusive and --oversubscribe wins, as both set Slurm's one sharing field.
+        assert!(!spec(&["--exclusive", "-s", "job.sh"], SCRIPT).exclusive);
+        assert!(spec(&["-s", "--exclusive", "job.sh"], SCRIPT).exclusive);
+        assert!(spec(&["job.sh"], "#!/bin/sh\n#SBATCH --exclusive\n").exclusive);
+        // getopt's optional value: `--exclusive user` leaves `user` as the script.
+        assert_eq!(submit(&["--exclusive", "user"], Some(SCRIPT)).unwrap().script_path.as_deref(), Some("user"));
+        assert_eq!(
+            cmd_err(&["--exclusive=node"]),
+            "invalid --exclusive value \"node\": expected user, mcs or oversubscribe (or no value)"
+        );
+    }
+
+    #[test]
+    fn no_kill_takes_set_off_or_no() {
+        assert!(spec(&["-k", "job.sh"], SCRIPT).no_kill);
+        assert!(spec(&["--no-kill=set", "job.sh"], SCRIPT).no_kill);
+        assert!(!spec(&["--no-kill=off", "job.sh"], SCRIPT).no_kill);
+        // A later =off undoes an earlier one.
+        assert!(!spec(&["--no-kill=off", "job.sh"], "#!/bin/sh\n#SBATCH --no-kill\n").no_kill);
+        assert_eq!(
+            cmd_err(&["--no-kill=yes"]),
+            "invalid --no-kill value \"yes\": expected set, off or no (or no value)"
+        );
+    }
+
+    #[test]
+    fn options_drover_refuses() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--uid=0"], "--uid: only root may submit as another user; Drover takes the user from your credential"),
+            (&["--gid", "wheel"], "--gid: only root may submit as another group"),
+            (&["--wait"], "--wait: not supported yet"),
+            (&["-W"], "-W: not supported yet"),
+            (&["--test-only"], "--test-only: not supported yet"),
+            (&["--clusters=other"], "--clusters: Drover runs a single cluster"),
+            (&["-M", "a,b"], "-M: Drover runs a single cluster"),
+            (&["--cluster=x"], "--cluster: Drover runs a single cluster"),
+            (&["-i", "input.txt"], "-i: not supported: a batch script's stdin is /dev/null"),
+            (&["--gpus-per-socket=1"], "--gpus-per-socket: not supported"),
+            (&["--bb=capacity=1G"], "--bb: burst buffers are not supported"),
+            (&["--bbf=bb.conf"], "--bbf: burst buffers are not supported"),
+            (&["--container=/img"], "--container: OCI containers are not supported"),
+            (&["-F", "hosts"], "-F: not supported; list the nodes with --nodelist"),
+        ];
+        for (list, error) in cases {
+            let mut full = list.to_vec();
+            full.push("job.sh");
+            let msg = cmd_err(&full);
+            assert!(msg.starts_with(error), "{list:?}: {msg}");
+        }
+        // Even bundled, and in a directive.
+        assert!(cmd_err(&["-HW"]).starts_with("-W: not supported yet"));
+        let err = script_err("#!/bin/sh\n#SBATCH --uid=root\n");
+        assert!(matches!(err, SbatchError::Directive { line: 2, error: OptionError::Refused { .. }, .. }), "{err}");
+    }
+
+    // ---- --quiet ----
+
+    #[test]
+    fn quiet_is_read_from_the_command_line_only() {
+        let parsed = submit(&["-Q", "--hint=x", "job.sh"], Some(SCRIPT)).unwrap();
+        // The warnings are still there; sbatch does not print them.
+        assert!(parsed.quiet);
+        assert_eq!(parsed.warnings.len(), 1);
+        assert!(submit(&["--quiet", "--parsable", "job.sh"], Some(SCRIPT)).unwrap().quiet);
+        let parsed = submit(&["job.sh"], Some("#!/bin/sh\n#SBATCH -Q\n")).unwrap();
+        assert!(!parsed.quiet);
+        assert_eq!(parsed.warnings, ["--quiet in a #SBATCH line has no effect; give it on the command line"]);
+        assert_eq!(cmd_err(&["-Q", "-v", "job.sh"]), "don't specify both --verbose (-v) and --quiet (-Q)");
+        assert_eq!(cmd_err(&["-vQ"]), "don't specify both --verbose (-v) and --quiet (-Q)");
+    }
+
+    // ---- input environment variables ----
+
+    fn with_env(vars: &[(&str, &str)], list: &[&str], script: &str) -> Result<ParsedSubmit, SbatchError> {
+        let mut c = ctx();
+        c.env.extend(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        build_spec(&parse_command_line(&args(list))?, Some(script), &c)
+    }
+
+    #[test]
+    fn environment_variables_set_options() {
+        let vars = [
+            ("SBATCH_PARTITION", "gpu"),
+            ("SBATCH_ACCOUNT", "proj"),
+            ("SBATCH_JOB_NAME", "from-env"),
+            ("SBATCH_TIMELIMIT", "2:00:00"),
+            ("SBATCH_GPUS_PER_NODE", "h100:4"),
+            ("SBATCH_MEM_PER_GPU", "80G"),
+            ("SBATCH_CPUS_PER_GPU", "12"),
+            ("SBATCH_QOS", "high"),
+            ("SBATCH_RESERVATION", "r1"),
+            ("SBATCH_WCKEY", "wk"),
+            ("SBATCH_CONSTRAINT", "ib"),
+            ("SBATCH_ARRAY_INX", "0-3%2"),
+            ("SBATCH_OUTPUT", "out-%j"),
+            ("SBATCH_ERROR", "err-%j"),
+            ("SBATCH_OPEN_MODE", "append"),
+            ("SBATCH_SIGNAL", "USR1@120"),
+            ("SBATCH_REQUEUE", "1"),
+            ("SBATCH_NO_KILL", ""),
+            ("SBATCH_EXCLUSIVE", ""),
+        ];
+        let s = with_env(&vars, &["job.sh"], SCRIPT).unwrap().spec;
+        assert_eq!(
+            (s.partition.as_deref(), s.account.as_deref(), s.name.as_str()),
+            (Some("gpu"), Some("proj"), "from-env")
+        );
+        assert_eq!((s.time_limit_s, s.gpus_per_node, s.gpu_type.as_deref()), (Some(7200), 4, Some("h100")));
+        assert_eq!((s.mem, s.cpus_per_task, s.cpus_per_gpu), (Some(MemRequest::PerGpu(80 * 1024)), 48, Some(12)));
+        assert_eq!(
+            (s.qos.as_deref(), s.reservation.as_deref(), s.wckey.as_deref()),
+            (Some("high"), Some("r1"), Some("wk"))
+        );
+        assert_eq!(s.constraint, ["ib"]);
+        assert_eq!(s.array, Some(ArraySpec { task_ids: vec![0, 1, 2, 3], max_running: Some(2) }));
+        assert_eq!((s.stdout.as_deref(), s.stderr.as_deref(), s.open_append), (Some("out-%j"), Some("err-%j"), true));
+        assert_eq!(s.signal.map(|w| w.before_s), Some(120));
+        assert_eq!((s.requeue, s.no_kill, s.exclusive), (Some(true), true, true));
+        // The variables themselves still reach the job (--export=ALL).
+        assert!(s.environment.contains(&("SBATCH_PARTITION".into(), "gpu".into())));
+    }
+
+    #[test]
+    fn command_line_beats_environment_beats_script() {
+        let script = "#!/bin/sh\n#SBATCH -p from-script -t 10 -J script-name\n";
+        let vars = [("SBATCH_PARTITION", "from-env"), ("SBATCH_TIMELIMIT", "20")];
+        let s = with_env(&vars, &["job.sh"], script).unwrap().spec;
+        assert_eq!(
+            (s.partition.as_deref(), s.time_limit_s, s.name.as_str()),
+            (Some("from-env"), Some(1200), "script-name")
+        );
+        let s = with_env(&vars, &["-p", "from-cli", "job.sh"], script).unwrap().spec;
+        assert_eq!((s.partition.as_deref(), s.time_limit_s), (Some("from-cli"), Some(1200)));
+        // SBATCH_EXPORT=NONE, overridden by --export on the command line.
+        let s = with_env(&[("SBATCH_EXPORT", "NONE")], &["job.sh"], SCRIPT).unwrap().spec;
+        assert!(s.environment.is_empty());
+        let s = with_env(&[("SBATCH_EXPORT", "NONE")], &["--export=HOME", "job.sh"], SCRIPT).unwrap().spec;
+        assert_eq!(s.environment, vec![("HOME".to_string(), "/home/alice".to_string())]);
+    }
+
+    #[test]
+    fn environment_variables_apply_in_slurms_order() {
+        // SBATCH_GPUS comes after SBATCH_GRES in Slurm's table, wherever they stand in the environment.
+        let s = with_env(&[("SBATCH_GPUS", "8"), ("SBATCH_GRES", "gpu:2")], &["job.sh"], SCRIPT).unwrap().spec;
+        assert_eq!((s.gpus_per_node, s.gpus_total), (0, Some(8)));
+        // A duplicate name: the first, as getenv finds it.
+        let s = with_env(&[("SBATCH_QOS", "a"), ("SBATCH_QOS", "b")], &["job.sh"], SCRIPT).unwrap().spec;
+        assert_eq!(s.qos.as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn memory_variables_give_way_to_options() {
+        use MemRequest::*;
+        let mem = |vars: &[(&str, &str)], list: &[&str], script: &str| with_env(vars, list, script).map(|p| p.spec.mem);
+        // An option of any kind, in the script or on the command line, overrides the variables.
+        assert_eq!(mem(&[("SBATCH_MEM_PER_CPU", "1G")], &["--mem=4G", "job.sh"], SCRIPT), Ok(Some(PerNode(4096))));
+        assert_eq!(
+            mem(&[("SBATCH_MEM_PER_NODE", "1G")], &["job.sh"], "#!/bin/sh\n#SBATCH --mem-per-cpu=2G\n"),
+            Ok(Some(PerCpu(2048)))
+        );
+        assert_eq!(mem(&[("SBATCH_MEM_PER_NODE", "1G")], &["job.sh"], SCRIPT), Ok(Some(PerNode(1024))));
+        // Two kinds among the variables alone are an error.
+        let err = mem(&[("SBATCH_MEM_PER_NODE", "1G"), ("SBATCH_MEM_PER_CPU", "1G")], &["job.sh"], SCRIPT).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "SBATCH_MEM_PER_NODE, SBATCH_MEM_PER_CPU, and SBATCH_MEM_PER_GPU are mutually exclusive"
+        );
+        assert_eq!(
+            mem(&[("SBATCH_MEM_PER_NODE", "1G"), ("SBATCH_MEM_PER_CPU", "1G")], &["--mem=2G", "job.sh"], SCRIPT),
+            Ok(Some(PerNode(2048)))
+        );
+    }
+
+    #[test]
+    fn flag_variables_follow_slurms_truth_rules() {
+        let requeue = |value: &str| with_env(&[("SBATCH_REQUEUE", value)], &["job.sh"], SCRIPT).unwrap().spec.requeue;
+        for on in ["", "1", "yes", "YES", "-1", "007"] {
+            assert_eq!(requeue(on), Some(true), "{on:?}");
+        }
+        for off in ["0", "no", "true", "000"] {
+            assert_eq!(requeue(off), None, "{off:?}");
+        }
+        let s = with_env(&[("SBATCH_NO_REQUEUE", "1"), ("SBATCH_REQUEUE", "1")], &["job.sh"], SCRIPT).unwrap().spec;
+        // SBATCH_REQUEUE comes later in Slurm's table.
+        assert_eq!(s.requeue, Some(true));
+        // Optional values: empty is no value.
+        let s = with_env(&[("SBATCH_EXCLUSIVE", "user")], &["job.sh"], SCRIPT).unwrap();
+        assert!(s.spec.exclusive);
+        assert_eq!(s.warnings.len(), 1);
+        let s = with_env(&[("SBATCH_NO_KILL", "off")], &["job.sh"], SCRIPT).unwrap().spec;
+        assert!(!s.no_kill);
+        // A waiting sbatch is refused, unless the variable turns it off.
+        let err = with_env(&[("SBATCH_WAIT", "1")], &["job.sh"], SCRIPT).unwrap_err();
+        assert!(err.to_string().starts_with("environment variable SBATCH_WAIT: --wait: not supported yet"), "{err}");
+        assert!(with_env(&[("SBATCH_WAIT", "0")], &["job.sh"], SCRIPT).is_ok());
+    }
+
+    #[test]
+    fn bad_or_empty_variables() {
+        let err = with_env(&[("SBATCH_MEM_PER_CPU", "4X")], &["job.sh"], SCRIPT).unwrap_err();
+        assert!(matches!(&err, SbatchError::Environment { var, .. } if var == "SBATCH_MEM_PER_CPU"));
+        assert!(
+            err.to_string().starts_with("environment variable SBATCH_MEM_PER_CPU: invalid --mem-per-cpu value \"4X\""),
+            "{err}"
+        );
+        let err = with_env(&[("SLURM_CLUSTERS", "other")], &["job.sh"], SCRIPT).unwrap_err();
+        assert!(err.to_string().starts_with("environment variable SLURM_CLUSTERS: --clusters:"), "{err}");
+        // Empty says nothing.
+        let s = with_env(&[("SBATCH_PARTITION", ""), ("SBATCH_TIMELIMIT", "")], &["job.sh"], SCRIPT).unwrap().spec;
+        assert_eq!((s.partition, s.time_limit_s), (None, None));
+        // Warned options warn from the environment too.
+        let parsed = with_env(&[("SLURM_HINT", "nomultithread")], &["job.sh"], SCRIPT).unwrap();
+        assert_eq!(parsed.warnings, ["--hint is ignored: Drover does not bind tasks to cores"]);
+    }
+
+    #[test]
+    fn only_sbatch_reads_sbatch_variables() {
+        let mut c = ctx();
+        c.sbatch_env = false;
+        c.env.push(("SBATCH_PARTITION".into(), "gpu".into()));
+        c.env.push(("SBATCH_WAIT".into(), "1".into()));
+        let cmd = parse_command_line(&args(&["job.sh"])).unwrap();
+        assert_eq!(build_spec(&cmd, Some(SCRIPT), &c).unwrap().spec.partition, None);
+    }
+
+    // ---- directive scanning, as Slurm's ----
+
+    #[test]
+    fn old_slurm_prefix_is_read_with_a_warning() {
+        let parsed = submit(&["job.sh"], Some("#!/bin/sh\n#SLURM -N 2\n#SBATCH -J x\n#SLURM -t 5\n")).unwrap();
+        assert_eq!((parsed.spec.min_nodes, parsed.spec.time_limit_s), (2, Some(300)));
+        assert_eq!(
+            parsed.warnings,
+            ["script line 2: change #SLURM to #SBATCH in your script, and check the options are valid in sbatch"]
+        );
+    }
+
+    #[test]
+    fn directives_stop_where_slurm_stops() {
+        // C whitespace (vertical tab, form feed) before a comment keeps the scan going ...
+        assert_eq!(spec(&["job.sh"], "#!/bin/sh\n\x0b# c\n\x0c\n#SBATCH -N 2\n").min_nodes, 2);
+        // ... but a no-break space is not C whitespace: that line is a command.
+        assert_eq!(spec(&["job.sh"], "#!/bin/sh\n\u{a0}# c\n#SBATCH -N 2\n").min_nodes, 1);
+        // Inside a directive only C whitespace separates words.
+        assert_eq!(spec(&["job.sh"], "#!/bin/sh\n#SBATCH -J a\u{a0}b\x0b-N\x0c3\n").name, "a\u{a0}b");
+        assert_eq!(spec(&["job.sh"], "#!/bin/sh\n#SBATCH -J a\u{a0}b\x0b-N\x0c3\n").min_nodes, 3);
+    }
+
+    #[test]
+    fn heterogeneous_jobs_are_refused_clearly() {
+        let err = script_err("#!/bin/sh\n#SBATCH -N 1\n#SBATCH hetjob\n#SBATCH -N 2\n");
+        assert_eq!(
+            err.to_string(),
+            "script line 3: heterogeneous jobs (#SBATCH hetjob) are not supported; submit the components as \
+             separate jobs (in \"#SBATCH hetjob\")"
+        );
+        assert!(matches!(
+            script_err("#!/bin/sh\n#SBATCH packjob\n"),
+            SbatchError::Directive { error: OptionError::HetJob { .. }, .. }
+        ));
     }
 }

@@ -4,12 +4,13 @@
 //! Each target runs a fixed number of cases in the normal test suite. Inputs are fully arbitrary (any argv, any
 //! script text) and grammar-aware: real option names in every spelling (`--opt=value`, `--opt value`, `-Xvalue`,
 //! `-X value`, bundles, `--`), with values near what each option accepts (counts at the edges of u32, GPU specs,
-//! time limits, arrays, dependencies, hostlists, export lists with quotes) and scripts made of `#SBATCH` lines with
-//! quotes, escapes and comments. Whatever the input, parsing and building the job return `Ok` or `Err`: a panic,
-//! an integer overflow (debug builds panic on it) or an allocation sized by the input is a defect.
+//! time limits, `--begin` dates, memory sizes, arrays, dependencies, hostlists, export lists with quotes), scripts
+//! made of `#SBATCH` lines with quotes, escapes and comments, and `SBATCH_*` input environment variables under any
+//! clock and UTC offset. Whatever the input, parsing and building the job return `Ok` or `Err`: a panic, an
+//! integer overflow (debug builds panic on it) or an allocation sized by the input is a defect.
 
 use drover_cli::job_refs::{base_ids, names, parse_refs, select, split_refs};
-use drover_cli::sbatch_args::{CommandLine, SubmitContext, build_spec, parse_command_line};
+use drover_cli::sbatch_args::{CommandLine, ENV_OPTIONS, SubmitContext, build_spec, parse_command_line};
 use drover_state::{ArrayTask, Job};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
@@ -31,6 +32,10 @@ fn ctx() -> SubmitContext {
         gid: 100,
         cwd: "/home/alice".into(),
         env: vec![("PATH".into(), "/usr/bin".into()), ("HOME".into(), "/home/alice".into())],
+        // 2026-03-10T13:30:15Z, at UTC+1.
+        now_ms: 1_773_149_415_000,
+        utc_offset_s: 3_600,
+        sbatch_env: true,
     }
 }
 
@@ -75,6 +80,36 @@ const LONG: &[&str] = &[
     "mail-user",
     "comment",
     "mem",
+    "mem-per-cpu",
+    "mem-per-gpu",
+    "cpus-per-gpu",
+    "ntasks-per-gpu",
+    "ntasks-per-tres",
+    "tasks-per-node",
+    "wckey",
+    "time-min",
+    "begin",
+    "deadline",
+    "signal",
+    "no-kill",
+    "oversubscribe",
+    "quiet",
+    "verbose",
+    "gpu-bind",
+    "distribution",
+    "hint",
+    "get-user-env",
+    "propagate",
+    "kill-on-invalid-dep",
+    "licenses",
+    "priority",
+    "uid",
+    "wait",
+    "test-only",
+    "clusters",
+    "input",
+    "gpus-per-socket",
+    "x11",
     "node",
     "",
     "NODES",
@@ -82,8 +117,10 @@ const LONG: &[&str] = &[
 ];
 
 /// Every short option, and a few that do not exist.
-const SHORT: &[char] =
-    &['J', 'p', 'A', 'N', 'n', 'c', 'G', 'a', 'd', 'q', 't', 'o', 'e', 'D', 'C', 'w', 'x', 'H', 'z', 'é', '-'];
+const SHORT: &[char] = &[
+    'J', 'p', 'A', 'N', 'n', 'c', 'G', 'a', 'd', 'q', 't', 'o', 'e', 'D', 'C', 'w', 'x', 'H', 'b', 'k', 'm', 'L', 'O',
+    's', 'Q', 'v', 'W', 'M', 'i', 'F', 'S', 'B', 'z', 'é', '-',
+];
 
 /// Digit runs: small counts, the edges of u32/i32/u64, and runs too long for any integer.
 fn number() -> impl Strategy<Value = String> {
@@ -115,8 +152,38 @@ fn value() -> impl Strategy<Value = String> {
             "ALL,A=1,B", "A='x,y',B=\"z\"", "'unterminated", "=x", "A B", "append", "truncate", "T", "a=b=c",
             "\u{0}", "日本語", "\u{202e}rtl", "\\", "#", "'", "\"",
         ][..]).prop_map(str::to_string),
+        3 => time_value(),
+        2 => (number(), proptest::sample::select(&["", "K", "m", "G", "tb", "B", "x", " G"][..]))
+            .prop_map(|(n, unit)| format!("{n}{unit}")),
+        1 => proptest::sample::select(
+            &["user", "mcs", "oversubscribe", "yes", "no", "off", "set", "NONE", "/dev/null"][..],
+        ).prop_map(str::to_string),
         1 => "[-0-9:%,_\\[\\]?a-z]{0,12}",
         1 => any::<String>(),
+    ]
+}
+
+/// `--begin`/`--deadline` values: Slurm's forms, their edges, and near misses.
+fn time_value() -> impl Strategy<Value = String> {
+    let keyword = proptest::sample::select(
+        &["now", "today", "tomorrow", "midnight", "noon", "fika", "teatime", "Today", "uts", "T", "-", " ", "am", "PM"]
+            [..],
+    );
+    let unit = proptest::sample::select(&["", "seconds", "minute", "hours", "day", "weeks", "h", " days"][..]);
+    prop_oneof![
+        2 => (number(), unit.clone()).prop_map(|(n, u)| format!("now+{n}{u}")),
+        1 => (number(), unit).prop_map(|(n, u)| format!("now-{n}{u}")),
+        2 => (0u32..30, 0u32..70, proptest::option::of(0u32..70), proptest::sample::select(&["", " am", "pm", " PM"][..]))
+            .prop_map(|(h, m, s, ap)| match s {
+                Some(s) => format!("{h}:{m:02}:{s:02}{ap}"),
+                None => format!("{h}:{m:02}{ap}"),
+            }),
+        2 => ((0u32..10000), (0u32..14), (0u32..33)).prop_map(|(y, m, d)| format!("{y:04}-{m:02}-{d:02}T12:00")),
+        2 => ((0u32..14), (0u32..33), (0u32..100), proptest::sample::select(&["/", ".", ""][..]))
+            .prop_map(|(m, d, y, sep)| format!("{m:02}{sep}{d:02}{sep}{y:02}")),
+        1 => number().prop_map(|n| format!("uts{n}")),
+        2 => proptest::collection::vec(keyword, 1..4).prop_map(|w| w.concat()),
+        1 => "[0-9:/.+ TtAaPpMmnowdy-]{0,16}",
     ]
 }
 
@@ -157,8 +224,9 @@ fn long_option(name: &str, value: String, joined: bool) -> Vec<String> {
     if joined { vec![format!("--{name}={value}")] } else { vec![format!("--{name}"), value] }
 }
 
-/// Resource options (`--nodes`, `--ntasks`, `--ntasks-per-node`, `--cpus-per-task`, one GPU option, each present
-/// half the time) with count-like values, in any order: the combinations `build_spec` multiplies and divides.
+/// Resource options (`--nodes`, `--ntasks`, `--ntasks-per-node`, `--cpus-per-task`, two GPU options,
+/// `--ntasks-per-gpu`, `--cpus-per-gpu`, `--mem-per-gpu`, each present half the time) with count-like values, in
+/// any order: the combinations `build_spec` multiplies and divides.
 fn resource_argv() -> impl Strategy<Value = Vec<String>> {
     let plain = |name: &'static str| {
         let nodes_range = name == "nodes";
@@ -174,8 +242,19 @@ fn resource_argv() -> impl Strategy<Value = Vec<String>> {
         proptest::option::of((name, prefix, count(), any::<bool>()))
             .prop_map(|v| v.map(|(name, prefix, n, joined)| long_option(name, format!("{prefix}{n}"), joined)))
     };
-    (plain("nodes"), plain("ntasks"), plain("ntasks-per-node"), plain("cpus-per-task"), gpu(), gpu())
-        .prop_map(|(a, b, c, d, e, f)| [a, b, c, d, e, f].into_iter().flatten().collect::<Vec<_>>())
+    (
+        plain("nodes"),
+        plain("ntasks"),
+        plain("ntasks-per-node"),
+        plain("cpus-per-task"),
+        gpu(),
+        gpu(),
+        plain("ntasks-per-gpu"),
+        plain("cpus-per-gpu"),
+        proptest::option::of((count(), any::<bool>()))
+            .prop_map(|v| v.map(|(n, joined)| long_option("mem-per-gpu", n, joined))),
+    )
+        .prop_map(|(a, b, c, d, e, f, g, h, i)| [a, b, c, d, e, f, g, h, i].into_iter().flatten().collect::<Vec<_>>())
         .prop_shuffle()
         .prop_map(|options| options.concat())
 }
@@ -208,11 +287,16 @@ fn directive_script() -> impl Strategy<Value = String> {
 }
 
 /// Words a `#SBATCH` line carries unchanged: no whitespace, quotes, backslashes or `#`, and no `--` or
-/// positional (both refused in directives, accepted on the command line).
+/// positional (both refused in directives, accepted on the command line). Nor anything that may be `--quiet` or
+/// `--verbose`: Slurm reads those on the command line only (where giving both is an error), so a directive
+/// holding both is fine.
 fn plain_word(word: &str) -> bool {
     !word.is_empty()
         && word != "--"
         && !word.chars().any(|c| c.is_whitespace() || c == '\'' || c == '"' || c == '\\' || c == '#')
+        && !word.contains(['Q', 'v'])
+        && !word.contains("quiet")
+        && !word.contains("verbose")
 }
 
 proptest! {
@@ -274,6 +358,26 @@ proptest! {
             }
             (Some(Err(_)) | None, Err(_)) => {}
             (a, s) => prop_assert!(false, "{args:?}: command line {a:?}, directive {s:?}"),
+        }
+    }
+    /// `SBATCH_*` variables with any of the values options take (or anything), under any clock and UTC offset,
+    /// together with options on the command line and in the script.
+    #[test]
+    fn sbatch_never_panics_on_input_environment_variables(
+        vars in proptest::collection::vec((proptest::sample::select(ENV_OPTIONS), value()), 0..6),
+        args in argv(),
+        script in directive_script(),
+        now_ms in prop_oneof![Just(1_773_149_415_000u64), any::<u64>()],
+        utc_offset_s in prop_oneof![Just(3_600i32), -50_400i32..50_400, any::<i32>()],
+    ) {
+        let mut c = ctx();
+        c.env.extend(vars.into_iter().map(|((name, _), value)| (name.to_string(), value)));
+        c.now_ms = now_ms;
+        c.utc_offset_s = utc_offset_s;
+        if let Ok(mut cmd) = parse_command_line(&args) {
+            let _ = build_spec(&cmd, Some(SCRIPT), &c);
+            cmd.wrap = None;
+            let _ = build_spec(&cmd, Some(&script), &c);
         }
     }
 }

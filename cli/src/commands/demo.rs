@@ -53,9 +53,15 @@ fn spec(args: &[&str], script: Option<&str>, cwd: &Path) -> anyhow::Result<drove
     let path = format!("{}:{}", shims.display(), std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()));
     let mut env: Vec<(String, String)> = std::env::vars().filter(|(k, _)| k == "HOME").collect();
     env.push(("PATH".to_string(), path));
-    let ctx = SubmitContext { user, uid, gid, cwd: cwd.display().to_string(), env };
+    let (now_ms, utc_offset_s) = super::sbatch::local_clock();
+    let cwd = cwd.display().to_string();
+    let ctx = SubmitContext { user, uid, gid, cwd, env, now_ms, utc_offset_s, sbatch_env: true };
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    Ok(build_spec(&parse_command_line(&args)?, script, &ctx)?.spec)
+    let parsed = build_spec(&parse_command_line(&args)?, script, &ctx)?;
+    for warning in &parsed.warnings {
+        eprintln!("sbatch: warning: {warning}");
+    }
+    Ok(parsed.spec)
 }
 
 async fn wait_for(

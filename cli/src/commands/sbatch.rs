@@ -35,16 +35,35 @@ fn submit(args: &[String]) -> anyhow::Result<()> {
     };
     let (user, uid, gid) = current_user();
     let cwd = std::env::current_dir()?.display().to_string();
-    let ctx = SubmitContext { user, uid, gid, cwd, env: std::env::vars().collect() };
+    let (now_ms, utc_offset_s) = local_clock();
+    let env = std::env::vars().collect();
+    let ctx = SubmitContext { user, uid, gid, cwd, env, now_ms, utc_offset_s, sbatch_env: true };
     let parsed = build_spec(&cmd, script_text.as_deref(), &ctx)?;
+    // Slurm's -Q leaves only errors on stderr, and not even the job id on stdout.
+    if !parsed.quiet {
+        for warning in &parsed.warnings {
+            eprintln!("sbatch: warning: {warning}");
+        }
+    }
     let client = crate::connect::client(controllers.as_deref())?;
     let job_id = crate::connect::runtime().block_on(client.submit(&parsed.spec))?;
-    if parsed.parsable {
-        println!("{job_id}");
-    } else {
-        println!("Submitted batch job {job_id}");
+    match (parsed.quiet, parsed.parsable) {
+        (true, _) => {}
+        (false, true) => println!("{job_id}"),
+        (false, false) => println!("Submitted batch job {job_id}"),
     }
     Ok(())
+}
+
+/// The time now (ms since the epoch) and the local UTC offset (seconds) at that time, for `--begin` and
+/// `--deadline`, which Slurm reads in local time.
+pub fn local_clock() -> (u64, i32) {
+    let now_ms = super::now_ms();
+    let secs = (now_ms / 1_000) as libc::time_t;
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: localtime_r reads `secs` and writes only into `tm`.
+    let offset = if unsafe { libc::localtime_r(&secs, &mut tm) }.is_null() { 0 } else { tm.tm_gmtoff };
+    (now_ms, i32::try_from(offset).unwrap_or(0))
 }
 
 /// `--controllers=LIST` is Drover's own flag; accepted only before Slurm's options (leading), so it can never be

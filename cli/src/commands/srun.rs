@@ -72,7 +72,10 @@ async fn srun(args: &[String]) -> anyhow::Result<i32> {
     let (user, uid, gid) = current_user();
     let cwd = std::env::current_dir()?.display().to_string();
     let env: Vec<(String, String)> = std::env::vars().collect();
-    let ctx = SubmitContext { user, uid, gid, cwd: cwd.clone(), env: env.clone() };
+    let (now_ms, utc_offset_s) = super::sbatch::local_clock();
+    // srun reads SLURM_* input variables in Slurm, never SBATCH_* ones.
+    let ctx =
+        SubmitContext { user, uid, gid, cwd: cwd.clone(), env: env.clone(), now_ms, utc_offset_s, sbatch_env: false };
     let client = crate::connect::client(controllers.as_deref())?;
     let mut argv = vec![program];
     argv.extend(cmd.script_args.iter().cloned());
@@ -83,6 +86,11 @@ async fn srun(args: &[String]) -> anyhow::Result<i32> {
     let nodes_given =
         cmd.options.iter().rev().find_map(|o| if let SbatchOption::Nodes { min, .. } = o { Some(*min) } else { None });
     let mut parsed = build_spec(&cmd, Some("#!/bin/sh\n"), &ctx)?;
+    if !parsed.quiet {
+        for warning in &parsed.warnings {
+            eprintln!("srun: warning: {warning}");
+        }
+    }
     let spec = &mut parsed.spec;
     let step_env = step_environment(spec);
 
