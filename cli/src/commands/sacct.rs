@@ -1,251 +1,728 @@
 //! `sacct`: accounting for finished and running jobs, read from the replicated history (RocksDB), not memory.
+//!
+//! Follows Slurm 22.05: its field names (any unambiguous prefix, `%N` widths, negative = left-justified), its
+//! column and `-p`/`-P` layouts, its time window (`-S`/`-E` defaults and which jobs a window holds), and its
+//! errors. Drover records no job steps, so every row is a job allocation (what `-X` asks for).
 
 use clap::Parser;
-use drover_state::hostlist::compress_hostlist;
+use drover_state::hostlist::{compress_hostlist, expand_hostlist};
 use drover_state::{Job, JobState};
 
-use crate::format::{elapsed_s, format_timestamp};
+use crate::format::{SlurmState, Tres, clock, clock_limit, convert_num_unit, elapsed_s, mem_mb, timestamp_or_unknown};
 use crate::identity::current_user;
 
-/// Slurm's default `--format`.
-const DEFAULT_FIELDS: &str = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode";
+/// Slurm's default `--format` (and `-b`, `-l`).
+const DEFAULT_FIELDS: &str = "jobid,jobname,partition,account,alloccpus,state,exitcode";
+const BRIEF_FIELDS: &str = "jobid,state,exitcode";
+const LONG_FIELDS: &str = "jobid,jobidraw,jobname,partition,maxvmsize,maxvmsizenode,maxvmsizetask,avevmsize,maxrss,maxrssnode,maxrsstask,averss,maxpages,maxpagesnode,maxpagestask,avepages,mincpu,mincpunode,mincputask,avecpu,ntasks,alloccpus,elapsed,state,exitcode,avecpufreq,reqcpufreqmin,reqcpufreqmax,reqcpufreqgov,reqmem,consumedenergy,maxdiskread,maxdiskreadnode,maxdiskreadtask,avediskread,maxdiskwrite,maxdiskwritenode,maxdiskwritetask,avediskwrite,reqtres,alloctres,tresusageinave,tresusageinmax,tresusageinmaxn,tresusageinmaxt,tresusageinmin,tresusageinminn,tresusageinmint,tresusageintot,tresusageoutmax,tresusageoutmaxn,tresusageoutmaxt,tresusageoutave,tresusageouttot";
 /// Jobs listed at most (the server caps too).
 const MAX_JOBS: u32 = 100_000;
+/// Batch scripts `-B` prints at most (each is one more request).
+const MAX_SCRIPTS: usize = 100;
 
 #[derive(Parser, Debug)]
-#[command(name = "sacct", about = "Accounting data of Drover jobs")]
+#[command(name = "sacct", about = "Accounting data of Drover jobs", disable_version_flag = true)]
 struct Args {
-    /// Job ids (comma-separated).
+    /// Job ids (comma-separated, repeatable; `123_4` and `123_[1-3]` name array tasks; a step suffix such as
+    /// `.batch` names its job, Drover keeping no step records).
     #[arg(short = 'j', long = "jobs")]
     jobs: Vec<String>,
     /// Only the jobs' allocations (Drover keeps no per-step records, so this is always the case).
     #[arg(short = 'X', long = "allocations")]
     allocations: bool,
-    /// No header.
     #[arg(short = 'n', long = "noheader")]
     noheader: bool,
-    /// `|`-separated, with a trailing `|`.
+    /// Fields separated by `|` (or `--delimiter`), each followed by one.
     #[arg(short = 'p', long = "parsable")]
     parsable: bool,
-    /// `|`-separated, no trailing `|`.
+    /// Fields separated by `|` (or `--delimiter`), none after the last.
     #[arg(short = 'P', long = "parsable2")]
     parsable2: bool,
-    /// Fields to show (`JobID,JobName,State,ExitCode,Elapsed,NodeList,AllocTRES`, ...); `%N` sets a width.
-    #[arg(short = 'o', long = "format")]
-    format: Option<String>,
-    /// Jobs of these users.
-    #[arg(short = 'u', long = "user", value_delimiter = ',')]
+    /// The separator for -p and -P.
+    #[arg(long = "delimiter")]
+    delimiter: Option<String>,
+    /// Fields to show (`JobID,JobName%30,State,NodeList%-256`), repeatable; any unambiguous prefix of a name.
+    #[arg(short = 'o', long = "format", alias = "fields")]
+    format: Vec<String>,
+    /// `--format=jobid,state,exitcode`.
+    #[arg(short = 'b', long = "brief")]
+    brief: bool,
+    /// Slurm's long field list.
+    #[arg(short = 'l', long = "long")]
+    long: bool,
+    /// Print the field names and exit.
+    #[arg(short = 'e', long = "helpformat")]
+    helpformat: bool,
+    /// Jobs of these users (names or uids, comma-separated).
+    #[arg(short = 'u', long = "user", alias = "uid")]
     users: Vec<String>,
     /// Every user's jobs.
     #[arg(short = 'a', long = "allusers")]
     all_users: bool,
-    /// Only jobs in these states.
-    #[arg(short = 's', long = "state", value_delimiter = ',')]
+    /// Only jobs in these states, at some time in the window (comma-separated, long or short names).
+    #[arg(short = 's', long = "state")]
     states: Vec<String>,
-    /// Accepted for compatibility; the whole history is searched.
+    /// The window's start (Slurm's time forms: `now-2hours`, `2026-12-01T08:00`, `midnight`, `MMDD`...).
     #[arg(short = 'S', long = "starttime")]
     start: Option<String>,
+    /// The window's end (same forms; default now).
     #[arg(short = 'E', long = "endtime")]
     end: Option<String>,
+    /// Only jobs with these names (comma-separated).
+    #[arg(long = "name")]
+    names: Vec<String>,
+    /// Only jobs of these partitions.
+    #[arg(short = 'r', long = "partition")]
+    partitions: Vec<String>,
+    /// Only jobs of these accounts.
+    #[arg(short = 'A', long = "accounts", alias = "account")]
+    accounts: Vec<String>,
+    /// Only jobs of these QOS.
+    #[arg(short = 'q', long = "qos")]
+    qos: Vec<String>,
+    /// Only jobs that ran on these nodes (a hostlist).
+    #[arg(short = 'N', long = "nodelist")]
+    nodelist: Option<String>,
+    /// Only jobs with these wckeys.
+    #[arg(short = 'W', long = "wckeys")]
+    wckeys: Vec<String>,
+    /// Print each job's batch script (with -j).
+    #[arg(short = 'B', long = "batch-script")]
+    batch_script: bool,
     /// Also every earlier incarnation of requeued jobs (REQUEUED, NODE_FAIL, PREEMPTED), each on its own row.
     #[arg(short = 'D', long = "duplicates")]
     duplicates: bool,
+    /// Accepted for compatibility (one cluster).
+    #[arg(short = 'L', long = "allclusters")]
+    all_clusters: bool,
+    #[arg(short = 'M', long = "clusters", alias = "cluster")]
+    clusters: Option<String>,
+    /// Accepted for compatibility (times are not truncated to the window).
+    #[arg(short = 'T', long = "truncate")]
+    truncate: bool,
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
+    verbose: u8,
+    #[arg(short = 'V', long = "version")]
+    version: bool,
     #[arg(long = "controllers")]
     controllers: Option<String>,
 }
+
+/// An error printed as it is (Slurm prints some without the `sacct: error:` prefix).
+#[derive(Debug)]
+struct Bare(String);
+
+impl std::fmt::Display for Bare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Bare {}
 
 pub fn run(args: &[String]) -> i32 {
     match sacct(args) {
         Ok(()) => 0,
         Err(e) => {
-            eprintln!("sacct: error: {e:#}");
+            match e.downcast_ref::<Bare>() {
+                Some(bare) => eprintln!("{bare}"),
+                None => eprintln!("sacct: error: {e:#}"),
+            }
             1
         }
     }
 }
 
-/// One column: its name, width and how to print it.
+/// How a field's value is printed in columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Cut to the width with a `+` marking the cut.
+    Text,
+    /// Numbers and durations: never cut.
+    Number,
+    /// Timestamps: cut without a marker.
+    Date,
+}
+
+/// A field Slurm 22.05 knows (name, default width, kind), in its order: a prefix picks the first match.
+struct FieldDef {
+    name: &'static str,
+    width: i32,
+    kind: Kind,
+}
+
+const fn def(name: &'static str, width: i32, kind: Kind) -> FieldDef {
+    FieldDef { name, width, kind }
+}
+
+use Kind::{Date, Number, Text};
+
+/// Slurm 22.05's fields (sacct.c), then Drover's own (restart history and checkpoints).
+const FIELDS: &[FieldDef] = &[
+    def("Account", 10, Text),
+    def("AdminComment", 15, Text),
+    def("AllocCPUS", 10, Number),
+    def("AllocNodes", 10, Text),
+    def("AllocTRES", 10, Text),
+    def("AssocID", 7, Number),
+    def("AveCPU", 10, Text),
+    def("AveCPUFreq", 10, Text),
+    def("AveDiskRead", 14, Text),
+    def("AveDiskWrite", 14, Text),
+    def("AvePages", 10, Text),
+    def("AveRSS", 10, Text),
+    def("AveVMSize", 10, Text),
+    def("BlockID", 16, Text),
+    def("Cluster", 10, Text),
+    def("Comment", 14, Text),
+    def("Constraints", 19, Text),
+    def("ConsumedEnergy", 14, Text),
+    def("ConsumedEnergyRaw", 17, Number),
+    def("Container", 19, Text),
+    def("CPUTime", 10, Number),
+    def("CPUTimeRAW", 10, Number),
+    def("DBIndex", -10, Number),
+    def("DerivedExitCode", 15, Text),
+    def("Elapsed", 10, Number),
+    def("ElapsedRaw", 10, Number),
+    def("Eligible", 19, Date),
+    def("End", 19, Date),
+    def("ExitCode", 8, Text),
+    def("Flags", 19, Text),
+    def("GID", 6, Number),
+    def("Group", 9, Text),
+    def("JobID", -12, Text),
+    def("JobIDRaw", -12, Text),
+    def("JobName", 10, Text),
+    def("Layout", 9, Text),
+    def("MaxDiskRead", 12, Text),
+    def("MaxDiskReadNode", 15, Text),
+    def("MaxDiskReadTask", 15, Number),
+    def("MaxDiskWrite", 12, Text),
+    def("MaxDiskWriteNode", 16, Text),
+    def("MaxDiskWriteTask", 16, Number),
+    def("MaxPages", 8, Text),
+    def("MaxPagesNode", 12, Text),
+    def("MaxPagesTask", 14, Number),
+    def("MaxRSS", 10, Text),
+    def("MaxRSSNode", 10, Text),
+    def("MaxRSSTask", 10, Number),
+    def("MaxVMSize", 10, Text),
+    def("MaxVMSizeNode", 14, Text),
+    def("MaxVMSizeTask", 14, Number),
+    def("McsLabel", 12, Text),
+    def("MinCPU", 10, Text),
+    def("MinCPUNode", 10, Text),
+    def("MinCPUTask", 10, Number),
+    def("NCPUS", 10, Number),
+    def("NNodes", 8, Number),
+    def("NodeList", 15, Text),
+    def("NTasks", 8, Number),
+    def("Partition", 10, Text),
+    def("Priority", 10, Number),
+    def("QOS", 10, Text),
+    def("QOSRAW", 6, Number),
+    def("Reason", 22, Text),
+    def("ReqCPUFreq", 10, Text),
+    def("ReqCPUFreqGov", 13, Text),
+    def("ReqCPUFreqMax", 13, Text),
+    def("ReqCPUFreqMin", 13, Text),
+    def("ReqCPUS", 8, Number),
+    def("ReqMem", 10, Text),
+    def("ReqNodes", 8, Text),
+    def("ReqTRES", 10, Text),
+    def("Reservation", 20, Text),
+    def("ReservationId", 8, Number),
+    def("Reserved", 10, Number),
+    def("ResvCPU", 10, Number),
+    def("ResvCPURAW", 10, Number),
+    def("Start", 19, Date),
+    def("State", 10, Text),
+    def("Submit", 19, Date),
+    def("SubmitLine", 20, Text),
+    def("Suspended", 10, Number),
+    def("SystemComment", 15, Text),
+    def("SystemCPU", 10, Text),
+    def("Timelimit", 10, Text),
+    def("TimelimitRaw", 10, Text),
+    def("TotalCPU", 10, Text),
+    def("TRESUsageInAve", 14, Text),
+    def("TRESUsageInMax", 14, Text),
+    def("TRESUsageInMaxNode", 18, Text),
+    def("TRESUsageInMaxTask", 18, Text),
+    def("TRESUsageInMin", 14, Text),
+    def("TRESUsageInMinNode", 18, Text),
+    def("TRESUsageInMinTask", 18, Text),
+    def("TRESUsageInTot", 14, Text),
+    def("TRESUsageOutAve", 15, Text),
+    def("TRESUsageOutMax", 15, Text),
+    def("TRESUsageOutMaxNode", 19, Text),
+    def("TRESUsageOutMaxTask", 19, Text),
+    def("TRESUsageOutMin", 15, Text),
+    def("TRESUsageOutMinNode", 19, Text),
+    def("TRESUsageOutMinTask", 19, Text),
+    def("TRESUsageOutTot", 15, Text),
+    def("UID", 6, Number),
+    def("User", 9, Text),
+    def("UserCPU", 10, Text),
+    def("WCKey", 10, Text),
+    def("WCKeyID", 10, Number),
+    def("WorkDir", 20, Text),
+    def("Restarts", 8, Number),
+    def("Incarnation", 11, Number),
+    def("Checkpoint", 30, Text),
+    def("CheckpointStep", 14, Number),
+];
+
+/// One column: its field and width (negative: left-justified, as in Slurm).
 struct Field {
-    name: String,
-    width: usize,
+    def: &'static FieldDef,
+    width: i32,
+}
+
+/// `-o` as Slurm reads it: comma-separated names, each any prefix of a field name (case-insensitive, the first
+/// match in Slurm's order wins), `%N` setting the width (`atoi`: `%-20` left-justifies); `ALL` is every field.
+fn parse_fields(spec: &str) -> anyhow::Result<Vec<Field>> {
+    let mut fields = Vec::new();
+    for item in spec.split(',').map(str::trim_start).filter(|f| !f.is_empty()) {
+        let (name, width) = match item.split_once('%') {
+            Some((n, w)) => (n, Some(atoi(w))),
+            None => (item, None),
+        };
+        if name.eq_ignore_ascii_case("ALL") {
+            fields.extend(FIELDS.iter().map(|d| Field { def: d, width: width.unwrap_or(d.width) }));
+            continue;
+        }
+        let lower = name.to_ascii_lowercase();
+        let Some(d) = FIELDS.iter().find(|d| d.name.to_ascii_lowercase().starts_with(&lower)) else {
+            if ["allocgres", "reqgres"].contains(&lower.as_str()) {
+                let now = if lower == "allocgres" { "AllocTRES" } else { "ReqTRES" };
+                anyhow::bail!("{name} has been removed, please use {now}");
+            }
+            anyhow::bail!("Invalid field requested: \"{name}\"");
+        };
+        fields.push(Field { def: d, width: width.unwrap_or(d.width) });
+    }
+    Ok(fields)
+}
+
+/// C's `atoi`: an optional sign and the digits that follow; 0 when there are none.
+fn atoi(text: &str) -> i32 {
+    let (sign, digits) = match text.strip_prefix('-') {
+        Some(rest) => (-1, rest),
+        None => (1, text.strip_prefix('+').unwrap_or(text)),
+    };
+    let digits: String = digits.chars().take_while(|c| c.is_ascii_digit()).collect();
+    digits.parse::<i32>().map_or(0, |n| sign * n)
+}
+
+/// How rows are laid out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Layout {
+    Columns,
+    /// `-p` (`trailing`) or `-P`.
+    Parsable {
+        delimiter: String,
+        trailing: bool,
+    },
+}
+
+/// One row: each value as Slurm's print_fields would print it.
+fn row(fields: &[Field], values: &[String], layout: &Layout) -> String {
+    let mut line = String::new();
+    match layout {
+        Layout::Parsable { delimiter, trailing } => {
+            for (i, value) in values.iter().enumerate() {
+                line.push_str(value);
+                if *trailing || i + 1 < values.len() {
+                    line.push_str(delimiter);
+                }
+            }
+        }
+        Layout::Columns => {
+            for (field, value) in fields.iter().zip(values) {
+                line.push_str(&cell(value, field.width, field.def.kind));
+                line.push(' ');
+            }
+        }
+    }
+    line.push('\n');
+    line
+}
+
+/// One column cell: cut as the kind says, right-justified for a positive width, left for a negative one.
+fn cell(value: &str, width: i32, kind: Kind) -> String {
+    let abs = width.unsigned_abs() as usize;
+    let count = value.chars().count();
+    let shown: String = match kind {
+        Kind::Text if count > abs && abs > 0 => value.chars().take(abs - 1).chain(std::iter::once('+')).collect(),
+        Kind::Text | Kind::Date if count > abs => value.chars().take(abs).collect(),
+        _ => value.to_string(),
+    };
+    if width >= 0 { format!("{shown:>abs$}") } else { format!("{shown:<abs$}") }
+}
+
+fn header(fields: &[Field], layout: &Layout) -> String {
+    let names: Vec<String> = fields.iter().map(|f| f.def.name.to_string()).collect();
+    match layout {
+        Layout::Parsable { .. } => row(fields, &names, layout),
+        Layout::Columns => {
+            let mut out = String::new();
+            for f in fields {
+                let abs = f.width.unsigned_abs() as usize;
+                let name: String = f.def.name.chars().take(abs).collect();
+                out.push_str(&if f.width >= 0 { format!("{name:>abs$} ") } else { format!("{name:<abs$} ") });
+            }
+            out.push('\n');
+            for f in fields {
+                out.push_str(&"-".repeat(f.width.unsigned_abs() as usize));
+                out.push(' ');
+            }
+            out.push('\n');
+            out
+        }
+    }
+}
+
+/// Which jobs the options select.
+#[derive(Debug, Default)]
+struct Query {
+    refs: Vec<drover_state::array::JobRef>,
+    /// The window, in ms since the epoch.
+    start_ms: u64,
+    end_ms: u64,
+    states: Vec<SlurmState>,
+    /// Names or uids; empty: everyone.
+    users: Vec<String>,
+    names: Vec<String>,
+    partitions: Vec<String>,
+    accounts: Vec<String>,
+    qos: Vec<String>,
+    nodes: Vec<String>,
+    wckeys: Vec<String>,
+}
+
+impl Query {
+    fn wants(&self, job: &Job) -> bool {
+        let any = |list: &[String], value: &str| list.is_empty() || list.iter().any(|v| v == value);
+        crate::job_refs::names(&self.refs, job)
+            && (self.users.is_empty()
+                || self.users.iter().any(|u| *u == job.spec.user || *u == job.spec.uid.to_string()))
+            && any(&self.names, &job.spec.name)
+            && any(&self.partitions, &job.partition)
+            && (self.accounts.is_empty() || self.accounts.iter().any(|a| a.eq_ignore_ascii_case(job.account_name())))
+            && (self.qos.is_empty() || self.qos.iter().any(|q| q.eq_ignore_ascii_case(job.qos_name())))
+            && (self.nodes.is_empty() || job.nodes.iter().any(|n| self.nodes.contains(n)))
+            && (self.wckeys.is_empty() || job.spec.wckey.as_ref().is_some_and(|w| self.wckeys.contains(w)))
+            && self.in_window(job)
+    }
+
+    /// Slurm's window rules (as_mysql_jobacct_process.c): without `-s`, jobs eligible before the end that had not
+    /// ended by the start (with `-j`, submitted instead of eligible); with `-s`, jobs that were in one of the
+    /// states at some time in the window (a terminal state: ended inside it).
+    fn in_window(&self, job: &Job) -> bool {
+        let (s, e) = (self.start_ms / 1000, self.end_ms / 1000);
+        let secs = |ms: Option<u64>| ms.map(|m| m / 1000);
+        let (start, end) = (secs(job.start_time_ms), secs(job.end_time_ms));
+        let submit = job.submit_time_ms / 1000;
+        let eligible = secs(crate::format::eligible_ms(job));
+        let not_ended_before = end.is_none_or(|end| end >= s);
+        if self.states.is_empty() {
+            return if self.refs.is_empty() {
+                eligible.is_some_and(|el| el < e) && not_ended_before
+            } else {
+                submit < e && not_ended_before
+            };
+        }
+        self.states.iter().filter_map(|st| st.0).any(|state| match state {
+            JobState::Pending => {
+                eligible.is_some_and(|el| el < e)
+                    && match (start, end) {
+                        (Some(start), _) => s < start,
+                        (None, Some(end)) => s < end,
+                        (None, None) => job.state == JobState::Pending,
+                    }
+            }
+            JobState::Running => {
+                start.is_some_and(|start| start < e)
+                    && (end.is_some_and(|end| s < end) || (end.is_none() && job.state == JobState::Running))
+            }
+            JobState::Suspended | JobState::Completing => job.state == state,
+            terminal => job.state == terminal && end.is_some_and(|end| s <= end && end <= e),
+        })
+    }
+}
+
+fn split(lists: &[String]) -> Vec<String> {
+    lists.iter().flat_map(|l| l.split(',')).filter(|s| !s.is_empty()).map(str::to_string).collect()
+}
+
+/// `-j 123.batch` names job 123: Drover keeps no step records, so the step part is dropped.
+fn job_refs(args: &[String]) -> anyhow::Result<Vec<drover_state::array::JobRef>> {
+    let refs: Vec<String> = crate::job_refs::split_refs(args)
+        .into_iter()
+        .map(|r| match r.split_once('.') {
+            Some((job, _step)) => job.to_string(),
+            None => r,
+        })
+        .collect();
+    crate::job_refs::parse_refs(&refs).map_err(|e| anyhow::anyhow!(e))
 }
 
 fn sacct(args: &[String]) -> anyhow::Result<()> {
     let args = Args::try_parse_from(std::iter::once("sacct".to_string()).chain(args.iter().cloned()))
         .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
-    let fields = parse_fields(args.format.as_deref().unwrap_or(DEFAULT_FIELDS))?;
-    let refs = crate::job_refs::parse_refs(&args.jobs).map_err(|e| anyhow::anyhow!(e))?;
-    let ids = crate::job_refs::base_ids(&refs);
-    let (me, uid, _) = current_user();
-    let users = if !args.users.is_empty() {
-        args.users.clone()
-    } else if args.all_users || uid == 0 || !ids.is_empty() {
-        Vec::new()
+    let _ = (args.allocations, args.all_clusters, &args.clusters, args.truncate, args.verbose);
+    if args.version {
+        println!("{}", crate::format::version_line());
+        return Ok(());
+    }
+    if args.helpformat {
+        print!("{}", help_format());
+        return Ok(());
+    }
+    if args.long && !args.format.is_empty() {
+        anyhow::bail!(Bare(
+            "sacct: fatal: Options -o(--format) and -l(--long) are mutually exclusive. Please remove one and retry."
+                .into()
+        ));
+    }
+    let mut spec = args.format.join(",");
+    if args.brief {
+        spec = format!("{spec},{BRIEF_FIELDS}");
+    }
+    if args.long {
+        spec = format!("{spec},{LONG_FIELDS}");
+    }
+    if spec.trim_matches(',').is_empty() {
+        spec = std::env::var("SACCT_FORMAT").unwrap_or_else(|_| DEFAULT_FIELDS.to_string());
+    }
+    let fields = parse_fields(&spec)?;
+    let now = super::now_ms();
+    let query = query(&args, now)?;
+    let layout = if args.parsable || args.parsable2 {
+        Layout::Parsable { delimiter: args.delimiter.clone().unwrap_or_else(|| "|".into()), trailing: !args.parsable2 }
     } else {
-        vec![me]
+        Layout::Columns
+    };
+    // The controller narrows by id and by user name; everything else is judged here.
+    let server_users = if query.users.iter().all(|u| !u.chars().all(|c| c.is_ascii_digit())) {
+        query.users.clone()
+    } else {
+        Vec::new()
     };
     let filter = drover_client::JobFilter {
-        ids,
-        users,
-        states: args.states.clone(),
+        ids: crate::job_refs::base_ids(&query.refs),
+        users: server_users,
         include_finished: true,
         limit: MAX_JOBS,
         ..Default::default()
     };
     let client = crate::connect::client(args.controllers.as_deref())?;
-    let (mut jobs, truncated) = crate::connect::runtime().block_on(client.list_jobs(&filter))?;
-    jobs.retain(|j| crate::job_refs::names(&refs, j));
-    let now = super::now_ms();
-    let separator = if args.parsable || args.parsable2 { Some(args.parsable) } else { None };
+    let rt = crate::connect::runtime();
+    let (mut jobs, truncated) = rt.block_on(client.list_jobs(&filter))?;
+    jobs.retain(|j| query.wants(j));
+    if args.batch_script {
+        if query.refs.is_empty() {
+            anyhow::bail!(Bare(
+                "sacct: fatal: When requesting job scripts you must also request specific jobs with the '-j' option."
+                    .into()
+            ));
+        }
+        for job in jobs.iter().take(MAX_SCRIPTS) {
+            let (_, script) = rt.block_on(client.get_job(job.id, true, false))?;
+            println!("Batch Script for {}\n{}\n{script}", job.display_id(), "-".repeat(80));
+        }
+        return Ok(());
+    }
+    let cluster = if fields.iter().any(|f| f.def.name == "Cluster") {
+        rt.block_on(client.nodes_and_config(false))?.1.map(|c| c.cluster_name).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    let context = Context { now_ms: now, cluster };
     let mut out = String::new();
     if !args.noheader {
-        out.push_str(&row(&fields, |f| f.name.clone(), separator));
-        if separator.is_none() {
-            out.push_str(&row(&fields, |f| "-".repeat(f.width), None));
-        }
+        out.push_str(&header(&fields, &layout));
     }
     for job in &jobs {
         if args.duplicates {
             for earlier in earlier_incarnations(job) {
-                out.push_str(&row(&fields, |f| value(&f.name, &earlier, now), separator));
+                let values: Vec<String> = fields.iter().map(|f| value(f.def.name, &earlier, &context)).collect();
+                out.push_str(&row(&fields, &values, &layout));
             }
         }
-        out.push_str(&row(&fields, |f| value(&f.name, job, now), separator));
+        let values: Vec<String> = fields.iter().map(|f| value(f.def.name, job, &context)).collect();
+        out.push_str(&row(&fields, &values, &layout));
     }
     print!("{out}");
     if truncated {
-        eprintln!("sacct: warning: output cut at {MAX_JOBS} jobs; narrow it with -j, -u or -s");
+        eprintln!("sacct: warning: output cut at {MAX_JOBS} jobs; narrow it with -j, -u, -S/-E or -s");
     }
     Ok(())
 }
 
-fn row(fields: &[Field], cell: impl Fn(&Field) -> String, separator: Option<bool>) -> String {
-    match separator {
-        Some(trailing) => {
-            let mut line = fields.iter().map(&cell).collect::<Vec<_>>().join("|");
-            if trailing {
-                line.push('|');
-            }
-            line.push('\n');
-            line
-        }
-        None => {
-            let cells: Vec<String> = fields
-                .iter()
-                .map(|f| {
-                    let text = cell(f);
-                    // Slurm right-aligns and truncates with a `+` marker.
-                    if text.chars().count() > f.width {
-                        let cut: String = text.chars().take(f.width.saturating_sub(1)).collect();
-                        format!("{cut}+")
-                    } else {
-                        format!("{text:>width$}", width = f.width)
-                    }
-                })
-                .collect();
-            format!("{}\n", cells.join(" "))
-        }
+/// How far the controllers' clock may run ahead of the client's (the same allowance as credentials').
+const CLOCK_SLACK_MS: u64 = 300_000;
+
+/// The query the options describe, with Slurm's defaults for the window: with `-s`, the instant now (or the
+/// start given); with `-j`, all of history; otherwise since midnight. The end defaults to now.
+fn query(args: &Args, now_ms: u64) -> anyhow::Result<Query> {
+    let refs = job_refs(&args.jobs)?;
+    let mut states = Vec::new();
+    for s in split(&args.states) {
+        let state =
+            SlurmState::parse(&s).ok_or_else(|| Bare(format!("sacct: fatal: unrecognized job state value '{s}'")))?;
+        states.push(state);
     }
+    let parse = |text: &str| parse_time(text, now_ms / 1000, true).map(|s| s as u64 * 1000).map_err(Bare);
+    let mut start = args.start.as_deref().map(parse).transpose()?;
+    let mut end = args.end.as_deref().map(parse).transpose()?;
+    if !states.is_empty() {
+        if start.is_none() && refs.is_empty() {
+            start = Some(now_ms);
+        }
+        if start.is_some() && end.is_none() {
+            end = start;
+        }
+    } else if refs.is_empty() && start.is_none() {
+        start = Some(local_midnight(now_ms / 1000) as u64 * 1000);
+    }
+    // A defaulted end is "now" on the controllers' clock, which stamped the jobs: allow for it being ahead of
+    // ours (and for a job submitted in this very second, which `submit < end` would leave out).
+    let (start_ms, end_ms) = (start.unwrap_or(0), end.unwrap_or(now_ms + CLOCK_SLACK_MS));
+    if start_ms > end_ms {
+        anyhow::bail!(
+            "Start time ({}) requested is after end time ({}).",
+            crate::format::format_timestamp(Some(start_ms)),
+            crate::format::format_timestamp(Some(end_ms))
+        );
+    }
+    let nodes = match &args.nodelist {
+        Some(list) => expand_hostlist(list).map_err(|e| anyhow::anyhow!("invalid --nodelist {list:?}: {e}"))?,
+        None => Vec::new(),
+    };
+    let (_, uid, _) = current_user();
+    // Everyone's jobs for root, with -a, or when jobs or nodes are named; else the caller's.
+    let users = if !args.users.is_empty() && !args.users.iter().any(|u| u == "-1") {
+        split(&args.users)
+    } else if args.all_users
+        || uid == 0
+        || !refs.is_empty()
+        || !nodes.is_empty()
+        || args.users.iter().any(|u| u == "-1")
+    {
+        Vec::new()
+    } else {
+        vec![current_user().0]
+    };
+    Ok(Query {
+        refs,
+        start_ms,
+        end_ms,
+        states,
+        users,
+        names: split(&args.names),
+        partitions: split(&args.partitions),
+        accounts: split(&args.accounts),
+        qos: split(&args.qos),
+        nodes,
+        wckeys: split(&args.wckeys),
+    })
 }
 
-fn parse_fields(spec: &str) -> anyhow::Result<Vec<Field>> {
-    spec.split(',')
-        .filter(|f| !f.is_empty())
-        .map(|f| {
-            let (name, width) = match f.split_once('%') {
-                Some((n, w)) => (n, Some(w.parse::<usize>().map_err(|_| anyhow::anyhow!("Invalid field width: {f}"))?)),
-                None => (f, None),
-            };
-            let canonical = FIELDS
-                .iter()
-                .find(|(n, _)| n.eq_ignore_ascii_case(name))
-                .ok_or_else(|| anyhow::anyhow!("Invalid field requested: \"{name}\""))?;
-            Ok(Field { name: canonical.0.to_string(), width: width.unwrap_or(canonical.1) })
-        })
-        .collect()
+/// `sacct -e`: the field names, four to a line as Slurm prints them.
+fn help_format() -> String {
+    let mut out = String::new();
+    for chunk in FIELDS.chunks(4) {
+        let line: Vec<String> = chunk.iter().map(|f| format!("{:<20}", f.name)).collect();
+        out.push_str(line.join("").trim_end());
+        out.push('\n');
+    }
+    out
 }
 
-/// Supported fields and Slurm's default widths.
-const FIELDS: [(&str, usize); 30] = [
-    ("JobID", 12),
-    ("QOS", 10),
-    ("Reservation", 12),
-    ("JobIDRaw", 12),
-    ("JobName", 10),
-    ("Partition", 10),
-    ("Account", 10),
-    ("User", 9),
-    ("UID", 6),
-    ("AllocCPUS", 10),
-    ("NCPUS", 10),
-    ("AllocNodes", 10),
-    ("NNodes", 8),
-    ("State", 10),
-    ("ExitCode", 8),
-    ("Elapsed", 10),
-    ("ElapsedRaw", 10),
-    ("Submit", 19),
-    ("Start", 19),
-    ("End", 19),
-    ("NodeList", 15),
-    ("AllocTRES", 10),
-    ("TotalCPU", 10),
-    ("MaxRSS", 10),
-    ("Restarts", 8),
-    ("Incarnation", 11),
-    ("Checkpoint", 30),
-    ("CheckpointStep", 14),
-    ("Reason", 20),
-    ("Timelimit", 10),
-];
+/// What values need beyond the job.
+struct Context {
+    now_ms: u64,
+    cluster: String,
+}
 
-fn value(field: &str, job: &Job, now: u64) -> String {
+fn value(field: &str, job: &Job, cx: &Context) -> String {
+    let spec = &job.spec;
+    let req = Tres::requested(job);
+    let elapsed = elapsed_s(job, cx.now_ms);
     match field {
+        "Account" => job.account_name().to_string(),
+        // The allocation's CPUs and nodes; before there is one, the request (Slurm falls back to ReqTRES).
+        "AllocCPUS" | "NCPUS" => Tres::current(job).cpu.to_string(),
+        "AllocNodes" => job.nodes.len().to_string(),
+        "AllocTRES" => Tres::allocated(job).map(|t| alloc_tres(job, t)).unwrap_or_default(),
+        "Cluster" => cx.cluster.clone(),
+        "Comment" => spec.comment.clone().unwrap_or_default(),
+        "Constraints" => spec.constraint.join("&"),
+        "ConsumedEnergy" | "ConsumedEnergyRaw" => "0".into(),
+        "CPUTime" => clock(elapsed * Tres::current(job).cpu),
+        "CPUTimeRAW" => (elapsed * Tres::current(job).cpu).to_string(),
+        "DerivedExitCode" => "0:0".into(),
+        "Elapsed" => clock(elapsed),
+        "ElapsedRaw" => elapsed.to_string(),
+        "Eligible" => timestamp_or_unknown(crate::format::eligible_ms(job)),
+        "End" => timestamp_or_unknown(job.end_time_ms),
+        "ExitCode" => format!("{}:{}", job.exit_code, job.exit_signal),
+        "GID" | "Group" => spec.gid.to_string(),
         "JobID" => job.display_id(),
         "JobIDRaw" => job.id.to_string(),
-        "JobName" => job.spec.name.clone(),
+        "JobName" => spec.name.clone(),
+        "MaxRSS" if job.usage.max_rss_kb > 0 => convert_num_unit(job.usage.max_rss_kb, 1),
+        "NNodes" => Tres::current(job).node.to_string(),
+        "NodeList" if job.nodes.is_empty() => "None assigned".into(),
+        "NodeList" => compress_hostlist(&job.nodes),
         "Partition" => job.partition.clone(),
-        "Account" => job.account_name().to_string(),
+        "Priority" => if job.held || job.state.is_terminal() { "0" } else { "1" }.into(),
         "QOS" => job.qos_name().to_string(),
-        "Reservation" => job.spec.reservation.clone().unwrap_or_default(),
-        "User" => job.spec.user.clone(),
-        "UID" => job.spec.uid.to_string(),
-        "AllocCPUS" | "NCPUS" => job.allocated_cpus().to_string(),
-        "AllocNodes" | "NNodes" => job.nodes.len().to_string(),
+        "Reason" => job.message.clone().unwrap_or_else(|| match job.state {
+            JobState::Pending => job.reason.name().to_string(),
+            _ => "None".to_string(),
+        }),
+        "ReqCPUS" => req.cpu.to_string(),
+        "ReqMem" => mem_mb(req.mem_mb),
+        "ReqNodes" => req.node.to_string(),
+        "ReqTRES" => req.by_name(),
+        "Reservation" => spec.reservation.clone().unwrap_or_default(),
+        "Reserved" | "ResvCPU" => clock(0),
+        "ResvCPURAW" => "0".into(),
+        "Start" => timestamp_or_unknown(job.start_time_ms),
         "State" => match (job.state, job.cancelled_by) {
             (JobState::Cancelled, Some(by)) => format!("CANCELLED by {by}"),
             (state, _) => state.name().to_string(),
         },
-        "ExitCode" => format!("{}:{}", job.exit_code, job.exit_signal),
-        "Elapsed" => format_elapsed(elapsed_s(job, now)),
-        "ElapsedRaw" => elapsed_s(job, now).to_string(),
-        "Submit" => format_timestamp(Some(job.submit_time_ms)),
-        "Start" => job.start_time_ms.map_or("Unknown".into(), |t| format_timestamp(Some(t))),
-        "End" => job.end_time_ms.map_or("Unknown".into(), |t| format_timestamp(Some(t))),
-        "NodeList" => {
-            if job.nodes.is_empty() {
-                "None assigned".to_string()
-            } else {
-                compress_hostlist(&job.nodes)
-            }
-        }
-        "AllocTRES" => alloc_tres(job),
+        "Submit" => timestamp_or_unknown(Some(job.submit_time_ms)),
+        "Suspended" => clock(0),
+        "Timelimit" => clock_limit(job.time_limit_s),
+        "TimelimitRaw" => job.time_limit_s.map_or_else(|| "UNLIMITED".into(), |s| (s / 60).to_string()),
         "TotalCPU" => format_cpu(job.usage.cpu_ms),
-        "MaxRSS" => {
-            if job.usage.max_rss_kb > 0 {
-                format!("{}K", job.usage.max_rss_kb)
-            } else {
-                String::new()
-            }
-        }
+        "UID" => spec.uid.to_string(),
+        "User" => spec.user.clone(),
+        "WCKey" => spec.wckey.clone().unwrap_or_default(),
+        "WorkDir" => spec.work_dir.clone(),
         "Restarts" => job.restart_count.to_string(),
         "Incarnation" => job.incarnation.to_string(),
         "Checkpoint" => job.checkpoint.as_ref().map(|c| c.path.clone()).unwrap_or_default(),
         "CheckpointStep" => job.checkpoint.as_ref().and_then(|c| c.step).map(|s| s.to_string()).unwrap_or_default(),
-        "Reason" => job.message.clone().unwrap_or_default(),
-        "Timelimit" => drover_state::slurm_time::format_time_limit(job.time_limit_s),
+        // Step-level figures (Drover records no steps) and fields Drover has no data for print empty.
         _ => String::new(),
     }
+}
+
+/// `AllocTRES`. Memory shows when the job asked for some: a whole-node job without `--mem` (`--exclusive`)
+/// holds the node's memory too, which Slurm would print as `mem=`; Drover leaves it out (see the report in the
+/// tests of this module).
+fn alloc_tres(job: &Job, mut held: Tres) -> String {
+    if job.spec.mem.is_none() {
+        held.mem_mb = 0;
+    }
+    held.by_name()
 }
 
 /// A job's earlier incarnations as rows of their own, from its restart history.
@@ -256,7 +733,7 @@ fn earlier_incarnations(job: &Job) -> Vec<Job> {
             state: h.state,
             start_time_ms: h.start_ms,
             end_time_ms: Some(h.end_ms),
-            nodes: drover_state::hostlist::expand_hostlist(&h.nodes).unwrap_or_default(),
+            nodes: expand_hostlist(&h.nodes).unwrap_or_default(),
             incarnation: h.incarnation,
             message: Some(h.reason.clone()),
             allocation: Vec::new(),
@@ -270,27 +747,6 @@ fn earlier_incarnations(job: &Job) -> Vec<Job> {
         .collect()
 }
 
-/// Slurm's `AllocTRES`: `billing=N,cpu=N,gres/gpu=N,node=N`.
-fn alloc_tres(job: &Job) -> String {
-    if job.nodes.is_empty() {
-        return String::new();
-    }
-    let cpus = job.allocated_cpus();
-    let mut parts = vec![format!("billing={cpus}"), format!("cpu={cpus}")];
-    let gpus = job.allocated_gpus();
-    if gpus > 0 {
-        parts.push(format!("gres/gpu={gpus}"));
-    }
-    parts.push(format!("node={}", job.nodes.len()));
-    parts.join(",")
-}
-
-/// sacct's `Elapsed`: always `HH:MM:SS`, with a `D-` prefix past a day.
-fn format_elapsed(s: u64) -> String {
-    let (d, h, m, sec) = (s / 86_400, (s / 3600) % 24, (s / 60) % 60, s % 60);
-    if d > 0 { format!("{d}-{h:02}:{m:02}:{sec:02}") } else { format!("{h:02}:{m:02}:{sec:02}") }
-}
-
 /// `TotalCPU` as Slurm prints it: `MM:SS.mmm` (or with hours).
 fn format_cpu(ms: u64) -> String {
     let (s, milli) = (ms / 1000, ms % 1000);
@@ -298,27 +754,421 @@ fn format_cpu(ms: u64) -> String {
     if h > 0 { format!("{h:02}:{m:02}:{sec:02}") } else { format!("{m:02}:{sec:02}.{milli:03}") }
 }
 
+/// Local time of `secs` (seconds since the epoch).
+fn local_tm(secs: i64) -> libc::tm {
+    let t = secs as libc::time_t;
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: localtime_r writes only into `tm`.
+    unsafe { libc::localtime_r(&t, &mut tm) };
+    tm
+}
+
+/// Local `tm` fields back to seconds since the epoch (daylight saving as the zone says), -1 if impossible.
+fn mktime(year: i32, month: i32, mday: i32, hour: i32, minute: i32, second: i32) -> i64 {
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    tm.tm_year = year;
+    tm.tm_mon = month;
+    tm.tm_mday = mday;
+    tm.tm_hour = hour;
+    tm.tm_min = minute;
+    tm.tm_sec = second;
+    tm.tm_isdst = -1;
+    // SAFETY: mktime reads and normalizes only `tm`.
+    #[allow(clippy::useless_conversion)] // time_t is not i64 on every target
+    let t = i64::from(unsafe { libc::mktime(&mut tm) });
+    t
+}
+
+fn local_midnight(now_s: u64) -> i64 {
+    let tm = local_tm(now_s as i64);
+    mktime(tm.tm_year, tm.tm_mon, tm.tm_mday, 0, 0, 0)
+}
+
+/// Slurm's `parse_time` (src/common/parse_time.c): `today`, `tomorrow`, `midnight`, `noon`, `fika`, `teatime`,
+/// `HH:MM[:SS][AM|PM]`, `MMDD[YY]`, `MM/DD[/YY]`, `MM.DD[.YY]`, `YYYY-MM-DD[THH:MM[:SS]]`,
+/// `now[{+|-}COUNT[seconds|minutes|hours|days|weeks]]` and `utsSECONDS`, in local time. `past` resolves a
+/// time or date without a year toward the past (sacct) rather than the future (`--begin`). The error is Slurm's
+/// line: `Invalid time specification (pos=N): TEXT`.
+pub fn parse_time(text: &str, now_s: u64, past: bool) -> Result<i64, String> {
+    let b = text.as_bytes();
+    let bad = |pos: usize| format!("Invalid time specification (pos={pos}): {text}");
+    let starts = |pos: usize, word: &str| {
+        b.len() >= pos + word.len() && b[pos..pos + word.len()].eq_ignore_ascii_case(word.as_bytes())
+    };
+    if starts(0, "uts") {
+        return match text[3..].parse::<i64>() {
+            Ok(uts) if uts >= 1_000_000 => Ok(uts),
+            _ => Err(bad(0)),
+        };
+    }
+    let now = now_s as i64;
+    let now_tm = local_tm(now);
+    let (mut hour, mut minute, mut second) = (-1, -1, 0);
+    let (mut month, mut mday, mut year) = (-1, -1, -1);
+    let digit = |pos: usize| b.get(pos).filter(|c| c.is_ascii_digit()).map(|c| i32::from(c - b'0'));
+    let mut pos = 0;
+    while pos < b.len() && b[pos] != b'\n' {
+        let c = b[pos];
+        if c == b' ' || c == b'\t' || c == b'-' || c == b'T' {
+            pos += 1;
+            continue;
+        }
+        let mut set_date = |tm: &libc::tm| {
+            month = tm.tm_mon;
+            mday = tm.tm_mday;
+            year = tm.tm_year;
+        };
+        if starts(pos, "today") {
+            set_date(&now_tm);
+            pos += 5;
+            continue;
+        }
+        if starts(pos, "tomorrow") {
+            set_date(&local_tm(now + 86_400));
+            pos += 8;
+            continue;
+        }
+        let named = [("midnight", 0), ("noon", 12), ("fika", 15), ("teatime", 16)];
+        if let Some((word, h)) = named.iter().find(|(w, _)| starts(pos, w)) {
+            (hour, minute, second) = (*h, 0, 0);
+            pos += word.len();
+            continue;
+        }
+        if starts(pos, "now") {
+            let mut i = pos + 3;
+            let mut delta: i64 = 0;
+            loop {
+                match b.get(i) {
+                    Some(sign @ (b'+' | b'-')) => {
+                        let (count, next) = parse_delta(b, i).ok_or_else(|| bad(i))?;
+                        delta = if *sign == b'-' { -count } else { count };
+                        i = next;
+                        break;
+                    }
+                    Some(b' ' | b'\t') => i += 1,
+                    None | Some(b'\n') => break,
+                    Some(_) => return Err(bad(i)),
+                }
+            }
+            let later = local_tm(now + delta);
+            set_date(&later);
+            (hour, minute, second) = (later.tm_hour, later.tm_min, later.tm_sec);
+            pos = i;
+            continue;
+        }
+        if !c.is_ascii_digit() {
+            return Err(bad(pos));
+        }
+        if b.get(pos + 1) == Some(&b':') || b.get(pos + 2) == Some(&b':') {
+            // HH:MM[:SS] [AM|PM]
+            let mut p = pos;
+            let mut hr = digit(p).ok_or_else(|| bad(p))?;
+            p += 1;
+            if b.get(p) != Some(&b':') {
+                hr = hr * 10 + digit(p).ok_or_else(|| bad(p))?;
+                p += 1;
+            }
+            if hr > 23 || b.get(p) != Some(&b':') {
+                return Err(bad(p));
+            }
+            p += 1;
+            let min =
+                digit(p).and_then(|a| digit(p + 1).map(|b| a * 10 + b)).filter(|m| *m <= 59).ok_or_else(|| bad(p))?;
+            p += 2;
+            let mut sec = 0;
+            if b.get(p) == Some(&b':') {
+                p += 1;
+                sec = digit(p)
+                    .and_then(|a| digit(p + 1).map(|b| a * 10 + b))
+                    .filter(|s| *s <= 59)
+                    .ok_or_else(|| bad(p))?;
+                p += 2;
+            }
+            while matches!(b.get(p), Some(b' ' | b'\t')) {
+                p += 1;
+            }
+            if starts(p, "pm") {
+                hr += 12;
+                if hr == 24 {
+                    hr = 12;
+                } else if hr > 23 {
+                    return Err(bad(p));
+                }
+                p += 2;
+            } else if starts(p, "am") {
+                if hr == 12 {
+                    hr = 0;
+                } else if hr > 11 {
+                    return Err(bad(p));
+                }
+                p += 2;
+            }
+            (hour, minute, second) = (hr, min, sec);
+            pos = p;
+            continue;
+        }
+        // A date: YYYY-MM-DD, or MMDD[YY], MM/DD[/YY], MM.DD[.YY].
+        let mut p = pos;
+        let two = |p: &mut usize| -> Option<i32> {
+            let mut v = digit(*p)?;
+            *p += 1;
+            if let Some(d) = digit(*p) {
+                v = v * 10 + d;
+                *p += 1;
+            }
+            Some(v)
+        };
+        if b.len() >= pos + 8 && b[pos + 4] == b'-' && b.get(pos + 7) == Some(&b'-') {
+            let yr = (0..4).try_fold(0, |acc, k| digit(pos + k).map(|d| acc * 10 + d)).ok_or_else(|| bad(pos))?;
+            p += 5;
+            let mon = two(&mut p).filter(|m| (1..=12).contains(m)).ok_or_else(|| bad(p))?;
+            p += 1;
+            let day = two(&mut p).filter(|d| (1..=31).contains(d)).ok_or_else(|| bad(p))?;
+            (month, mday, year) = (mon - 1, day, yr - 1900);
+            pos = p;
+            continue;
+        }
+        let mon = two(&mut p).filter(|m| (1..=12).contains(m)).ok_or_else(|| bad(p))?;
+        if matches!(b.get(p), Some(b'.' | b'/')) {
+            p += 1;
+        }
+        let day = two(&mut p).filter(|d| (1..=31).contains(d)).ok_or_else(|| bad(p))?;
+        if matches!(b.get(p), Some(b'.' | b'/')) {
+            p += 1;
+        }
+        let yr = match digit(p) {
+            Some(a) => {
+                let b2 = digit(p + 1).ok_or_else(|| bad(p + 1))?;
+                p += 2;
+                a * 10 + b2 + 100
+            }
+            None => -1,
+        };
+        (month, mday) = (mon - 1, day);
+        if yr != -1 {
+            year = yr;
+        }
+        pos = p;
+    }
+    if hour == -1 && month == -1 {
+        return Ok(0);
+    }
+    if hour == -1 {
+        (hour, minute) = (0, 0);
+    } else if month == -1 {
+        let later = past || hour > now_tm.tm_hour || (hour == now_tm.tm_hour && minute > now_tm.tm_min);
+        let day = if later { now_tm } else { local_tm(now + 86_400) };
+        (month, mday, year) = (day.tm_mon, day.tm_mday, day.tm_year);
+    }
+    if year == -1 {
+        year = if past {
+            if month > now_tm.tm_mon { now_tm.tm_year - 1 } else { now_tm.tm_year }
+        } else if (month, mday, hour, minute) > (now_tm.tm_mon, now_tm.tm_mday, now_tm.tm_hour, now_tm.tm_min) {
+            now_tm.tm_year
+        } else {
+            now_tm.tm_year + 1
+        };
+    }
+    match mktime(year, month, mday, hour, minute, second) {
+        -1 => Err(bad(pos)),
+        t => Ok(t),
+    }
+}
+
+/// `+COUNT[unit]` after `now`, from the sign at `sign`: the seconds and the index after it.
+fn parse_delta(b: &[u8], sign: usize) -> Option<(i64, usize)> {
+    const UNITS: [(&str, i64); 10] = [
+        ("seconds", 1),
+        ("second", 1),
+        ("minutes", 60),
+        ("minute", 60),
+        ("hours", 3_600),
+        ("hour", 3_600),
+        ("days", 86_400),
+        ("day", 86_400),
+        ("weeks", 604_800),
+        ("week", 604_800),
+    ];
+    let mut i = sign + 1;
+    let mut count: i64 = 0;
+    let mut digits = 0;
+    while i < b.len() && b[i] != b'\n' {
+        if b[i] == b' ' || b[i] == b'\t' {
+            i += 1;
+            continue;
+        }
+        if let Some((unit, mult)) =
+            UNITS.iter().find(|(u, _)| b.len() >= i + u.len() && b[i..i + u.len()].eq_ignore_ascii_case(u.as_bytes()))
+        {
+            count = count.checked_mul(*mult)?;
+            i += unit.len();
+            break;
+        }
+        if b[i].is_ascii_digit() {
+            count = count.checked_mul(10)?.checked_add(i64::from(b[i] - b'0'))?;
+            digits += 1;
+            i += 1;
+            continue;
+        }
+        return None;
+    }
+    (digits > 0).then_some((count, i))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use drover_state::NodeAllocation;
 
-    #[test]
-    fn fields_parse_case_insensitively_with_widths_and_unknown_ones_are_named() {
-        let fields = parse_fields("jobid,State%20,exitcode").unwrap();
-        assert_eq!(fields[0].name, "JobID");
-        assert_eq!(fields[1].width, 20);
-        let err = parse_fields("JobID,Bogus").err().unwrap().to_string();
-        assert!(err.contains("Invalid field requested: \"Bogus\""), "{err}");
+    fn names(fields: &[Field]) -> Vec<&str> {
+        fields.iter().map(|f| f.def.name).collect()
     }
 
     #[test]
-    fn parsable_rows_follow_slurm() {
-        let fields = parse_fields("JobID,State").unwrap();
-        assert_eq!(row(&fields, |f| f.name.clone(), Some(false)), "JobID|State\n");
-        assert_eq!(row(&fields, |f| f.name.clone(), Some(true)), "JobID|State|\n");
-        assert_eq!(row(&fields, |f| f.name.clone(), None), "       JobID      State\n");
-        assert_eq!(format_cpu(61_005), "01:01.005");
-        assert_eq!(format_elapsed(3_725), "01:02:05");
-        assert_eq!(format_elapsed(90_000), "1-01:00:00");
+    fn fields_match_any_prefix_in_slurms_order_with_signed_widths() {
+        let fields = parse_fields("jobid,State%20,exitcode,nodelist%-256,jobidraw,st,node").unwrap();
+        assert_eq!(names(&fields), ["JobID", "State", "ExitCode", "NodeList", "JobIDRaw", "Start", "NodeList"]);
+        assert_eq!((fields[1].width, fields[3].width), (20, -256));
+        assert_eq!(fields[0].width, -12, "JobID is left-justified by default");
+        let err = parse_fields("JobID,Bogus").err().unwrap().to_string();
+        assert_eq!(err, "Invalid field requested: \"Bogus\"");
+        let err = parse_fields("AllocGRES").err().unwrap().to_string();
+        assert_eq!(err, "AllocGRES has been removed, please use AllocTRES");
+        assert_eq!(parse_fields("ALL").unwrap().len(), FIELDS.len());
+    }
+
+    #[test]
+    fn rows_follow_slurms_print_fields() {
+        let fields = parse_fields("JobID,State,AllocCPUS").unwrap();
+        let values = ["12_3".to_string(), "CANCELLED by 1000".to_string(), "4".to_string()];
+        let p2 = Layout::Parsable { delimiter: "|".into(), trailing: false };
+        let p = Layout::Parsable { delimiter: "|".into(), trailing: true };
+        assert_eq!(row(&fields, &values, &p2), "12_3|CANCELLED by 1000|4\n");
+        assert_eq!(row(&fields, &values, &p), "12_3|CANCELLED by 1000|4|\n");
+        assert_eq!(header(&fields, &p2), "JobID|State|AllocCPUS\n");
+        // Columns: every cell followed by a space, text cut with a `+`, JobID on the left.
+        assert_eq!(row(&fields, &values, &Layout::Columns), "12_3         CANCELLED+          4 \n");
+        assert_eq!(
+            header(&fields, &Layout::Columns),
+            "JobID             State  AllocCPUS \n------------ ---------- ---------- \n"
+        );
+        let tab = Layout::Parsable { delimiter: "\t".into(), trailing: false };
+        assert_eq!(row(&fields, &values, &tab), "12_3\tCANCELLED by 1000\t4\n");
+        assert_eq!(cell("2026-12-01T10:00:00", 10, Kind::Date), "2026-12-01");
+        assert_eq!(cell("12345678901", 4, Kind::Number), "12345678901", "numbers are never cut");
+    }
+
+    #[test]
+    fn values_show_requests_and_allocations_as_slurm_does() {
+        let mut job = Job { id: 12, partition: "gpu".into(), submit_time_ms: 1_000, ..Job::default() };
+        job.spec.min_nodes = 2;
+        job.spec.cpus_per_task = 2;
+        job.spec.gpus_per_node = 4;
+        job.spec.mem = Some(drover_state::job::MemRequest::PerNode(4096));
+        job.spec.wckey = Some("proj".into());
+        job.spec.comment = Some("nightly".into());
+        job.time_limit_s = Some(300);
+        let cx = Context { now_ms: 10_000, cluster: "c".into() };
+        let v = |f: &str, j: &Job| value(f, j, &cx);
+        assert_eq!(v("ReqMem", &job), "8G", "the whole job's request, no n/c suffix");
+        assert_eq!(v("ReqTRES", &job), "billing=4,cpu=4,gres/gpu=8,mem=8G,node=2");
+        assert_eq!(v("AllocTRES", &job), "", "nothing allocated while pending");
+        assert_eq!(
+            (v("AllocCPUS", &job).as_str(), v("NNodes", &job).as_str()),
+            ("4", "2"),
+            "the request while pending"
+        );
+        assert_eq!((v("NodeList", &job).as_str(), v("Start", &job).as_str()), ("None assigned", "Unknown"));
+        assert_eq!((v("WCKey", &job).as_str(), v("Comment", &job).as_str()), ("proj", "nightly"));
+        assert_eq!(v("Timelimit", &job), "00:05:00");
+        assert_eq!(v("TimelimitRaw", &job), "5");
+        job.nodes = vec!["n1".into(), "n2".into()];
+        job.allocation = ["n1", "n2"]
+            .iter()
+            .map(|n| NodeAllocation { node: n.to_string(), gpus: vec![0, 1, 2, 3], cpus: 2, tasks: 1, mem_mb: 4096 })
+            .collect();
+        assert_eq!(v("AllocTRES", &job), "billing=4,cpu=4,gres/gpu=8,mem=8G,node=2");
+        job.state = JobState::Cancelled;
+        job.cancelled_by = Some(1000);
+        assert_eq!(v("State", &job), "CANCELLED by 1000");
+        job.usage.max_rss_kb = 2048;
+        assert_eq!(v("MaxRSS", &job), "2M");
+    }
+
+    fn query_at(start_s: u64, end_s: u64, states: &[&str], by_id: bool) -> Query {
+        Query {
+            refs: if by_id { crate::job_refs::parse_refs(&["1".into()]).unwrap() } else { Vec::new() },
+            start_ms: start_s * 1000,
+            end_ms: end_s * 1000,
+            states: states.iter().map(|s| SlurmState::parse(s).unwrap()).collect(),
+            ..Query::default()
+        }
+    }
+
+    #[test]
+    fn the_window_holds_the_jobs_slurm_would_return() {
+        // Submitted at 100, ran 200..300.
+        let job = Job {
+            id: 1,
+            state: JobState::Completed,
+            submit_time_ms: 100_000,
+            start_time_ms: Some(200_000),
+            end_time_ms: Some(300_000),
+            ..Job::default()
+        };
+        assert!(query_at(250, 400, &[], false).wants(&job), "overlaps the window");
+        assert!(!query_at(301, 400, &[], false).wants(&job), "ended before it");
+        assert!(!query_at(0, 100, &[], false).wants(&job), "eligible only at its end (exclusive)");
+        assert!(query_at(0, 300, &["CD"], false).wants(&job), "ended inside the window");
+        assert!(!query_at(0, 299, &["COMPLETED"], false).wants(&job));
+        assert!(query_at(150, 250, &["R"], false).wants(&job), "running during the window, done now");
+        assert!(query_at(0, 150, &["PD"], false).wants(&job), "pending during the window");
+        assert!(!query_at(250, 260, &["PD"], false).wants(&job));
+        let held = Job { held: true, state: JobState::Pending, ..job.clone() };
+        let held = Job { start_time_ms: None, end_time_ms: None, ..held };
+        assert!(!query_at(0, 400, &[], false).wants(&held), "held jobs are not eligible");
+        assert!(query_at(0, 400, &[], true).wants(&held), "but show when named");
+    }
+
+    #[test]
+    fn default_windows_follow_the_options() {
+        let parse = |a: &[&str]| Args::try_parse_from(std::iter::once("sacct").chain(a.iter().copied())).unwrap();
+        let now = 1_800_000_000_000;
+        let q = query(&parse(&["-j", "5"]), now).unwrap();
+        assert_eq!((q.start_ms, q.end_ms), (0, now + CLOCK_SLACK_MS), "named jobs: all of history, to now");
+        let q = query(&parse(&["-s", "CD"]), now).unwrap();
+        assert_eq!((q.start_ms, q.end_ms), (now, now), "states alone: the instant now");
+        let q = query(&parse(&[]), now).unwrap();
+        assert_eq!(q.start_ms, local_midnight(now / 1000) as u64 * 1000, "else since midnight");
+        let err = query(&parse(&["-s", "sideways"]), now).unwrap_err().to_string();
+        assert_eq!(err, "sacct: fatal: unrecognized job state value 'sideways'");
+        let err = query(&parse(&["-S", "now", "-E", "now-1hour"]), now).unwrap_err().to_string();
+        assert!(err.starts_with("Start time (") && err.contains(") requested is after end time ("), "{err}");
+        let q = query(&parse(&["-j", "12.batch,13_[1-2]", "-j", "14"]), now).unwrap();
+        assert_eq!(crate::job_refs::base_ids(&q.refs), [12, 13, 14]);
+    }
+
+    #[test]
+    fn times_parse_in_slurms_forms() {
+        let now = mktime(126, 5, 15, 12, 30, 0) as u64; // 2026-06-15 12:30:00 local
+        let t = |text: &str| parse_time(text, now, true).unwrap();
+        assert_eq!(t("now"), now as i64);
+        assert_eq!(t("now-1hour"), now as i64 - 3_600);
+        assert_eq!(t("now+2days"), now as i64 + 2 * 86_400);
+        assert_eq!(t("now-30"), now as i64 - 30);
+        assert_eq!(t("2026-06-01T10:00"), mktime(126, 5, 1, 10, 0, 0));
+        assert_eq!(t("2026-06-01T10:00:30"), mktime(126, 5, 1, 10, 0, 30));
+        assert_eq!(t("2026-06-01"), mktime(126, 5, 1, 0, 0, 0));
+        assert_eq!(t("midnight"), mktime(126, 5, 15, 0, 0, 0));
+        assert_eq!(t("today"), mktime(126, 5, 15, 0, 0, 0));
+        assert_eq!(t("10:15"), mktime(126, 5, 15, 10, 15, 0));
+        assert_eq!(t("2:15pm"), mktime(126, 5, 15, 14, 15, 0));
+        assert_eq!(t("0601"), mktime(126, 5, 1, 0, 0, 0));
+        assert_eq!(t("12/31"), mktime(125, 11, 31, 0, 0, 0), "a later month is last year's, looking back");
+        assert_eq!(t("06/01/25"), mktime(125, 5, 1, 0, 0, 0));
+        assert_eq!(t("uts1800000000"), 1_800_000_000);
+        assert_eq!(parse_time("sideways", now, true).unwrap_err(), "Invalid time specification (pos=0): sideways");
+        assert!(parse_time("now+1fortnight", now, true).is_err());
+        assert!(parse_time("25:00", now, true).is_err());
     }
 }

@@ -1,32 +1,99 @@
-//! `scontrol`: `show job [ID]`, `hold ID...`, `release ID...`, `show hostnames [LIST]`.
-
-use drover_state::slurm_time::{format_duration, format_time_limit};
-use drover_state::{Job, Limit};
+//! `scontrol`: `show job|node|partition|config|reservation|hostnames|hostlist|hostlistsorted`, `ping`,
+//! `hold`/`release`/`uhold`/`top`, `requeue`/`requeuehold`, `update` (jobs, nodes, partitions, reservations),
+//! `create`/`delete reservation`, `write batch_script`, `version`; with Slurm 22.05's layouts and its global
+//! options (`-o` one line per record, `-d` details, `-Q` quiet), anywhere on the line.
 
 use drover_state::hostlist::{compress_hostlist, expand_hostlist};
+use drover_state::slurm_time::{format_duration, format_time_limit};
+use drover_state::{ClusterConfig, Job, JobState, Limit, Node, NodeHealth};
 
-use crate::format::{elapsed_s, format_timestamp};
+use crate::format::{Tres, elapsed_s, format_timestamp, mem_mb, timestamp_or_unknown};
 
 pub fn run(args: &[String]) -> i32 {
-    match dispatch(args) {
-        Ok(code) => code,
+    let (options, words) = match global_options(args) {
+        Ok(parsed) => parsed,
         Err(e) => {
             eprintln!("scontrol: error: {e}");
+            return 1;
+        }
+    };
+    if options.version {
+        println!("{}", crate::format::version_line());
+        return 0;
+    }
+    match dispatch(&options, &words) {
+        Ok(code) => code,
+        Err(e) => {
+            if !options.quiet {
+                eprintln!("scontrol: error: {e}");
+            }
             1
         }
     }
 }
 
-const USAGE: &str = "usage: scontrol show job [ID] | scontrol requeue ID[,ID...] | scontrol requeuehold ID[,ID...] | scontrol write batch_script ID [FILE|-] | scontrol top ID... | scontrol update jobid=ID [TimeLimit=T] [Nice=N] [QOS=Q] [Dependency=D] | scontrol create reservation ReservationName=N StartTime=T (Duration=D|EndTime=T) (Nodes=LIST|NodeCnt=N|TRES=gres/gpu=N) (Users=U,..|Accounts=A,..) [Flags=MAINT] | scontrol update ReservationName=N ... | scontrol delete ReservationName=N | scontrol show reservation [NAME] | scontrol show node [NAME] | scontrol hold ID... | scontrol release ID... | scontrol show hostnames [HOSTLIST] | scontrol update nodename=LIST state=drain|resume [reason=TEXT] | scontrol show partition [NAME] | scontrol update partitionname=NAME [state=UP|DOWN|DRAIN|INACTIVE] [maxtime=T] [defaulttime=T] [maxnodes=N] [nodes=LIST] [default=yes]";
+const USAGE: &str = "usage: scontrol [-o] [-d] [-Q] show job [ID] | show node [NAME] | show partition [NAME] | show config | show reservation [NAME] | show hostnames [HOSTLIST] | show hostlist HOSTS | ping | version | requeue ID[,ID...] | requeuehold ID[,ID...] | write batch_script ID [FILE|-] | top ID... | hold ID... | release ID... | update jobid=ID [TimeLimit=T] [Nice=N] [QOS=Q] [Dependency=D] | create reservation ReservationName=N StartTime=T (Duration=D|EndTime=T) (Nodes=LIST|NodeCnt=N|TRES=gres/gpu=N) (Users=U,..|Accounts=A,..) [Flags=MAINT] | update ReservationName=N ... | delete ReservationName=N | update nodename=LIST state=drain|resume [reason=TEXT] | update partitionname=NAME [state=UP|DOWN|DRAIN|INACTIVE] [maxtime=T] [defaulttime=T] [maxnodes=N] [nodes=LIST] [default=yes]";
+
+/// scontrol's options, which Slurm takes anywhere on the line.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Options {
+    controllers: Option<String>,
+    /// `-o`: each record on one line.
+    one_liner: bool,
+    /// `-d`: more detail (the derived exit code, per-node allocations).
+    details: bool,
+    /// `-Q`: no error messages.
+    quiet: bool,
+    /// `-V`: the version, whatever else is asked.
+    version: bool,
+}
+
+/// Takes scontrol's own options out of the words, wherever they are (`scontrol show job 12 -o`).
+fn global_options(args: &[String]) -> anyhow::Result<(Options, Vec<String>)> {
+    let mut options = Options::default();
+    let mut words = Vec::new();
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        match arg.as_str() {
+            "-o" | "--oneliner" => options.one_liner = true,
+            "-d" | "--details" => options.details = true,
+            "-dd" => options.details = true,
+            "-Q" | "--quiet" => options.quiet = true,
+            "-a" | "--all" | "-v" | "-vv" | "--verbose" | "--local" | "--sibling" | "--federation" => {}
+            "-V" | "--version" => options.version = true,
+            "-M" | "--clusters" | "-u" | "--uid" => {
+                iter.next();
+            }
+            "--controllers" => {
+                options.controllers =
+                    Some(iter.next().ok_or_else(|| anyhow::anyhow!("--controllers needs a value"))?.clone())
+            }
+            other => match other.strip_prefix("--controllers=") {
+                Some(list) => options.controllers = Some(list.to_string()),
+                None if other.starts_with("--clusters=") || other.starts_with("-M") && other.len() > 2 => {}
+                None => words.push(other.to_string()),
+            },
+        }
+    }
+    Ok((options, words))
+}
 
 fn is_reservation(word: &str) -> bool {
     matches!(word.to_ascii_lowercase().as_str(), "reservation" | "reservations" | "res")
 }
 
-fn dispatch(args: &[String]) -> anyhow::Result<i32> {
-    let (controllers, args) = super::sbatch::take_controllers_flag(args);
+fn dispatch(options: &Options, args: &[String]) -> anyhow::Result<i32> {
+    let controllers = options.controllers.clone();
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    let lower: Vec<String> = words.iter().map(|w| w.to_ascii_lowercase()).collect();
+    let verb = lower.first().map(String::as_str).unwrap_or("");
+    let entity = lower.get(1).map(String::as_str).unwrap_or("");
     match words.as_slice() {
+        ["version"] => {
+            println!("{}", crate::format::version_line());
+            Ok(0)
+        }
+        ["ping"] => ping(controllers.as_deref()),
         ["update", first, rest @ ..]
             if ["jobid=", "job="].iter().any(|p| first.to_ascii_lowercase().starts_with(p)) =>
         {
@@ -48,37 +115,161 @@ fn dispatch(args: &[String]) -> anyhow::Result<i32> {
         ["show", kind, rest @ ..] if is_reservation(kind) && rest.len() <= 1 => {
             super::reservation::show(controllers.as_deref(), rest.first().copied())
         }
-        ["show", "node" | "nodes", rest @ ..] if rest.len() <= 1 => {
-            show_nodes(controllers.as_deref(), rest.first().copied())
-        }
         ["update", first, rest @ ..] if first.to_ascii_lowercase().starts_with("partitionname=") => {
             update_partition(controllers.as_deref(), first, rest)
         }
         ["update", rest @ ..] if !rest.is_empty() => update_nodes(controllers.as_deref(), rest),
-        ["show", "partition" | "partitions", rest @ ..] if rest.len() <= 1 => {
+        ["show", _, rest @ ..] if matches!(entity, "node" | "nodes") && rest.len() <= 1 => {
+            show_nodes(options, rest.first().copied())
+        }
+        ["show", _, rest @ ..] if matches!(entity, "partition" | "partitions") && rest.len() <= 1 => {
             show_partitions(controllers.as_deref(), rest.first().copied())
         }
-        ["show", "job" | "jobs", rest @ ..] | ["show", rest @ ..]
-            if rest.len() <= 1 && words.get(1) != Some(&"hostnames") =>
+        ["show", _] if matches!(entity, "config" | "conf" | "configuration") => show_config(controllers.as_deref()),
+        ["show", _] if entity == "hostnames" => {
+            let list = std::env::var("SLURM_JOB_NODELIST")
+                .map_err(|_| anyhow::anyhow!("host list is empty and SLURM_JOB_NODELIST is not set"))?;
+            print_hostnames(&list)
+        }
+        ["show", _, list] if entity == "hostnames" => print_hostnames(list),
+        ["show", _, list] if matches!(entity, "hostlist" | "hostlistsorted") => {
+            print_hostlist(list, entity == "hostlistsorted")
+        }
+        ["show", _, rest @ ..] if matches!(entity, "job" | "jobs") && rest.len() <= 1 => {
+            show_jobs(options, rest.first().copied())
+        }
+        // `scontrol show 12` reads as `show job 12` (Drover's shorthand); `scontrol show` alone lists every job.
+        ["show", rest @ ..]
+            if rest.len() <= 1 && rest.first().is_none_or(|w| w.chars().all(|c| c.is_ascii_digit() || c == '_')) =>
         {
-            show_jobs(controllers.as_deref(), rest.first().copied())
+            show_jobs(options, rest.first().copied())
         }
         ["write", "batch_script", id, rest @ ..] if rest.len() <= 1 => {
             write_batch_script(controllers.as_deref(), id, rest.first().copied())
         }
-        ["show", "hostnames"] => {
-            let list = std::env::var("SLURM_JOB_NODELIST")
-                .map_err(|_| anyhow::anyhow!("no hostlist given and SLURM_JOB_NODELIST is not set"))?;
-            print_hostnames(&list)
-        }
-        ["show", "hostnames", list] => print_hostnames(list),
-        ["requeue", ids @ ..] if !ids.is_empty() => requeue(controllers.as_deref(), ids, false),
-        ["requeuehold", ids @ ..] if !ids.is_empty() => requeue(controllers.as_deref(), ids, true),
-        ["hold", ids @ ..] | ["release", ids @ ..] | ["uhold", ids @ ..] | ["top", ids @ ..] if !ids.is_empty() => {
-            hold_release(controllers.as_deref(), words[0], ids)
+        ["requeue", ids @ ..] if !ids.is_empty() => requeue(controllers.as_deref(), &job_list(ids), false),
+        ["requeuehold", ids @ ..] if !ids.is_empty() => requeue(controllers.as_deref(), &job_list(ids), true),
+        [_, ids @ ..] if matches!(verb, "hold" | "release" | "uhold" | "top") && !ids.is_empty() => {
+            hold_release(controllers.as_deref(), verb, &job_list(ids))
         }
         _ => anyhow::bail!("invalid command {:?}; {USAGE}", args.join(" ")),
     }
+}
+
+/// Job lists as the job verbs take them: `12 13`, `12,13`, `JobId=12` (Slurm's spelling in scripts).
+fn job_list<'a>(words: &[&'a str]) -> Vec<&'a str> {
+    words
+        .iter()
+        .map(|w| match w.split_once('=') {
+            Some((key, value)) if key.eq_ignore_ascii_case("jobid") || key.eq_ignore_ascii_case("job") => value,
+            _ => w,
+        })
+        .collect()
+}
+
+/// `scontrol ping`: each controller replica, the leader as the primary, as Slurm lists slurmctlds.
+fn ping(controllers: Option<&str>) -> anyhow::Result<i32> {
+    let client = crate::connect::client(controllers)?;
+    let status = crate::connect::runtime().block_on(client.cluster_status())?;
+    print!("{}", ping_text(&status.replicas));
+    Ok(if status.replicas.iter().any(|r| r.reachable) { 0 } else { 1 })
+}
+
+fn ping_text(replicas: &[drover_proto::v1::ReplicaStatus]) -> String {
+    let mut ordered: Vec<&drover_proto::v1::ReplicaStatus> = replicas.iter().collect();
+    ordered.sort_by_key(|r| (r.role != "leader", r.id));
+    let count = ordered.len();
+    let mut out = String::new();
+    for (i, r) in ordered.iter().enumerate() {
+        let mode = match i {
+            0 => "primary".to_string(),
+            1 if count == 2 => "backup".to_string(),
+            n => format!("backup{n}"),
+        };
+        out.push_str(&format!("Slurmctld({mode}) at {} is {}\n", r.address, if r.reachable { "UP" } else { "DOWN" }));
+    }
+    out
+}
+
+/// `scontrol show config`: the `Key = value` lines tools grep (`SLURM_VERSION`, `ClusterName`, `SelectType`,
+/// `MaxArraySize`, `MinJobAge`, ...), with Drover's equivalent of each, then the controllers' status.
+fn show_config(controllers: Option<&str>) -> anyhow::Result<i32> {
+    let client = crate::connect::client(controllers)?;
+    let rt = crate::connect::runtime();
+    let (_, config) = rt.block_on(client.nodes_and_config(false))?;
+    let status = rt.block_on(client.cluster_status())?;
+    let config = config.unwrap_or_default();
+    let now = super::now_ms();
+    println!("Configuration data as of {}", format_timestamp(Some(now)));
+    for (key, value) in config_pairs(&config, &status, client.addresses()) {
+        println!("{key:<23} = {value}");
+    }
+    println!();
+    print!("{}", ping_text(&status.replicas));
+    Ok(0)
+}
+
+fn config_pairs(
+    config: &ClusterConfig,
+    status: &drover_proto::v1::ClusterStatusReply,
+    addresses: &[String],
+) -> Vec<(String, String)> {
+    let preempts = config.partitions.iter().any(|p| p.preempt_mode == drover_state::PreemptMode::Requeue);
+    let s = &config.scheduler;
+    let days = |secs: u64| {
+        let (d, h, m) = (secs / 86_400, (secs / 3600) % 24, (secs / 60) % 60);
+        format!("{d}-{h:02}:{m:02}:00")
+    };
+    let mut pairs: Vec<(String, String)> = [
+        ("AccountingStorageEnforce", "associations,limits,qos".to_string()),
+        ("AccountingStorageHost", addresses.join(",")),
+        ("AccountingStorageTRES", "cpu,mem,energy,node,billing,fs/disk,vmem,pages,gres/gpu".to_string()),
+        // The replicated job history plays slurmdbd's part: sacct always works.
+        ("AccountingStorageType", "accounting_storage/slurmdbd".to_string()),
+        ("AuthType", "auth/drover".to_string()),
+        ("ClusterName", config.cluster_name.clone()),
+        ("DefMemPerNode", "UNLIMITED".to_string()),
+        ("EnforcePartLimits", "ALL".to_string()),
+        ("FirstJobId", "1".to_string()),
+        ("GresTypes", "gpu".to_string()),
+        ("JobRequeue", "1".to_string()),
+        ("MaxArraySize", config.limits.max_array_size.to_string()),
+        ("MaxBatchRequeue", config.max_batch_requeue.to_string()),
+        ("MaxJobCount", config.limits.max_active_jobs.to_string()),
+        ("MaxJobId", "67043328".to_string()),
+        ("MinJobAge", format!("{} sec", crate::format::MIN_JOB_AGE_MS / 1000)),
+        ("MpiDefault", "none".to_string()),
+        ("NEXT_JOB_ID", status.next_job_id.to_string()),
+        ("PreemptMode", if preempts { "REQUEUE" } else { "OFF" }.to_string()),
+        ("PreemptType", if preempts { "preempt/partition_prio" } else { "preempt/none" }.to_string()),
+        ("PriorityDecayHalfLife", days(config.fairshare_half_life_s)),
+        ("PriorityFavorSmall", if s.favor_small { "Yes" } else { "No" }.to_string()),
+        ("PriorityMaxAge", days(s.max_age_s)),
+        ("PriorityType", "priority/multifactor".to_string()),
+        ("PriorityWeightAge", s.weight_age.to_string()),
+        ("PriorityWeightFairShare", s.weight_fairshare.to_string()),
+        ("PriorityWeightJobSize", s.weight_job_size.to_string()),
+        ("PriorityWeightPartition", s.weight_partition.to_string()),
+        ("PriorityWeightQOS", s.weight_qos.to_string()),
+        ("ProctrackType", "proctrack/pgid".to_string()),
+        ("SchedulerParameters", format!("bf_max_job_test={}", s.reservation_depth)),
+        ("SchedulerType", "sched/backfill".to_string()),
+        ("SelectType", "select/cons_tres".to_string()),
+        ("SelectTypeParameters", "CR_CPU_MEMORY".to_string()),
+        ("SLURM_CONF", std::env::var("DROVER_CONFIG").unwrap_or_else(|_| "(null)".to_string())),
+        ("SLURM_VERSION", crate::format::SLURM_VERSION.to_string()),
+        ("SwitchType", "switch/none".to_string()),
+        ("TopologyPlugin", "topology/tree".to_string()),
+        ("TrackWCKey", "Yes".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    for (i, address) in addresses.iter().enumerate() {
+        pairs.push((format!("SlurmctldHost[{i}]"), address.clone()));
+    }
+    pairs.sort_by_key(|(k, _)| k.to_ascii_lowercase());
+    pairs
 }
 
 /// `scontrol write batch_script ID [FILE]`: the job's script as submitted, to `slurm-ID.sh` (Slurm's default),
@@ -207,9 +398,21 @@ fn show_partitions(controllers: Option<&str>, name: Option<&str>) -> anyhow::Res
         shown += 1;
         let members: Vec<String> =
             nodes.iter().filter(|n| state.node_in_partition(&n.info, &p.name)).map(|n| n.info.name.clone()).collect();
-        let gpus: usize = nodes.iter().filter(|n| members.contains(&n.info.name)).map(|n| n.info.gpus.len()).sum();
+        let member_nodes: Vec<&Node> = nodes.iter().filter(|n| members.contains(&n.info.name)).collect();
+        let gpus: usize = member_nodes.iter().map(|n| n.info.gpus.len()).sum();
+        let cpus: u64 = member_nodes.iter().map(|n| u64::from(n.info.cpus)).sum();
+        let mem: u64 = member_nodes.iter().map(|n| n.info.memory_mb).sum();
+        let mut tres = vec![format!("cpu={cpus}")];
+        if mem > 0 {
+            tres.push(format!("mem={}", mem_mb(mem)));
+        }
+        tres.push(format!("node={}", members.len()));
+        tres.push(format!("billing={cpus}"));
+        if gpus > 0 {
+            tres.push(format!("gres/gpu={gpus}"));
+        }
         println!(
-            "PartitionName={}\n   AllowAccounts={} AllowQos={}\n   Default={} State={} PriorityTier={} PreemptMode={}\n   MaxNodes={} MaxTime={} DefaultTime={} MaxTRESPerJob={}\n   Nodes={}\n   TotalNodes={} TotalGPUs={}\n",
+            "PartitionName={}\n   AllowAccounts={} AllowQos={}\n   Default={} State={} PriorityTier={} PreemptMode={}\n   MaxNodes={} MaxTime={} DefaultTime={} MaxTRESPerJob={}\n   Nodes={}\n   TotalCPUs={} TotalNodes={} TotalGPUs={}\n   TRES={}\n",
             p.name,
             if p.allow_accounts.is_empty() { "ALL".to_string() } else { p.allow_accounts.join(",") },
             if p.allow_qos.is_empty() { "ALL".to_string() } else { p.allow_qos.join(",") },
@@ -222,8 +425,10 @@ fn show_partitions(controllers: Option<&str>, name: Option<&str>) -> anyhow::Res
             p.default_time_s.map_or("NONE".to_string(), |t| format_time_limit(Some(t))),
             p.max_gpus_per_job.map_or("(null)".to_string(), |g| format!("gres/gpu={g}")),
             if members.is_empty() { "(null)".to_string() } else { compress_hostlist(&members) },
+            cpus,
             members.len(),
-            gpus
+            gpus,
+            tres.join(",")
         );
     }
     if shown == 0 {
@@ -259,50 +464,187 @@ fn update_nodes(controllers: Option<&str>, words: &[&str]) -> anyhow::Result<i32
     Ok(0)
 }
 
-/// Slurm's `scontrol show node` layout.
-fn show_nodes(controllers: Option<&str>, name: Option<&str>) -> anyhow::Result<i32> {
-    let client = crate::connect::client(controllers)?;
-    let nodes = crate::connect::runtime().block_on(client.list_nodes(false))?;
-    let mut shown = 0;
-    for node in nodes.iter().filter(|n| name.is_none_or(|x| x == n.info.name)) {
-        shown += 1;
-        let info = &node.info;
-        let gres = if info.gpus.is_empty() {
-            "(null)".to_string()
-        } else if info.gpu_type.is_empty() {
-            format!("gpu:{}", info.gpus.len())
-        } else {
-            format!("gpu:{}:{}", info.gpu_type, info.gpus.len())
-        };
-        let topology: Vec<String> = info.topology.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        println!(
-            "NodeName={} Arch=x86_64 CoresPerSocket=1\n   CPUAlloc={} CPUTot={} CPULoad=N/A\n   AvailableFeatures={}\n   Gres={} GresUsed=gpu:{}\n   NodeAddr={} NodeHostName={} Version={}\n   RealMemory={} State={} Partitions={}\n   Topology={}\n   Reason={}\n",
-            info.name,
-            node.allocated_cpus,
-            info.cpus,
-            if info.features.is_empty() { "(null)".to_string() } else { info.features.join(",") },
-            gres,
-            node.allocated_gpus.len(),
-            info.host,
-            info.name,
-            info.version,
-            info.memory_mb,
-            node.state_name(),
-            if info.partitions.is_empty() { "(default)".to_string() } else { info.partitions.join(",") },
-            if topology.is_empty() { "(null)".to_string() } else { topology.join(",") },
-            if node.reason.is_empty() { "(null)".to_string() } else { node.reason.clone() },
-        );
+/// A group's name from the group database, else its number (Slurm's `gid_to_string`).
+fn group_name(gid: u32) -> String {
+    let mut buf = vec![0 as libc::c_char; 4096];
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: the buffers outlive the call; getgrgid_r writes only within them.
+    let rc = unsafe { libc::getgrgid_r(gid, &mut grp, buf.as_mut_ptr(), buf.len(), &mut result) };
+    if rc != 0 || result.is_null() {
+        return gid.to_string();
     }
+    // SAFETY: on success gr_name points to a NUL-terminated string inside `buf`.
+    unsafe { std::ffi::CStr::from_ptr(grp.gr_name) }.to_string_lossy().into_owned()
+}
+
+/// Joins a record's lines as Slurm does: indented lines, or one line with `-o`; a blank line after each.
+fn record(lines: &[String], one_liner: bool) -> String {
+    if one_liner {
+        return format!("{}\n", lines.join(" "));
+    }
+    let mut out = lines[0].clone();
+    for line in &lines[1..] {
+        out.push_str("\n   ");
+        out.push_str(line);
+    }
+    out.push_str("\n\n");
+    out
+}
+
+/// Slurm 22.05's `scontrol show node` layout, with Drover's topology labels after the reason.
+fn show_nodes(options: &Options, name: Option<&str>) -> anyhow::Result<i32> {
+    let client = crate::connect::client(options.controllers.as_deref())?;
+    let nodes = crate::connect::runtime().block_on(client.list_nodes(false))?;
+    let wanted = match name {
+        Some(list) => Some(expand_hostlist(list).map_err(|e| anyhow::anyhow!(e))?),
+        None => None,
+    };
+    let mut out = String::new();
+    let mut shown = 0;
+    for node in nodes.iter().filter(|n| wanted.as_ref().is_none_or(|w| w.contains(&n.info.name))) {
+        shown += 1;
+        out.push_str(&record(&node_lines(node, options.details), options.one_liner));
+    }
+    print!("{out}");
     if shown == 0 {
         match name {
             Some(n) => {
-                eprintln!("Node {n} not found");
+                if !options.quiet {
+                    eprintln!("Node {n} not found");
+                }
                 return Ok(1);
             }
             None => println!("No nodes in the system"),
         }
     }
     Ok(0)
+}
+
+/// Slurm's complete node state (`IDLE`, `MIXED+DRAIN`, `DOWN+NOT_RESPONDING`, ...).
+fn node_state(node: &Node) -> String {
+    let base = match node.state_name() {
+        "DRAINED" => "IDLE",
+        "DRAINING" if node.allocated_gpus.len() == node.info.gpus.len() && !node.info.gpus.is_empty() => "ALLOCATED",
+        "DRAINING" => "MIXED",
+        other => other,
+    };
+    match (node.health, node.drain) {
+        (NodeHealth::Down, true) => "DOWN+DRAIN+NOT_RESPONDING".to_string(),
+        (NodeHealth::Down, false) => "DOWN+NOT_RESPONDING".to_string(),
+        (NodeHealth::Up, true) => format!("{base}+DRAIN"),
+        (NodeHealth::Up, false) => base.to_string(),
+    }
+}
+
+/// `Gres=` of a node: `gpu:h200:8` (or `gpu:8`), `(null)` without GPUs.
+pub fn node_gres(node: &Node) -> String {
+    let info = &node.info;
+    match (info.gpus.len(), info.gpu_type.as_str()) {
+        (0, _) => "(null)".to_string(),
+        (n, "") => format!("gpu:{n}"),
+        (n, t) => format!("gpu:{t}:{n}"),
+    }
+}
+
+/// `GresUsed=`: `gpu:h200:2(IDX:0-1)`, `gpu:h200:0(IDX:N/A)` when none is held.
+pub fn node_gres_used(node: &Node) -> String {
+    let info = &node.info;
+    if info.gpus.is_empty() {
+        return "(null)".to_string();
+    }
+    let held: Vec<u32> = info.gpus.iter().map(|g| g.index).filter(|i| node.gpu_held(*i)).collect();
+    let prefix = if info.gpu_type.is_empty() { "gpu".to_string() } else { format!("gpu:{}", info.gpu_type) };
+    let idx = if held.is_empty() { "N/A".to_string() } else { index_ranges(&held) };
+    format!("{prefix}:{}(IDX:{idx})", held.len())
+}
+
+/// `0-1,3` from sorted indices.
+fn index_ranges(ids: &[u32]) -> String {
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < ids.len() {
+        let mut j = i;
+        while j + 1 < ids.len() && ids[j + 1] == ids[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j { ids[i].to_string() } else { format!("{}-{}", ids[i], ids[j]) });
+        i = j + 1;
+    }
+    parts.join(",")
+}
+
+/// A node's configured TRES (`CfgTRES=cpu=64,mem=64G,billing=64,gres/gpu=8`).
+pub fn node_cfg_tres(node: &Node) -> String {
+    let info = &node.info;
+    let mut parts = vec![format!("cpu={}", info.cpus)];
+    if info.memory_mb > 0 {
+        parts.push(format!("mem={}", mem_mb(info.memory_mb)));
+    }
+    parts.push(format!("billing={}", info.cpus));
+    if !info.gpus.is_empty() {
+        parts.push(format!("gres/gpu={}", info.gpus.len()));
+    }
+    parts.join(",")
+}
+
+/// What jobs hold on a node (`AllocTRES=cpu=8,mem=32G,gres/gpu=2`; empty when idle).
+pub fn node_alloc_tres(node: &Node) -> String {
+    let mut parts = Vec::new();
+    if node.allocated_cpus > 0 {
+        parts.push(format!("cpu={}", node.allocated_cpus));
+    }
+    if node.allocated_mem_mb > 0 {
+        parts.push(format!("mem={}", mem_mb(node.allocated_mem_mb)));
+    }
+    if !node.allocated_gpus.is_empty() {
+        parts.push(format!("gres/gpu={}", node.allocated_gpus.len()));
+    }
+    parts.join(",")
+}
+
+fn node_lines(node: &Node, details: bool) -> Vec<String> {
+    let info = &node.info;
+    let features = if info.features.is_empty() { "(null)".to_string() } else { info.features.join(",") };
+    let topology: Vec<String> = info.topology.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let since = timestamp_or_unknown(Some(node.since_ms));
+    let mut lines = vec![
+        format!("NodeName={} Arch=x86_64 CoresPerSocket=1 ", info.name),
+        format!("CPUAlloc={} CPUEfctv={} CPUTot={} CPULoad=N/A", node.allocated_cpus, info.cpus, info.cpus),
+        format!("AvailableFeatures={features}"),
+        format!("ActiveFeatures={features}"),
+        format!("Gres={}", node_gres(node)),
+    ];
+    if details || !node.allocated_gpus.is_empty() {
+        lines.push(format!("GresUsed={}", node_gres_used(node)));
+    }
+    lines.extend([
+        format!("NodeAddr={} NodeHostName={} Version={}", info.host, info.name, info.version),
+        // FreeMem is what no job holds (Drover does not sample the OS's free memory).
+        format!(
+            "RealMemory={} AllocMem={} FreeMem={} Sockets=1 Boards=1",
+            info.memory_mb,
+            node.allocated_mem_mb,
+            node.free_mem_mb()
+        ),
+        format!("State={} ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A", node_state(node)),
+        format!(
+            "Partitions={} ",
+            if info.partitions.is_empty() { "(default)".to_string() } else { info.partitions.join(",") }
+        ),
+        format!("BootTime=None SlurmdStartTime={since}"),
+        format!("LastBusyTime={since}"),
+        format!("CfgTRES={}", node_cfg_tres(node)),
+        format!("AllocTRES={}", node_alloc_tres(node)),
+        "CapWatts=n/a".to_string(),
+        "CurrentWatts=0 AveWatts=0".to_string(),
+        "ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s".to_string(),
+    ]);
+    if !node.reason.is_empty() {
+        lines.push(format!("Reason={} [root@{since}]", node.reason));
+    }
+    lines.push(format!("Topology={}", if topology.is_empty() { "(null)".to_string() } else { topology.join(",") }));
+    lines
 }
 
 fn print_hostnames(list: &str) -> anyhow::Result<i32> {
@@ -312,17 +654,48 @@ fn print_hostnames(list: &str) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn show_jobs(controllers: Option<&str>, id: Option<&str>) -> anyhow::Result<i32> {
-    let client = crate::connect::client(controllers)?;
+/// `scontrol show hostlist a,b,c` compresses (in the order given; `hostlistsorted` sorts first). A file name
+/// (containing `/`) is read for the hosts, one or more per line, as Slurm allows.
+fn print_hostlist(list: &str, sorted: bool) -> anyhow::Result<i32> {
+    let text = if list.contains('/') {
+        std::fs::read_to_string(list).map_err(|e| anyhow::anyhow!("cannot read host file {list}: {e}"))?
+    } else {
+        list.to_string()
+    };
+    let mut hosts = Vec::new();
+    for part in text.split(['\n', ' ']).filter(|p| !p.is_empty()) {
+        hosts.extend(expand_hostlist(part).map_err(|e| anyhow::anyhow!(e))?);
+    }
+    if sorted {
+        hosts.sort();
+        hosts.dedup();
+    }
+    println!("{}", compress_hostlist(&hosts));
+    Ok(0)
+}
+
+fn show_jobs(options: &Options, id: Option<&str>) -> anyhow::Result<i32> {
+    let client = crate::connect::client(options.controllers.as_deref())?;
     let rt = crate::connect::runtime();
     let jobs = match id {
         Some(id) => {
             let mut jobs = Vec::new();
-            for id in rt.block_on(crate::job_refs::resolve(&client, &[id.to_string()], true))? {
+            let ids = match rt.block_on(crate::job_refs::resolve(&client, &[id.to_string()], true)) {
+                Ok(ids) => ids,
+                Err(_) => {
+                    if !options.quiet {
+                        eprintln!("slurm_load_jobs error: Invalid job id specified");
+                    }
+                    return Ok(1);
+                }
+            };
+            for id in ids {
                 match rt.block_on(client.get_job(id, false, false)) {
                     Ok((job, _)) => jobs.push(job),
                     Err(drover_client::ClientError::NotFound(_)) => {
-                        eprintln!("slurm_load_jobs error: Invalid job id specified");
+                        if !options.quiet {
+                            eprintln!("slurm_load_jobs error: Invalid job id specified");
+                        }
                         return Ok(1);
                     }
                     Err(e) => return Err(e.into()),
@@ -336,40 +709,64 @@ fn show_jobs(controllers: Option<&str>, id: Option<&str>) -> anyhow::Result<i32>
         println!("No jobs in the system");
     }
     let now = super::now_ms();
+    let mut out = String::new();
     for job in &jobs {
-        println!("{}", show_job_text(job, now));
+        out.push_str(&record(&job_lines(job, now, options.details), options.one_liner));
     }
+    print!("{out}");
     Ok(0)
 }
 
-/// Slurm's `scontrol show job` layout: `Key=Value` pairs, grouped on indented lines.
-pub fn show_job_text(job: &Job, now_ms: u64) -> String {
+/// Why a job is where it is: the pending reason, or why it ended.
+fn job_reason(job: &Job) -> String {
+    match job.state {
+        JobState::Pending => job.reason.name().to_string(),
+        JobState::Failed if job.exit_signal != 0 => format!("RaisedSignal:{}", job.exit_signal),
+        JobState::Failed if job.exit_code != 0 => "NonZeroExitCode".to_string(),
+        JobState::Timeout => "TimeLimit".to_string(),
+        JobState::NodeFail => "NodeDown".to_string(),
+        JobState::OutOfMemory => "OutOfMemory".to_string(),
+        _ => "None".to_string(),
+    }
+}
+
+fn job_lines(job: &Job, now_ms: u64, details: bool) -> Vec<String> {
     let s = &job.spec;
-    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "(null)".into());
-    let gres = if s.gpus_per_node > 0 { format!(",gres/gpu={}", s.total_gpus()) } else { String::new() };
-    let reason = if job.state == drover_state::JobState::Pending { job.reason.name() } else { "None" };
-    let stdout =
-        s.stdout.clone().unwrap_or_else(|| format!("{}/slurm-%j.out", s.work_dir)).replace("%j", &job.id.to_string());
-    let stderr = s.stderr.clone().unwrap_or_else(|| stdout.clone()).replace("%j", &job.id.to_string());
-    let nodes = if job.nodes.is_empty() { "(null)".to_string() } else { compress_hostlist(&job.nodes) };
-    let array = match job.array {
-        Some(a) => format!(
-            "JobId={} ArrayJobId={} ArrayTaskId={} ArrayTaskThrottle={} JobName={}",
-            job.id,
-            a.array_job_id,
-            a.task_id,
-            a.max_running.unwrap_or(0),
-            s.name
-        ),
+    let or_null = |v: &Option<String>| v.clone().unwrap_or_else(|| "(null)".into());
+    let list_or_null = |v: &[String]| if v.is_empty() { "(null)".to_string() } else { compress_hostlist(v) };
+    let nodes = list_or_null(&job.nodes);
+    let first = match job.array {
+        Some(a) => {
+            let throttle = a.max_running.map(|m| format!(" ArrayTaskThrottle={m}")).unwrap_or_default();
+            format!(
+                "JobId={} ArrayJobId={} ArrayTaskId={}{throttle} JobName={}",
+                job.id, a.array_job_id, a.task_id, s.name
+            )
+        }
         None => format!("JobId={} JobName={}", job.id, s.name),
     };
     let (account, qos) = (job.account_name(), job.qos_name());
     let dependency = drover_state::dependency::format_dependency(&s.dependency, s.dependency_any);
-    let lines = [
-        array,
-        format!("UserId={}({}) GroupId={} MCS_label=N/A", s.user, s.uid, s.gid),
-        format!("Priority={} Nice={} Account={account} QOS={qos}", if job.held { 0 } else { 1 }, s.nice),
-        format!("JobState={} Reason={} Dependency={dependency}", job.state.name(), reason),
+    let eligible = crate::format::eligible_ms(job);
+    let tres = Tres::current(job);
+    let (min_mem, per) = crate::format::min_memory_mb(job);
+    let num_nodes = if job.nodes.is_empty() && s.max_nodes > s.min_nodes {
+        format!("{}-{}", s.min_nodes, s.max_nodes)
+    } else if job.nodes.is_empty() {
+        s.min_nodes.max(1).to_string()
+    } else {
+        job.nodes.len().to_string()
+    };
+    let mut lines = vec![
+        first,
+        format!("UserId={}({}) GroupId={}({}) MCS_label=N/A", s.user, s.uid, group_name(s.gid), s.gid),
+        format!(
+            "Priority={} Nice={} Account={account} QOS={qos} WCKey={}",
+            if job.held { 0 } else { 1 },
+            s.nice,
+            or_null(&s.wckey)
+        ),
+        format!("JobState={} Reason={} Dependency={dependency}", job.state.name(), job_reason(job)),
         format!(
             "Requeue={} Restarts={} BatchFlag=1 Reboot=0 ExitCode={}:{}",
             u8::from(s.requeue.unwrap_or(true)),
@@ -377,38 +774,105 @@ pub fn show_job_text(job: &Job, now_ms: u64) -> String {
             job.exit_code,
             job.exit_signal
         ),
+    ];
+    if details {
+        lines.push("DerivedExitCode=0:0".to_string());
+    }
+    lines.extend([
         format!(
-            "RunTime={} TimeLimit={} TimeMin=N/A",
+            "RunTime={} TimeLimit={} TimeMin={}",
             format_duration(elapsed_s(job, now_ms)),
-            format_time_limit(job.time_limit_s)
+            format_time_limit(job.time_limit_s),
+            s.time_min_s.map_or_else(|| "N/A".to_string(), |t| format_time_limit(Some(t)))
         ),
         format!(
             "SubmitTime={} EligibleTime={}",
-            format_timestamp(Some(job.submit_time_ms)),
-            format_timestamp(Some(job.submit_time_ms))
+            timestamp_or_unknown(Some(job.submit_time_ms)),
+            timestamp_or_unknown(eligible)
         ),
+        format!("AccrueTime={}", timestamp_or_unknown(eligible)),
         format!(
-            "StartTime={} EndTime={} Deadline=N/A",
-            format_timestamp(job.start_time_ms),
-            format_timestamp(job.end_time_ms)
+            "StartTime={} EndTime={} Deadline={}",
+            timestamp_or_unknown(job.start_time_ms),
+            timestamp_or_unknown(crate::format::expected_end_ms(job)),
+            format_timestamp(s.deadline_ms)
         ),
-        format!("Partition={} AllocNode:Sid=N/A Reservation={}", job.partition, opt(&s.reservation)),
+        "SuspendTime=None SecsPreSuspend=0 LastSchedEval=Unknown Scheduler=Main".to_string(),
+        format!("Partition={} AllocNode:Sid=N/A", job.partition),
+        format!("ReqNodeList={} ExcNodeList={}", list_or_null(&s.nodelist), list_or_null(&s.exclude)),
         format!("NodeList={nodes}"),
+    ]);
+    if let Some(first) = job.nodes.first() {
+        lines.push(format!("BatchHost={first}"));
+    }
+    lines.extend([
         format!(
-            "NumNodes={} NumCPUs={} NumTasks={} CPUs/Task={}",
-            s.min_nodes,
-            s.total_tasks() * s.cpus_per_task,
+            "NumNodes={num_nodes} NumCPUs={} NumTasks={} CPUs/Task={} ReqB:S:C:T=0:0:*:*",
+            tres.cpu,
             s.total_tasks(),
             s.cpus_per_task
         ),
-        format!("TRES=cpu={},node={}{gres}", s.total_tasks() * s.cpus_per_task, s.min_nodes),
+        format!("TRES={}", tres.by_id()),
+        format!("Socks/Node=* NtasksPerN:B:S:C={}:0:*:* CoreSpec=*", s.ntasks_per_node.unwrap_or(0)),
+    ]);
+    if details {
+        for a in &job.allocation {
+            let mut gpus = a.gpus.clone();
+            gpus.sort_unstable();
+            let gres = if gpus.is_empty() {
+                String::new()
+            } else {
+                format!("gpu:{}(IDX:{})", gpus.len(), index_ranges(&gpus))
+            };
+            lines.push(format!("  Nodes={} CPU_IDs=N/A Mem={} GRES={gres}", a.node, a.mem_mb));
+        }
+    }
+    lines.extend([
+        format!(
+            "MinCPUsNode={} MinMemory{per}={} MinTmpDiskNode=0",
+            s.cpus_per_task.max(1) * s.ntasks_per_node.unwrap_or(1).max(1),
+            mem_mb(min_mem)
+        ),
+        format!(
+            "Features={} DelayBoot=00:00:00",
+            if s.constraint.is_empty() { "(null)".to_string() } else { s.constraint.join("&") }
+        ),
+    ]);
+    if let Some(r) = &s.reservation {
+        lines.push(format!("Reservation={r}"));
+    }
+    lines.extend([
+        format!("OverSubscribe={} Contiguous=0 Licenses=(null) Network=(null)", if s.exclusive { "NO" } else { "OK" }),
         format!("Command={}", s.name),
         format!("WorkDir={}", s.work_dir),
-        format!("StdErr={stderr}"),
+    ]);
+    if let Some(comment) = &s.comment {
+        lines.push(format!("Comment={comment} "));
+    }
+    lines.extend([
+        format!("StdErr={}", crate::format::std_path(job, s.stderr.as_ref().or(s.stdout.as_ref()))),
         "StdIn=/dev/null".to_string(),
-        format!("StdOut={stdout}"),
-    ];
-    let mut lines = lines.to_vec();
+        format!("StdOut={}", crate::format::std_path(job, s.stdout.as_ref())),
+        "Power=".to_string(),
+    ]);
+    if let Some(n) = s.cpus_per_gpu {
+        lines.push(format!("CpusPerTres=gres:gpu:{n}"));
+    }
+    if let Some(m) = crate::format::mem_per_tres(job) {
+        lines.push(format!("MemPerTres={m}"));
+    }
+    if let Some(t) = crate::format::tres_per_job(job) {
+        lines.push(format!("TresPerJob={t}"));
+    }
+    if let Some(t) = crate::format::tres_per_node(job) {
+        lines.push(format!("TresPerNode={t}"));
+    }
+    if let Some(t) = crate::format::tres_per_task(job) {
+        lines.push(format!("TresPerTask={t}"));
+    }
+    if let Some(n) = s.ntasks_per_gpu {
+        lines.push(format!("NtasksPerTRES={n}"));
+    }
     // Checkpoints and restarts (Drover's own lines): where this incarnation writes, what it resumes from, and
     // how each earlier incarnation ended.
     lines.push(format!(
@@ -441,13 +905,7 @@ pub fn show_job_text(job: &Job, now_ms: u64) -> String {
             h.reason.replace(' ', "_")
         ));
     }
-    let mut out = lines[0].clone();
-    for line in &lines[1..] {
-        out.push_str("\n   ");
-        out.push_str(line);
-    }
-    out.push('\n');
-    out
+    lines
 }
 
 /// `scontrol requeue ID[,ID...]` / `requeuehold`: running jobs end (their --signal warning first) and go back to
