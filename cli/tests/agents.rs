@@ -397,3 +397,25 @@ fn a_warning_signal_comes_ahead_of_the_time_limit() {
     assert_eq!(at.len(), 1, "one warning: {out}");
     assert!((2..=4).contains(&at[0]), "about 3 s before the 6 s limit: {out}");
 }
+
+#[test]
+fn a_job_over_its_memory_request_ends_out_of_memory_and_one_within_it_completes() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return eprintln!("SKIPPED: agents confine memory in cgroups only when run as root");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, sh) = setup(dir.path(), UpOptions { agents: 1, kill_wait_ms: 1_000, ..UpOptions::default() });
+    // `tail` holds the whole "line" of zeros: 400 MiB against a 64 MiB request.
+    let hog = sh.submit(&["--mem=64M", "-o", "hog.out", "--wrap", "head -c 400M /dev/zero | tail"]);
+    let fine = sh.submit(&["--mem=64M", "-o", "fine.out", "--wrap", "head -c 16M /dev/zero | tail | wc -c"]);
+    assert_eq!(sh.wait_done(hog, Duration::from_secs(40)), "OUT_OF_MEMORY");
+    assert_eq!(sh.wait_done(fine, Duration::from_secs(40)), "COMPLETED");
+    assert_eq!(sh.read("fine.out").trim(), (16 << 20).to_string());
+    assert_eq!(sh.acct(hog, "ReqMem,State"), ["64M", "OUT_OF_MEMORY"]);
+    let shown = sh.ok("scontrol", &["show", "job", &hog.to_string()]);
+    assert!(shown.contains("JobState=OUT_OF_MEMORY") && shown.contains("MinMemoryNode=64M"), "{shown}");
+    // A request no node can hold is refused at submission, naming memory.
+    let err = sh.err("sbatch", &["--mem=100T", "--wrap", "true"]);
+    assert!(err.to_lowercase().contains("mem"), "{err}");
+}
