@@ -100,6 +100,10 @@ pub fn task_environment(p: &Placement, base: Vec<(String, String)>) -> Vec<(Stri
     }
     set("SLURM_TASKS_PER_NODE", tasks_per_node_string(&job_tasks));
     set("SLURM_CPUS_PER_TASK", spec.cpus_per_task.to_string());
+    // The CPUs the job holds per node, in the same compressed form (MPI launchers and Dask read it).
+    let job_cpus: Vec<u32> = job.allocation.iter().map(|a| a.cpus).collect();
+    set("SLURM_JOB_CPUS_PER_NODE", tasks_per_node_string(&job_cpus));
+    set("SLURM_CPUS_ON_NODE", job_cpus.get(p.node_index as usize).copied().unwrap_or(0).to_string());
     if let Some(n) = spec.cpus_per_gpu {
         set("SLURM_CPUS_PER_GPU", n.to_string());
     }
@@ -119,6 +123,7 @@ pub fn task_environment(p: &Placement, base: Vec<(String, String)>) -> Vec<(Stri
     }
     set("SLURM_NODEID", p.node_index.to_string());
     set("SLURMD_NODENAME", p.node_name.to_string());
+    set("SLURM_TOPOLOGY_ADDR", p.node_name.to_string());
     set("SLURM_GPUS_ON_NODE", p.gpus.len().to_string());
     if !p.gpus.is_empty() {
         set("SLURM_JOB_GPUS", gpus.clone());
@@ -157,6 +162,9 @@ pub fn task_environment(p: &Placement, base: Vec<(String, String)>) -> Vec<(Stri
             set("SLURM_STEP_NUM_NODES", step.nodes.len().to_string());
             set("SLURM_STEP_NUM_TASKS", total.to_string());
             set("SLURM_STEP_TASKS_PER_NODE", tasks_per_node_string(step.tasks_per_node));
+            // The global ranks on this node (block layout), as Slurm lists them.
+            let first: u32 = step.tasks_per_node.iter().take(p.node_index as usize).sum();
+            set("SLURM_GTIDS", (first..first + here).map(|r| r.to_string()).collect::<Vec<_>>().join(","));
             set("SLURM_NTASKS", total.to_string());
             set("SLURM_NPROCS", total.to_string());
             set("SLURM_PROCID", step.rank.to_string());
@@ -251,6 +259,11 @@ mod tests {
         assert_eq!(get(&env, "MASTER_ADDR"), "10.0.0.1");
         assert_eq!(get(&env, "MASTER_PORT"), master_port(42).to_string());
         assert_eq!(get(&env, "SLURM_RESTART_COUNT"), "1");
+        assert_eq!(get(&env, "SLURM_GTIDS"), "4,5,6,7", "the ranks on this node");
+        assert_eq!(get(&env, "SLURM_TOPOLOGY_ADDR"), "gpu02");
+        let cpus: Vec<u32> = job.allocation.iter().map(|a| a.cpus).collect();
+        assert_eq!(get(&env, "SLURM_JOB_CPUS_PER_NODE"), tasks_per_node_string(&cpus));
+        assert_eq!(get(&env, "SLURM_CPUS_ON_NODE"), cpus[1].to_string());
     }
 
     #[test]
