@@ -58,9 +58,17 @@ pub struct AgentConfig {
     pub enforce_memory: bool,
     #[serde(default = "default_memory_cgroup")]
     pub memory_cgroup: String,
+    /// Pin each job's tasks to as many of the node's CPUs as the job holds here (a cpuset in the job's cgroup),
+    /// where the host has the cpuset controller and memory is enforced. Off: tasks run on any CPU.
+    #[serde(default = "default_true")]
+    pub confine_cpus: bool,
 }
 
 fn default_enforce_memory() -> bool {
+    true
+}
+
+fn default_true() -> bool {
     true
 }
 

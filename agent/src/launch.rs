@@ -10,7 +10,7 @@ use drover_state::{JobEnd, Usage};
 use crate::env::{Placement, StepPlacement, task_environment};
 use crate::node::{NodeAgent, is_root, now_ms};
 use crate::patterns::{PatternContext, expand_output_path};
-use crate::supervise::{self, TaskLaunch, TaskMemory, TaskResult};
+use crate::supervise::{self, TaskCgroup, TaskLaunch, TaskResult};
 
 impl NodeAgent {
     /// Root jobs only where the cluster allows them (the leader says so in its welcome); checked here too, so a
@@ -89,7 +89,7 @@ impl NodeAgent {
             // The incarnation's own checkpoint directory, made as the job's user (never as root, in a directory
             // the user controls).
             make_dirs: vec![a.job.checkpoint_dir()],
-            memory: self.task_memory(a),
+            cgroup: self.task_cgroup(a),
         };
         let started = written
             .map_err(|e| e.to_string())
@@ -182,7 +182,7 @@ impl NodeAgent {
             append: spec.open_append,
             lease_file: Some(self.lease_path().display().to_string()),
             make_dirs: Vec::new(),
-            memory: self.task_memory(a),
+            cgroup: self.task_cgroup(a),
         };
         supervise::spawn(&self.exe, &dir, &task).map_err(|e| e.to_string())?;
         Ok((dir, streamed_out, streamed_err))
@@ -190,11 +190,44 @@ impl NodeAgent {
 }
 
 impl NodeAgent {
-    /// The job's memory cgroup for its tasks here, when it holds memory on this node and memory is enforced.
-    fn task_memory(&self, a: &Assignment) -> Option<TaskMemory> {
+    /// The job's cgroups for its tasks here, where the node has cgroups: its memory limit (when it holds memory
+    /// here) and its CPUs (when the node pins). The cgroups are made now, while no other job is choosing CPUs, so
+    /// the next job to choose sees these CPUs taken.
+    fn task_cgroup(&self, a: &Assignment) -> Option<TaskCgroup> {
         let root = self.cgroup.clone()?;
-        let limit_mb = a.job.allocation.get(a.node_index as usize).map_or(0, |s| s.mem_mb);
-        (limit_mb > 0).then_some(TaskMemory { root, job: a.job.id, incarnation: a.job.incarnation, limit_mb })
+        let key = (a.job.id, a.job.incarnation);
+        let share = a.job.allocation.get(a.node_index as usize);
+        let limit_mb = share.map_or(0, |s| s.mem_mb);
+        let wanted = share.map_or(0, |s| s.cpus) as usize;
+        let _choosing = self.cpu_choice.lock().expect("CPU choice lock poisoned");
+        let cpus = self.cpus_for(&root, key, wanted);
+        match crate::cgroup::create_job(&root, key.0, key.1, limit_mb, &cpus) {
+            Ok(created) => {
+                if let Some(why) = created.unpinned {
+                    self.warn_unpinned(key, &why);
+                }
+            }
+            // The supervisor tries again, and fails the task with the reason if it cannot either.
+            Err(e) => tracing::warn!(job = key.0, "cannot create the job's cgroup under {}: {e}", root.path.display()),
+        }
+        Some(TaskCgroup { root, job: key.0, incarnation: key.1, limit_mb, cpus })
+    }
+
+    /// The CPUs to pin the job's tasks here to (`cgroup::cpus_to_pin`); empty when the node does not pin, or the
+    /// job is left unpinned (said once per job: a job left unpinned stays so, so all its tasks here are alike).
+    fn cpus_for(&self, root: &crate::cgroup::CgroupRoot, key: crate::node::JobKey, wanted: usize) -> Vec<u32> {
+        if root.cpuset.is_none() || self.is_unpinned(key) {
+            return Vec::new();
+        }
+        let existing = crate::cgroup::pinned_cpus(root, key.0, key.1);
+        let pool = if wanted > 0 { crate::cgroup::cpu_pool(root, key) } else { None };
+        match crate::cgroup::cpus_to_pin(existing, pool, wanted) {
+            Ok(cpus) => cpus,
+            Err(why) => {
+                self.warn_unpinned(key, &why);
+                Vec::new()
+            }
+        }
     }
 }
 
@@ -208,6 +241,8 @@ pub(crate) fn end_from(result: &TaskResult, timed_out: bool, fenced: bool) -> Jo
         message: result.error.clone(),
         fenced: fenced || result.fenced,
         oom: result.oom,
+        // Read from the job's cgroup when the report goes out (see `NodeAgent::measured`).
+        measured: None,
     }
 }
 

@@ -78,6 +78,7 @@ fn load_config(args: &Args) -> anyhow::Result<AgentConfig> {
             client_config: None,
             enforce_memory: true,
             memory_cgroup: drover_agent::cgroup::DEFAULT_SUBDIR.to_string(),
+            confine_cpus: true,
         },
     };
     if let Some(v) = &args.name {

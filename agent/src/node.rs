@@ -38,6 +38,8 @@ const MAX_WARNING_S: u32 = 300;
 const RELEASE_RETRY_MS: u64 = 1_000;
 /// A job's checkpoint marker file is looked at this often.
 const MARKER_INTERVAL: Duration = Duration::from_secs(1);
+/// Job cgroups are looked after this often: ended jobs' removed, memory sampled where the kernel keeps no peak.
+const CGROUP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A job incarnation: what task directories and reports are keyed by.
 pub type JobKey = (JobId, u64);
@@ -96,6 +98,13 @@ struct Inner {
     markers: HashMap<JobKey, (Instant, Option<crate::marker::Seen>)>,
     /// End reports: when last sent, and whether the leader acknowledged.
     reports: HashMap<JobKey, (Instant, bool)>,
+    /// Jobs left unpinned (too few CPUs free to pin, or the cpuset could not be written): said once, and their
+    /// later tasks here stay unpinned too.
+    unpinned: HashSet<JobKey>,
+    /// The largest `memory.current` seen per job, on cgroup v2 kernels that keep no `memory.peak`.
+    memory_samples: HashMap<JobKey, u64>,
+    /// When job cgroups were last looked after.
+    cgroups_tended: Option<Instant>,
 }
 
 pub struct NodeAgent {
@@ -114,8 +123,11 @@ pub struct NodeAgent {
     /// the controllers).
     pub key: drover_auth::ClusterKey,
     pub tls: drover_auth::ClientTls,
-    /// Where jobs' memory cgroups go; `None` when memory is not enforced on this node.
+    /// Where jobs' cgroups go (memory limit, CPUs, usage); `None` when memory is not enforced on this node.
     pub cgroup: Option<crate::cgroup::CgroupRoot>,
+    /// Held while a job's CPUs are chosen and its cpuset written, so that two jobs starting at once (parallel
+    /// launches, `srun` steps) never pick the same CPUs.
+    pub(crate) cpu_choice: Mutex<()>,
 }
 
 pub fn now_ms() -> u64 {
@@ -153,8 +165,17 @@ impl NodeAgent {
                 None
             }
             (true, true) => match crate::cgroup::detect(&config.memory_cgroup) {
-                Ok(root) => {
+                Ok(mut root) => {
                     tracing::info!(cgroup = %root.path.display(), hierarchy = ?root.hierarchy, "memory is enforced");
+                    if root.hierarchy == crate::cgroup::Hierarchy::V1Memory && root.cpuacct.is_none() {
+                        tracing::warn!("no cgroup v1 cpuacct hierarchy: jobs' CPU time is not measured");
+                    }
+                    if config.confine_cpus {
+                        match crate::cgroup::enable_cpuset(&mut root, &config.memory_cgroup) {
+                            Ok(()) => tracing::info!("jobs are pinned to the CPUs they hold"),
+                            Err(why) => tracing::warn!("jobs are not pinned to CPUs: {why}"),
+                        }
+                    }
                     Some(root)
                 }
                 Err(why) => {
@@ -184,11 +205,15 @@ impl NodeAgent {
                 warned_to_stop: HashMap::new(),
                 markers: HashMap::new(),
                 reports: HashMap::new(),
+                unpinned: HashSet::new(),
+                memory_samples: HashMap::new(),
+                cgroups_tended: None,
             }),
             wake: Notify::new(),
             key,
             tls,
             cgroup,
+            cpu_choice: Mutex::new(()),
         }))
     }
 
@@ -400,6 +425,73 @@ impl NodeAgent {
             inner.markers.retain(|key, _| live.contains(key));
         }
         self.confirm_released(&lingering, &dirs);
+        self.tend_cgroups(&live, &lingering, synced);
+    }
+
+    /// Once a second: samples the memory of running jobs where the kernel keeps no peak, and removes the cgroups
+    /// of incarnations the leader no longer lists here, neither running nor lingering (their usage was reported:
+    /// the end by the batch node, the rest with the release). Only once this session has its assignments, so a
+    /// restarted agent never removes what a running job still counts in.
+    fn tend_cgroups(&self, live: &HashSet<JobKey>, lingering: &[JobKey], synced: bool) {
+        let Some(root) = &self.cgroup else { return };
+        {
+            let mut inner = self.lock();
+            if inner.cgroups_tended.is_some_and(|at| at.elapsed() < CGROUP_INTERVAL) {
+                return;
+            }
+            inner.cgroups_tended = Some(Instant::now());
+        }
+        let samples: Vec<(JobKey, u64)> = live
+            .iter()
+            .filter_map(|&key| crate::cgroup::sample_memory(root, key.0, key.1).map(|bytes| (key, bytes)))
+            .collect();
+        let mut gone = Vec::new();
+        if synced {
+            for key in crate::cgroup::job_keys(root) {
+                if live.contains(&key) || lingering.contains(&key) {
+                    continue;
+                }
+                match crate::cgroup::remove_job(root, key.0, key.1) {
+                    Ok(true) => gone.push(key),
+                    // A process of the job is still in it: the next pass tries again.
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(job = key.0, incarnation = key.1, "cannot remove the job's cgroup: {e}"),
+                }
+            }
+        }
+        let mut inner = self.lock();
+        for (key, bytes) in samples {
+            let peak = inner.memory_samples.entry(key).or_default();
+            *peak = (*peak).max(bytes);
+        }
+        for key in gone {
+            inner.memory_samples.remove(&key);
+            inner.unpinned.remove(&key);
+        }
+        if synced {
+            // Also forget jobs whose cgroups went some other way (a node reboot, an operator's rmdir).
+            let listed = |key: &JobKey| live.contains(key) || lingering.contains(key);
+            inner.memory_samples.retain(|key, _| listed(key));
+            inner.unpinned.retain(listed);
+        }
+    }
+
+    /// What the job's tasks used on this node, from its cgroup (`None` where nothing was measured).
+    fn measured(&self, key: JobKey) -> Option<drover_state::MeasuredUsage> {
+        let root = self.cgroup.as_ref()?;
+        let sampled = self.lock().memory_samples.get(&key).copied();
+        crate::cgroup::job_usage(root, key.0, key.1, sampled)
+    }
+
+    pub(crate) fn is_unpinned(&self, key: JobKey) -> bool {
+        self.lock().unpinned.contains(&key)
+    }
+
+    /// Leaves the job unpinned on this node, saying why once.
+    pub(crate) fn warn_unpinned(&self, key: JobKey, why: &str) {
+        if self.lock().unpinned.insert(key) {
+            tracing::warn!(job = key.0, incarnation = key.1, "the job's tasks run on any CPU of this node: {why}");
+        }
     }
 
     /// The lease ran out: kill every task now (their supervisors do too, should this agent be slow), and mark
@@ -479,7 +571,9 @@ impl NodeAgent {
             inner.outbox.clone()
         };
         if let Some(outbox) = outbox {
-            let _ = outbox.try_send(AgentMessage::Released { keys: gone });
+            // What the jobs used here: the leader records it on the finished jobs as it releases them.
+            let usage = gone.iter().filter_map(|&key| Some((key, self.measured(key)?))).collect();
+            let _ = outbox.try_send(AgentMessage::Released { keys: gone, usage });
         }
     }
 
@@ -563,7 +657,7 @@ impl NodeAgent {
             }
             None => None,
         };
-        let Some(end) = end else { return };
+        let Some(mut end) = end else { return };
         let outbox = {
             let mut inner = self.lock();
             let due = inner
@@ -576,6 +670,8 @@ impl NodeAgent {
             inner.reports.insert(key, (Instant::now(), false));
             inner.outbox.clone()
         };
+        // This node's share of the usage; its cgroup stays until the leader stops listing the job here.
+        end.measured = self.measured(key);
         if let Some(outbox) = outbox {
             let _ = outbox.try_send(AgentMessage::JobEnded { job_id: key.0, incarnation: key.1, end });
         }

@@ -114,18 +114,23 @@ pub struct TaskLaunch {
     /// Directories to create (with parents) as the task's user before it starts, e.g. its checkpoint directory.
     #[serde(default)]
     pub make_dirs: Vec<String>,
-    /// The job's memory cgroup on this node, which the task joins before it runs (`None`: not confined).
-    #[serde(default)]
-    pub memory: Option<TaskMemory>,
+    /// The job's cgroups on this node, which the task joins before it runs (`None`: not confined, not measured).
+    /// (`memory` in launch files of agents from before CPU pinning.)
+    #[serde(default, alias = "memory")]
+    pub cgroup: Option<TaskCgroup>,
 }
 
-/// Which job cgroup a task joins, and the job's memory limit on this node.
+/// Which job cgroups a task joins, with the job's memory limit and CPUs on this node (see `crate::cgroup`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskMemory {
+pub struct TaskCgroup {
     pub root: crate::cgroup::CgroupRoot,
     pub job: u64,
     pub incarnation: u64,
+    /// 0: no limit (the job asked for no memory, or the node does not track it).
     pub limit_mb: u64,
+    /// The CPUs the agent chose for the job here; empty: not pinned.
+    #[serde(default)]
+    pub cpus: Vec<u32>,
 }
 
 /// How a task ended, as the supervisor saw it.
@@ -437,15 +442,22 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
     };
     let Prepared { stdout, stderr, program } = prepared;
     let stderr_for_errors = stderr.try_clone().ok();
-    // The job's memory cgroup, joined by the task itself between fork and exec (so nothing it allocates escapes).
-    let cgroup = match launch.memory.as_ref().map(join_point).transpose() {
-        Ok(cgroup) => cgroup,
+    // The job's cgroups, joined by the task itself between fork and exec (so nothing it allocates or spends
+    // escapes them).
+    let joining = match launch.cgroup.as_ref().map(|c| join_points(c, log)).transpose() {
+        Ok(joining) => joining,
         Err(failure) => return failed(log, Some(&stderr), failure),
     };
-    let procs_fd = cgroup.as_ref().map_or(-1, |(_, procs)| procs.as_raw_fd());
-    // OOM kills counted so far (other tasks of the job may share the cgroup): any new one is this task's.
-    let oom_before = match (&cgroup, &launch.memory) {
-        (Some((dir, _)), Some(memory)) => crate::cgroup::oom_kills(dir, memory.root.hierarchy),
+    // At most two to join (memory, v1 cpuacct): a fixed array, since the child may not allocate.
+    let mut procs_fds = [-1; 2];
+    assert!(joining.as_ref().is_none_or(|j| j.required.len() <= procs_fds.len()), "more cgroups than expected");
+    for (fd, file) in procs_fds.iter_mut().zip(joining.iter().flat_map(|j| &j.required)) {
+        *fd = file.as_raw_fd();
+    }
+    let cpuset_fd = joining.as_ref().and_then(|j| j.cpuset.as_ref()).map_or(-1, |file| file.as_raw_fd());
+    // OOM kills counted so far (other tasks of the job share the cgroup): any new one is this task's.
+    let oom_before = match (&joining, &launch.cgroup) {
+        (Some(j), Some(c)) => crate::cgroup::oom_kills(&j.cgroup.memory, c.root.hierarchy),
         _ => 0,
     };
 
@@ -466,15 +478,23 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
     let child_creds = creds.clone();
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe calls (signal, setpgid,
     // setgroups, setgid, setuid, write) on data prepared before the fork; it allocates nothing.
-    unsafe { command.pre_exec(move || prepare_child(stage_fd, procs_fd, child_creds.as_ref())) };
+    unsafe { command.pre_exec(move || prepare_child(stage_fd, procs_fds, cpuset_fd, child_creds.as_ref())) };
     let started_ms = now_ms();
     let spawned = command.spawn();
     drop(command); // closes our copies of the task's output files
     drop(stage_write);
-    let cgroup = cgroup.map(|(dir, _procs)| dir); // the task has joined (or failed to): close cgroup.procs
+    // The task has joined (or failed to): close the cgroup.procs files.
+    let memory_cgroup = joining.map(|j| j.cgroup.memory);
     let child = match spawned {
         Ok(child) => {
             drop(stderr_for_errors);
+            // The stages the task went through before its exec (the pipe closed at the exec): a cpuset it could
+            // not join left it unpinned, which costs it nothing but is worth a line.
+            let mut stages = Vec::new();
+            let _ = File::from(stage_read).read_to_end(&mut stages);
+            if stages.contains(&STAGE_CPUSET_SKIPPED) {
+                log.line("the task could not join the job's cpuset and runs on any CPU");
+            }
             child
         }
         Err(e) => {
@@ -527,16 +547,15 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
     let usage = children_usage();
     let (exit_code, signal) = decode_wait_status(wait_status);
     log.line(format_args!("task {pid} ended: exit code {exit_code}, signal {signal}"));
-    let oom = match (&cgroup, &launch.memory) {
-        (Some(dir), Some(memory)) => {
+    // The job's cgroups stay: other tasks of the job may still use them, and the agent reads the job's usage from
+    // them when the job ends here, then removes them.
+    let oom = match (&memory_cgroup, &launch.cgroup) {
+        (Some(dir), Some(c)) => {
             // As Slurm: any process of the task killed for memory (often a child, while the shell lives on to
             // exit 137) makes it OUT_OF_MEMORY.
-            let killed = crate::cgroup::oom_kills(dir, memory.root.hierarchy) > oom_before;
+            let killed = crate::cgroup::oom_kills(dir, c.root.hierarchy) > oom_before;
             if killed {
-                log.line(format_args!("the task went over the job's {} MiB of memory", memory.limit_mb));
-            }
-            if let Err(e) = crate::cgroup::remove_if_empty(dir) {
-                log.line(format_args!("cannot remove the cgroup {}: {e}", dir.display()));
+                log.line(format_args!("the task went over the job's {} MiB of memory", c.limit_mb));
             }
             killed
         }
@@ -555,21 +574,40 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
     }
 }
 
-/// The job's cgroup (created with its limit if this is the job's first task here) and its `cgroup.procs`, open
-/// for the task to write itself into.
-fn join_point(memory: &TaskMemory) -> Result<(PathBuf, File), Failure> {
-    let dir =
-        crate::cgroup::job_cgroup(&memory.root, memory.job, memory.incarnation, memory.limit_mb).map_err(|e| {
-            Failure::setup(
-                format!("cannot set up the job's memory cgroup under {}: {e}", memory.root.path.display()),
-                None,
-            )
-        })?;
-    let procs = OpenOptions::new()
-        .write(true)
-        .open(crate::cgroup::procs_file(&dir))
-        .map_err(|e| Failure::setup(format!("cannot open {}: {e}", crate::cgroup::procs_file(&dir).display()), None))?;
-    Ok((dir, procs))
+/// A job's cgroups with their `cgroup.procs` files open for the task to write itself into.
+struct Joining {
+    cgroup: crate::cgroup::JobCgroup,
+    /// Memory and, on cgroup v1, cpuacct: the task must join them.
+    required: Vec<File>,
+    /// cgroup v1's cpuset, when the job is pinned: not joining it leaves the task unpinned, not failed.
+    cpuset: Option<File>,
+}
+
+/// The job's cgroups (created with its limit and CPUs if the agent has not made them already: a supervisor also
+/// runs without an agent) and their `cgroup.procs` files.
+fn join_points(c: &TaskCgroup, log: &mut Log) -> Result<Joining, Failure> {
+    let cgroup = crate::cgroup::create_job(&c.root, c.job, c.incarnation, c.limit_mb, &c.cpus).map_err(|e| {
+        Failure::setup(format!("cannot set up the job's cgroup under {}: {e}", c.root.path.display()), None)
+    })?;
+    if let Some(why) = &cgroup.unpinned {
+        log.line(format_args!("{why}; the task runs on any CPU"));
+    }
+    let open = |dir: &Path| {
+        let path = crate::cgroup::procs_file(dir);
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(|e| Failure::setup(format!("cannot open {}: {e}", path.display()), None))
+    };
+    let required = cgroup.required().into_iter().map(open).collect::<Result<Vec<File>, Failure>>()?;
+    let cpuset = match cgroup.cpuset.as_deref().map(open).transpose() {
+        Ok(file) => file,
+        Err(failure) => {
+            log.line(format_args!("{}; the task runs on any CPU", failure.error));
+            None
+        }
+    };
+    Ok(Joining { cgroup, required, cpuset })
 }
 
 /// What the task needs that must be opened or checked as its user.
@@ -631,8 +669,22 @@ fn open_output(path: &str, append: bool) -> io::Result<File> {
     } else {
         options.write(true).truncate(true);
     }
-    options.open(path)
+    // Tools create the log directory around the time they submit (some just after `sbatch` returns), and Drover
+    // can start a job within milliseconds where Slurm's scheduling pass leaves them a second: a missing directory
+    // gets a short grace before the job fails for it.
+    let give_up = std::time::Instant::now() + std::time::Duration::from_millis(OUTPUT_DIR_GRACE_MS);
+    loop {
+        match options.open(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound && std::time::Instant::now() < give_up => {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            result => return result,
+        }
+    }
 }
+
+/// How long a task waits for its output file's directory to appear.
+pub const OUTPUT_DIR_GRACE_MS: u64 = 5_000;
 
 /// Finds the program like execvp(3) does, but in the task's `PATH`, not the supervisor's.
 fn resolve_program(name: &str, env: &[(String, String)]) -> Option<PathBuf> {
@@ -673,7 +725,7 @@ impl Failure {
                 message: Some(format!("execve(): {name}: {why}")),
             },
             Some(STAGE_PROCESS_GROUP) => Failure::setup(format!("setpgid(): {why}"), None),
-            Some(STAGE_CGROUP) => Failure::setup(format!("joining the job's memory cgroup: {why}"), None),
+            Some(STAGE_CGROUP) => Failure::setup(format!("joining the job's cgroup: {why}"), None),
             Some(STAGE_SETGROUPS) => Failure::setup(format!("setgroups() for user {:?}: {why}", launch.user), None),
             Some(STAGE_SETGID) => Failure::setup(format!("setgid({}): {why}", launch.gid), None),
             Some(STAGE_SETUID) => Failure::setup(format!("setuid({}): {why}", launch.uid), None),
@@ -832,14 +884,17 @@ fn current_groups() -> io::Result<Vec<libc::gid_t>> {
 // Stages the child reports, one byte each, before it attempts them: the last byte received tells which step failed,
 // since the error std passes back from a failed pre_exec or exec is only an errno.
 const STAGE_CGROUP: u8 = 6;
+/// Not a failure: the task could not join the job's v1 cpuset and goes on unpinned (read after a good start).
+const STAGE_CPUSET_SKIPPED: u8 = 7;
 const STAGE_PROCESS_GROUP: u8 = 1;
 const STAGE_SETGROUPS: u8 = 2;
 const STAGE_SETGID: u8 = 3;
 const STAGE_SETUID: u8 = 4;
 const STAGE_EXEC: u8 = 5;
 
-/// Runs in the task's process between fork and exec: async-signal-safe calls only, no allocation.
-fn prepare_child(stage: RawFd, procs: RawFd, creds: Option<&Credentials>) -> io::Result<()> {
+/// Runs in the task's process between fork and exec: async-signal-safe calls only, no allocation. `procs` are the
+/// `cgroup.procs` files the task must join (-1: none), `cpuset` the one it may fail to join.
+fn prepare_child(stage: RawFd, procs: [RawFd; 2], cpuset: RawFd, creds: Option<&Credentials>) -> io::Result<()> {
     let mark = |byte: u8| {
         // SAFETY: write(2) of one byte from a live stack value.
         unsafe { libc::write(stage, (&byte as *const u8).cast(), 1) };
@@ -851,12 +906,15 @@ fn prepare_child(stage: RawFd, procs: RawFd, creds: Option<&Credentials>) -> io:
         libc::signal(libc::SIGHUP, libc::SIG_DFL);
         libc::signal(libc::SIGINT, libc::SIG_DFL);
         libc::signal(libc::SIGTERM, libc::SIG_DFL);
-        if procs >= 0 {
-            // "0" is the writing process: the task joins its job's memory cgroup while still privileged.
+        for fd in procs.into_iter().filter(|&fd| fd >= 0) {
+            // "0" is the writing process: the task joins its job's cgroups while still privileged.
             mark(STAGE_CGROUP);
-            if libc::write(procs, b"0".as_ptr().cast(), 1) != 1 {
+            if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
                 return Err(io::Error::last_os_error());
             }
+        }
+        if cpuset >= 0 && libc::write(cpuset, b"0".as_ptr().cast(), 1) != 1 {
+            mark(STAGE_CPUSET_SKIPPED);
         }
         mark(STAGE_PROCESS_GROUP);
         check(libc::setpgid(0, 0))?;

@@ -41,7 +41,7 @@ fn shell_task(work: &Path, script: &str) -> TaskLaunch {
         append: false,
         lease_file: None,
         make_dirs: Vec::new(),
-        memory: None,
+        cgroup: None,
     }
 }
 
@@ -217,6 +217,30 @@ fn a_missing_working_directory_ends_with_1_and_says_so_in_the_stderr_file() {
     assert_eq!(result.error.as_deref(), Some("chdir(/nonexistent-drover-dir): No such file or directory"));
     assert!(read(work.path().join("err")).contains("couldn't chdir to `/nonexistent-drover-dir'"));
     assert_eq!(read(work.path().join("out")), "");
+}
+
+#[test]
+fn an_output_directory_made_just_after_the_launch_is_waited_for_and_one_never_made_fails_the_task() {
+    let work = TempDir::new().unwrap();
+    let logs = work.path().join("logs/rule_a");
+    let mut launch = shell_task(work.path(), "echo ran");
+    launch.stdout = path_str(&logs.join("1.log"));
+    launch.stderr = None;
+    supervise::spawn(exe(), &work.path().join("late"), &launch).unwrap();
+    // The tool makes its log directory a moment after the job already started.
+    sleep(Duration::from_millis(800));
+    fs::create_dir_all(&logs).unwrap();
+    let result = wait_finished(&work.path().join("late"));
+    assert_eq!((result.exit_code, result.error.as_deref()), (0, None), "{result:?}");
+    assert_eq!(read(logs.join("1.log")), "ran\n");
+
+    // A directory that never appears fails the task after the grace, naming the file.
+    launch.stdout = path_str(&work.path().join("never/1.log"));
+    let started = Instant::now();
+    let result = run_to_end(&work.path().join("never-made"), &launch);
+    assert!(started.elapsed() >= Duration::from_millis(supervise::OUTPUT_DIR_GRACE_MS), "{result:?}");
+    assert_ne!(result.exit_code, 0);
+    assert!(result.error.as_deref().is_some_and(|e| e.contains("never/1.log")), "{result:?}");
 }
 
 #[test]
@@ -535,9 +559,28 @@ fn memory_root(name: &str) -> Result<drover_agent::cgroup::CgroupRoot, String> {
     drover_agent::cgroup::detect(&format!("drover-test/{name}-{}", std::process::id()))
 }
 
+/// As [`memory_root`], with CPU pinning on, or why the host cannot pin (no cpuset controller).
+fn pinning_root(name: &str) -> Result<drover_agent::cgroup::CgroupRoot, String> {
+    let mut root = memory_root(name)?;
+    let subdir = format!("drover-test/{name}-{}", std::process::id());
+    if let Err(why) = drover_agent::cgroup::enable_cpuset(&mut root, &subdir) {
+        remove_roots(&root);
+        return Err(why);
+    }
+    Ok(root)
+}
+
+/// Removes a test's cgroup roots (and their `drover-test` parents when no other test uses them).
+fn remove_roots(root: &drover_agent::cgroup::CgroupRoot) {
+    for base in std::iter::once(&root.path).chain(&root.cpuacct).chain(&root.cpuset) {
+        let _ = fs::remove_dir(base);
+        let _ = fs::remove_dir(base.parent().unwrap());
+    }
+}
+
 fn confined(work: &Path, script: &str, root: &drover_agent::cgroup::CgroupRoot, job: u64) -> TaskLaunch {
     TaskLaunch {
-        memory: Some(supervise::TaskMemory { root: root.clone(), job, incarnation: 0, limit_mb: 64 }),
+        cgroup: Some(supervise::TaskCgroup { root: root.clone(), job, incarnation: 0, limit_mb: 64, cpus: Vec::new() }),
         ..shell_task(work, script)
     }
 }
@@ -553,12 +596,88 @@ fn a_task_over_its_jobs_memory_is_killed_and_says_out_of_memory() {
     let hog = run_to_end(&work.path().join("hog"), &confined(work.path(), "head -c 400M /dev/zero | tail", &root, 1));
     assert!(hog.oom, "{hog:?}\n{}", log_of(&work.path().join("hog")));
     assert!(hog.max_rss_kb < 80 << 10, "confined near 64 MiB, far below 400: {hog:?}");
-    // Within the limit: runs to the end, and the job's cgroup is gone afterwards.
+    // Within the limit: runs to the end. The job's cgroup stays for the agent to read the usage, then remove.
     let fine =
         run_to_end(&work.path().join("fine"), &confined(work.path(), "head -c 16M /dev/zero | tail | wc -c", &root, 2));
     assert_eq!((fine.exit_code, fine.signal, fine.oom), (0, 0, false), "{fine:?}");
     assert_eq!(read(work.path().join("out")).trim(), (16 << 20).to_string());
-    assert!(!root.path.join("job_2.0").exists(), "the job's cgroup is removed with its last task");
-    let _ = fs::remove_dir(&root.path);
-    let _ = fs::remove_dir(root.path.parent().unwrap());
+    assert!(root.path.join("job_2.0").is_dir(), "the job's cgroup outlives its task");
+    for job in [1, 2] {
+        assert!(drover_agent::cgroup::remove_job(&root, job, 0).unwrap(), "an empty job cgroup is removed");
+    }
+    assert!(!root.path.join("job_2.0").exists());
+    remove_roots(&root);
+}
+
+/// Busy work in the shell, so the task has CPU time to count (a few hundred ms).
+const SPIN: &str = "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done";
+
+/// Usage accounting: the job's cgroup counts every task of the job on the node, one after the other (the steps of
+/// a job), and what they started; the agent reads it when the job ends here.
+#[test]
+fn a_jobs_cgroup_counts_the_cpu_time_and_peak_memory_of_all_its_tasks() {
+    let root = match memory_root("usage") {
+        Ok(root) => root,
+        Err(why) => return eprintln!("SKIPPED: no job cgroups on this host: {why}"),
+    };
+    let work = TempDir::new().unwrap();
+    let mut launch = confined(work.path(), &format!("{SPIN}; head -c 48M /dev/zero | tail | wc -c"), &root, 3);
+    launch.cgroup.as_mut().unwrap().limit_mb = 0; // measured without being limited
+    let first = run_to_end(&work.path().join("first"), &launch);
+    let second = run_to_end(&work.path().join("second"), &confined(work.path(), SPIN, &root, 3));
+    assert_eq!((first.exit_code, second.exit_code), (0, 0), "{first:?} {second:?}");
+    let usage = drover_agent::cgroup::job_usage(&root, 3, 0, None).expect("the job has a cgroup");
+    let rusage_ms = first.cpu_ms + second.cpu_ms;
+    match usage.cpu_ms {
+        // Both tasks, as the kernel counted them (their own rusage, give or take a tick each).
+        Some(cpu_ms) => assert!(
+            cpu_ms + 50 >= rusage_ms && cpu_ms <= rusage_ms + 500,
+            "cgroup {cpu_ms} ms against rusage {rusage_ms} ms"
+        ),
+        None => assert_eq!(root.cpuacct, None, "CPU time is missing only without a cpuacct hierarchy"),
+    }
+    let peak_kb = usage.mem_peak_kb.expect("memory is always measured");
+    assert!(peak_kb >= 40 << 10, "the 48 MiB line was held at once: {peak_kb} KiB");
+    assert_eq!(drover_agent::cgroup::job_usage(&root, 4, 0, None), None, "a job that ran nothing here: no figures");
+    assert!(drover_agent::cgroup::remove_job(&root, 3, 0).unwrap());
+    assert_eq!(drover_agent::cgroup::job_usage(&root, 3, 0, None), None);
+    remove_roots(&root);
+}
+
+/// CPU pinning: a pinned job's tasks see exactly its CPUs (`nproc`, `Cpus_allowed_list`), and the next job gets
+/// CPUs no other job has.
+#[test]
+fn a_pinned_jobs_tasks_run_only_on_its_cpus() {
+    let root = match pinning_root("cpus") {
+        Ok(root) => root,
+        Err(why) => return eprintln!("SKIPPED: tasks cannot be pinned to CPUs on this host: {why}"),
+    };
+    let work = TempDir::new().unwrap();
+    let (all, _) = drover_agent::cgroup::cpu_pool(&root, (0, 0)).expect("the root's CPUs are readable");
+    let pinned = |job: u64| {
+        let pool = drover_agent::cgroup::cpu_pool(&root, (job, 0));
+        let cpus = drover_agent::cgroup::cpus_to_pin(None, pool, 1).unwrap();
+        let mut launch = confined(work.path(), "nproc; grep Cpus_allowed_list /proc/self/status", &root, job);
+        launch.cgroup.as_mut().unwrap().cpus = cpus.clone();
+        launch.stdout = path_str(&work.path().join(format!("out{job}")));
+        // The agent makes the cgroup before it starts the task; the supervisor finds it made.
+        drover_agent::cgroup::create_job(&root, job, 0, 64, &cpus).unwrap();
+        let dir = work.path().join(format!("task{job}"));
+        let result = run_to_end(&dir, &launch);
+        assert_eq!(result.exit_code, 0, "{result:?}\n{}", log_of(&dir));
+        (cpus, read(work.path().join(format!("out{job}"))))
+    };
+    let (first, out) = pinned(5);
+    let list = drover_agent::cgroup::format_cpu_list(&first);
+    assert_eq!(out, format!("1\nCpus_allowed_list:\t{list}\n"), "pinned to CPU {list} of {all:?}");
+    if all.len() > 1 {
+        // The first job's cgroup is still there (its CPUs taken): the second gets another CPU.
+        let (second, out) = pinned(6);
+        assert_ne!(second, first);
+        assert_eq!(out, format!("1\nCpus_allowed_list:\t{}\n", drover_agent::cgroup::format_cpu_list(&second)));
+    }
+    for job in [5, 6] {
+        assert!(drover_agent::cgroup::remove_job(&root, job, 0).unwrap());
+    }
+    remove_roots(&root);
 }

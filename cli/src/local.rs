@@ -529,11 +529,13 @@ impl LocalCluster {
         Ok(())
     }
 
-    /// Removes the agents' memory cgroups (best effort: a cgroup goes only once its processes have).
+    /// Removes the agents' job cgroups (best effort: a cgroup goes only once its processes have): v2's tree, or
+    /// each v1 hierarchy the agents use (memory, cpuacct for CPU time, cpuset for pinning).
     fn remove_cgroups(&self) {
         let tree = format!("drover-local/{:016x}", fnv1a(self.dir.display().to_string().as_bytes()));
-        for mount in ["/sys/fs/cgroup", "/sys/fs/cgroup/memory"] {
-            remove_cgroup_tree(&Path::new(mount).join(&tree));
+        let v1 = ["memory", "cpuacct", "cpu,cpuacct", "cpuset"].map(|h| format!("/sys/fs/cgroup/{h}"));
+        for mount in std::iter::once("/sys/fs/cgroup".to_string()).chain(v1) {
+            remove_cgroup_tree(&Path::new(&mount).join(&tree));
         }
     }
 }

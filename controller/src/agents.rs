@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use drover_proto::v1::agent_gateway_server::AgentGateway;
 use drover_proto::v1::{AgentEnvelope, ControllerEnvelope};
 use drover_proto::wire::{AgentMessage, Assignment, ControllerMessage, decode, encode};
-use drover_state::{Command, CommandError, Job, JobId, NodeHealth, NodeInfo};
+use drover_state::{Command, CommandError, Job, JobId, MeasuredUsage, NodeHealth, NodeInfo};
 use futures::Stream;
 use openraft::async_runtime::WatchReceiver;
 use tokio::sync::{Notify, mpsc};
@@ -193,8 +193,9 @@ impl AgentHub {
         ControllerMessage::Assignments { jobs: out, applied_index, lingering, allow_root_jobs }
     }
 
-    /// The agent confirmed ended incarnations gone: release what still lingers of them on its node.
-    async fn released(&self, node: &str, keys: Vec<(JobId, u64)>) {
+    /// The agent confirmed ended incarnations gone: release what still lingers of them on its node, and record
+    /// what their tasks used there.
+    async fn released(&self, node: &str, keys: Vec<(JobId, u64)>, usage: Vec<((JobId, u64), MeasuredUsage)>) {
         let keys: Vec<(JobId, u64)> = {
             let applied = self.view.read();
             let Some(n) = applied.state.nodes.get(node) else { return };
@@ -203,7 +204,11 @@ impl AgentHub {
         if keys.is_empty() {
             return;
         }
-        if let Err(e) = commit(&self.raft, Command::ReleaseLingering { node: node.to_string(), keys }).await {
+        // Only figures for what is released in this entry (apply checks again); one per key.
+        let mut seen = std::collections::HashSet::new();
+        let usage: Vec<((JobId, u64), MeasuredUsage)> =
+            usage.into_iter().filter(|(key, u)| keys.contains(key) && !u.is_empty() && seen.insert(*key)).collect();
+        if let Err(e) = commit(&self.raft, Command::ReleaseLingering { node: node.to_string(), keys, usage }).await {
             tracing::info!(node, "releasing lingering holds failed: {}", e.message());
         }
     }
@@ -382,9 +387,9 @@ async fn run_session(
                         let (hub, name) = (hub.clone(), name.clone());
                         tokio::spawn(async move { hub.checkpoint(&name, job_id, incarnation, path, step).await });
                     }
-                    Ok(AgentMessage::Released { keys }) => {
+                    Ok(AgentMessage::Released { keys, usage }) => {
                         let (hub, name) = (hub.clone(), name.clone());
-                        tokio::spawn(async move { hub.released(&name, keys).await });
+                        tokio::spawn(async move { hub.released(&name, keys, usage).await });
                     }
                     Ok(AgentMessage::JobEnded { job_id, incarnation, end }) => {
                         let (hub, name, tx) = (hub.clone(), name.clone(), tx.clone());

@@ -1,7 +1,7 @@
 //! The JSON payloads of the agent protocol (`AgentGateway.Session`, `AgentService.LaunchStep`). They are
 //! drover-state's types plus a few envelopes, so the agent, the leader and `srun` share one definition.
 
-use drover_state::{Job, JobEnd, JobId, NodeInfo};
+use drover_state::{Job, JobEnd, JobId, MeasuredUsage, NodeInfo};
 use serde::{Deserialize, Serialize};
 
 /// Agent → leader.
@@ -21,8 +21,13 @@ pub enum AgentMessage {
     JobEnded { job_id: JobId, incarnation: u64, end: JobEnd },
     /// A job's marker file (`$DROVER_CHECKPOINT_DIR/LATEST`) names a finished checkpoint.
     Checkpoint { job_id: JobId, incarnation: u64, path: String, step: Option<u64> },
-    /// These ended incarnations (listed as lingering in the assignments) have no task left on this node.
-    Released { keys: Vec<(JobId, u64)> },
+    /// These ended incarnations (listed as lingering in the assignments) have no task left on this node; `usage`
+    /// says what their tasks used here, for those the node measured (a job cgroup).
+    Released {
+        keys: Vec<(JobId, u64)>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        usage: Vec<((JobId, u64), MeasuredUsage)>,
+    },
 }
 
 /// Which of a job's tasks a signal reaches (`scancel --signal`, as Slurm: steps by default, `-b` the batch shell

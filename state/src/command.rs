@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::admin::AdminOp;
 use crate::config::{ClusterConfig, PartitionUpdate};
 use crate::error::CommandError;
-use crate::job::{JobId, JobSpec, NodeAllocation, PendingReason, Usage};
+use crate::job::{JobId, JobSpec, MeasuredUsage, NodeAllocation, PendingReason, Usage};
 use crate::node::NodeInfo;
 
 /// A log entry's application payload: the command and the leader's wall-clock stamp for it.
@@ -126,10 +126,14 @@ pub enum Command {
         step: Option<u64>,
         by_uid: u32,
     },
-    /// A node's agent confirmed that these ended incarnations have no task left there.
+    /// A node's agent confirmed that these ended incarnations have no task left there, with what their tasks
+    /// used there (as the jobs' cgroups measured it), recorded on the finished jobs.
     ReleaseLingering {
         node: String,
         keys: Vec<(JobId, u64)>,
+        /// Absent in entries written before usage was measured.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        usage: Vec<((JobId, u64), MeasuredUsage)>,
     },
     /// An administrative change made outside the state machine (replica membership, through openraft), recorded
     /// in the audit log after it took effect. Proposed only by the controller that made the change.
@@ -177,6 +181,10 @@ pub struct JobEnd {
     /// The kernel killed a task for going over the job's memory (`--mem`): the job ends OUT_OF_MEMORY.
     #[serde(default)]
     pub oom: bool,
+    /// What the job's tasks used on the reporting node, as its cgroup there measured it (`None`: not measured,
+    /// or a report from before usage was measured). The other nodes report theirs when they release the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<MeasuredUsage>,
 }
 
 impl Command {
@@ -247,5 +255,26 @@ impl std::fmt::Display for Request {
     /// A one-line summary for openraft's logs (never the script or environment).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}@{}", self.command.kind(), self.time_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_written_before_usage_was_measured_still_decode() {
+        let release: Command = serde_json::from_str(r#"{"ReleaseLingering":{"node":"n1","keys":[[7,0]]}}"#).unwrap();
+        assert_eq!(release, Command::ReleaseLingering { node: "n1".into(), keys: vec![(7, 0)], usage: Vec::new() });
+        let end: JobEnd = serde_json::from_str(
+            r#"{"exit_code":0,"signal":0,"timed_out":false,"usage":{"cpu_ms":5,"max_rss_kb":6},"message":null}"#,
+        )
+        .unwrap();
+        assert_eq!(end.measured, None);
+        // And what is not measured is not written, so records stay as they were.
+        let json = serde_json::to_string(&JobEnd::default()).unwrap();
+        assert!(!json.contains("measured"), "{json}");
+        let partial = MeasuredUsage { cpu_ms: Some(3), mem_peak_kb: None };
+        assert_eq!(serde_json::to_string(&partial).unwrap(), r#"{"cpu_ms":3}"#);
     }
 }

@@ -604,9 +604,14 @@ pub struct Job {
     /// Set when the job was told to end (cancel) while its tasks still run; the final state once they are gone.
     #[serde(default)]
     pub ending: Option<JobState>,
-    /// Resources the finished tasks used (accounting).
+    /// Resources the batch task used, from its supervisor's rusage (the batch node only; kept for the record).
     #[serde(default)]
     pub usage: Usage,
+    /// What the current (or last) incarnation's tasks used on each node, as the job's cgroup there measured it
+    /// (sacct's `TotalCPU`, `MaxRSS`, `TRESUsageIn*`). At most one entry per node of the allocation; a node that
+    /// measured nothing (no cgroup there) has none, so the figures stay empty rather than invented.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_usage: Vec<NodeUsage>,
     /// The next `srun` step id within the job.
     #[serde(default)]
     pub next_step_id: u32,
@@ -733,6 +738,44 @@ impl Job {
     pub fn checkpoint_dir(&self) -> String {
         format!("{}/{}/{}", self.checkpoint_root.trim_end_matches('/'), self.id, self.incarnation)
     }
+
+    /// CPU time of the job's tasks summed over the nodes that measured it, in ms (`TotalCPU`); `None` when no
+    /// node did.
+    pub fn measured_cpu_ms(&self) -> Option<u64> {
+        self.node_usage.iter().filter_map(|n| n.usage.cpu_ms).reduce(u64::saturating_add)
+    }
+
+    /// The largest per-node memory peak, in KiB (`MaxRSS`).
+    pub fn measured_max_rss_kb(&self) -> Option<u64> {
+        self.node_usage.iter().filter_map(|n| n.usage.mem_peak_kb).max()
+    }
+
+    /// The per-node memory peaks added up, in KiB (`mem=` of `TRESUsageInTot`).
+    pub fn measured_total_rss_kb(&self) -> Option<u64> {
+        self.node_usage.iter().filter_map(|n| n.usage.mem_peak_kb).reduce(u64::saturating_add)
+    }
+
+    /// The mean of the per-node memory peaks, in KiB (`AveRSS`; Slurm averages over tasks, Drover measures nodes).
+    pub fn measured_ave_rss_kb(&self) -> Option<u64> {
+        let peaks: Vec<u64> = self.node_usage.iter().filter_map(|n| n.usage.mem_peak_kb).collect();
+        let total = peaks.iter().copied().reduce(u64::saturating_add)?;
+        Some(total / peaks.len() as u64)
+    }
+
+    /// The largest per-node CPU time, in ms (`cpu=` of `TRESUsageInMax`).
+    pub fn measured_max_cpu_ms(&self) -> Option<u64> {
+        self.node_usage.iter().filter_map(|n| n.usage.cpu_ms).max()
+    }
+
+    /// Records what `node` measured for the current incarnation, once: a node's later report (a retry) is
+    /// ignored, and so is one from a node outside the allocation. True if recorded.
+    pub fn record_node_usage(&mut self, node: &str, usage: MeasuredUsage) -> bool {
+        if usage.is_empty() || !self.nodes.iter().any(|n| n == node) || self.node_usage.iter().any(|n| n.node == node) {
+            return false;
+        }
+        self.node_usage.push(NodeUsage { node: node.to_string(), usage });
+        true
+    }
 }
 
 /// One node's share of a job's allocation.
@@ -754,4 +797,31 @@ pub struct NodeAllocation {
 pub struct Usage {
     pub cpu_ms: u64,
     pub max_rss_kb: u64,
+}
+
+/// What a job's tasks on one node consumed, as the job's cgroup there counted it (every task and every process
+/// they started, while the job ran on the node). A figure the node could not measure (no cgroup, or no
+/// controller for it) is `None`, never 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct MeasuredUsage {
+    /// User plus system CPU time, in ms (cgroup v2 `cpu.stat` usage_usec, v1 `cpuacct.usage`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ms: Option<u64>,
+    /// The cgroup's peak memory, in KiB (v2 `memory.peak` or the largest sample of `memory.current`, v1
+    /// `memory.max_usage_in_bytes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_peak_kb: Option<u64>,
+}
+
+impl MeasuredUsage {
+    pub fn is_empty(&self) -> bool {
+        self.cpu_ms.is_none() && self.mem_peak_kb.is_none()
+    }
+}
+
+/// One node's [`MeasuredUsage`] of a job's incarnation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeUsage {
+    pub node: String,
+    pub usage: MeasuredUsage,
 }

@@ -34,7 +34,8 @@ pub use config::{ClusterConfig, Limit, Partition, PartitionState, PartitionUpdat
 pub use error::CommandError;
 pub use job::{
     ArraySpec, ArrayTask, Checkpoint, DepState, Dependency, DependencyKind, ExportPolicy, IncarnationRecord, Job,
-    JobId, JobSpec, JobState, NodeAllocation, PendingReason, RequeueKind, RequeueOrder, Usage, WarnSignal,
+    JobId, JobSpec, JobState, MeasuredUsage, NodeAllocation, NodeUsage, PendingReason, RequeueKind, RequeueOrder,
+    Usage, WarnSignal,
 };
 pub use node::{GpuInfo, Lingering, Node, NodeHealth, NodeInfo};
 pub use qos::Qos;

@@ -5,7 +5,7 @@
 
 use crate::command::{Allocation, JobEnd, Reply, Response};
 use crate::error::CommandError;
-use crate::job::{Job, JobId, JobState, NodeAllocation, PendingReason};
+use crate::job::{Job, JobId, JobState, MeasuredUsage, NodeAllocation, NodeUsage, PendingReason};
 use crate::node::{Lingering, Node, NodeHealth, NodeInfo};
 use crate::state::{Change, State};
 
@@ -88,18 +88,30 @@ impl State {
         }
     }
 
-    /// An agent confirmed that these ended incarnations have no task left on its node.
+    /// An agent confirmed that these ended incarnations have no task left on its node, and said what their tasks
+    /// used there. The usage of an incarnation that still lingered is added to its finished job's record (once:
+    /// the hold is gone after this, so a repeated confirmation adds nothing); that of a job active again (requeued,
+    /// now a later incarnation) is dropped, as are figures for keys that did not linger here.
     pub(crate) fn release_lingering(
         &mut self,
         name: &str,
         keys: &[(JobId, u64)],
+        usage: &[((JobId, u64), MeasuredUsage)],
         changes: &mut Vec<Change>,
     ) -> Response {
         let node = self.nodes.get_mut(name).ok_or_else(|| CommandError::InvalidNodeName { name: name.to_string() })?;
-        let before = node.lingering.len();
-        node.lingering.retain(|l| !keys.contains(&(l.job, l.incarnation)));
-        if node.lingering.len() != before {
-            changes.push(Change::PutNode(node.clone()));
+        let released: Vec<(JobId, u64)> =
+            node.lingering.iter().map(|l| (l.job, l.incarnation)).filter(|key| keys.contains(key)).collect();
+        if released.is_empty() {
+            return Ok(Reply::Nothing);
+        }
+        node.lingering.retain(|l| !released.contains(&(l.job, l.incarnation)));
+        changes.push(Change::PutNode(node.clone()));
+        for &(key, measured) in usage {
+            if released.contains(&key) && !measured.is_empty() && !self.jobs.contains_key(&key.0) {
+                let usage = NodeUsage { node: name.to_string(), usage: measured };
+                changes.push(Change::AddNodeUsage { job_id: key.0, incarnation: key.1, usage });
+            }
         }
         Ok(Reply::Nothing)
     }
@@ -260,6 +272,8 @@ impl State {
         job.allocation = allocation.nodes.clone();
         job.nodes = allocation.nodes.iter().map(|n| n.node.clone()).collect();
         job.next_step_id = 0;
+        // Usage is per incarnation: an earlier one's figures do not describe this one.
+        job.node_usage.clear();
         changes.push(Change::PutJob(job.clone()));
     }
 
@@ -289,6 +303,11 @@ impl State {
         job.exit_signal = end.signal;
         job.usage = end.usage;
         job.message = end.message.clone();
+        // The batch node's figures; the other nodes' follow as they release the job (`release_lingering`).
+        job.node_usage.clear();
+        if let (Some(measured), Some(node)) = (end.measured, reporter) {
+            job.record_node_usage(&node, measured);
+        }
         if let Some(state) = job.ending.take() {
             job.requeue = None;
             self.archive(job, state, now_ms, changes);
@@ -555,6 +574,62 @@ mod tests {
         let response = state.apply(&at(50, Command::JobEnded { job_id: id, incarnation, end })).response;
         state.check_invariants();
         response
+    }
+
+    #[test]
+    fn measured_usage_is_recorded_per_node_once_and_only_for_the_incarnation_that_used_it() {
+        let mut state = cluster(&[("gpu01", 4), ("gpu02", 4), ("gpu03", 4)]);
+        let id = submit(&mut state, job(3, 4, 1));
+        schedule(&mut state, 10);
+        let measured = |cpu_ms, mem_peak_kb| MeasuredUsage { cpu_ms: Some(cpu_ms), mem_peak_kb: Some(mem_peak_kb) };
+        // The batch node (gpu01) measures its share and reports it with the end.
+        let end = JobEnd { measured: Some(measured(1_500, 4_096)), ..JobEnd::default() };
+        let applied = state.apply(&at(20, Command::JobEnded { job_id: id, incarnation: 0, end }));
+        let Some(Change::ArchiveJob(done)) = applied.changes.last() else { panic!("{:?}", applied.changes) };
+        assert_eq!(done.node_usage, [NodeUsage { node: "gpu01".into(), usage: measured(1_500, 4_096) }]);
+        // The other nodes report theirs as they release the ended incarnation (gpu03 measured no memory).
+        let release = |node: &str, usage| Command::ReleaseLingering {
+            node: node.into(),
+            keys: vec![(id, 0)],
+            usage: vec![((id, 0), usage)],
+        };
+        let applied = state.apply(&at(21, release("gpu02", measured(2_000, 8_192))));
+        let added = NodeUsage { node: "gpu02".into(), usage: measured(2_000, 8_192) };
+        assert!(applied.changes.contains(&Change::AddNodeUsage { job_id: id, incarnation: 0, usage: added }));
+        let cpu_only = MeasuredUsage { cpu_ms: Some(500), mem_peak_kb: None };
+        let applied = state.apply(&at(22, release("gpu03", cpu_only)));
+        assert_eq!(applied.changes.iter().filter(|c| matches!(c, Change::AddNodeUsage { .. })).count(), 1);
+        // A repeated confirmation (the agent retries until the hold is gone) adds nothing twice.
+        let again = state.apply(&at(23, release("gpu02", measured(9_999, 1))));
+        assert!(again.changes.is_empty(), "{:?}", again.changes);
+        state.check_invariants();
+
+        // The history record, amended as the store does it: CPU sums over nodes, MaxRSS is the largest peak.
+        let mut record = done.clone();
+        record.record_node_usage("gpu02", measured(2_000, 8_192));
+        record.record_node_usage("gpu03", cpu_only);
+        assert!(!record.record_node_usage("gpu02", measured(1, 1)), "one figure per node");
+        assert!(!record.record_node_usage("elsewhere", measured(1, 1)), "only nodes of the allocation");
+        assert_eq!(record.measured_cpu_ms(), Some(4_000));
+        assert_eq!(record.measured_max_rss_kb(), Some(8_192));
+        assert_eq!(record.measured_total_rss_kb(), Some(12_288));
+        assert_eq!(record.measured_ave_rss_kb(), Some(6_144));
+        assert_eq!(Job::default().measured_cpu_ms(), None, "nothing measured: no figure, not zero");
+
+        // A requeued job's older incarnation: its lingering nodes' figures are dropped, not mixed into the new one.
+        let again = submit(&mut state, job(2, 4, 1));
+        schedule(&mut state, 30);
+        let nodes = state.job(again).unwrap().nodes.clone();
+        state.apply(&at(31, Command::NodeDown { name: nodes[0].clone(), reason: "test".into() }));
+        assert_eq!(state.job(again).unwrap().incarnation, 1, "requeued");
+        let late = Command::ReleaseLingering {
+            node: nodes[1].clone(),
+            keys: vec![(again, 0)],
+            usage: vec![((again, 0), measured(1, 1))],
+        };
+        let applied = state.apply(&at(32, late));
+        assert!(!applied.changes.iter().any(|c| matches!(c, Change::AddNodeUsage { .. })), "{:?}", applied.changes);
+        assert!(state.job(again).unwrap().node_usage.is_empty());
     }
 
     #[test]

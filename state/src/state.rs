@@ -88,6 +88,14 @@ pub enum Change {
     },
     /// A job that became terminal: remove from the active table, add to the accounting history.
     ArchiveJob(Job),
+    /// A node of a finished job reported what the job's tasks used there (after the job was archived, since a
+    /// job ends when its batch node reports): add it to the job's history record, if that record is still of
+    /// `incarnation` and has no figure from `usage.node` yet (`Job::record_node_usage`).
+    AddNodeUsage {
+        job_id: JobId,
+        incarnation: u64,
+        usage: crate::job::NodeUsage,
+    },
     PutDedup {
         request_id: String,
         job_id: JobId,
@@ -285,7 +293,7 @@ impl State {
                 };
                 self.record_checkpoint(*job_id, checkpoint, *by_uid, &mut changes)
             }
-            Command::ReleaseLingering { node, keys } => self.release_lingering(node, keys, &mut changes),
+            Command::ReleaseLingering { node, keys, usage } => self.release_lingering(node, keys, usage, &mut changes),
             Command::RecordAudit { by_uid, .. } => self
                 .require_level(*by_uid, AdminLevel::Administrator, "recording an audit entry")
                 .map(|()| Reply::Nothing),

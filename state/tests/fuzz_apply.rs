@@ -8,8 +8,8 @@
 use drover_state::first_fit::first_fit;
 use drover_state::{
     AccountUpdate, AdminLevel, AdminOp, Allocation, ArraySpec, ClusterConfig, Command, Dependency, DependencyKind,
-    GpuInfo, JobEnd, JobSpec, JobUpdate, Limit, NodeAllocation, NodeInfo, PartitionState, PartitionUpdate,
-    PendingReason, Qos, Request, Reservation, ReservationFlag, ReservationUpdate, RoleGrant, State,
+    GpuInfo, JobEnd, JobSpec, JobUpdate, Limit, MeasuredUsage, NodeAllocation, NodeInfo, PartitionState,
+    PartitionUpdate, PendingReason, Qos, Request, Reservation, ReservationFlag, ReservationUpdate, RoleGrant, State,
 };
 use proptest::prelude::*;
 
@@ -278,17 +278,29 @@ fn job_update() -> impl Strategy<Value = JobUpdate> {
         })
 }
 
+fn measured() -> impl Strategy<Value = MeasuredUsage> {
+    (prop::option::of(any::<u64>()), prop::option::of(any::<u64>()))
+        .prop_map(|(cpu_ms, mem_peak_kb)| MeasuredUsage { cpu_ms, mem_peak_kb })
+}
+
 fn job_end() -> impl Strategy<Value = JobEnd> {
-    (any::<i32>(), any::<i32>(), any::<bool>(), prop::option::of("\\PC{0,20}"), any::<bool>()).prop_map(
-        |(exit_code, signal, timed_out, message, fenced)| JobEnd {
+    (
+        any::<i32>(),
+        any::<i32>(),
+        any::<bool>(),
+        prop::option::of("\\PC{0,20}"),
+        any::<bool>(),
+        prop::option::of(measured()),
+    )
+        .prop_map(|(exit_code, signal, timed_out, message, fenced, measured)| JobEnd {
             exit_code,
             signal,
             timed_out,
             message,
             fenced,
+            measured,
             ..JobEnd::default()
-        },
-    )
+        })
 }
 
 /// What the fuzzer does: mostly arbitrary commands, plus valid plans so that jobs really run and end.
@@ -323,7 +335,8 @@ fn command() -> impl Strategy<Value = Command> {
         1 => (ids(), job_id()).prop_map(|(victims, for_job)| Command::PreemptJobs { victims, for_job }),
         1 => (job_id(), prop_oneof![0u64..3, any::<u64>()], prop_oneof![Just("/ckpt/a".to_string()), name()], prop::option::of(any::<u64>()), uid())
             .prop_map(|(job_id, incarnation, path, step, by_uid)| Command::RecordCheckpoint { job_id, incarnation, path, step, by_uid }),
-        1 => (name(), prop::collection::vec((job_id(), 0u64..3), 0..3)).prop_map(|(node, keys)| Command::ReleaseLingering { node, keys }),
+        1 => (name(), prop::collection::vec((job_id(), 0u64..3), 0..3), prop::collection::vec(((job_id(), 0u64..3), measured()), 0..3))
+            .prop_map(|(node, keys, usage)| Command::ReleaseLingering { node, keys, usage }),
     ]
 }
 

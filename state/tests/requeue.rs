@@ -206,7 +206,7 @@ fn gpus_on_surviving_nodes_stay_held_until_their_agent_confirms_the_old_tasks_ar
     let Ok(Reply::Planned { refused, .. }) = state.apply(&at(40, plan)).response else { panic!() };
     assert!(refused[0].1.contains("ended incarnation"), "{refused:?}");
     // The agent on n2 confirms; a stale or repeated confirmation changes nothing.
-    let release = |keys| Command::ReleaseLingering { node: "n2".into(), keys };
+    let release = |keys| Command::ReleaseLingering { node: "n2".into(), keys, usage: Vec::new() };
     assert!(state.apply(&at(50, release(vec![(id, 5)]))).changes.is_empty());
     state.apply(&at(51, release(vec![(id, 0)]))).response.unwrap();
     assert!(state.nodes["n2"].lingering.is_empty());

@@ -207,8 +207,12 @@ fn load_applied(db: &Db) -> io::Result<Applied> {
     Ok(Applied { state: State::restore(records), last_applied, membership })
 }
 
+/// History records written by the batch being built, newest version of each: a batch is not readable until it is
+/// written, and a later entry of the same batch may amend a record an earlier one archived.
+type PendingHistory = std::collections::HashMap<JobId, Job>;
+
 /// Adds one state change to the batch.
-fn write_change(db: &Db, batch: &mut WriteBatch, change: &Change) -> io::Result<()> {
+fn write_change(db: &Db, batch: &mut WriteBatch, pending: &mut PendingHistory, change: &Change) -> io::Result<()> {
     match change {
         Change::Meta(meta) => batch.put_cf(db.cf(CF_SM), META_KEY, to_json(meta)?),
         Change::PutJob(job) => batch.put_cf(db.cf(CF_JOBS), id_key(job.id), to_json(job)?),
@@ -216,6 +220,27 @@ fn write_change(db: &Db, batch: &mut WriteBatch, change: &Change) -> io::Result<
         Change::ArchiveJob(job) => {
             batch.delete_cf(db.cf(CF_JOBS), id_key(job.id));
             batch.put_cf(db.cf(CF_HISTORY), id_key(job.id), to_json(job)?);
+            pending.insert(job.id, job.clone());
+        }
+        Change::AddNodeUsage { job_id, incarnation, usage } => {
+            // Read-modify-write of replicated data only (the history every replica holds), so every replica
+            // amends the same way. A record of another incarnation, or one that has this node's figure already,
+            // is left alone.
+            let record = match pending.get(job_id) {
+                Some(job) => Some(job.clone()),
+                None => db
+                    .db
+                    .get_cf(db.cf(CF_HISTORY), id_key(*job_id))
+                    .map_err(|e| io_err("reading history", e))?
+                    .map(|bytes| from_json::<Job>(&bytes))
+                    .transpose()?,
+            };
+            if let Some(mut job) = record.filter(|job| job.incarnation == *incarnation)
+                && job.record_node_usage(&usage.node, usage.usage)
+            {
+                batch.put_cf(db.cf(CF_HISTORY), id_key(*job_id), to_json(&job)?);
+                pending.insert(*job_id, job);
+            }
         }
         Change::PutDedup { request_id, job_id, seq } => {
             batch.put_cf(db.cf(CF_DEDUP), request_id.as_bytes(), to_json(&DedupRecord { seq: *seq, job_id: *job_id })?)
@@ -362,6 +387,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             items.push(item?);
         }
         let mut batch = WriteBatch::default();
+        let mut pending = PendingHistory::new();
         let mut answers = Vec::new();
         let mut touched = std::collections::BTreeSet::new();
         {
@@ -373,7 +399,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     EntryPayload::Normal(request) => {
                         let outcome = applied.state.apply(&request);
                         for change in &outcome.changes {
-                            write_change(&self.db, &mut batch, change)?;
+                            write_change(&self.db, &mut batch, &mut pending, change)?;
                             touched_nodes(change, &mut touched);
                         }
                         outcome.response
@@ -445,5 +471,44 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             return Ok(None);
         }
         Ok(Some(Snapshot { meta: current.meta, snapshot: SnapshotFile { path } }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use drover_state::{MeasuredUsage, NodeUsage};
+
+    use super::*;
+    use crate::store::db::open_db;
+
+    fn usage(node: &str, cpu_ms: u64) -> Change {
+        let usage = NodeUsage { node: node.into(), usage: MeasuredUsage { cpu_ms: Some(cpu_ms), mem_peak_kb: None } };
+        Change::AddNodeUsage { job_id: 7, incarnation: 1, usage }
+    }
+
+    /// A node's usage reaches a job already in the history, archived by an earlier batch or earlier in the same
+    /// one; figures for another incarnation, a node already counted or a job never archived change nothing.
+    #[test]
+    fn node_usage_amends_the_history_record_of_its_incarnation() {
+        let tmp = tempfile::TempDir::new().unwrap();
+        let db = open_db(tmp.path()).unwrap();
+        let job = Job { id: 7, incarnation: 1, nodes: vec!["n1".into(), "n2".into(), "n3".into()], ..Job::default() };
+        let write = |changes: &[Change]| {
+            let (mut batch, mut pending) = (WriteBatch::default(), PendingHistory::new());
+            for change in changes {
+                write_change(&db, &mut batch, &mut pending, change).unwrap();
+            }
+            db.db.write(batch).unwrap();
+        };
+        let read = || -> Job { from_json(&db.db.get_cf(db.cf(CF_HISTORY), id_key(7)).unwrap().unwrap()).unwrap() };
+        write(&[Change::ArchiveJob(job.clone()), usage("n1", 10)]);
+        assert_eq!(read().measured_cpu_ms(), Some(10), "amended within the batch that archived it");
+        write(&[usage("n2", 20), usage("n2", 999)]);
+        assert_eq!(read().measured_cpu_ms(), Some(30), "a later batch; one figure per node");
+        let other = NodeUsage { node: "n3".into(), usage: MeasuredUsage { cpu_ms: Some(5), mem_peak_kb: None } };
+        write(&[Change::AddNodeUsage { job_id: 7, incarnation: 0, usage: other.clone() }]);
+        write(&[Change::AddNodeUsage { job_id: 8, incarnation: 1, usage: other }]);
+        assert_eq!(read().measured_cpu_ms(), Some(30));
+        assert!(db.db.get_cf(db.cf(CF_HISTORY), id_key(8)).unwrap().is_none());
     }
 }
