@@ -680,22 +680,108 @@ fn reason_or_nodes(job: &Job) -> String {
     }
 }
 
-/// One item of a format: literal text, or a column with Slurm's width rules.
+/// One item of an output format (`squeue -o/-O`, `sinfo -o/-O`): literal text, or a field with Slurm's width
+/// rules.
 #[derive(Debug, Clone, PartialEq)]
-enum Item {
+pub enum Item<F> {
     Text(String),
     Field {
-        col: Col,
+        field: F,
         /// 0: as wide as the value.
         width: usize,
         right: bool,
     },
 }
 
+/// A `-o` format: `%[.][WIDTH]X` fields between literal text (`.` right-justifies; `%-10X`, which Slurm reads
+/// as the field `-`, is read as left-justified), `%%` a percent sign. Unknown letters are kept as text and
+/// named in the second value, or, with `drop_unknown`, left out together with the text up to the next `%`
+/// (what sinfo's `%all` does with letters that name nothing).
+pub fn parse_percent_format<F>(
+    format: &str,
+    from_code: impl Fn(char) -> Option<F>,
+    drop_unknown: bool,
+) -> (Vec<Item<F>>, Vec<String>) {
+    let mut items = Vec::new();
+    let mut invalid = Vec::new();
+    let mut chars = format.chars().peekable();
+    let mut text = String::new();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            text.push(c);
+            continue;
+        }
+        if chars.peek() == Some(&'%') {
+            chars.next();
+            text.push('%');
+            continue;
+        }
+        let mut spec = String::from("%");
+        let mut right = false;
+        if chars.peek() == Some(&'-') {
+            spec.push('-');
+            chars.next();
+        }
+        if chars.peek() == Some(&'.') {
+            spec.push('.');
+            chars.next();
+            right = true;
+        }
+        let mut digits = String::new();
+        while let Some(d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+            digits.push(*d);
+            chars.next();
+        }
+        spec.push_str(&digits);
+        let Some(code) = chars.next() else {
+            text.push_str(&spec);
+            break;
+        };
+        match from_code(code) {
+            Some(field) => {
+                if !text.is_empty() {
+                    items.push(Item::Text(std::mem::take(&mut text)));
+                }
+                items.push(Item::Field { field, width: digits.parse().unwrap_or(0), right });
+            }
+            None if drop_unknown => {
+                while chars.peek().is_some_and(|c| *c != '%') {
+                    chars.next();
+                }
+            }
+            None => {
+                invalid.push(code.to_string());
+                spec.push(code);
+                text.push_str(&spec);
+            }
+        }
+    }
+    if !text.is_empty() {
+        items.push(Item::Text(text));
+    }
+    (items, invalid)
+}
+
+/// One `-O` token, `Name[:[.][WIDTH]][SUFFIX]`: the name, its width (20 when there is no `:`; 0: as wide as the
+/// value), whether it is right-justified, and the literal suffix.
+pub fn parse_long_token(token: &str) -> (&str, usize, bool, &str) {
+    match token.split_once(':') {
+        Some((name, rest)) => {
+            let (right, rest) = match rest.strip_prefix('.') {
+                Some(r) => (true, r),
+                None => (false, rest),
+            };
+            let digits = rest.chars().take_while(|c| c.is_ascii_digit()).count();
+            (name, rest[..digits].parse().unwrap_or(0), right, &rest[digits..])
+        }
+        None => (token, 20, false, ""),
+    }
+}
+
 /// Formats jobs as `squeue -o` (`%.18i %j`) or `squeue -O` (`JobID:20,State:.10`) says.
 #[derive(Debug)]
 pub struct JobFormatter {
-    items: Vec<Item>,
+    items: Vec<Item<Col>>,
 }
 
 impl JobFormatter {
@@ -714,59 +800,7 @@ impl JobFormatter {
     /// width pads and cuts). Unknown fields are kept as text and named in the second value, which squeue reports
     /// as errors before printing anyway.
     pub fn lenient(format: &str) -> (JobFormatter, Vec<String>) {
-        let mut items = Vec::new();
-        let mut invalid = Vec::new();
-        let mut chars = format.chars().peekable();
-        let mut text = String::new();
-        while let Some(c) = chars.next() {
-            if c != '%' {
-                text.push(c);
-                continue;
-            }
-            if chars.peek() == Some(&'%') {
-                chars.next();
-                text.push('%');
-                continue;
-            }
-            let mut spec = String::from("%");
-            let mut right = false;
-            // `%-10j` is not Slurm's (it reads `-` as the field); accepted as left-justified.
-            if chars.peek() == Some(&'-') {
-                spec.push('-');
-                chars.next();
-            }
-            if chars.peek() == Some(&'.') {
-                spec.push('.');
-                chars.next();
-                right = true;
-            }
-            let mut digits = String::new();
-            while let Some(d) = chars.peek().filter(|d| d.is_ascii_digit()) {
-                digits.push(*d);
-                chars.next();
-            }
-            spec.push_str(&digits);
-            let Some(code) = chars.next() else {
-                text.push_str(&spec);
-                break;
-            };
-            match Col::from_code(code) {
-                Some(col) => {
-                    if !text.is_empty() {
-                        items.push(Item::Text(std::mem::take(&mut text)));
-                    }
-                    items.push(Item::Field { col, width: digits.parse().unwrap_or(0), right });
-                }
-                None => {
-                    invalid.push(code.to_string());
-                    spec.push(code);
-                    text.push_str(&spec);
-                }
-            }
-        }
-        if !text.is_empty() {
-            items.push(Item::Text(text));
-        }
+        let (items, invalid) = parse_percent_format(format, Col::from_code, false);
         (JobFormatter { items }, invalid)
     }
 
@@ -775,16 +809,9 @@ impl JobFormatter {
         let mut items = Vec::new();
         let mut invalid = Vec::new();
         for token in format.split(',').filter(|t| !t.is_empty()) {
-            let (name, rest) = token.split_once(':').unwrap_or((token, ""));
-            let (right, rest) = match rest.strip_prefix('.') {
-                Some(r) => (true, r),
-                None => (false, rest),
-            };
-            let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
-            let suffix = &rest[digits.len()..];
-            let width = if token.contains(':') { digits.parse().unwrap_or(0) } else { 20 };
+            let (name, width, right, suffix) = parse_long_token(token);
             match Col::from_name(name) {
-                Some(col) => items.push(Item::Field { col, width, right }),
+                Some(field) => items.push(Item::Field { field, width, right }),
                 None => invalid.push(name.to_string()),
             }
             if !suffix.is_empty() {
@@ -819,7 +846,7 @@ impl JobFormatter {
         for item in &self.items {
             match item {
                 Item::Text(t) => out.push_str(t),
-                Item::Field { col, width, right } => {
+                Item::Field { field: col, width, right } => {
                     let text = value(*col);
                     // Node lists are never cut, nor the NODELIST(REASON) header; a pending job's reason is.
                     let cut = match col {

@@ -81,7 +81,8 @@ enum Top {
         #[command(subcommand)]
         command: admin::CertsCmd,
     },
-    /// Symlink sbatch, srun, squeue, scancel, scontrol, sacct, sinfo, sprio and sshare to this binary in DIR.
+    /// Symlink sbatch, srun, salloc, squeue, scancel, scontrol, sacct, sacctmgr, sinfo, sprio, sshare and sstat to
+    /// this binary in DIR.
     InstallShims { dir: PathBuf },
     /// An env:// rendezvous of a step's ranks at MASTER_ADDR:MASTER_PORT (run it under srun).
     Rendezvous,
@@ -172,6 +173,9 @@ fn slurm_command(name: &str, args: &[String]) -> Option<i32> {
         "scontrol" => Some(commands::scontrol::run(args)),
         "srun" => Some(commands::srun::run(args)),
         "sacct" => Some(commands::sacct::run(args)),
+        "sacctmgr" => Some(commands::sacctmgr::run(args)),
+        "salloc" => Some(commands::salloc::run(args)),
+        "sstat" => Some(commands::sstat::run(args)),
         "sinfo" => Some(commands::sinfo::run(args)),
         "sprio" => Some(commands::sprio::run(args)),
         "sshare" => Some(commands::sshare::run(args)),

@@ -13,7 +13,7 @@ use common::{Shell, setup};
 impl Shell {
     /// `sacct -P` fields of one job.
     fn acct(&self, id: u64, fields: &str) -> Vec<String> {
-        let out = self.ok("sacct", &["-j", &id.to_string(), "-n", "-P", "-o", fields]);
+        let out = self.ok("sacct", &["-X", "-j", &id.to_string(), "-n", "-P", "-o", fields]);
         out.trim().split('|').map(str::to_string).collect()
     }
 
@@ -287,7 +287,8 @@ fn an_agent_whose_gpus_disagree_with_its_config_is_drained_with_the_reason() {
     let (_cluster, sh) = setup(dir.path(), options);
     let start = Instant::now();
     loop {
-        let reasons = sh.ok("sinfo", &["-R", "-h"]);
+        // %E at its natural width: sinfo -R's default column cuts reasons at 20 characters, as Slurm's does.
+        let reasons = sh.ok("sinfo", &["-R", "-h", "-o", "%E %N"]);
         if reasons.contains("config expects 8 GPUs but found 4") {
             break;
         }

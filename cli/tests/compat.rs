@@ -1,8 +1,11 @@
 //! Real Slurm client libraries from PyPI, unmodified, against a local cluster through Slurm's command names.
 //!
-//! Each story runs one scenario of `tests/compat/submitit_story.py` (submitit 1.5.4) with the shims first on
-//! PATH. The libraries live in a virtual environment under the test's target directory, created on first use
-//! with `pip install` (`.ci/run` installs python3-venv; a machine without access to PyPI fails here, saying so).
+//! The submitit stories each run one scenario of `tests/compat/submitit_story.py` (submitit 1.5.4); the
+//! snakemake stories run the workflow `tests/compat/snakemake/Snakefile` through snakemake's Slurm executor
+//! plugin (snakemake 9.27.1, snakemake-executor-plugin-slurm 2.8.0, whose jobstep half runs each rule under
+//! `srun` inside its job). Everything runs with the shims first on PATH. The libraries live in a virtual
+//! environment under the test's target directory, created on first use with `pip install` (`.ci/run` installs
+//! python3-venv; a machine without access to PyPI fails here, saying so).
 
 mod common;
 
@@ -13,8 +16,14 @@ use std::time::Duration;
 use common::{Shell, drover_dir, setup};
 use drover_cli::local::UpOptions;
 
-/// The client libraries and the versions the stories were written against.
-const PACKAGES: &[&str] = &["submitit==1.5.4"];
+/// The client libraries and the versions the stories were written against (snakemake's own dependencies are
+/// left to pip; the two halves of its Slurm executor are pinned, since they are what talks to the shims).
+const PACKAGES: &[&str] = &[
+    "submitit==1.5.4",
+    "snakemake==9.27.1",
+    "snakemake-executor-plugin-slurm==2.8.0",
+    "snakemake-executor-plugin-slurm-jobstep==0.6.1",
+];
 
 /// A Python with `PACKAGES`, made once per target directory (several test processes may ask at once).
 fn python() -> PathBuf {
@@ -62,7 +71,7 @@ fn submitit(shell: &Shell, story: &str) -> String {
         .current_dir(&shell.cwd)
         .env("DROVER_CONTROLLERS", &shell.controllers)
         .env("DROVER_CONFIG", &shell.config)
-        .env("PATH", format!("{}:{}:/usr/bin:/bin", shell.bin.display(), drover_dir().display()))
+        .env("PATH", shell_path(shell))
         .env_remove("SLURM_JOB_ID");
     let out = run_with_timeout(&mut command, Duration::from_secs(240));
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -71,6 +80,11 @@ fn submitit(shell: &Shell, story: &str) -> String {
         panic!("submitit story {story} failed:\n{text}\n--- submitit's job logs ---\n{logs}");
     }
     text
+}
+
+/// The user's PATH: the shims first, then `drover` itself (jobs run `drover rendezvous`), then the system's.
+fn shell_path(shell: &Shell) -> String {
+    format!("{}:{}:/usr/bin:/bin", shell.bin.display(), drover_dir().display())
 }
 
 /// The job logs submitit wrote (its own view of what went wrong inside the jobs).
@@ -158,4 +172,119 @@ fn submitit_cancels_a_running_job() {
 fn submitit_checkpoints_on_preemption_requeues_and_resumes() {
     let text = story!("preempt");
     assert!(text.contains("resumed, finished"), "{text}");
+}
+
+/// What a snakemake run printed and how it ended.
+struct Snakemake {
+    success: bool,
+    text: String,
+    /// The run's id: the name of every job it submits (`sacct --name` finds them, as the plugin does).
+    run_id: String,
+}
+
+/// Runs snakemake on the story's Snakefile from the work directory, as the user would on a login node: its Slurm
+/// executor, at most five jobs at once, and a first status check after a second (the plugin's default waits 40).
+fn snakemake(shell: &Shell, extra: &[&str]) -> Snakemake {
+    let snakefile = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/compat/snakemake/Snakefile");
+    let mut command = Command::new(python());
+    command
+        .args(["-m", "snakemake", "--snakefile"])
+        .arg(&snakefile)
+        .args(["--executor", "slurm", "--jobs", "5", "--slurm-init-seconds-before-status-checks", "1"])
+        .args(extra)
+        .current_dir(&shell.cwd)
+        .env("DROVER_CONTROLLERS", &shell.controllers)
+        .env("DROVER_CONFIG", &shell.config)
+        .env("PATH", shell_path(shell))
+        .env_remove("SLURM_JOB_ID");
+    let started = std::time::Instant::now();
+    let out = run_with_timeout(&mut command, Duration::from_secs(240));
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("snakemake {extra:?} took {:.1} s:\n{text}", started.elapsed().as_secs_f64());
+    let run_id = text
+        .lines()
+        .find_map(|l| l.strip_prefix("SLURM run ID: "))
+        .unwrap_or_else(|| panic!("snakemake printed no run id:\n{text}"))
+        .trim()
+        .to_string();
+    Snakemake { success: out.status.success(), text, run_id }
+}
+
+/// `sacct` rows of one snakemake run (its jobs are named after the run id), as field maps.
+fn jobs_of_run(shell: &Shell, run_id: &str) -> Vec<std::collections::HashMap<String, String>> {
+    const FIELDS: &str = "JobIDRaw,JobName,Comment,State,ExitCode,Account,Partition,ReqTRES,Timelimit,WCKey";
+    let out = shell.ok("sacct", &["-X", "-P", "-n", "-S", "now-1hours", "--name", run_id, "--format", FIELDS]);
+    out.lines()
+        .map(|line| FIELDS.split(',').map(str::to_string).zip(line.split('|').map(str::to_string)).collect())
+        .collect()
+}
+
+#[test]
+fn snakemake_runs_a_workflow_through_its_slurm_executor() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, shell) = setup(dir.path(), options());
+    // The account snakemake is told to charge; the plugin checks it with sacctmgr before it submits anything.
+    let user = drover_cli::identity::current_user().0;
+    shell.ok("drover", &["account", "add", "physics", "--users", &user]);
+    let theirs = shell.ok("sacctmgr", &["-n", "-P", "-s", "list", "user", &user, "format=account"]);
+    assert!(theirs.lines().any(|a| a == "physics"), "{theirs}");
+
+    // No partition given: the plugin looks for sinfo's default one.
+    let run = snakemake(&shell, &["--default-resources", "slurm_account=physics"]);
+    assert!(run.success, "the workflow failed:\n{}", run.text);
+    assert!(run.text.contains("7 of 7 steps (100%) done"), "{}", run.text);
+
+    // The summary job checked the others' outputs; it wrote down which Drover job ran what.
+    let summary = std::fs::read_to_string(shell.cwd.join("summary.txt")).unwrap();
+    let ids = |tag: &str| -> Vec<String> {
+        let line =
+            summary.lines().find_map(|l| l.strip_prefix(&format!("{tag} "))).unwrap_or_else(|| panic!("{summary}"));
+        line.split_whitespace().map(str::to_string).collect()
+    };
+    let (squares, gpu, mine) = (ids("squares"), ids("gpu"), ids("summary"));
+    assert_eq!(squares.len(), 4, "{summary}");
+    assert!(gpu[1].starts_with("gpus=") && gpu[1].len() == "gpus=0".len(), "one GPU for the probe: {summary}");
+
+    // Drover's record: the six jobs of the run, each named after it and commented with its rule, all COMPLETED
+    // under the account and the default partition.
+    let jobs = jobs_of_run(&shell, &run.run_id);
+    assert_eq!(jobs.len(), 6, "{jobs:#?}");
+    for job in &jobs {
+        assert_eq!((job["State"].as_str(), job["ExitCode"].as_str()), ("COMPLETED", "0:0"), "{job:?}");
+        assert_eq!((job["Account"].as_str(), job["Partition"].as_str()), ("physics", "gpu"), "{job:?}");
+        assert_eq!(job["Timelimit"], "00:05:00", "the rules' runtime=5: {job:?}");
+        assert!(job["ReqTRES"].contains("mem=1G"), "the rules' mem_mb=1024: {job:?}");
+    }
+    let job =
+        |comment: &str| jobs.iter().find(|j| j["Comment"] == comment).unwrap_or_else(|| panic!("{comment}: {jobs:#?}"));
+    for (n, id) in squares.iter().enumerate() {
+        assert_eq!(&job(&format!("rule_square_wildcards_{}", n + 1))["JobIDRaw"], id, "{summary}");
+    }
+    let probe = job("rule_gpu_probe");
+    assert_eq!(probe["JobIDRaw"], gpu[0]);
+    assert!(probe["ReqTRES"].contains("cpu=2") && probe["ReqTRES"].contains("gres/gpu=1"), "{probe:?}");
+    assert_eq!(probe["WCKey"], "probe", "slurm_extra reaches sbatch: {probe:?}");
+    assert_eq!(job("rule_summary")["JobIDRaw"], mine[0]);
+}
+
+#[test]
+fn snakemake_sees_a_failing_rule_fail_and_keeps_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, shell) = setup(dir.path(), options());
+    // No account given: the plugin tries to guess one and goes on without.
+    let run = snakemake(&shell, &["--default-resources", "slurm_partition=gpu", "--", "broken.txt"]);
+    assert!(!run.success, "the broken rule should fail the run:\n{}", run.text);
+    assert!(run.text.contains("Error in rule broken"), "{}", run.text);
+    assert!(run.text.contains("SLURM status is: 'FAILED'"), "snakemake read the failure from sacct:\n{}", run.text);
+
+    let jobs = jobs_of_run(&shell, &run.run_id);
+    assert_eq!(jobs.len(), 1, "{jobs:#?}");
+    let job = &jobs[0];
+    assert_eq!((job["Comment"].as_str(), job["State"].as_str()), ("rule_broken", "FAILED"), "{job:?}");
+    assert_ne!(job["ExitCode"], "0:0", "{job:?}");
+    // The plugin keeps a failed job's log: the file Drover wrote for --output, holding what the rule said
+    // through the jobstep's srun.
+    let log = shell.cwd.join(format!(".snakemake/slurm_logs/rule_broken/{}.log", job["JobIDRaw"]));
+    let text = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}\n{}", log.display(), run.text));
+    assert!(text.contains("broken: about to fail"), "{text}");
 }

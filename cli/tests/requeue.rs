@@ -70,7 +70,7 @@ impl Shell {
     }
 
     fn state(&self, id: u64) -> String {
-        let out = self.ok("sacct", &["-j", &id.to_string(), "-n", "-P", "-o", "State"]);
+        let out = self.ok("sacct", &["-X", "-j", &id.to_string(), "-n", "-P", "-o", "State"]);
         out.trim().to_string()
     }
 
@@ -234,7 +234,7 @@ fn agent_id(cluster: &LocalCluster, name: &str) -> u64 {
 }
 
 fn running_node(sh: &Shell, id: u64) -> String {
-    sh.ok("sacct", &["-j", &id.to_string(), "-n", "-P", "-o", "NodeList"]).trim().to_string()
+    sh.ok("sacct", &["-X", "-j", &id.to_string(), "-n", "-P", "-o", "NodeList"]).trim().to_string()
 }
 
 fn leader(cluster: &LocalCluster) -> u64 {
@@ -274,7 +274,7 @@ fn a_dead_node_s_job_resumes_on_the_other_node_from_its_checkpoint() {
     let show = sh.ok("scontrol", &["show", "job", &id.to_string()]);
     assert!(show.contains("Restarts=1") && show.contains("Restart[0]: State=NODE_FAIL"), "{show}");
     assert!(show.contains("CheckpointStep=60"), "{show}");
-    let acct = sh.ok("sacct", &["-j", &id.to_string(), "-D", "-n", "-P", "-o", "State,NodeList,Incarnation"]);
+    let acct = sh.ok("sacct", &["-X", "-j", &id.to_string(), "-D", "-n", "-P", "-o", "State,NodeList,Incarnation"]);
     assert_eq!(
         acct.lines().collect::<Vec<_>>(),
         [format!("NODE_FAIL|{node}|0"), format!("COMPLETED|{}|1", incarnations[1].node)]
@@ -427,7 +427,7 @@ fn a_no_kill_job_loses_a_node_and_runs_on_with_the_rest() {
     assert_eq!(sh.state(id), "RUNNING");
     let now_on = sh.ok("squeue", &["-h", "-j", &id.to_string(), "-o", "%N"]).trim().to_string();
     assert_eq!(now_on, first, "the job shrank to its remaining node");
-    assert_eq!(sh.ok("sacct", &["-j", &id.to_string(), "-n", "-P", "-o", "Restarts"]).trim(), "0");
+    assert_eq!(sh.ok("sacct", &["-X", "-j", &id.to_string(), "-n", "-P", "-o", "Restarts"]).trim(), "0");
     sh.ok("scancel", &[&id.to_string()]);
     sh.wait_for("the job cancelled", Duration::from_secs(20), |sh| sh.state(id).starts_with("CANCELLED"));
 }
@@ -448,13 +448,13 @@ fn a_job_whose_nodes_keep_failing_stops_at_the_requeue_limit() {
         std::fs::write(cluster.fault_file(&node), "0 xid 79\n").unwrap();
         // Its incarnation ends; a requeued one may be RUNNING again before a poll sees it stopped.
         sh.wait_for("the incarnation stopped", Duration::from_secs(30), |sh| {
-            let out = sh.ok("sacct", &["-j", &id.to_string(), "-n", "-P", "-o", "State,Restarts"]);
+            let out = sh.ok("sacct", &["-X", "-j", &id.to_string(), "-n", "-P", "-o", "State,Restarts"]);
             let (state, restarts) = out.trim().split_once('|').unwrap_or_default();
             state != "RUNNING" || restarts.parse::<u32>().unwrap_or(0) > round
         });
     }
     sh.wait_state(id, "NODE_FAIL", Duration::from_secs(30));
-    let reason = sh.ok("sacct", &["-j", &id.to_string(), "-n", "-P", "-o", "Reason"]);
+    let reason = sh.ok("sacct", &["-X", "-j", &id.to_string(), "-n", "-P", "-o", "Reason"]);
     assert!(reason.contains("max_batch_requeue of 1"), "{reason}");
 }
 

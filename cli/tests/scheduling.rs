@@ -25,7 +25,7 @@ impl Shell {
 
     /// `sacct -P` rows (`-o fields`) of a job or array, one per job.
     fn acct_rows(&self, id: &str, fields: &str) -> Vec<Vec<String>> {
-        let out = self.ok("sacct", &["-j", id, "-n", "-P", "-o", fields]);
+        let out = self.ok("sacct", &["-X", "-j", id, "-n", "-P", "-o", fields]);
         out.lines().map(|l| l.split('|').map(str::to_string).collect()).collect()
     }
 

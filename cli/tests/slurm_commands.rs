@@ -159,3 +159,102 @@ fn an_administrator_changes_a_partition_at_run_time() {
     assert_eq!(sh.ok("sbatch", &["--parsable", "--wrap", "true"]).trim(), "2");
     assert!(sh.ok("scontrol", &["show", "partition", "gpu"]).contains("State=UP"));
 }
+
+/// `sacct -P` fields of one job (State second), once it has left PENDING/RUNNING/COMPLETING (within 20 s).
+fn finished(sh: &Shell, id: u64, fields: &str) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        let out = sh.ok("sacct", &["-j", &id.to_string(), "-n", "-X", "-P", "-o", fields]).trim().to_string();
+        let state = out.split('|').nth(1).unwrap_or_default();
+        if !["PENDING", "RUNNING", "COMPLETING", ""].contains(&state) {
+            return out;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "job {id} still {state}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn an_operator_reads_the_nodes_with_sinfo_in_slurms_layouts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, sh) = common::setup(dir.path(), UpOptions { agents: 2, gpus_per_agent: 4, ..UpOptions::default() });
+    // Both nodes idle in the default partition: one line, the partition starred.
+    let summary = sh.ok("sinfo", &[]);
+    let lines: Vec<&str> = summary.lines().collect();
+    assert_eq!(lines[0], "PARTITION AVAIL  TIMELIMIT  NODES  STATE NODELIST", "{summary}");
+    assert_eq!(lines[1].split_whitespace().collect::<Vec<_>>(), ["gpu*", "up", "infinite", "2", "idle", "node[01-02]"]);
+    assert_eq!(sh.ok("sinfo", &["-h", "-o", "%G %c %D"]), "gpu:h200:4 64 2\n");
+
+    // A job on node01 and a drained node02: three states, each where a poller looks for it.
+    let job = sh.submit(&["-w", "node01", "--gres=gpu:2", "--wrap", "sleep 60"]);
+    sh.ok("scontrol", &["update", "nodename=node02", "state=drain", "reason=bad fan"]);
+    let start = std::time::Instant::now();
+    while sh.ok("sinfo", &["-h", "-N", "-o", "%N %t"]) != "node01 mix\nnode02 drain\n" {
+        assert!(start.elapsed() < Duration::from_secs(20), "{}", sh.ok("sinfo", &["-N"]));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let reasons = sh.ok("sinfo", &["-R"]);
+    let lines: Vec<&str> = reasons.lines().collect();
+    assert_eq!(lines[0], "REASON               USER      TIMESTAMP           NODELIST");
+    assert!(lines[1].starts_with("bad fan              root      20") && lines[1].ends_with(" node02"), "{reasons}");
+    assert_eq!(lines.len(), 2, "only the drained node has a reason: {reasons}");
+    assert_eq!(
+        sh.ok("sinfo", &["-h", "-N", "-O", "NodeList:8,StateLong:10,GresUsed:22,CPUsState:12,Reason:0"]),
+        "node01  mixed     gpu:h200:2(IDX:0-1)   1/63/0/64   none\nnode02  drained   gpu:h200:0(IDX:N/A)   0/0/64/64   bad fan\n"
+    );
+    assert_eq!(sh.ok("sinfo", &["-h", "-s", "-o", "%P %F"]), "gpu* 1/0/1/2\n");
+    assert_eq!(sh.ok("sinfo", &["-h", "-t", "drain", "-o", "%N"]), "node02\n");
+    // A running batch job's batch step is all sstat can vouch for: no usage is sampled while it runs.
+    assert_eq!(
+        sh.ok("sstat", &["-j", &job.to_string(), "-n", "-P", "-o", "JobID,Nodelist,NTasks,MaxRSS"]),
+        format!("{job}.batch|node01|1|\n")
+    );
+    let err = sh.err("sinfo", &["-t", "sideways"]);
+    assert!(err.starts_with("sinfo: error: Bad state string: \"sideways\"\n"), "{err}");
+    sh.ok("scancel", &[&job.to_string()]);
+}
+
+#[test]
+fn a_user_runs_steps_inside_an_salloc_allocation_which_ends_with_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, sh) = common::setup(dir.path(), UpOptions { agents: 2, gpus_per_agent: 4, ..UpOptions::default() });
+    let host = String::from_utf8(Command::new("hostname").output().unwrap().stdout).unwrap();
+    let script = "echo $SLURM_JOB_ID $SLURM_NNODES $SLURM_JOB_NODELIST $SLURM_NTASKS; srun hostname";
+    let out = sh.run("salloc", &["-N", "2", "--ntasks-per-node=1", "--gres=gpu:1", "sh", "-c", script]);
+    let (stdout, stderr) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
+    assert!(out.status.success(), "{stderr}");
+    // The command saw the allocation, and srun inside ran a step on both of its nodes.
+    assert_eq!(stdout, format!("1 2 node[01-02] 2\n{host}{host}"), "{stderr}");
+    assert!(stderr.contains("salloc: Granted job allocation 1\n"), "{stderr}");
+    assert!(stderr.ends_with("salloc: Relinquishing job allocation 1\n"), "{stderr}");
+    assert_eq!(finished(&sh, 1, "JobName,State,ExitCode,NNodes"), "interactive|COMPLETED|0:0|2");
+
+    // The command's exit status is salloc's, and the allocation's.
+    let out = sh.run("salloc", &["-J", "fails", "sh", "-c", "exit 3"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(finished(&sh, 2, "JobName,State,ExitCode"), "fails|FAILED|3:0");
+
+    // SIGTERM to salloc releases the allocation and stops the command.
+    let mut salloc = sh
+        .command("salloc", &["sleep", "60"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(salloc.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("Granted job allocation 3") {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0, "salloc ended before the grant");
+    }
+    let started = std::time::Instant::now();
+    unsafe { libc::kill(salloc.id() as i32, libc::SIGTERM) };
+    let status = salloc.wait().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5), "the command was stopped at once");
+    assert_eq!(status.code(), Some(1), "a command killed by SIGTERM: salloc exits 1, as Slurm's does");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    assert!(rest.contains("salloc: Relinquishing job allocation 3"), "{rest}");
+    let state = finished(&sh, 3, "JobID,State");
+    assert!(state.starts_with("3|CANCELLED"), "{state}");
+}

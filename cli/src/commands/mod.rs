@@ -10,6 +10,8 @@ pub mod demo;
 pub mod rendezvous;
 pub mod reservation;
 pub mod sacct;
+pub mod sacctmgr;
+pub mod salloc;
 pub mod sbatch;
 pub mod scancel;
 pub mod scontrol;
@@ -19,6 +21,7 @@ pub mod sprio;
 pub mod squeue;
 pub mod srun;
 pub mod sshare;
+pub mod sstat;
 
 /// Milliseconds since the epoch, for display (elapsed times). Never used for replicated state.
 pub fn now_ms() -> u64 {

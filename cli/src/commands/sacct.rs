@@ -135,7 +135,7 @@ pub fn run(args: &[String]) -> i32 {
 
 /// How a field's value is printed in columns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     /// Cut to the width with a `+` marking the cut.
     Text,
     /// Numbers and durations: never cut.
@@ -145,13 +145,13 @@ enum Kind {
 }
 
 /// A field Slurm 22.05 knows (name, default width, kind), in its order: a prefix picks the first match.
-struct FieldDef {
+pub(crate) struct FieldDef {
     name: &'static str,
     width: i32,
     kind: Kind,
 }
 
-const fn def(name: &'static str, width: i32, kind: Kind) -> FieldDef {
+pub(crate) const fn def(name: &'static str, width: i32, kind: Kind) -> FieldDef {
     FieldDef { name, width, kind }
 }
 
@@ -275,14 +275,47 @@ const FIELDS: &[FieldDef] = &[
 ];
 
 /// One column: its field and width (negative: left-justified, as in Slurm).
-struct Field {
+pub(crate) struct Field {
     def: &'static FieldDef,
     width: i32,
+}
+
+impl Field {
+    pub(crate) fn name(&self) -> &'static str {
+        self.def.name
+    }
+}
+
+/// A column as Slurm's print_fields lays it out (sacct's, sstat's and sacctmgr's fields).
+pub(crate) trait Column {
+    fn header(&self) -> &str;
+    /// Negative: left-justified.
+    fn width(&self) -> i32;
+    fn kind(&self) -> Kind {
+        Kind::Text
+    }
+}
+
+impl Column for Field {
+    fn header(&self) -> &str {
+        self.def.name
+    }
+    fn width(&self) -> i32 {
+        self.width
+    }
+    fn kind(&self) -> Kind {
+        self.def.kind
+    }
 }
 
 /// `-o` as Slurm reads it: comma-separated names, each any prefix of a field name (case-insensitive, the first
 /// match in Slurm's order wins), `%N` setting the width (`atoi`: `%-20` left-justifies); `ALL` is every field.
 fn parse_fields(spec: &str) -> anyhow::Result<Vec<Field>> {
+    parse_fields_in(spec, FIELDS)
+}
+
+/// [`parse_fields`] over another command's table of fields (`sstat`'s).
+pub(crate) fn parse_fields_in(spec: &str, table: &'static [FieldDef]) -> anyhow::Result<Vec<Field>> {
     let mut fields = Vec::new();
     for item in spec.split(',').map(str::trim_start).filter(|f| !f.is_empty()) {
         let (name, width) = match item.split_once('%') {
@@ -290,11 +323,11 @@ fn parse_fields(spec: &str) -> anyhow::Result<Vec<Field>> {
             None => (item, None),
         };
         if name.eq_ignore_ascii_case("ALL") {
-            fields.extend(FIELDS.iter().map(|d| Field { def: d, width: width.unwrap_or(d.width) }));
+            fields.extend(table.iter().map(|d| Field { def: d, width: width.unwrap_or(d.width) }));
             continue;
         }
         let lower = name.to_ascii_lowercase();
-        let Some(d) = FIELDS.iter().find(|d| d.name.to_ascii_lowercase().starts_with(&lower)) else {
+        let Some(d) = table.iter().find(|d| d.name.to_ascii_lowercase().starts_with(&lower)) else {
             if ["allocgres", "reqgres"].contains(&lower.as_str()) {
                 let now = if lower == "allocgres" { "AllocTRES" } else { "ReqTRES" };
                 anyhow::bail!("{name} has been removed, please use {now}");
@@ -307,7 +340,7 @@ fn parse_fields(spec: &str) -> anyhow::Result<Vec<Field>> {
 }
 
 /// C's `atoi`: an optional sign and the digits that follow; 0 when there are none.
-fn atoi(text: &str) -> i32 {
+pub(crate) fn atoi(text: &str) -> i32 {
     let (sign, digits) = match text.strip_prefix('-') {
         Some(rest) => (-1, rest),
         None => (1, text.strip_prefix('+').unwrap_or(text)),
@@ -318,7 +351,7 @@ fn atoi(text: &str) -> i32 {
 
 /// How rows are laid out.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Layout {
+pub(crate) enum Layout {
     Columns,
     /// `-p` (`trailing`) or `-P`.
     Parsable {
@@ -328,7 +361,7 @@ enum Layout {
 }
 
 /// One row: each value as Slurm's print_fields would print it.
-fn row(fields: &[Field], values: &[String], layout: &Layout) -> String {
+pub(crate) fn row<C: Column>(fields: &[C], values: &[String], layout: &Layout) -> String {
     let mut line = String::new();
     match layout {
         Layout::Parsable { delimiter, trailing } => {
@@ -341,7 +374,7 @@ fn row(fields: &[Field], values: &[String], layout: &Layout) -> String {
         }
         Layout::Columns => {
             for (field, value) in fields.iter().zip(values) {
-                line.push_str(&cell(value, field.width, field.def.kind));
+                line.push_str(&cell(value, field.width(), field.kind()));
                 line.push(' ');
             }
         }
@@ -362,20 +395,20 @@ fn cell(value: &str, width: i32, kind: Kind) -> String {
     if width >= 0 { format!("{shown:>abs$}") } else { format!("{shown:<abs$}") }
 }
 
-fn header(fields: &[Field], layout: &Layout) -> String {
-    let names: Vec<String> = fields.iter().map(|f| f.def.name.to_string()).collect();
+pub(crate) fn header<C: Column>(fields: &[C], layout: &Layout) -> String {
+    let names: Vec<String> = fields.iter().map(|f| f.header().to_string()).collect();
     match layout {
         Layout::Parsable { .. } => row(fields, &names, layout),
         Layout::Columns => {
             let mut out = String::new();
             for f in fields {
-                let abs = f.width.unsigned_abs() as usize;
-                let name: String = f.def.name.chars().take(abs).collect();
-                out.push_str(&if f.width >= 0 { format!("{name:>abs$} ") } else { format!("{name:<abs$} ") });
+                let abs = f.width().unsigned_abs() as usize;
+                let name: String = f.header().chars().take(abs).collect();
+                out.push_str(&if f.width() >= 0 { format!("{name:>abs$} ") } else { format!("{name:<abs$} ") });
             }
             out.push('\n');
             for f in fields {
-                out.push_str(&"-".repeat(f.width.unsigned_abs() as usize));
+                out.push_str(&"-".repeat(f.width().unsigned_abs() as usize));
                 out.push(' ');
             }
             out.push('\n');
@@ -388,6 +421,8 @@ fn header(fields: &[Field], layout: &Layout) -> String {
 #[derive(Debug, Default)]
 struct Query {
     refs: Vec<drover_state::array::JobRef>,
+    /// `refs` again, each with the step it names, if any (`123.batch`).
+    step_refs: Vec<(drover_state::array::JobRef, Option<String>)>,
     /// The window, in ms since the epoch.
     start_ms: u64,
     end_ms: u64,
@@ -457,22 +492,82 @@ fn split(lists: &[String]) -> Vec<String> {
     lists.iter().flat_map(|l| l.split(',')).filter(|s| !s.is_empty()).map(str::to_string).collect()
 }
 
-/// `-j 123.batch` names job 123: Drover keeps no step records, so the step part is dropped.
-fn job_refs(args: &[String]) -> anyhow::Result<Vec<drover_state::array::JobRef>> {
-    let refs: Vec<String> = crate::job_refs::split_refs(args)
+/// The jobs `-j` names, and for each reference the step it names (`123.batch`: `Some("batch")`).
+fn job_refs(args: &[String]) -> anyhow::Result<Vec<(drover_state::array::JobRef, Option<String>)>> {
+    crate::job_refs::split_refs(args)
         .into_iter()
-        .map(|r| match r.split_once('.') {
-            Some((job, _step)) => job.to_string(),
-            None => r,
+        .map(|r| {
+            let (job, step) = match r.split_once('.') {
+                Some((job, step)) => (job.to_string(), Some(step.to_string())),
+                None => (r, None),
+            };
+            let job = crate::job_refs::parse_refs(&[job]).map_err(|e| anyhow::anyhow!(e))?.remove(0);
+            Ok((job, step))
         })
+        .collect()
+}
+
+/// The rows `sacct` prints for one job: the job (allocation) row unless only its steps were named, then its
+/// steps unless `-X`. Drover records one step per job, the batch script's (`123.batch`): it runs on the first
+/// node for the whole incarnation, so its row is the job's, narrowed to that node. `srun` steps (`123.0`) and
+/// Slurm's `extern` step have no records, so naming them prints nothing.
+fn rows_of(job: &Job, query: &Query, allocations_only: bool) -> Vec<Row> {
+    let named: Vec<&Option<String>> = query
+        .step_refs
+        .iter()
+        .filter(|(r, _)| crate::job_refs::names(std::slice::from_ref(r), job))
+        .map(|(_, step)| step)
         .collect();
-    crate::job_refs::parse_refs(&refs).map_err(|e| anyhow::anyhow!(e))
+    let whole = named.is_empty() || named.iter().any(|step| step.is_none());
+    let has_batch = !job.spec.interactive && job.start_time_ms.is_some() && job.state != JobState::Pending;
+    let mut rows = Vec::new();
+    if whole {
+        rows.push(Row::Job);
+    }
+    let batch_named = named.iter().any(|step| step.as_deref() == Some("batch"));
+    if has_batch && ((whole && !allocations_only) || batch_named) {
+        rows.push(Row::Batch);
+    }
+    rows
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Row {
+    Job,
+    Batch,
+}
+
+/// The batch step of `job` as a job of its own for [`value`]: the first node only, its usage only.
+fn batch_step(job: &Job) -> Job {
+    let mut step = job.clone();
+    step.nodes.truncate(1);
+    step.allocation.truncate(1);
+    step.node_usage.retain(|u| step.nodes.contains(&u.node));
+    step.spec.name = "batch".to_string();
+    step.partition = String::new();
+    step
+}
+
+/// A field of a batch step's row: what differs from a job row, else the job's value narrowed to the step.
+fn step_value(field: &str, job: &Job, step: &Job, cx: &Context) -> String {
+    match field {
+        "JobID" => format!("{}.batch", job.display_id()),
+        "JobIDRaw" => format!("{}.batch", job.id),
+        "Timelimit" | "TimelimitRaw" | "QOS" | "Reservation" | "Comment" | "Priority" => String::new(),
+        // The script is killed when the job is cancelled, times out or is preempted: Slurm's batch step then
+        // reads CANCELLED, while the job row says why.
+        "State" => match job.state {
+            JobState::Cancelled | JobState::Timeout | JobState::Preempted => "CANCELLED".into(),
+            state => state.name().to_string(),
+        },
+        _ => value(field, step, cx),
+    }
 }
 
 fn sacct(args: &[String]) -> anyhow::Result<()> {
     let args = Args::try_parse_from(std::iter::once("sacct".to_string()).chain(args.iter().cloned()))
         .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
-    let _ = (args.allocations, args.all_clusters, &args.clusters, args.truncate, args.verbose);
+    let _ = (args.all_clusters, &args.clusters, args.truncate, args.verbose);
     if args.version {
         println!("{}", crate::format::version_line());
         return Ok(());
@@ -552,8 +647,16 @@ fn sacct(args: &[String]) -> anyhow::Result<()> {
                 out.push_str(&row(&fields, &values, &layout));
             }
         }
-        let values: Vec<String> = fields.iter().map(|f| value(f.def.name, job, &context)).collect();
-        out.push_str(&row(&fields, &values, &layout));
+        for kind in rows_of(job, &query, args.allocations) {
+            let values: Vec<String> = match kind {
+                Row::Job => fields.iter().map(|f| value(f.def.name, job, &context)).collect(),
+                Row::Batch => {
+                    let step = batch_step(job);
+                    fields.iter().map(|f| step_value(f.def.name, job, &step, &context)).collect()
+                }
+            };
+            out.push_str(&row(&fields, &values, &layout));
+        }
     }
     print!("{out}");
     if truncated {
@@ -568,7 +671,8 @@ const CLOCK_SLACK_MS: u64 = 300_000;
 /// The query the options describe, with Slurm's defaults for the window: with `-s`, the instant now (or the
 /// start given); with `-j`, all of history; otherwise since midnight. The end defaults to now.
 fn query(args: &Args, now_ms: u64) -> anyhow::Result<Query> {
-    let refs = job_refs(&args.jobs)?;
+    let step_refs = job_refs(&args.jobs)?;
+    let refs: Vec<drover_state::array::JobRef> = step_refs.iter().map(|(r, _)| r.clone()).collect();
     let mut states = Vec::new();
     for s in split(&args.states) {
         let state =
@@ -618,6 +722,7 @@ fn query(args: &Args, now_ms: u64) -> anyhow::Result<Query> {
     };
     Ok(Query {
         refs,
+        step_refs,
         start_ms,
         end_ms,
         states,
@@ -633,8 +738,13 @@ fn query(args: &Args, now_ms: u64) -> anyhow::Result<Query> {
 
 /// `sacct -e`: the field names, four to a line as Slurm prints them.
 fn help_format() -> String {
+    help_format_in(FIELDS)
+}
+
+/// `--helpformat` over another command's table of fields (`sstat`'s).
+pub(crate) fn help_format_in(table: &[FieldDef]) -> String {
     let mut out = String::new();
-    for chunk in FIELDS.chunks(4) {
+    for chunk in table.chunks(4) {
         let line: Vec<String> = chunk.iter().map(|f| format!("{:<20}", f.name)).collect();
         out.push_str(line.join("").trim_end());
         out.push('\n');
@@ -674,7 +784,12 @@ fn value(field: &str, job: &Job, cx: &Context) -> String {
         "JobID" => job.display_id(),
         "JobIDRaw" => job.id.to_string(),
         "JobName" => spec.name.clone(),
-        "MaxRSS" if job.usage.max_rss_kb > 0 => convert_num_unit(job.usage.max_rss_kb, 1),
+        // Usage as the job's cgroups measured it, empty where nothing was measured (see `Job::node_usage`).
+        "AveRSS" => job.measured_ave_rss_kb().map(kib).unwrap_or_default(),
+        "MaxRSS" => job.measured_max_rss_kb().map(kib).unwrap_or_default(),
+        "MaxRSSNode" => max_rss_node(job).unwrap_or_default(),
+        "TRESUsageInMax" => tres_usage(job.measured_max_cpu_ms(), job.measured_max_rss_kb()),
+        "TRESUsageInTot" => tres_usage(job.measured_cpu_ms(), job.measured_total_rss_kb()),
         "NNodes" => Tres::current(job).node.to_string(),
         "NodeList" if job.nodes.is_empty() => "None assigned".into(),
         "NodeList" => compress_hostlist(&job.nodes),
@@ -701,7 +816,7 @@ fn value(field: &str, job: &Job, cx: &Context) -> String {
         "Suspended" => clock(0),
         "Timelimit" => clock_limit(job.time_limit_s),
         "TimelimitRaw" => job.time_limit_s.map_or_else(|| "UNLIMITED".into(), |s| (s / 60).to_string()),
-        "TotalCPU" => format_cpu(job.usage.cpu_ms),
+        "TotalCPU" => job.measured_cpu_ms().map(format_cpu).unwrap_or_default(),
         "UID" => spec.uid.to_string(),
         "User" => spec.user.clone(),
         "WCKey" => spec.wckey.clone().unwrap_or_default(),
@@ -742,16 +857,44 @@ fn earlier_incarnations(job: &Job) -> Vec<Job> {
             exit_code: 0,
             exit_signal: 0,
             cancelled_by: None,
+            // Measured usage is the last incarnation's.
+            node_usage: Vec::new(),
             ..job.clone()
         })
         .collect()
 }
 
-/// `TotalCPU` as Slurm prints it: `MM:SS.mmm` (or with hours).
+/// `TotalCPU` as Slurm prints it (sacct's `_elapsed_time`): `D-HH:MM:SS` past a day, `HH:MM:SS` past an hour,
+/// else `MM:SS.mmm`, or `00:MM:SS` on a whole second.
 fn format_cpu(ms: u64) -> String {
     let (s, milli) = (ms / 1000, ms % 1000);
-    let (h, m, sec) = (s / 3600, (s / 60) % 60, s % 60);
-    if h > 0 { format!("{h:02}:{m:02}:{sec:02}") } else { format!("{m:02}:{sec:02}.{milli:03}") }
+    let (d, h, m, sec) = (s / 86_400, (s / 3600) % 24, (s / 60) % 60, s % 60);
+    match () {
+        () if d > 0 => format!("{d}-{h:02}:{m:02}:{sec:02}"),
+        () if h > 0 => format!("{h:02}:{m:02}:{sec:02}"),
+        () if milli > 0 => format!("{m:02}:{sec:02}.{milli:03}"),
+        () => format!("00:{m:02}:{sec:02}"),
+    }
+}
+
+/// Memory in KiB as sacct prints `MaxRSS`/`AveRSS` (bytes through `convert_num_unit`: `123456K`, `2M` when exact).
+fn kib(kb: u64) -> String {
+    convert_num_unit(kb, 1)
+}
+
+/// The node with the largest memory peak (`MaxRSSNode`).
+fn max_rss_node(job: &Job) -> Option<String> {
+    let peaks = job.node_usage.iter().filter_map(|n| Some((n.usage.mem_peak_kb?, &n.node)));
+    // The first node of equal peaks, as the allocation lists them.
+    peaks.rev().max_by_key(|(kb, _)| *kb).map(|(_, node)| node.clone())
+}
+
+/// A `TRESUsageIn*` value as Slurm 22.05 prints it (`cpu=00:01:02,mem=1012K`): CPU time as `[D-]HH:MM:SS`,
+/// memory through `convert_num_unit`; only what was measured, empty when nothing was.
+fn tres_usage(cpu_ms: Option<u64>, mem_kb: Option<u64>) -> String {
+    let cpu = cpu_ms.map(|ms| format!("cpu={}", clock(ms / 1000)));
+    let mem = mem_kb.map(|kb| format!("mem={}", kib(kb)));
+    cpu.into_iter().chain(mem).collect::<Vec<_>>().join(",")
 }
 
 /// Local time of `secs` (seconds since the epoch).
@@ -1018,7 +1161,7 @@ fn parse_delta(b: &[u8], sign: usize) -> Option<(i64, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use drover_state::NodeAllocation;
+    use drover_state::{JobSpec, NodeAllocation};
 
     fn names(fields: &[Field]) -> Vec<&str> {
         fields.iter().map(|f| f.def.name).collect()
@@ -1091,8 +1234,46 @@ mod tests {
         job.state = JobState::Cancelled;
         job.cancelled_by = Some(1000);
         assert_eq!(v("State", &job), "CANCELLED by 1000");
-        job.usage.max_rss_kb = 2048;
+        job.node_usage = vec![drover_state::NodeUsage {
+            node: "n1".into(),
+            usage: drover_state::MeasuredUsage { cpu_ms: None, mem_peak_kb: Some(2048) },
+        }];
         assert_eq!(v("MaxRSS", &job), "2M");
+    }
+
+    #[test]
+    fn measured_usage_shows_as_slurm_prints_it_and_stays_empty_when_unmeasured() {
+        use drover_state::{MeasuredUsage, NodeUsage};
+        let cx = Context { now_ms: 10_000, cluster: "c".into() };
+        let mut job = Job { id: 3, nodes: vec!["n1".into(), "n2".into()], ..Job::default() };
+        let fields = ["TotalCPU", "MaxRSS", "MaxRSSNode", "AveRSS", "TRESUsageInTot", "TRESUsageInMax"];
+        for field in fields {
+            assert_eq!(value(field, &job, &cx), "", "{field}: no cgroup, no figure");
+        }
+        let measured = |node: &str, cpu_ms, kb| NodeUsage {
+            node: node.into(),
+            usage: MeasuredUsage { cpu_ms: Some(cpu_ms), mem_peak_kb: Some(kb) },
+        };
+        job.node_usage = vec![measured("n1", 61_500, 123_456), measured("n2", 3_725_250, 1_000)];
+        let v = |f: &str| value(f, &job, &cx);
+        assert_eq!(v("TotalCPU"), "01:03:06", "CPU summed over the nodes: 3786.75 s");
+        assert_eq!(v("MaxRSS"), "123456K", "the largest node's peak");
+        assert_eq!(v("MaxRSSNode"), "n1");
+        assert_eq!(v("AveRSS"), "62228K");
+        assert_eq!(v("TRESUsageInTot"), "cpu=01:03:06,mem=124456K");
+        assert_eq!(v("TRESUsageInMax"), "cpu=01:02:05,mem=123456K");
+        // A node that measured memory but not CPU time (a v1 host without cpuacct).
+        job.node_usage =
+            vec![NodeUsage { node: "n1".into(), usage: MeasuredUsage { cpu_ms: None, mem_peak_kb: Some(2048) } }];
+        assert_eq!(
+            (value("TotalCPU", &job, &cx).as_str(), value("TRESUsageInTot", &job, &cx).as_str()),
+            ("", "mem=2M")
+        );
+        // Slurm's TotalCPU forms.
+        assert_eq!(format_cpu(1_500), "00:01.500");
+        assert_eq!(format_cpu(62_000), "00:01:02", "a whole second has no fraction");
+        assert_eq!(format_cpu(3_600_000), "01:00:00");
+        assert_eq!(format_cpu(90_061_001), "1-01:01:01");
     }
 
     fn query_at(start_s: u64, end_s: u64, states: &[&str], by_id: bool) -> Query {
@@ -1103,6 +1284,41 @@ mod tests {
             states: states.iter().map(|s| SlurmState::parse(s).unwrap()).collect(),
             ..Query::default()
         }
+    }
+
+    #[test]
+    fn a_started_batch_job_has_a_batch_step_row_and_named_steps_narrow_to_it() {
+        let job = Job {
+            id: 5,
+            state: JobState::Timeout,
+            start_time_ms: Some(1_000),
+            nodes: vec!["n1".into(), "n2".into()],
+            partition: "gpu".into(),
+            ..Job::default()
+        };
+        let rows = |jobs: &[&str], x: bool| {
+            let step_refs = job_refs(&jobs.iter().map(|j| j.to_string()).collect::<Vec<_>>()).unwrap();
+            rows_of(&job, &Query { step_refs, ..Query::default() }, x)
+        };
+        assert_eq!(rows(&["5"], false), [Row::Job, Row::Batch]);
+        assert_eq!(rows(&[], false), [Row::Job, Row::Batch], "no -j: every job with its steps");
+        assert_eq!(rows(&["5"], true), [Row::Job], "-X: allocations only");
+        assert_eq!(rows(&["5.batch"], false), [Row::Batch]);
+        assert_eq!(rows(&["5.batch"], true), [Row::Batch], "a named step shows even with -X");
+        assert!(rows(&["5.0"], false).is_empty(), "srun steps have no records");
+        assert_eq!(rows(&["5.0", "5"], false), [Row::Job, Row::Batch]);
+        let interactive = Job { spec: JobSpec { interactive: true, ..JobSpec::default() }, ..job.clone() };
+        let step_refs = job_refs(&["5".to_string()]).unwrap();
+        assert_eq!(rows_of(&interactive, &Query { step_refs, ..Query::default() }, false), [Row::Job]);
+
+        let cx = Context { now_ms: 2_000, cluster: String::new() };
+        let step = batch_step(&job);
+        let get = |f: &str| step_value(f, &job, &step, &cx);
+        assert_eq!(
+            (get("JobID"), get("JobIDRaw"), get("JobName")),
+            ("5.batch".into(), "5.batch".into(), "batch".into())
+        );
+        assert_eq!((get("State"), get("NodeList"), get("Partition")), ("CANCELLED".into(), "n1".into(), String::new()));
     }
 
     #[test]

@@ -522,7 +522,7 @@ fn show_nodes(options: &Options, name: Option<&str>) -> anyhow::Result<i32> {
 }
 
 /// Slurm's complete node state (`IDLE`, `MIXED+DRAIN`, `DOWN+NOT_RESPONDING`, ...).
-fn node_state(node: &Node) -> String {
+pub(crate) fn node_state(node: &Node) -> String {
     let base = match node.state_name() {
         "DRAINED" => "IDLE",
         "DRAINING" if node.allocated_gpus.len() == node.info.gpus.len() && !node.info.gpus.is_empty() => "ALLOCATED",

@@ -3,7 +3,10 @@
 use std::path::Path;
 
 /// The Slurm commands this binary answers to.
-pub const SHIMS: [&str; 9] = ["sbatch", "squeue", "scancel", "scontrol", "srun", "sacct", "sinfo", "sprio", "sshare"];
+pub const SHIMS: [&str; 12] = [
+    "sbatch", "squeue", "scancel", "scontrol", "srun", "salloc", "sacct", "sacctmgr", "sinfo", "sprio", "sshare",
+    "sstat",
+];
 
 pub fn install(dir: &Path) -> anyhow::Result<()> {
     let exe = link_all(dir)?;

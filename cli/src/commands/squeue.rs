@@ -393,7 +393,7 @@ fn sort_jobs(jobs: &mut [Job], keys: &str, now_ms: u64) {
 }
 
 /// `-l`'s first line: the time, as `ctime(3)` writes it (`Tue Jun 30 21:49:08 2026`).
-fn ctime(now_ms: u64) -> String {
+pub(crate) fn ctime(now_ms: u64) -> String {
     let secs = (now_ms / 1000) as libc::time_t;
     let mut buf = [0 as libc::c_char; 64];
     // SAFETY: ctime_r writes at most 26 bytes into `buf`, which holds 64.

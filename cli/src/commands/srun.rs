@@ -37,13 +37,16 @@ pub fn run(args: &[String]) -> i32 {
 struct SrunFlags {
     label: bool,
     unbuffered: bool,
+    /// `--cpu-bind=verbose`: say how tasks are bound.
+    cpu_bind_verbose: bool,
 }
 
-fn take_srun_flags(args: &[String]) -> (SrunFlags, Vec<String>) {
+fn take_srun_flags(args: &[String]) -> anyhow::Result<(SrunFlags, Vec<String>)> {
     let mut flags = SrunFlags::default();
     let mut rest = Vec::new();
     let mut in_command = false;
-    for arg in args {
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
         if !in_command {
             match arg.as_str() {
                 "-l" | "--label" => {
@@ -55,18 +58,83 @@ fn take_srun_flags(args: &[String]) -> (SrunFlags, Vec<String>) {
                     continue;
                 }
                 "--pty" => continue,
+                // Slurm's old spelling is still accepted.
+                "--cpu-bind" | "--cpu_bind" => {
+                    let Some(value) = args.next() else {
+                        anyhow::bail!("option '{arg}' requires an argument");
+                    };
+                    parse_cpu_bind(value, &mut flags.cpu_bind_verbose)?;
+                    continue;
+                }
+                a if a.starts_with("--cpu-bind=") || a.starts_with("--cpu_bind=") => {
+                    parse_cpu_bind(&a["--cpu-bind=".len()..], &mut flags.cpu_bind_verbose)?;
+                    continue;
+                }
                 a if !a.starts_with('-') => in_command = true,
                 _ => {}
             }
         }
         rest.push(arg.clone());
     }
-    (flags, rest)
+    Ok((flags, rest))
+}
+
+/// `--cpu-bind=[{quiet|verbose},]TYPE`, checked as Slurm's `slurm_verify_cpu_bind` checks it; `verbose` and
+/// `quiet` set or clear `verbose` (each `--cpu-bind` adds to the ones before, as in Slurm).
+///
+/// Drover's agents do not pin tasks to CPUs (as Slurm with `TaskPlugin=task/none`), so the type is only
+/// validated: a step launched by a tool that always passes one (snakemake's jobstep executor passes
+/// `--cpu-bind=q`) runs as it would on such a Slurm, and a mistyped one still fails as it would there.
+fn parse_cpu_bind(value: &str, verbose: &mut bool) -> anyhow::Result<()> {
+    // A comma followed by a value continues a map or mask list (`map_cpu:0,1`); any other separates words.
+    let is_value = |rest: &str| {
+        rest.starts_with(|c: char| c.is_ascii_digit())
+            || rest.trim_start_matches(|c: char| c.is_ascii_hexdigit()).is_empty()
+            || rest.trim_start_matches(|c: char| c.is_ascii_hexdigit()).starts_with(',')
+    };
+    let mut words = vec![String::new()];
+    for (i, c) in value.char_indices() {
+        if c == ',' && !is_value(&value[i + 1..]) {
+            words.push(String::new());
+        } else {
+            words.last_mut().expect("never empty").push(c);
+        }
+    }
+    for word in &words {
+        let lower = word.to_ascii_lowercase();
+        let list = |names: &[&str]| {
+            names.iter().any(|n| lower.starts_with(n)).then(|| lower.split([':', '=']).nth(1).unwrap_or_default())
+        };
+        match lower.as_str() {
+            "q" | "quiet" => *verbose = false,
+            "v" | "verbose" => *verbose = true,
+            "one_thread" | "no" | "none" | "rank" | "rank_ldom" | "socket" | "sockets" | "core" | "cores"
+            | "thread" | "threads" | "ldom" | "ldoms" => {}
+            _ => match list(&[
+                "map_cpu",
+                "mapcpu",
+                "mask_cpu",
+                "maskcpu",
+                "map_ldom",
+                "mapldom",
+                "mask_ldom",
+                "maskldom",
+            ]) {
+                Some(items) if !items.is_empty() => {}
+                Some(_) => anyhow::bail!("missing list for \"--cpu-bind={word}:<list>\""),
+                None => anyhow::bail!("unrecognized --cpu-bind argument \"{word}\""),
+            },
+        }
+    }
+    Ok(())
 }
 
 async fn srun(args: &[String]) -> anyhow::Result<i32> {
     let (controllers, args) = super::sbatch::take_controllers_flag(args);
-    let (flags, args) = take_srun_flags(&args);
+    let (flags, args) = take_srun_flags(&args)?;
+    if flags.cpu_bind_verbose {
+        eprintln!("cpu-bind=NONE - tasks are not bound to CPUs on this cluster");
+    }
     let cmd = parse_command_line(&args)?;
     let Some(program) = cmd.script_path.clone() else { anyhow::bail!("No command given to execute") };
     let (user, uid, gid) = current_user();
@@ -324,4 +392,45 @@ async fn follow_node(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|a| a.to_string()).collect()
+    }
+
+    #[test]
+    fn snakemakes_jobstep_line_keeps_its_step_options_and_drops_the_cpu_binding() {
+        // What snakemake-executor-plugin-slurm-jobstep 0.6 runs inside every job.
+        let line = strings(&["-n1", "--cpu-bind=q", "--cpus-per-task=2", "--nodes=1", "python", "-m", "snakemake"]);
+        let (flags, rest) = take_srun_flags(&line).unwrap();
+        assert!(!flags.cpu_bind_verbose);
+        assert_eq!(rest, strings(&["-n1", "--cpus-per-task=2", "--nodes=1", "python", "-m", "snakemake"]));
+    }
+
+    #[test]
+    fn cpu_bind_takes_its_value_either_way_and_belongs_to_srun_only_before_the_command() {
+        let (flags, rest) = take_srun_flags(&strings(&["--cpu_bind", "verbose,cores", "app", "--cpu-bind=x"])).unwrap();
+        assert!(flags.cpu_bind_verbose);
+        assert_eq!(rest, strings(&["app", "--cpu-bind=x"]));
+        assert!(take_srun_flags(&strings(&["--cpu-bind"])).is_err());
+    }
+
+    #[test]
+    fn cpu_bind_types_are_checked_as_slurm_checks_them() {
+        let mut verbose = false;
+        for good in ["q", "quiet,rank", "NONE", "map_cpu:0,1,cores", "mask_cpu=0x3,0xc", "sockets", "v,threads"] {
+            assert!(parse_cpu_bind(good, &mut verbose).is_ok(), "{good}");
+        }
+        assert!(verbose, "the last one said verbose");
+        parse_cpu_bind("v,q", &mut verbose).unwrap();
+        assert!(!verbose, "the last of quiet and verbose wins");
+        for (bad, said) in [("fast", "unrecognized"), ("quiet,", "unrecognized"), ("map_cpu:", "missing list")] {
+            let err = parse_cpu_bind(bad, &mut verbose).unwrap_err().to_string();
+            assert!(err.contains(said), "{bad}: {err}");
+        }
+    }
 }

@@ -1,0 +1,319 @@
+//! `sstat -j JOB[.STEP] [-o FIELDS] [-p|-P] [-n] [-a]`: the status of running job steps, in Slurm 22.05's
+//! columns and parsable layouts (the print_fields of `sacct`).
+//!
+//! What Drover can say, and what it cannot: the controllers know which jobs run where, and that a batch job's
+//! batch step runs on its first node; they record no `srun` steps (only a step counter) and agents sample no
+//! usage while tasks run (CPU time and peak RSS reach the controllers when a job ends, for `sacct`). So sstat
+//! reports the batch step of a running batch job with its job id, node and task count, and leaves every usage
+//! field (MaxRSS, AveCPU, the TRES usage strings, ...) empty rather than print numbers it does not have.
+
+use clap::Parser;
+use drover_state::{Job, JobState};
+
+use super::sacct::{FieldDef, Kind, Layout, def, header, help_format_in, parse_fields_in, row};
+
+/// Slurm 22.05's default fields (`STAT_FIELDS`).
+const DEFAULT_FIELDS: &str = "jobid,maxvmsize,maxvmsizenode,maxvmsizetask,avevmsize,maxrss,maxrssnode,maxrsstask,averss,maxpages,maxpagesnode,maxpagestask,avepages,mincpu,mincpunode,mincputask,avecpu,ntasks,avecpufreq,reqcpufreqmin,reqcpufreqmax,reqcpufreqgov,consumedenergy,maxdiskread,maxdiskreadnode,maxdiskreadtask,avediskread,maxdiskwrite,maxdiskwritenode,maxdiskwritetask,avediskwrite,tresusageinave,tresusageinmax,tresusageinmaxn,tresusageinmaxt,tresusageinmin,tresusageinminn,tresusageinmint,tresusageintot,tresusageoutave,tresusageoutmax,tresusageoutmaxn,tresusageoutmaxt,tresusageoutmin,tresusageoutminn,tresusageoutmint,tresusageouttot";
+/// `-i` (`--pidformat`): the fields added.
+const PID_FIELDS: &str = "jobid,nodelist,pids";
+/// The most jobs and steps one invocation asks about.
+const MAX_STEPS: usize = 1_000;
+
+use Kind::{Number, Text};
+
+/// Slurm 22.05's sstat fields, in its order (a prefix picks the first match).
+const FIELDS: &[FieldDef] = &[
+    def("AveCPU", 10, Text),
+    def("AveCPUFreq", 10, Text),
+    def("AveDiskRead", 12, Text),
+    def("AveDiskWrite", 12, Text),
+    def("AvePages", 10, Text),
+    def("AveRSS", 10, Text),
+    def("AveVMSize", 10, Text),
+    def("ConsumedEnergy", 14, Text),
+    def("ConsumedEnergyRaw", 17, Number),
+    def("JobID", -12, Text),
+    def("MaxDiskRead", 12, Text),
+    def("MaxDiskReadNode", 15, Text),
+    def("MaxDiskReadTask", 15, Number),
+    def("MaxDiskWrite", 12, Text),
+    def("MaxDiskWriteNode", 16, Text),
+    def("MaxDiskWriteTask", 16, Number),
+    def("MaxPages", 8, Text),
+    def("MaxPagesNode", 12, Text),
+    def("MaxPagesTask", 14, Number),
+    def("MaxRSS", 10, Text),
+    def("MaxRSSNode", 10, Text),
+    def("MaxRSSTask", 10, Number),
+    def("MaxVMSize", 10, Text),
+    def("MaxVMSizeNode", 14, Text),
+    def("MaxVMSizeTask", 14, Number),
+    def("MinCPU", 10, Text),
+    def("MinCPUNode", 10, Text),
+    def("MinCPUTask", 10, Number),
+    def("Nodelist", 20, Text),
+    def("NTasks", 8, Number),
+    def("Pids", 20, Text),
+    def("ReqCPUFreq", 10, Text),
+    def("ReqCPUFreqMin", 13, Text),
+    def("ReqCPUFreqMax", 13, Text),
+    def("ReqCPUFreqGov", 13, Text),
+    def("TRESUsageInAve", 14, Text),
+    def("TRESUsageInMax", 14, Text),
+    def("TRESUsageInMaxNode", 18, Text),
+    def("TRESUsageInMaxTask", 18, Text),
+    def("TRESUsageInMin", 14, Text),
+    def("TRESUsageInMinNode", 18, Text),
+    def("TRESUsageInMinTask", 18, Text),
+    def("TRESUsageInTot", 14, Text),
+    def("TRESUsageOutAve", 15, Text),
+    def("TRESUsageOutMax", 15, Text),
+    def("TRESUsageOutMaxNode", 19, Text),
+    def("TRESUsageOutMaxTask", 19, Text),
+    def("TRESUsageOutMin", 15, Text),
+    def("TRESUsageOutMinNode", 19, Text),
+    def("TRESUsageOutMinTask", 19, Text),
+    def("TRESUsageOutTot", 15, Text),
+];
+
+#[derive(Parser, Debug)]
+#[command(name = "sstat", disable_help_flag = true, disable_version_flag = true, about = "Status of running job steps")]
+struct Args {
+    /// Every step, the batch step included (else only the steps `srun` started).
+    #[arg(short = 'a', long = "allsteps")]
+    all_steps: bool,
+    /// The field names.
+    #[arg(short = 'e', long = "helpformat")]
+    helpformat: bool,
+    #[arg(short = 'h', long = "help", action = clap::ArgAction::Help)]
+    help: Option<bool>,
+    /// Job ids, each `JOB` or `JOB.STEP` (comma-separated, repeatable).
+    #[arg(short = 'j', long = "jobs")]
+    jobs: Vec<String>,
+    #[arg(short = 'n', long = "noheader")]
+    noheader: bool,
+    /// Fields (comma-separated names or prefixes, `%N` sets a width).
+    #[arg(short = 'o', long = "format", alias = "fields")]
+    format: Vec<String>,
+    /// The node and process ids of each step.
+    #[arg(short = 'i', long = "pidformat")]
+    pidformat: bool,
+    /// `|` after every field.
+    #[arg(short = 'p', long = "parsable")]
+    parsable: bool,
+    /// `|` between fields.
+    #[arg(short = 'P', long = "parsable2")]
+    parsable2: bool,
+    #[arg(long = "noconvert")]
+    noconvert: bool,
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
+    verbose: u8,
+    #[arg(short = 'V', long = "version")]
+    version: bool,
+    #[arg(long = "usage")]
+    usage: bool,
+    #[arg(long = "controllers")]
+    controllers: Option<String>,
+    /// A job list given without `-j`.
+    #[arg(hide = true)]
+    operands: Vec<String>,
+}
+
+pub fn run(args: &[String]) -> i32 {
+    match sstat(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("sstat: error: {e:#}");
+            1
+        }
+    }
+}
+
+/// A step asked about: `12`, `12.batch`, `12.3`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct StepRef {
+    job: u64,
+    step: Option<String>,
+}
+
+fn parse_steps(lists: &[String]) -> anyhow::Result<Vec<StepRef>> {
+    let mut steps = Vec::new();
+    for item in lists.iter().flat_map(|l| l.split(',')).filter(|s| !s.is_empty()) {
+        let (job, step) = match item.split_once('.') {
+            Some((job, step)) => (job, Some(step.to_string())),
+            None => (item, None),
+        };
+        let job = job.parse().map_err(|_| anyhow::anyhow!("Bad job/step specified: {item}"))?;
+        if step.as_deref().is_some_and(|s| !matches!(s, "batch" | "extern") && s.parse::<u32>().is_err()) {
+            anyhow::bail!("Bad job/step specified: {item}");
+        }
+        steps.push(StepRef { job, step });
+        if steps.len() > MAX_STEPS {
+            anyhow::bail!("more than {MAX_STEPS} jobs and steps asked for");
+        }
+    }
+    Ok(steps)
+}
+
+fn sstat(args: &[String]) -> anyhow::Result<i32> {
+    let args = Args::try_parse_from(std::iter::once("sstat".to_string()).chain(args.iter().cloned()))
+        .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+    if args.version {
+        println!("{}", crate::format::version_line());
+        return Ok(0);
+    }
+    if args.usage {
+        println!("Usage: sstat [options] -j <job(.stepid)>\n       Use --help for help");
+        return Ok(0);
+    }
+    if args.helpformat {
+        print!("{}", help_format_in(FIELDS));
+        return Ok(0);
+    }
+    // -a changes nothing: the batch step, the only one Drover can report, is always shown.
+    let _ = (args.noconvert, args.verbose, args.all_steps);
+    let mut spec = args.format.join(",");
+    if args.pidformat {
+        spec = if spec.is_empty() { PID_FIELDS.to_string() } else { format!("{PID_FIELDS},{spec}") };
+    }
+    let fields = parse_fields_in(if spec.is_empty() { DEFAULT_FIELDS } else { &spec }, FIELDS)?;
+    let mut lists = args.jobs.clone();
+    lists.extend(args.operands.first().cloned());
+    let steps = parse_steps(&lists)?;
+    if steps.is_empty() {
+        anyhow::bail!("You didn't give me any jobs to stat.");
+    }
+    let layout = match (args.parsable, args.parsable2) {
+        (_, true) => Layout::Parsable { delimiter: "|".into(), trailing: false },
+        (true, false) => Layout::Parsable { delimiter: "|".into(), trailing: true },
+        _ => Layout::Columns,
+    };
+    let client = crate::connect::client(args.controllers.as_deref())?;
+    let rt = crate::connect::runtime();
+    let mut out = String::new();
+    if !args.noheader {
+        out.push_str(&header(&fields, &layout));
+    }
+    for wanted in &steps {
+        let job = match rt.block_on(client.get_job(wanted.job, false, false)) {
+            Ok((job, _)) => job,
+            Err(drover_client::ClientError::NotFound(_)) => {
+                eprintln!("sstat: error: couldn't get steps for job {}", wanted.job);
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        match running_steps(&job, wanted) {
+            Ok(found) => {
+                for step in found {
+                    let values: Vec<String> = fields.iter().map(|f| value(f.name(), &job, &step)).collect();
+                    out.push_str(&row(&fields, &values, &layout));
+                }
+            }
+            Err(message) => eprintln!("sstat: error: {message}"),
+        }
+    }
+    print!("{out}");
+    // As Slurm's sstat: steps not found running are errors on stderr, not a failed run.
+    Ok(0)
+}
+
+/// A step sstat can vouch for: its id (`batch`) and where it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Step {
+    id: String,
+    node: String,
+}
+
+/// The steps of `job` that answer `wanted`, or Slurm's error when none does (and Drover's reason when it cannot
+/// tell).
+fn running_steps(job: &Job, wanted: &StepRef) -> Result<Vec<Step>, String> {
+    let id = job.id;
+    let not_running = || match &wanted.step {
+        None => format!("No steps running for job {id}"),
+        Some(step) => format!("{id}.{step} not found running."),
+    };
+    if job.state != JobState::Running {
+        return Err(not_running());
+    }
+    let batch = (!job.spec.interactive).then(|| Step { id: "batch".into(), node: job.nodes[0].clone() });
+    match wanted.step.as_deref() {
+        // The batch step is the one Drover knows to be running; without -a Slurm would list srun's steps,
+        // which Drover does not record, so the batch step stands for the job rather than nothing.
+        None => batch
+            .map(|b| vec![b])
+            .ok_or_else(|| format!("no step of job {id} is known to be running (Drover records no srun steps)")),
+        Some("batch") => batch.map(|b| vec![b]).ok_or_else(not_running),
+        Some(step) => match step.parse::<u32>() {
+            Ok(n) if n < job.next_step_id => {
+                Err(format!("step {id}.{n} was started, but Drover records no live data for srun steps"))
+            }
+            _ => Err(not_running()),
+        },
+    }
+}
+
+/// A field's value for one step: what Drover knows, empty for the usage it does not sample.
+fn value(field: &str, job: &Job, step: &Step) -> String {
+    match field {
+        "JobID" => format!("{}.{}", job.id, step.id),
+        "Nodelist" => step.node.clone(),
+        "NTasks" => "1".to_string(),
+        // No frequency was asked for (Slurm prints its NO_VAL so).
+        "ReqCPUFreq" | "ReqCPUFreqMin" | "ReqCPUFreqMax" | "ReqCPUFreqGov" => "Unknown".to_string(),
+        _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use drover_state::JobSpec;
+
+    use super::*;
+
+    fn running(interactive: bool) -> Job {
+        Job {
+            id: 12,
+            state: JobState::Running,
+            spec: JobSpec { interactive, ..JobSpec::default() },
+            nodes: vec!["node01".into(), "node02".into()],
+            next_step_id: 2,
+            ..Job::default()
+        }
+    }
+
+    #[test]
+    fn job_and_step_lists_parse_as_slurm_takes_them() {
+        let steps = parse_steps(&["12,13.batch".to_string(), "14.0".to_string()]).unwrap();
+        assert_eq!(steps[1], StepRef { job: 13, step: Some("batch".into()) });
+        assert_eq!(steps.len(), 3);
+        assert!(parse_steps(&["12.x".to_string()]).unwrap_err().to_string().contains("Bad job/step specified: 12.x"));
+    }
+
+    #[test]
+    fn only_the_batch_step_of_a_running_batch_job_is_reported() {
+        let whole = StepRef { job: 12, step: None };
+        assert_eq!(running_steps(&running(false), &whole).unwrap()[0].node, "node01");
+        let srun_step = StepRef { job: 12, step: Some("1".into()) };
+        assert!(running_steps(&running(false), &srun_step).unwrap_err().contains("records no live data"));
+        let later = StepRef { job: 12, step: Some("7".into()) };
+        assert_eq!(running_steps(&running(false), &later).unwrap_err(), "12.7 not found running.");
+        assert!(running_steps(&running(true), &whole).unwrap_err().contains("no step of job 12"));
+        let ended = Job { state: JobState::Completed, ..running(false) };
+        assert_eq!(running_steps(&ended, &whole).unwrap_err(), "No steps running for job 12");
+    }
+
+    #[test]
+    fn known_fields_have_values_and_usage_fields_stay_empty() {
+        let fields = parse_fields_in("jobid,nodelist,ntasks,maxrss,avecpu", FIELDS).unwrap();
+        let job = running(false);
+        let step = Step { id: "batch".into(), node: "node01".into() };
+        let values: Vec<String> = fields.iter().map(|f| value(f.name(), &job, &step)).collect();
+        assert_eq!(values, ["12.batch", "node01", "1", "", ""]);
+        let layout = Layout::Parsable { delimiter: "|".into(), trailing: false };
+        assert_eq!(row(&fields, &values, &layout), "12.batch|node01|1||\n");
+        assert_eq!(header(&fields, &layout), "JobID|Nodelist|NTasks|MaxRSS|AveCPU\n");
+        let bogus = parse_fields_in("bogus", FIELDS).map(|_| ()).unwrap_err();
+        assert_eq!(bogus.to_string(), "Invalid field requested: \"bogus\"");
+    }
+}
