@@ -229,10 +229,17 @@ fn a_user_runs_steps_inside_an_salloc_allocation_which_ends_with_the_command() {
     assert!(stderr.ends_with("salloc: Relinquishing job allocation 1\n"), "{stderr}");
     assert_eq!(finished(&sh, 1, "JobName,State,ExitCode,NNodes"), "interactive|COMPLETED|0:0|2");
 
+    // An allocation kept without a shell takes steps from srun --jobid, from anywhere, until it is cancelled.
+    let out = sh.run("salloc", &["--no-shell", "-N", "1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stepped = sh.run("srun", &["--jobid=2", "--overlap", "sh", "-c", "echo $SLURM_JOB_ID $SLURM_STEP_ID"]);
+    assert_eq!(String::from_utf8(stepped.stdout).unwrap(), "2 0\n", "{}", String::from_utf8_lossy(&stepped.stderr));
+    sh.ok("scancel", &["2"]);
+
     // The command's exit status is salloc's, and the allocation's.
     let out = sh.run("salloc", &["-J", "fails", "sh", "-c", "exit 3"]);
     assert_eq!(out.status.code(), Some(3));
-    assert_eq!(finished(&sh, 2, "JobName,State,ExitCode"), "fails|FAILED|3:0");
+    assert_eq!(finished(&sh, 3, "JobName,State,ExitCode"), "fails|FAILED|3:0");
 
     // SIGTERM to salloc releases the allocation and stops the command.
     let mut salloc = sh
@@ -243,7 +250,7 @@ fn a_user_runs_steps_inside_an_salloc_allocation_which_ends_with_the_command() {
         .unwrap();
     let mut stderr = std::io::BufReader::new(salloc.stderr.take().unwrap());
     let mut line = String::new();
-    while !line.contains("Granted job allocation 3") {
+    while !line.contains("Granted job allocation 4") {
         line.clear();
         assert!(std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0, "salloc ended before the grant");
     }
@@ -254,7 +261,7 @@ fn a_user_runs_steps_inside_an_salloc_allocation_which_ends_with_the_command() {
     assert_eq!(status.code(), Some(1), "a command killed by SIGTERM: salloc exits 1, as Slurm's does");
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
-    assert!(rest.contains("salloc: Relinquishing job allocation 3"), "{rest}");
-    let state = finished(&sh, 3, "JobID,State");
-    assert!(state.starts_with("3|CANCELLED"), "{state}");
+    assert!(rest.contains("salloc: Relinquishing job allocation 4"), "{rest}");
+    let state = finished(&sh, 4, "JobID,State");
+    assert!(state.starts_with("4|CANCELLED"), "{state}");
 }

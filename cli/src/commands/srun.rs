@@ -39,6 +39,10 @@ struct SrunFlags {
     unbuffered: bool,
     /// `--cpu-bind=verbose`: say how tasks are bound.
     cpu_bind_verbose: bool,
+    /// `--jobid=N`: run the step in job N's allocation (as `SLURM_JOB_ID=N` does).
+    job_id: Option<u64>,
+    /// Options taken and not acted on, for a warning each.
+    ignored: Vec<String>,
 }
 
 fn take_srun_flags(args: &[String]) -> anyhow::Result<(SrunFlags, Vec<String>)> {
@@ -70,6 +74,29 @@ fn take_srun_flags(args: &[String]) -> anyhow::Result<(SrunFlags, Vec<String>)> 
                     parse_cpu_bind(&a["--cpu-bind=".len()..], &mut flags.cpu_bind_verbose)?;
                     continue;
                 }
+                // Steps never reserve CPUs or GPUs out of their job's allocation in Drover, so they always
+                // overlap, as Slurm's `--overlap` asks, and `--exact`/`--whole` change nothing.
+                "--overlap" | "--exact" | "--whole" => continue,
+                "--jobid" | "--mpi" => {
+                    let Some(value) = args.next() else {
+                        anyhow::bail!("option '{arg}' requires an argument");
+                    };
+                    take_valued(&mut flags, &arg[2..], value)?;
+                    continue;
+                }
+                a if a.starts_with("--jobid=") || a.starts_with("--mpi=") => {
+                    let (name, value) = a[2..].split_once('=').expect("matched with '='");
+                    take_valued(&mut flags, name, value)?;
+                    continue;
+                }
+                "-K" | "--kill-on-bad-exit" => {
+                    flags.ignored.push("--kill-on-bad-exit".into());
+                    continue;
+                }
+                a if a.starts_with("--kill-on-bad-exit=") || (a.starts_with("-K") && a.len() == 3) => {
+                    flags.ignored.push("--kill-on-bad-exit".into());
+                    continue;
+                }
                 a if !a.starts_with('-') => in_command = true,
                 _ => {}
             }
@@ -79,11 +106,26 @@ fn take_srun_flags(args: &[String]) -> anyhow::Result<(SrunFlags, Vec<String>)> 
     Ok((flags, rest))
 }
 
+/// srun's own options that take a value: `--jobid=N`, `--mpi=TYPE`.
+fn take_valued(flags: &mut SrunFlags, name: &str, value: &str) -> anyhow::Result<()> {
+    match name {
+        "jobid" => {
+            let id = value.parse::<u64>().map_err(|_| anyhow::anyhow!("Invalid --jobid argument: {value}"))?;
+            flags.job_id = Some(id);
+        }
+        // Drover launches no PMI server: ranks find each other through the environment (MASTER_ADDR, RANK...)
+        // or their own rendezvous, which is what `--mpi=none` means in Slurm.
+        _ if value.eq_ignore_ascii_case("none") => {}
+        _ => flags.ignored.push(format!("--mpi={value}")),
+    }
+    Ok(())
+}
+
 /// `--cpu-bind=[{quiet|verbose},]TYPE`, checked as Slurm's `slurm_verify_cpu_bind` checks it; `verbose` and
 /// `quiet` set or clear `verbose` (each `--cpu-bind` adds to the ones before, as in Slurm).
 ///
-/// Drover's agents do not pin tasks to CPUs (as Slurm with `TaskPlugin=task/none`), so the type is only
-/// validated: a step launched by a tool that always passes one (snakemake's jobstep executor passes
+/// Drover's agents confine a job's tasks on a node to the job's CPUs (a cpuset) but do not bind each task within
+/// them (as Slurm with `TaskPlugin=task/cgroup` and no affinity plugin), so the type is only validated: a step launched by a tool that always passes one (snakemake's jobstep executor passes
 /// `--cpu-bind=q`) runs as it would on such a Slurm, and a mistyped one still fails as it would there.
 fn parse_cpu_bind(value: &str, verbose: &mut bool) -> anyhow::Result<()> {
     // A comma followed by a value continues a map or mask list (`map_cpu:0,1`); any other separates words.
@@ -133,7 +175,15 @@ async fn srun(args: &[String]) -> anyhow::Result<i32> {
     let (controllers, args) = super::sbatch::take_controllers_flag(args);
     let (flags, args) = take_srun_flags(&args)?;
     if flags.cpu_bind_verbose {
-        eprintln!("cpu-bind=NONE - tasks are not bound to CPUs on this cluster");
+        eprintln!("cpu-bind=NONE - tasks share their job's CPUs on each node and are not bound one by one");
+    }
+    for option in &flags.ignored {
+        let why = if option.starts_with("--mpi") {
+            "Drover starts no PMI server; ranks meet through MASTER_ADDR/MASTER_PORT, RANK and WORLD_SIZE"
+        } else {
+            "a step ends when all of its tasks have ended"
+        };
+        eprintln!("srun: warning: {option} is ignored: {why}");
     }
     let cmd = parse_command_line(&args)?;
     let Some(program) = cmd.script_path.clone() else { anyhow::bail!("No command given to execute") };
@@ -162,7 +212,8 @@ async fn srun(args: &[String]) -> anyhow::Result<i32> {
     let spec = &mut parsed.spec;
     let step_env = step_environment(spec);
 
-    if let Some(job_id) = std::env::var("SLURM_JOB_ID").ok().and_then(|v| v.parse::<u64>().ok()) {
+    let inside = flags.job_id.or_else(|| std::env::var("SLURM_JOB_ID").ok().and_then(|v| v.parse::<u64>().ok()));
+    if let Some(job_id) = inside {
         let (job, _) = client.get_job(job_id, false, false).await?;
         if job.state != JobState::Running {
             anyhow::bail!("job {job_id} is {} and cannot run steps", job.state.name());
@@ -417,6 +468,22 @@ mod tests {
         assert!(flags.cpu_bind_verbose);
         assert_eq!(rest, strings(&["app", "--cpu-bind=x"]));
         assert!(take_srun_flags(&strings(&["--cpu-bind"])).is_err());
+    }
+
+    #[test]
+    fn launcher_options_are_taken_jobid_names_the_allocation_and_the_rest_warn() {
+        // What torchrun and MPI launch scripts commonly pass.
+        let line =
+            strings(&["--jobid", "12", "--overlap", "--mpi=pmix", "-K1", "--exact", "-N2", "torchrun", "--jobid=3"]);
+        let (flags, rest) = take_srun_flags(&line).unwrap();
+        assert_eq!(flags.job_id, Some(12));
+        assert_eq!(flags.ignored, ["--mpi=pmix", "--kill-on-bad-exit"]);
+        assert_eq!(rest, strings(&["-N2", "torchrun", "--jobid=3"]), "the command's own options are its own");
+        let (flags, _) = take_srun_flags(&strings(&["--jobid=7", "--mpi", "none", "app"])).unwrap();
+        assert_eq!((flags.job_id, flags.ignored.len()), (Some(7), 0), "--mpi=none is what Drover does");
+        let err = take_srun_flags(&strings(&["--jobid=x", "app"])).err().unwrap();
+        assert_eq!(err.to_string(), "Invalid --jobid argument: x");
+        assert!(take_srun_flags(&strings(&["--jobid"])).is_err());
     }
 
     #[test]
