@@ -3,7 +3,8 @@
 //! The submitit stories each run one scenario of `tests/compat/submitit_story.py` (submitit 1.5.4); the
 //! snakemake stories run the workflow `tests/compat/snakemake/Snakefile` through snakemake's Slurm executor
 //! plugin (snakemake 9.27.1, snakemake-executor-plugin-slurm 2.8.0, whose jobstep half runs each rule under
-//! `srun` inside its job). Everything runs with the shims first on PATH. The libraries live in a virtual
+//! `srun` inside its job); the torchrun story runs `tests/compat/torchrun/launch.sh` with torch 2.5.1 in a
+//! virtualenv of its own. Everything runs with the shims first on PATH. The libraries live in a virtual
 //! environment under the test's target directory, created on first use with `pip install` (`.ci/run` installs
 //! python3-venv; a machine without access to PyPI fails here, saying so).
 
@@ -25,12 +26,22 @@ const PACKAGES: &[&str] = &[
     "snakemake-executor-plugin-slurm-jobstep==0.6.1",
 ];
 
+/// PyTorch for the `torchrun` story, in a virtual environment of its own: its wheels and their CUDA libraries
+/// are about 3.5 GB, and CPU-only `gloo` is all the story needs (there are no GPUs here).
+const TORCH_PACKAGES: &[&str] = &["torch==2.5.1", "numpy==2.1.3"];
+
 /// A Python with `PACKAGES`, made once per target directory (several test processes may ask at once).
 fn python() -> PathBuf {
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("compat-venv");
+    venv_python("compat-venv", PACKAGES)
+}
+
+/// A Python with `packages` in the virtual environment `name` under the target directory, made on first use
+/// under a lock; a changed package list remakes it.
+fn venv_python(name: &str, packages: &[&str]) -> PathBuf {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     let python = venv.join("bin/python");
-    let marker = venv.join(format!("installed-{}", PACKAGES.join("-")));
-    let lock = std::fs::File::create(Path::new(env!("CARGO_TARGET_TMPDIR")).join("compat-venv.lock")).unwrap();
+    let marker = venv.join(format!("installed-{}", packages.join("-")));
+    let lock = std::fs::File::create(Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.lock"))).unwrap();
     // SAFETY: flock(2) on a descriptor we own; released when `lock` is dropped.
     assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) }, 0);
     if !marker.exists() {
@@ -46,8 +57,8 @@ fn python() -> PathBuf {
         run(Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv), "python3 -m venv");
         run(
             Command::new(&python)
-                .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
-                .args(PACKAGES),
+                .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-cache-dir"])
+                .args(packages),
             "pip install",
         );
         std::fs::write(&marker, "").unwrap();
@@ -287,4 +298,45 @@ fn snakemake_sees_a_failing_rule_fail_and_keeps_its_log() {
     let log = shell.cwd.join(format!(".snakemake/slurm_logs/rule_broken/{}.log", job["JobIDRaw"]));
     let text = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}\n{}", log.display(), run.text));
     assert!(text.contains("broken: about to fail"), "{text}");
+}
+
+/// A multi-node `torchrun` launch script as users write it for Slurm, run unmodified by sbatch: the head node
+/// from `scontrol show hostnames`, its address from a one-task `srun -w`, then one `torchrun` per node under
+/// `srun`, meeting through the c10d rendezvous. The training script (`tests/compat/torchrun/train.py`) checks
+/// what torchrun gave each of the 4 ranks, all-reduces across both nodes with gloo, and takes one DDP step.
+#[test]
+fn an_unmodified_multi_node_torchrun_script_trains_across_two_nodes() {
+    let python = venv_python("compat-torch-venv", TORCH_PACKAGES);
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, shell) = setup(dir.path(), options());
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/compat/torchrun");
+    for file in ["launch.sh", "train.py"] {
+        std::fs::copy(here.join(file), shell.cwd.join(file)).unwrap();
+    }
+    // The job finds torchrun and python on its PATH, as a user's activated environment puts them there.
+    let venv_bin = python.parent().unwrap().display().to_string();
+    let path = format!("{venv_bin}:{}", shell_path(&shell));
+    let out = shell.command("sbatch", &["--parsable", "launch.sh"]).env("PATH", &path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id: u64 = String::from_utf8(out.stdout).unwrap().trim().parse().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    let state = loop {
+        let state = shell.ok("sacct", &["-X", "-n", "-P", "-j", &id.to_string(), "-o", "State"]).trim().to_string();
+        if !["PENDING", "RUNNING", ""].contains(&state.as_str()) || std::time::Instant::now() > deadline {
+            break state;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let log = std::fs::read_to_string(shell.cwd.join(format!("ddp-{id}.out"))).unwrap_or_default();
+    assert_eq!(state, "COMPLETED", "the launch script's log:\n{log}");
+    let ranks: Vec<&str> = log.lines().filter(|l| l.starts_with("rank ")).collect();
+    assert_eq!(ranks.len(), 4, "{log}");
+    for rank in 0..4 {
+        let line = ranks.iter().find(|l| l.starts_with(&format!("rank {rank}/4 "))).unwrap_or_else(|| panic!("{log}"));
+        assert!(line.contains(&format!("local {} ", rank % 2)) && line.ends_with("sum 6 ddp ok"), "{line}");
+    }
+    // Each node ran one torchrun (one srun task per node), each with two workers.
+    let nodes: std::collections::BTreeSet<&str> =
+        ranks.iter().filter_map(|l| l.split(" node ").nth(1)?.split(' ').next()).collect();
+    assert_eq!(nodes.into_iter().collect::<Vec<_>>(), ["node01", "node02"], "{log}");
 }
