@@ -420,3 +420,24 @@ fn a_job_over_its_memory_request_ends_out_of_memory_and_one_within_it_completes(
     let err = sh.err("sbatch", &["--mem=100T", "--wrap", "true"]);
     assert!(err.to_lowercase().contains("mem"), "{err}");
 }
+
+#[test]
+fn sacct_lists_the_batch_step_and_each_srun_step_with_its_own_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, sh) = setup(dir.path(), two_agents());
+    let script = "srun -N 2 -n 2 true; srun -N 1 -n 1 sh -c 'exit 3'; exit 0";
+    let id = sh.submit(&["-N", "2", "--ntasks-per-node=1", "--wrap", script]);
+    assert_eq!(sh.wait_done(id, Duration::from_secs(40)), "COMPLETED");
+    let rows = sh.ok("sacct", &["-j", &id.to_string(), "-n", "-P", "-o", "JobID,JobName,State,ExitCode,NNodes,NTasks"]);
+    let want = [
+        format!("{id}|wrap|COMPLETED|0:0|2|"),
+        format!("{id}.batch|batch|COMPLETED|0:0|1|"),
+        format!("{id}.0|true|COMPLETED|0:0|2|2"),
+        format!("{id}.1|sh|FAILED|3:0|1|1"),
+    ];
+    assert_eq!(rows.lines().collect::<Vec<_>>(), want, "{rows}");
+    // A step named alone, as snakemake asks for the reason of a failure.
+    let one = sh.ok("sacct", &["-j", &format!("{id}.1"), "-n", "-P", "-o", "JobID,State"]);
+    assert_eq!(one.trim(), format!("{id}.1|FAILED"));
+    assert_eq!(sh.ok("sacct", &["-X", "-j", &id.to_string(), "-n", "-P", "-o", "JobID"]).trim(), id.to_string());
+}

@@ -204,7 +204,7 @@ fn an_operator_reads_the_nodes_with_sinfo_in_slurms_layouts() {
     );
     assert_eq!(sh.ok("sinfo", &["-h", "-s", "-o", "%P %F"]), "gpu* 1/0/1/2\n");
     assert_eq!(sh.ok("sinfo", &["-h", "-t", "drain", "-o", "%N"]), "node02\n");
-    // A running batch job's batch step is all sstat can vouch for: no usage is sampled while it runs.
+    // With no srun step running, sstat shows the batch step; no usage is sampled while it runs.
     assert_eq!(
         sh.ok("sstat", &["-j", &job.to_string(), "-n", "-P", "-o", "JobID,Nodelist,NTasks,MaxRSS"]),
         format!("{job}.batch|node01|1|\n")

@@ -388,9 +388,31 @@ impl Client {
     }
 
     /// Numbers a new step of a running job.
-    pub async fn create_step(&self, job_id: u64) -> Result<u32, ClientError> {
-        let reply = self.call(|mut c| async move { c.create_step(CreateStepRequest { job_id }).await }).await?;
+    /// Numbers a new step of `job_id` and records what it runs (`name`), where and how many tasks.
+    pub async fn create_step(&self, job_id: u64, name: &str, nodes: &[String], tasks: u32) -> Result<u32, ClientError> {
+        let request = CreateStepRequest { job_id, name: name.to_string(), nodes: nodes.to_vec(), tasks };
+        let reply = self
+            .call(|mut c| {
+                let request = request.clone();
+                async move { c.create_step(request).await }
+            })
+            .await?;
         Ok(reply.step_id)
+    }
+
+    /// Records how a step ended: the largest exit code of its tasks, a signal that killed one, or that it was
+    /// interrupted.
+    pub async fn end_step(
+        &self,
+        job_id: u64,
+        step_id: u32,
+        exit_code: i32,
+        signal: i32,
+        cancelled: bool,
+    ) -> Result<(), ClientError> {
+        let request = EndStepRequest { job_id, step_id, exit_code, signal, cancelled };
+        self.call(|mut c| async move { c.end_step(request).await }).await?;
+        Ok(())
     }
 
     pub async fn list_nodes(&self, stale: bool) -> Result<Vec<drover_state::Node>, ClientError> {

@@ -35,6 +35,9 @@ const MAX_REQUEST_ID_BYTES: usize = 128;
 const FORWARDED_KEY: &str = "x-drover-forwarded";
 /// The most audit entries one listing returns.
 const MAX_LIST_AUDIT: usize = 10_000;
+/// A step runs on its job's nodes (a job has at most so many) under a program name of bounded length.
+const MAX_STEP_NODES: usize = 100_000;
+const MAX_STEP_NAME_BYTES: usize = 4_096;
 
 pub struct Api {
     pub id: u64,
@@ -629,10 +632,33 @@ impl DroverService for Api {
         forward_if_follower!(self, request, create_step);
         let caller = self.security.caller(&request)?;
         let m = request.into_inner();
-        match self.write(Command::CreateStep { job_id: m.job_id, by_uid: caller.uid }).await? {
+        if m.nodes.len() > MAX_STEP_NODES || m.name.len() > MAX_STEP_NAME_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "a step names at most {MAX_STEP_NODES} nodes and a program name of at most {MAX_STEP_NAME_BYTES} bytes"
+            )));
+        }
+        let step =
+            (!m.nodes.is_empty()).then_some(drover_state::StepStart { name: m.name, nodes: m.nodes, tasks: m.tasks });
+        match self.write(Command::CreateStep { job_id: m.job_id, by_uid: caller.uid, step }).await? {
             Reply::Step { step_id } => Ok(Response::new(CreateStepReply { step_id })),
             other => Err(internal("unexpected reply to create step", format!("{other:?}"))),
         }
+    }
+
+    async fn end_step(&self, request: Request<EndStepRequest>) -> Result<Response<Empty>, Status> {
+        forward_if_follower!(self, request, end_step);
+        let caller = self.security.caller(&request)?;
+        let m = request.into_inner();
+        let command = Command::EndStep {
+            job_id: m.job_id,
+            step_id: m.step_id,
+            exit_code: m.exit_code,
+            signal: m.signal,
+            cancelled: m.cancelled,
+            by_uid: caller.uid,
+        };
+        self.write(command).await?;
+        Ok(Response::new(Empty {}))
     }
 
     async fn list_nodes(&self, request: Request<ListNodesRequest>) -> Result<Response<ListNodesReply>, Status> {

@@ -9,6 +9,16 @@ use crate::error::CommandError;
 use crate::job::{JobId, JobSpec, MeasuredUsage, NodeAllocation, PendingReason, Usage};
 use crate::node::NodeInfo;
 
+/// What `srun` says of a step it starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepStart {
+    /// The program's name (sacct's JobName for the step).
+    pub name: String,
+    /// The nodes its tasks run on, a subset of the job's.
+    pub nodes: Vec<String>,
+    pub tasks: u32,
+}
+
 /// A log entry's application payload: the command and the leader's wall-clock stamp for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
@@ -84,9 +94,23 @@ pub enum Command {
         #[serde(default)]
         by_uid: u32,
     },
-    /// `srun` inside a job: numbers a new step.
+    /// `srun` inside a job: numbers a new step and records it (what it runs, where, how many tasks) for sacct.
     CreateStep {
         job_id: JobId,
+        by_uid: u32,
+        /// Absent in entries written before steps were recorded.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        step: Option<StepStart>,
+    },
+    /// `srun` saw its step's tasks end: the step's record gets its end (the log's time) and exit status.
+    EndStep {
+        job_id: JobId,
+        step_id: u32,
+        /// The largest exit code of its tasks, and the signal that killed one, if any (Slurm's step ExitCode).
+        exit_code: i32,
+        signal: i32,
+        /// Interrupted (Ctrl-C, scancel of the step) rather than ended on its own.
+        cancelled: bool,
         by_uid: u32,
     },
     /// Accounts, QOS and advance reservations (root only).
@@ -202,6 +226,7 @@ impl Command {
             Command::ApplyPlan { .. } => "apply_plan",
             Command::JobEnded { .. } => "job_ended",
             Command::CreateStep { .. } => "create_step",
+            Command::EndStep { .. } => "end_step",
             Command::UpdatePartition { .. } => "update_partition",
             Command::Admin { op, .. } => op.kind(),
             Command::TopJobs { .. } => "top_jobs",

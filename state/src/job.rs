@@ -615,6 +615,10 @@ pub struct Job {
     /// The next `srun` step id within the job.
     #[serde(default)]
     pub next_step_id: u32,
+    /// The current incarnation's `srun` steps, oldest first (at most [`MAX_STEP_RECORDS`]: the oldest ended ones
+    /// give way), for sacct's `123.0` rows.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<StepRecord>,
     /// Why the last incarnation failed to launch, or what the agent said about the end.
     #[serde(default)]
     pub message: Option<String>,
@@ -824,4 +828,44 @@ impl MeasuredUsage {
 pub struct NodeUsage {
     pub node: String,
     pub usage: MeasuredUsage,
+}
+
+/// How many step records a job keeps: a job that runs steps in a loop must not grow without bound.
+pub const MAX_STEP_RECORDS: usize = 512;
+
+/// One `srun` step of a job, as the controllers recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepRecord {
+    pub id: u32,
+    /// The program it ran.
+    pub name: String,
+    pub nodes: Vec<String>,
+    pub tasks: u32,
+    pub start_ms: u64,
+    /// `None` while it runs, or when its `srun` never said (a step of a job that ended under it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<StepEnd>,
+}
+
+/// How a step ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepEnd {
+    pub end_ms: u64,
+    pub exit_code: i32,
+    pub signal: i32,
+    pub cancelled: bool,
+}
+
+impl StepRecord {
+    /// Slurm's state for the step: its own end if `srun` reported one; else running while the job runs, and
+    /// cancelled with it once the job has ended (its tasks were killed with the job).
+    pub fn state(&self, job_state: JobState) -> JobState {
+        match self.end {
+            Some(end) if end.cancelled => JobState::Cancelled,
+            Some(end) if end.exit_code != 0 || end.signal != 0 => JobState::Failed,
+            Some(_) => JobState::Completed,
+            None if matches!(job_state, JobState::Running | JobState::Completing) => JobState::Running,
+            None => JobState::Cancelled,
+        }
+    }
 }

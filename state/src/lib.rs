@@ -29,13 +29,13 @@ pub mod state;
 pub use account::{Account, AccountUpdate};
 pub use admin::{AdminOp, Object};
 pub use audit::AuditEntry;
-pub use command::{Allocation, Command, JobEnd, JobOutcome, JobUpdate, Reply, Request, Response};
+pub use command::{Allocation, Command, JobEnd, JobOutcome, JobUpdate, Reply, Request, Response, StepStart};
 pub use config::{ClusterConfig, Limit, Partition, PartitionState, PartitionUpdate, PreemptMode};
 pub use error::CommandError;
 pub use job::{
     ArraySpec, ArrayTask, Checkpoint, DepState, Dependency, DependencyKind, ExportPolicy, IncarnationRecord, Job,
     JobId, JobSpec, JobState, MeasuredUsage, NodeAllocation, NodeUsage, PendingReason, RequeueKind, RequeueOrder,
-    Usage, WarnSignal,
+    StepEnd, StepRecord, Usage, WarnSignal,
 };
 pub use node::{GpuInfo, Lingering, Node, NodeHealth, NodeInfo};
 pub use qos::Qos;

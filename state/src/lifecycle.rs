@@ -3,9 +3,15 @@
 //! Kept apart from `state.rs` (submission, cancel, hold) because it is where the invariant that matters most
 //! lives: a GPU is held by at most one job, and every hold is released exactly once, whichever way the job ends.
 
-use crate::command::{Allocation, JobEnd, Reply, Response};
+use crate::command::{Allocation, JobEnd, Reply, Response, StepStart};
+
+/// The longest step name kept (a program path can be long; the record is replicated).
+const MAX_STEP_NAME: usize = 256;
 use crate::error::CommandError;
-use crate::job::{Job, JobId, JobState, MeasuredUsage, NodeAllocation, NodeUsage, PendingReason};
+use crate::job::{
+    Job, JobId, JobState, MAX_STEP_RECORDS, MeasuredUsage, NodeAllocation, NodeUsage, PendingReason, StepEnd,
+    StepRecord,
+};
 use crate::node::{Lingering, Node, NodeHealth, NodeInfo};
 use crate::state::{Change, State};
 
@@ -272,6 +278,7 @@ impl State {
         job.allocation = allocation.nodes.clone();
         job.nodes = allocation.nodes.iter().map(|n| n.node.clone()).collect();
         job.next_step_id = 0;
+        job.steps.clear();
         // Usage is per incarnation: an earlier one's figures do not describe this one.
         job.node_usage.clear();
         changes.push(Change::PutJob(job.clone()));
@@ -345,16 +352,68 @@ impl State {
         changes.push(Change::PutJob(job.clone()));
     }
 
-    pub(crate) fn create_step(&mut self, id: JobId, by_uid: u32, changes: &mut Vec<Change>) -> Response {
+    pub(crate) fn create_step(
+        &mut self,
+        id: JobId,
+        by_uid: u32,
+        start: Option<&StepStart>,
+        time_ms: u64,
+        changes: &mut Vec<Change>,
+    ) -> Response {
         let job = self.active_job(id, by_uid)?;
         if job.state != JobState::Running {
             return Err(CommandError::NotRunning { id, state: job.state.name().to_string() });
         }
+        if let Some(start) = start
+            && let Some(stranger) = start.nodes.iter().find(|n| !job.nodes.contains(n))
+        {
+            return Err(CommandError::InvalidRequest(format!(
+                "step nodes must be the job's own: {stranger} is not one of job {id}'s nodes"
+            )));
+        }
         let job = self.jobs.get_mut(&id).expect("checked");
         let step_id = job.next_step_id;
         job.next_step_id += 1;
+        if let Some(start) = start {
+            if job.steps.len() >= MAX_STEP_RECORDS {
+                // The oldest ended step gives way; if every one still runs, the oldest of all.
+                let oldest = job.steps.iter().position(|s| s.end.is_some()).unwrap_or(0);
+                job.steps.remove(oldest);
+            }
+            job.steps.push(StepRecord {
+                id: step_id,
+                name: start.name.chars().take(MAX_STEP_NAME).collect(),
+                nodes: start.nodes.clone(),
+                tasks: start.tasks,
+                start_ms: time_ms,
+                end: None,
+            });
+        }
         changes.push(Change::PutJob(job.clone()));
         Ok(Reply::Step { step_id })
+    }
+
+    /// `srun` reports its step's end. A job that has ended meanwhile (or a step it does not know) is left alone:
+    /// the step's row then reads as ended with its job.
+    pub(crate) fn end_step(
+        &mut self,
+        id: JobId,
+        step_id: u32,
+        end: StepEnd,
+        by_uid: u32,
+        changes: &mut Vec<Change>,
+    ) -> Response {
+        let Ok(job) = self.active_job(id, by_uid) else {
+            return Ok(Reply::Nothing);
+        };
+        if job.steps.iter().all(|s| s.id != step_id || s.end.is_some()) {
+            return Ok(Reply::Nothing);
+        }
+        let job = self.jobs.get_mut(&id).expect("checked");
+        let step = job.steps.iter_mut().find(|s| s.id == step_id).expect("checked");
+        step.end = Some(end);
+        changes.push(Change::PutJob(job.clone()));
+        Ok(Reply::Nothing)
     }
 
     /// Whether `node` belongs to `partition` (its hostlist, or the partitions the node registered with).

@@ -107,6 +107,7 @@ impl State {
         job.nodes.clear();
         job.requeue = None;
         job.next_step_id = 0;
+        job.steps.clear();
         job.message = Some(order.reason);
         changes.push(Change::PutJob(job.clone()));
         self.insert_active(job);

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::command::{Command, JobOutcome, Reply, Request, Response};
 use crate::config::{ClusterConfig, Limit, PartitionUpdate};
 use crate::error::CommandError;
-use crate::job::{Job, JobId, JobSpec, JobState, PendingReason};
+use crate::job::{Job, JobId, JobSpec, JobState, PendingReason, StepEnd};
 use crate::node::Node;
 use crate::slurm_time::format_time_limit;
 
@@ -271,7 +271,14 @@ impl State {
             Command::JobEnded { job_id, incarnation, end } => {
                 self.job_ended(*job_id, *incarnation, end, request.time_ms, &mut changes)
             }
-            Command::CreateStep { job_id, by_uid } => self.create_step(*job_id, *by_uid, &mut changes),
+            Command::CreateStep { job_id, by_uid, step } => {
+                self.create_step(*job_id, *by_uid, step.as_ref(), request.time_ms, &mut changes)
+            }
+            Command::EndStep { job_id, step_id, exit_code, signal, cancelled, by_uid } => {
+                let end =
+                    StepEnd { end_ms: request.time_ms, exit_code: *exit_code, signal: *signal, cancelled: *cancelled };
+                self.end_step(*job_id, *step_id, end, *by_uid, &mut changes)
+            }
             Command::UpdatePartition { update, by_uid } => self
                 .require_level(*by_uid, AdminLevel::Administrator, "updating a partition")
                 .and_then(|()| self.update_partition(update, &mut changes)),

@@ -92,7 +92,7 @@ fn users_touch_only_their_own_jobs_and_operators_touch_any() {
     }
     let update = Command::UpdateJob { id: job, by_uid: BOB, update: Default::default() };
     assert!(matches!(refused(&mut state, update), CommandError::PermissionDenied { .. }));
-    let step = Command::CreateStep { job_id: job, by_uid: BOB };
+    let step = Command::CreateStep { job_id: job, by_uid: BOB, step: None };
     assert!(matches!(refused(&mut state, step), CommandError::PermissionDenied { .. }));
 
     // The operator holds Alice's job: an administrator's hold, which Alice cannot lift.

@@ -326,7 +326,10 @@ fn command() -> impl Strategy<Value = Command> {
             .prop_map(|(allocations, reasons)| Command::ApplyPlan { allocations, reasons }),
         2 => (job_id(), prop_oneof![0u64..3, any::<u64>()], job_end()).prop_map(|(job_id, incarnation, end)| Command::JobEnded { job_id, incarnation, end }),
         1 => (partition_update(), admin_uid()).prop_map(|(update, by_uid)| Command::UpdatePartition { update, by_uid }),
-        1 => (job_id(), uid()).prop_map(|(job_id, by_uid)| Command::CreateStep { job_id, by_uid }),
+        1 => (job_id(), uid(), prop::option::of((name(), names(), 0u32..8))).prop_map(|(job_id, by_uid, step)| Command::CreateStep {
+            job_id, by_uid, step: step.map(|(name, nodes, tasks)| drover_state::StepStart { name, nodes, tasks }) }),
+        1 => (job_id(), 0u32..3, -1i32..3, 0i32..10, any::<bool>(), uid()).prop_map(|(job_id, step_id, exit_code, signal, cancelled, by_uid)|
+            Command::EndStep { job_id, step_id, exit_code, signal, cancelled, by_uid }),
         2 => (admin_op(), admin_uid()).prop_map(|(op, by_uid)| Command::Admin { op, by_uid }),
         1 => (job_id(), uid(), job_update()).prop_map(|(id, by_uid, update)| Command::UpdateJob { id, by_uid, update }),
         1 => (uid(), name(), "\\PC{0,10}").prop_map(|(by_uid, action, detail)| Command::RecordAudit { by_uid, action, detail }),

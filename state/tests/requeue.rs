@@ -257,3 +257,54 @@ fn a_gpu_fault_drains_the_node_and_requeues_its_jobs() {
     assert!(job.history[0].reason.contains("XID 79"), "{}", job.history[0].reason);
     assert_eq!(state.nodes["n1"].state_name(), "DRAINED");
 }
+
+#[test]
+fn steps_are_recorded_with_their_ends_bounded_and_begin_again_with_each_incarnation() {
+    use drover_state::StepStart;
+    let mut state = cluster(5);
+    let id = submit(&mut state, spec(2));
+    start(&mut state, id, &["n1", "n2"], 20);
+    let create = |state: &mut State, nodes: &[&str], time_ms: u64| {
+        let step = StepStart { name: "python".into(), nodes: nodes.iter().map(|n| n.to_string()).collect(), tasks: 2 };
+        state.apply(&at(time_ms, Command::CreateStep { job_id: id, by_uid: ALICE, step: Some(step) })).response
+    };
+    let end_step = |state: &mut State, step_id: u32, exit_code: i32, time_ms: u64| {
+        let command = Command::EndStep { job_id: id, step_id, exit_code, signal: 0, cancelled: false, by_uid: ALICE };
+        state.apply(&at(time_ms, command)).response.unwrap()
+    };
+    assert_eq!(create(&mut state, &["n1", "n2"], 30), Ok(Reply::Step { step_id: 0 }));
+    assert_eq!(create(&mut state, &["n2"], 31), Ok(Reply::Step { step_id: 1 }));
+    let err = create(&mut state, &["n3"], 32).unwrap_err();
+    assert!(err.to_string().contains("n3 is not one of job"), "{err}");
+    end_step(&mut state, 0, 0, 40);
+    end_step(&mut state, 1, 3, 41);
+    end_step(&mut state, 1, 0, 42); // a repeated report changes nothing
+    let steps = &state.job(id).unwrap().steps;
+    assert_eq!((steps[0].start_ms, steps[0].end.unwrap().end_ms), (30, 40), "times from the log");
+    assert_eq!(steps[0].state(JobState::Running), JobState::Completed);
+    assert_eq!((steps[1].end.unwrap().exit_code, steps[1].state(JobState::Running)), (3, JobState::Failed));
+
+    // A step still running when its job ends reads as cancelled with it.
+    assert_eq!(create(&mut state, &["n1"], 50), Ok(Reply::Step { step_id: 2 }));
+    let open = state.job(id).unwrap().steps[2].clone();
+    assert_eq!(
+        (open.state(JobState::Running), open.state(JobState::Timeout)),
+        (JobState::Running, JobState::Cancelled)
+    );
+
+    // A job that runs steps in a loop keeps the newest records only.
+    for t in 0..drover_state::job::MAX_STEP_RECORDS as u64 + 10 {
+        create(&mut state, &["n1"], 60 + t).unwrap();
+    }
+    let steps = &state.job(id).unwrap().steps;
+    assert_eq!(steps.len(), drover_state::job::MAX_STEP_RECORDS);
+    assert!(steps.iter().all(|s| s.id >= 2), "the ended ones gave way first");
+
+    // The next incarnation starts with no steps and numbers them from 0 again.
+    let requeue = Command::RequeueJobs { ids: vec![id], by_uid: ALICE, hold: false };
+    state.apply(&at(2_000, requeue)).response.unwrap();
+    end(&mut state, id, JobEnd { exit_code: 0, signal: 15, ..JobEnd::default() }, 2_001);
+    start(&mut state, id, &["n1", "n3"], 2_010); // n2 still holds the last incarnation's GPUs
+    assert!(state.job(id).unwrap().steps.is_empty());
+    assert_eq!(create(&mut state, &["n1"], 2_020), Ok(Reply::Step { step_id: 0 }));
+}

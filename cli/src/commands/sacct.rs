@@ -508,9 +508,9 @@ fn job_refs(args: &[String]) -> anyhow::Result<Vec<(drover_state::array::JobRef,
 }
 
 /// The rows `sacct` prints for one job: the job (allocation) row unless only its steps were named, then its
-/// steps unless `-X`. Drover records one step per job, the batch script's (`123.batch`): it runs on the first
-/// node for the whole incarnation, so its row is the job's, narrowed to that node. `srun` steps (`123.0`) and
-/// Slurm's `extern` step have no records, so naming them prints nothing.
+/// steps unless `-X`: the batch script's (`123.batch`, on the first node for the whole incarnation, so its row
+/// is the job's narrowed to that node) and the `srun` steps the controllers recorded (`123.0`, ...). Slurm's
+/// `extern` step does not exist in Drover, so naming it prints nothing.
 fn rows_of(job: &Job, query: &Query, allocations_only: bool) -> Vec<Row> {
     let named: Vec<&Option<String>> = query
         .step_refs
@@ -519,15 +519,16 @@ fn rows_of(job: &Job, query: &Query, allocations_only: bool) -> Vec<Row> {
         .map(|(_, step)| step)
         .collect();
     let whole = named.is_empty() || named.iter().any(|step| step.is_none());
+    let wants = |step: &str| (whole && !allocations_only) || named.iter().any(|s| s.as_deref() == Some(step));
     let has_batch = !job.spec.interactive && job.start_time_ms.is_some() && job.state != JobState::Pending;
     let mut rows = Vec::new();
     if whole {
         rows.push(Row::Job);
     }
-    let batch_named = named.iter().any(|step| step.as_deref() == Some("batch"));
-    if has_batch && ((whole && !allocations_only) || batch_named) {
+    if has_batch && wants("batch") {
         rows.push(Row::Batch);
     }
+    rows.extend(job.steps.iter().enumerate().filter(|(_, s)| wants(&s.id.to_string())).map(|(i, _)| Row::Step(i)));
     rows
 }
 
@@ -535,6 +536,37 @@ fn rows_of(job: &Job, query: &Query, allocations_only: bool) -> Vec<Row> {
 enum Row {
     Job,
     Batch,
+    /// The job's `steps[i]`.
+    Step(usize),
+}
+
+/// A field of an `srun` step's row: its own id, name, times, nodes, tasks and outcome; the job's for the rest
+/// (user, account, ...). Usage is measured per job cgroup, not per step, so those fields are empty.
+fn srun_step_value(field: &str, job: &Job, step: &drover_state::StepRecord, cx: &Context) -> String {
+    let end_ms = step.end.map(|e| e.end_ms).or(job.end_time_ms.filter(|_| job.state.is_terminal()));
+    let elapsed_s = end_ms.unwrap_or(cx.now_ms).saturating_sub(step.start_ms) / 1000;
+    let cpus: u64 = job.allocation.iter().filter(|a| step.nodes.contains(&a.node)).map(|a| u64::from(a.cpus)).sum();
+    match field {
+        "JobID" => format!("{}.{}", job.display_id(), step.id),
+        "JobIDRaw" => format!("{}.{}", job.id, step.id),
+        "JobName" => step.name.clone(),
+        "State" => step.state(job.state).name().to_string(),
+        "ExitCode" => step.end.map(|e| format!("{}:{}", e.exit_code, e.signal)).unwrap_or_else(|| "0:0".into()),
+        "Start" => timestamp_or_unknown(Some(step.start_ms)),
+        "End" => timestamp_or_unknown(end_ms),
+        "Elapsed" => clock(elapsed_s),
+        "ElapsedRaw" => elapsed_s.to_string(),
+        "NodeList" => compress_hostlist(&step.nodes),
+        "NNodes" | "AllocNodes" => step.nodes.len().to_string(),
+        "NTasks" => step.tasks.to_string(),
+        "AllocCPUS" | "NCPUS" => cpus.to_string(),
+        "CPUTime" => clock(elapsed_s * cpus),
+        "CPUTimeRAW" => (elapsed_s * cpus).to_string(),
+        "Partition" | "Timelimit" | "TimelimitRaw" | "QOS" | "Reservation" | "Comment" | "Priority" | "Submit"
+        | "Eligible" | "ReqMem" | "ReqTRES" | "AllocTRES" | "Reason" => String::new(),
+        "AveRSS" | "MaxRSS" | "MaxRSSNode" | "TRESUsageInMax" | "TRESUsageInTot" | "TotalCPU" => String::new(),
+        _ => value(field, job, cx),
+    }
 }
 
 /// The batch step of `job` as a job of its own for [`value`]: the first node only, its usage only.
@@ -653,6 +685,9 @@ fn sacct(args: &[String]) -> anyhow::Result<()> {
                 Row::Batch => {
                     let step = batch_step(job);
                     fields.iter().map(|f| step_value(f.def.name, job, &step, &context)).collect()
+                }
+                Row::Step(i) => {
+                    fields.iter().map(|f| srun_step_value(f.def.name, job, &job.steps[i], &context)).collect()
                 }
             };
             out.push_str(&row(&fields, &values, &layout));
@@ -1305,7 +1340,8 @@ mod tests {
         assert_eq!(rows(&["5"], true), [Row::Job], "-X: allocations only");
         assert_eq!(rows(&["5.batch"], false), [Row::Batch]);
         assert_eq!(rows(&["5.batch"], true), [Row::Batch], "a named step shows even with -X");
-        assert!(rows(&["5.0"], false).is_empty(), "srun steps have no records");
+        assert!(rows(&["5.0"], false).is_empty(), "no step 0 was recorded");
+        assert!(rows(&["5.extern"], false).is_empty(), "Drover has no extern step");
         assert_eq!(rows(&["5.0", "5"], false), [Row::Job, Row::Batch]);
         let interactive = Job { spec: JobSpec { interactive: true, ..JobSpec::default() }, ..job.clone() };
         let step_refs = job_refs(&["5".to_string()]).unwrap();
@@ -1319,6 +1355,56 @@ mod tests {
             ("5.batch".into(), "5.batch".into(), "batch".into())
         );
         assert_eq!((get("State"), get("NodeList"), get("Partition")), ("CANCELLED".into(), "n1".into(), String::new()));
+    }
+
+    #[test]
+    fn recorded_srun_steps_have_rows_of_their_own() {
+        use drover_state::{StepEnd, StepRecord};
+        let step = |id, end: Option<StepEnd>| StepRecord {
+            id,
+            name: "python".into(),
+            nodes: vec!["n2".into()],
+            tasks: 4,
+            start_ms: 10_000,
+            end,
+        };
+        let failed = StepEnd { end_ms: 70_000, exit_code: 3, signal: 0, cancelled: false };
+        let job = Job {
+            id: 5,
+            state: JobState::Running,
+            start_time_ms: Some(1_000),
+            nodes: vec!["n1".into(), "n2".into()],
+            allocation: vec![
+                NodeAllocation { node: "n1".into(), gpus: vec![], cpus: 8, tasks: 4, mem_mb: 0 },
+                NodeAllocation { node: "n2".into(), gpus: vec![], cpus: 8, tasks: 4, mem_mb: 0 },
+            ],
+            steps: vec![step(0, Some(failed)), step(1, None)],
+            ..Job::default()
+        };
+        let rows = |jobs: &[&str], x: bool| {
+            let step_refs = job_refs(&jobs.iter().map(|j| j.to_string()).collect::<Vec<_>>()).unwrap();
+            rows_of(&job, &Query { step_refs, ..Query::default() }, x)
+        };
+        assert_eq!(rows(&["5"], false), [Row::Job, Row::Batch, Row::Step(0), Row::Step(1)]);
+        assert_eq!(rows(&["5"], true), [Row::Job]);
+        assert_eq!(rows(&["5.1"], false), [Row::Step(1)]);
+        assert_eq!(rows(&["5.batch", "5.0"], false), [Row::Batch, Row::Step(0)]);
+
+        let cx = Context { now_ms: 100_000, cluster: String::new() };
+        let get = |i: usize, f: &str| srun_step_value(f, &job, &job.steps[i], &cx);
+        assert_eq!(
+            [get(0, "JobID"), get(0, "JobName"), get(0, "State"), get(0, "ExitCode")],
+            ["5.0", "python", "FAILED", "3:0"]
+        );
+        assert_eq!(
+            [get(0, "Elapsed"), get(0, "NodeList"), get(0, "NTasks"), get(0, "AllocCPUS")],
+            ["00:01:00", "n2", "4", "8"]
+        );
+        assert_eq!([get(1, "State"), get(1, "Elapsed"), get(1, "End")], ["RUNNING", "00:01:30", "Unknown"]);
+        // Once the job has ended, a step srun never reported ended with it.
+        let ended = Job { state: JobState::Cancelled, end_time_ms: Some(50_000), ..job.clone() };
+        assert_eq!(srun_step_value("State", &ended, &ended.steps[1], &cx), "CANCELLED");
+        assert_eq!(srun_step_value("Elapsed", &ended, &ended.steps[1], &cx), "00:00:40");
     }
 
     #[test]

@@ -336,7 +336,29 @@ struct StepPlan {
 }
 
 async fn run_step(client: &Client, job: &Job, plan: StepPlan) -> anyhow::Result<i32> {
-    let step_id = client.create_step(job.id).await?;
+    let name = plan.argv.first().map(|p| p.rsplit('/').next().unwrap_or(p)).unwrap_or_default();
+    let total: u32 = plan.layout.tasks_per_node.iter().sum();
+    let step_id = client.create_step(job.id, name, &plan.layout.nodes, total).await?;
+    let (worst, end) = follow_step(client, job, step_id, &plan).await?;
+    // The record is for sacct: a step whose end cannot be recorded still ran, so its status stands.
+    if let Err(e) = client.end_step(job.id, step_id, end.exit_code, end.signal, end.cancelled).await {
+        eprintln!("srun: warning: step {}.{step_id} ended but its end could not be recorded: {e}", job.id);
+    }
+    Ok(worst)
+}
+
+/// How a step ended, as its record says it: the largest exit code, a signal that killed a task, interrupted.
+#[derive(Default)]
+struct StepOutcome {
+    exit_code: i32,
+    signal: i32,
+    cancelled: bool,
+}
+
+/// Launches the step's tasks and streams their output until they have all ended: srun's exit status, and the
+/// step's outcome.
+async fn follow_step(client: &Client, job: &Job, step_id: u32, plan: &StepPlan) -> anyhow::Result<(i32, StepOutcome)> {
+    let mut outcome = StepOutcome::default();
     let nodes = client.list_nodes(false).await?;
     let addrs: HashMap<&str, &str> = nodes.iter().map(|n| (n.info.name.as_str(), n.info.agent_addr.as_str())).collect();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(String, Result<StepEvent, String>)>(1024);
@@ -374,7 +396,8 @@ async fn run_step(client: &Client, job: &Job, plan: StepPlan) -> anyhow::Result<
             item = rx.recv() => item,
             _ = &mut interrupt => {
                 eprintln!("srun: interrupted; cancelling step {}.{step_id}", job.id);
-                return Ok(INTERRUPTED);
+                outcome.cancelled = true;
+                return Ok((INTERRUPTED, outcome));
             }
         };
         let Some((node, event)) = item else { break };
@@ -399,17 +422,23 @@ async fn run_step(client: &Client, job: &Job, plan: StepPlan) -> anyhow::Result<
                     eprintln!("srun: error: {node}: task {rank}: {}", describe_exit(exit_code, signal));
                 }
                 worst = worst.max(code);
+                outcome.exit_code = outcome.exit_code.max(exit_code);
+                if outcome.signal == 0 {
+                    outcome.signal = signal;
+                }
             }
             Ok(StepEvent::Refused { message }) | Err(message) => {
                 eprintln!("srun: error: {node}: {message}");
                 worst = worst.max(1);
+                outcome.exit_code = outcome.exit_code.max(1);
             }
         }
     }
     if exited < total && worst == 0 {
         worst = 1;
+        outcome.exit_code = outcome.exit_code.max(1);
     }
-    Ok(worst)
+    Ok((worst, outcome))
 }
 
 fn describe_exit(exit_code: i32, signal: i32) -> String {

@@ -1,13 +1,15 @@
 //! `sstat -j JOB[.STEP] [-o FIELDS] [-p|-P] [-n] [-a]`: the status of running job steps, in Slurm 22.05's
 //! columns and parsable layouts (the print_fields of `sacct`).
 //!
-//! What Drover can say, and what it cannot: the controllers know which jobs run where, and that a batch job's
-//! batch step runs on its first node; they record no `srun` steps (only a step counter) and agents sample no
-//! usage while tasks run (CPU time and peak RSS reach the controllers when a job ends, for `sacct`). So sstat
-//! reports the batch step of a running batch job with its job id, node and task count, and leaves every usage
-//! field (MaxRSS, AveCPU, the TRES usage strings, ...) empty rather than print numbers it does not have.
+//! What Drover can say, and what it cannot: the controllers know which jobs run where, that a batch job's batch
+//! step runs on its first node, and which `srun` steps were started and have not ended (step records, kept
+//! through the log). Agents sample no usage while tasks run (CPU time and peak memory reach the controllers
+//! when a job ends, for `sacct`). So sstat reports running steps with their ids, nodes and task counts, and
+//! leaves every usage field (MaxRSS, AveCPU, the TRES usage strings, ...) empty rather than print numbers it
+//! does not have.
 
 use clap::Parser;
+use drover_state::hostlist::compress_hostlist;
 use drover_state::{Job, JobState};
 
 use super::sacct::{FieldDef, Kind, Layout, def, header, help_format_in, parse_fields_in, row};
@@ -170,8 +172,7 @@ fn sstat(args: &[String]) -> anyhow::Result<i32> {
         print!("{}", help_format_in(FIELDS));
         return Ok(0);
     }
-    // -a changes nothing: the batch step, the only one Drover can report, is always shown.
-    let _ = (args.noconvert, args.verbose, args.all_steps);
+    let _ = (args.noconvert, args.verbose);
     let mut spec = args.format.join(",");
     if args.pidformat {
         spec = if spec.is_empty() { PID_FIELDS.to_string() } else { format!("{PID_FIELDS},{spec}") };
@@ -203,7 +204,7 @@ fn sstat(args: &[String]) -> anyhow::Result<i32> {
             }
             Err(e) => return Err(e.into()),
         };
-        match running_steps(&job, wanted) {
+        match running_steps(&job, wanted, args.all_steps) {
             Ok(found) => {
                 for step in found {
                     let values: Vec<String> = fields.iter().map(|f| value(f.name(), &job, &step)).collect();
@@ -218,16 +219,17 @@ fn sstat(args: &[String]) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// A step sstat can vouch for: its id (`batch`) and where it runs.
+/// A step sstat can vouch for: its id (`batch`, `0`), where it runs and how many tasks it has.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Step {
     id: String,
-    node: String,
+    nodes: String,
+    tasks: u32,
 }
 
-/// The steps of `job` that answer `wanted`, or Slurm's error when none does (and Drover's reason when it cannot
-/// tell).
-fn running_steps(job: &Job, wanted: &StepRef) -> Result<Vec<Step>, String> {
+/// The steps of `job` that answer `wanted`, or Slurm's error when none does. Without a step named, the running
+/// `srun` steps (and the batch step with `-a`, or when no `srun` step runs, so that the job is not shown empty).
+fn running_steps(job: &Job, wanted: &StepRef, all_steps: bool) -> Result<Vec<Step>, String> {
     let id = job.id;
     let not_running = || match &wanted.step {
         None => format!("No steps running for job {id}"),
@@ -236,29 +238,30 @@ fn running_steps(job: &Job, wanted: &StepRef) -> Result<Vec<Step>, String> {
     if job.state != JobState::Running {
         return Err(not_running());
     }
-    let batch = (!job.spec.interactive).then(|| Step { id: "batch".into(), node: job.nodes[0].clone() });
-    match wanted.step.as_deref() {
-        // The batch step is the one Drover knows to be running; without -a Slurm would list srun's steps,
-        // which Drover does not record, so the batch step stands for the job rather than nothing.
-        None => batch
-            .map(|b| vec![b])
-            .ok_or_else(|| format!("no step of job {id} is known to be running (Drover records no srun steps)")),
-        Some("batch") => batch.map(|b| vec![b]).ok_or_else(not_running),
-        Some(step) => match step.parse::<u32>() {
-            Ok(n) if n < job.next_step_id => {
-                Err(format!("step {id}.{n} was started, but Drover records no live data for srun steps"))
-            }
-            _ => Err(not_running()),
-        },
-    }
+    let batch = (!job.spec.interactive).then(|| Step { id: "batch".into(), nodes: job.nodes[0].clone(), tasks: 1 });
+    let sruns = job.steps.iter().filter(|s| s.end.is_none()).map(|s| Step {
+        id: s.id.to_string(),
+        nodes: compress_hostlist(&s.nodes),
+        tasks: s.tasks,
+    });
+    let found: Vec<Step> = match wanted.step.as_deref() {
+        None => {
+            let sruns: Vec<Step> = sruns.collect();
+            let with_batch = all_steps || sruns.is_empty();
+            batch.filter(|_| with_batch).into_iter().chain(sruns).collect()
+        }
+        Some("batch") => batch.into_iter().collect(),
+        Some(step) => sruns.filter(|s| s.id == step).collect(),
+    };
+    if found.is_empty() { Err(not_running()) } else { Ok(found) }
 }
 
-/// A field's value for one step: what Drover knows, empty for the usage it does not sample.
+/// A field's value for one step: what Drover knows, empty for the usage it does not sample while tasks run.
 fn value(field: &str, job: &Job, step: &Step) -> String {
     match field {
         "JobID" => format!("{}.{}", job.id, step.id),
-        "Nodelist" => step.node.clone(),
-        "NTasks" => "1".to_string(),
+        "Nodelist" => step.nodes.clone(),
+        "NTasks" => step.tasks.to_string(),
         // No frequency was asked for (Slurm prints its NO_VAL so).
         "ReqCPUFreq" | "ReqCPUFreqMin" | "ReqCPUFreqMax" | "ReqCPUFreqGov" => "Unknown".to_string(),
         _ => String::new(),
@@ -291,23 +294,31 @@ mod tests {
     }
 
     #[test]
-    fn only_the_batch_step_of_a_running_batch_job_is_reported() {
+    fn running_srun_steps_are_reported_and_the_batch_step_with_a_or_alone() {
+        use drover_state::{StepEnd, StepRecord};
         let whole = StepRef { job: 12, step: None };
-        assert_eq!(running_steps(&running(false), &whole).unwrap()[0].node, "node01");
-        let srun_step = StepRef { job: 12, step: Some("1".into()) };
-        assert!(running_steps(&running(false), &srun_step).unwrap_err().contains("records no live data"));
-        let later = StepRef { job: 12, step: Some("7".into()) };
-        assert_eq!(running_steps(&running(false), &later).unwrap_err(), "12.7 not found running.");
-        assert!(running_steps(&running(true), &whole).unwrap_err().contains("no step of job 12"));
-        let ended = Job { state: JobState::Completed, ..running(false) };
-        assert_eq!(running_steps(&ended, &whole).unwrap_err(), "No steps running for job 12");
+        let ids = |steps: Vec<Step>| steps.into_iter().map(|s| s.id).collect::<Vec<_>>();
+        assert_eq!(ids(running_steps(&running(false), &whole, false).unwrap()), ["batch"], "no srun step runs");
+        let record =
+            |id, end| StepRecord { id, name: "app".into(), nodes: vec!["node02".into()], tasks: 4, start_ms: 0, end };
+        let ended = StepEnd { end_ms: 5, exit_code: 0, signal: 0, cancelled: false };
+        let job = Job { steps: vec![record(0, Some(ended)), record(1, None)], ..running(false) };
+        assert_eq!(ids(running_steps(&job, &whole, false).unwrap()), ["1"]);
+        assert_eq!(ids(running_steps(&job, &whole, true).unwrap()), ["batch", "1"]);
+        let one = running_steps(&job, &StepRef { job: 12, step: Some("1".into()) }, false).unwrap();
+        assert_eq!(one, [Step { id: "1".into(), nodes: "node02".into(), tasks: 4 }]);
+        let done = StepRef { job: 12, step: Some("0".into()) };
+        assert_eq!(running_steps(&job, &done, false).unwrap_err(), "12.0 not found running.");
+        assert!(running_steps(&running(true), &whole, false).unwrap_err().contains("No steps running for job 12"));
+        let finished = Job { state: JobState::Completed, ..running(false) };
+        assert_eq!(running_steps(&finished, &whole, false).unwrap_err(), "No steps running for job 12");
     }
 
     #[test]
     fn known_fields_have_values_and_usage_fields_stay_empty() {
         let fields = parse_fields_in("jobid,nodelist,ntasks,maxrss,avecpu", FIELDS).unwrap();
         let job = running(false);
-        let step = Step { id: "batch".into(), node: "node01".into() };
+        let step = Step { id: "batch".into(), nodes: "node01".into(), tasks: 1 };
         let values: Vec<String> = fields.iter().map(|f| value(f.name(), &job, &step)).collect();
         assert_eq!(values, ["12.batch", "node01", "1", "", ""]);
         let layout = Layout::Parsable { delimiter: "|".into(), trailing: false };
