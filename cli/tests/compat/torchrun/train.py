@@ -27,8 +27,10 @@ def main():
     same = all(torch.equal(w, everyone[0]) for w in everyone)
 
     node = os.environ.get("SLURMD_NODENAME", "?")
-    print(f"rank {rank}/{world} local {local} node {node} sum {int(total.item())} ddp {'ok' if same else 'DIVERGED'}",
-          flush=True)
+    line = f"rank {rank}/{world} local {local} node {node} sum {int(total.item())} ddp {'ok' if same else 'DIVERGED'}\n"
+    # One write(2) per line: the workers on a node share torchrun's stdout, and print() may write the text and
+    # its newline separately (unbuffered Python), interleaving two workers' lines.
+    os.write(1, line.encode())
     dist.destroy_process_group()
 
 
