@@ -65,6 +65,9 @@ pub struct UpOptions {
     pub agent_expected_gpus: Option<u32>,
     /// Give each agent a fault file (`agent-NODE/faults`, see `fault_file`) to inject GPU faults into.
     pub agent_fault_files: bool,
+    /// The agents' `enforce_memory` (job cgroups: memory limits, cpusets, usage counters; they need root).
+    /// Off only to measure what the cgroups cost.
+    pub agent_cgroups: bool,
     /// `allow_root_jobs` in the cluster configuration. By default a local cluster allows root jobs exactly when
     /// root starts it: its agents then run as root anyway, and nobody else's identity is at stake.
     pub allow_root_jobs: bool,
@@ -89,6 +92,7 @@ impl Default for UpOptions {
             node_timeout_ms: 8_000,
             agent_expected_gpus: None,
             agent_fault_files: false,
+            agent_cgroups: true,
             // SAFETY: geteuid cannot fail.
             allow_root_jobs: unsafe { libc::geteuid() } == 0,
         }
@@ -203,12 +207,13 @@ impl LocalCluster {
         let agent_ip: IpAddr = ip.parse()?;
         let (cert, key) = pki.issue(&name, &drover_auth::Role::Agent(name.clone()), &[], &[agent_ip, LOOPBACK])?;
         let toml = format!(
-            "name = {name:?}\ncontrollers = {controllers:?}\nlisten = {addr:?}\nhost = {ip:?}\nstate_dir = {:?}\ncpus = 64\nmemory_mb = 65536\nkill_wait_ms = {}\nclient_config = {:?}\nmemory_cgroup = {:?}\n\n[gpus]\nsimulate = {}\nmodel = \"H200\"\n",
+            "name = {name:?}\ncontrollers = {controllers:?}\nlisten = {addr:?}\nhost = {ip:?}\nstate_dir = {:?}\ncpus = 64\nmemory_mb = 65536\nkill_wait_ms = {}\nclient_config = {:?}\nmemory_cgroup = {:?}\nenforce_memory = {}\n\n[gpus]\nsimulate = {}\nmodel = \"H200\"\n",
             home.join("state").display().to_string(),
             self.options.kill_wait_ms,
             self.dir.join("client.toml").display().to_string(),
             // Several local clusters share a host, and all have a node01 running job 1: one cgroup tree each.
             format!("drover-local/{:016x}/{name}", fnv1a(self.dir.display().to_string().as_bytes())),
+            self.options.agent_cgroups,
             self.options.gpus_per_agent,
         );
         let mut toml = toml;

@@ -51,6 +51,9 @@ pub enum BenchCmd {
         gpus: u32,
         #[arg(long, default_value_t = 8)]
         clients: usize,
+        /// Run the agent without job cgroups (no memory limits, cpusets or usage counters), to measure their cost.
+        #[arg(long)]
+        no_cgroups: bool,
         #[arg(long)]
         dir: Option<PathBuf>,
     },
@@ -87,8 +90,8 @@ pub fn run(cmd: BenchCmd, _controllers: Option<&str>) -> anyhow::Result<()> {
             }
             BenchCmd::Failover { kills, clients, dir } => failover(kills, clients, bench_dir(dir, "failover")).await,
             BenchCmd::State { jobs, clients, dir } => state(jobs, clients, bench_dir(dir, "state")).await,
-            BenchCmd::Jobs { count, gpus, clients, dir } => {
-                bench_agents::jobs(count, gpus, clients, bench_dir(dir, "jobs")).await
+            BenchCmd::Jobs { count, gpus, clients, no_cgroups, dir } => {
+                bench_agents::jobs(count, gpus, clients, !no_cgroups, bench_dir(dir, "jobs")).await
             }
             BenchCmd::Requeue { runs, fence_command, dir } => {
                 super::bench_requeue::requeue(runs, fence_command, bench_dir(dir, "requeue")).await

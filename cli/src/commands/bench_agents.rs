@@ -77,11 +77,12 @@ fn leader_first_client(cluster: &LocalCluster, leader: &str, deadline: Duration)
     Ok(cluster.client_at(&addresses.join(","))?.with_deadline(deadline))
 }
 
-pub async fn jobs(count: usize, gpus: u32, clients: usize, dir: PathBuf) -> anyhow::Result<()> {
+pub async fn jobs(count: usize, gpus: u32, clients: usize, cgroups: bool, dir: PathBuf) -> anyhow::Result<()> {
     if count == 0 || clients == 0 || gpus == 0 {
         bail!("--count, --clients and --gpus must be at least 1");
     }
-    let cluster = LocalCluster::up(&dir, UpOptions { agents: 1, gpus_per_agent: gpus, ..UpOptions::default() })?;
+    let options = UpOptions { agents: 1, gpus_per_agent: gpus, agent_cgroups: cgroups, ..UpOptions::default() };
+    let cluster = LocalCluster::up(&dir, options)?;
     cluster.wait_ready(Duration::from_secs(30)).await?;
     cluster.wait_agents(Duration::from_secs(30)).await?;
     let work_dir = cluster.dir.join("work");
