@@ -1164,8 +1164,9 @@ fn starts_with_ci(text: &[u8], word: &str) -> bool {
     text.len() >= word.len() && text[..word.len()].eq_ignore_ascii_case(word.as_bytes())
 }
 
-/// `now+COUNT[unit]` units, matched in this order (so `seconds` before `second`), case-insensitive.
-const DELTA_UNITS: &[(&str, i64)] = &[
+/// `now+COUNT[unit]` units, matched in this order (so `seconds` before `second`), case-insensitive (`--begin`
+/// and sacct's `-S/-E` read the same forms).
+pub(crate) const DELTA_UNITS: &[(&str, i64)] = &[
     ("seconds", 1),
     ("second", 1),
     ("minutes", 60),

@@ -1155,18 +1155,6 @@ pub fn parse_time(text: &str, now_s: u64, past: bool) -> Result<i64, String> {
 
 /// `+COUNT[unit]` after `now`, from the sign at `sign`: the seconds and the index after it.
 fn parse_delta(b: &[u8], sign: usize) -> Option<(i64, usize)> {
-    const UNITS: [(&str, i64); 10] = [
-        ("seconds", 1),
-        ("second", 1),
-        ("minutes", 60),
-        ("minute", 60),
-        ("hours", 3_600),
-        ("hour", 3_600),
-        ("days", 86_400),
-        ("day", 86_400),
-        ("weeks", 604_800),
-        ("week", 604_800),
-    ];
     let mut i = sign + 1;
     let mut count: i64 = 0;
     let mut digits = 0;
@@ -1175,8 +1163,9 @@ fn parse_delta(b: &[u8], sign: usize) -> Option<(i64, usize)> {
             i += 1;
             continue;
         }
-        if let Some((unit, mult)) =
-            UNITS.iter().find(|(u, _)| b.len() >= i + u.len() && b[i..i + u.len()].eq_ignore_ascii_case(u.as_bytes()))
+        if let Some((unit, mult)) = crate::sbatch_args::DELTA_UNITS
+            .iter()
+            .find(|(u, _)| b.len() >= i + u.len() && b[i..i + u.len()].eq_ignore_ascii_case(u.as_bytes()))
         {
             count = count.checked_mul(*mult)?;
             i += unit.len();
