@@ -13,7 +13,8 @@ set -euo pipefail
 
 nodes=( $(scontrol show hostnames "$SLURM_JOB_NODELIST") )
 head_node=${nodes[0]}
-head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address)
+# A multi-homed host lists several addresses: the first is the one its name resolves to first.
+head_node_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address | awk '{print $1}')
 echo "head node: $head_node ($head_node_ip), nodes: ${nodes[*]}"
 
 # A port per job, so that two jobs sharing a head node do not collide.
