@@ -5,34 +5,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use drover_agent::config::AgentConfig;
-use drover_agent::gpu::SimulatedBackend;
 use drover_agent::node::NodeAgent;
-use drover_auth::tls::{Role, generate_ca, issue, write_pem};
 use drover_proto::wire::Assignment;
-use drover_state::{Job, NodeInfo};
+use drover_state::Job;
+
+mod common;
 
 fn agent(dir: &std::path::Path) -> Arc<NodeAgent> {
-    let ca = generate_ca("test").unwrap();
-    write_pem(&ca, &dir.join("ca.pem"), &dir.join("ca.key"), 0o600).unwrap();
-    let cert = issue(&ca, &Role::Agent("n1".into()), &[], &["127.0.0.1".parse().unwrap()], 30).unwrap();
-    write_pem(&cert, &dir.join("n1.pem"), &dir.join("n1.key"), 0o600).unwrap();
-    let files = drover_auth::TlsFiles { ca: dir.join("ca.pem"), cert: dir.join("n1.pem"), key: dir.join("n1.key") };
-    let config: AgentConfig = toml::from_str(&format!(
-        "name = \"n1\"\ncontrollers = [\"127.0.0.1:1\"]\nstate_dir = {:?}\n",
-        dir.join("state").display().to_string()
-    ))
-    .unwrap();
-    NodeAgent::new(
-        config,
-        NodeInfo { name: "n1".into(), ..NodeInfo::default() },
-        "/bin/false".into(),
-        Box::new(SimulatedBackend::new(2, "H200", "n1")),
-        Vec::new(),
-        drover_auth::ClusterKey::generate(),
-        drover_auth::ClientTls::load(files).unwrap(),
-    )
-    .unwrap()
+    common::agent(dir, "", "/bin/false".into())
 }
 
 fn assignment(id: u64) -> Assignment {

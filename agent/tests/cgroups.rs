@@ -6,13 +6,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use drover_agent::config::AgentConfig;
-use drover_agent::gpu::SimulatedBackend;
 use drover_agent::node::{NodeAgent, Timing};
 use drover_agent::supervise::{self, TaskStatus};
-use drover_auth::tls::{Role, generate_ca, issue, write_pem};
 use drover_proto::wire::{AgentMessage, Assignment, StepLaunch};
-use drover_state::{Job, JobSpec, NodeAllocation, NodeInfo};
+use drover_state::{Job, JobSpec, NodeAllocation};
+
+mod common;
 
 const NOBODY: u32 = 65534;
 
@@ -22,26 +21,7 @@ fn is_root() -> bool {
 }
 
 fn agent(dir: &Path, subdir: &str) -> Arc<NodeAgent> {
-    let ca = generate_ca("test").unwrap();
-    write_pem(&ca, &dir.join("ca.pem"), &dir.join("ca.key"), 0o600).unwrap();
-    let cert = issue(&ca, &Role::Agent("n1".into()), &[], &["127.0.0.1".parse().unwrap()], 30).unwrap();
-    write_pem(&cert, &dir.join("n1.pem"), &dir.join("n1.key"), 0o600).unwrap();
-    let files = drover_auth::TlsFiles { ca: dir.join("ca.pem"), cert: dir.join("n1.pem"), key: dir.join("n1.key") };
-    let config: AgentConfig = toml::from_str(&format!(
-        "name = \"n1\"\ncontrollers = [\"127.0.0.1:1\"]\nstate_dir = {:?}\nmemory_cgroup = {subdir:?}\n",
-        dir.join("state").display().to_string()
-    ))
-    .unwrap();
-    NodeAgent::new(
-        config,
-        NodeInfo { name: "n1".into(), ..NodeInfo::default() },
-        env!("CARGO_BIN_EXE_drover-agent").into(),
-        Box::new(SimulatedBackend::new(2, "H200", "n1")),
-        Vec::new(),
-        drover_auth::ClusterKey::generate(),
-        drover_auth::ClientTls::load(files).unwrap(),
-    )
-    .unwrap()
+    common::agent(dir, &format!("memory_cgroup = {subdir:?}\n"), env!("CARGO_BIN_EXE_drover-agent").into())
 }
 
 /// An interactive allocation (no batch script to start) of `cpus` CPUs on n1, run as nobody.
