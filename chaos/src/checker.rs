@@ -7,7 +7,8 @@
 //! - a job seen in a terminal state (COMPLETED, FAILED, CANCELLED, TIMEOUT, OUT_OF_MEMORY, DEADLINE) is never seen
 //!   in another state afterwards (NODE_FAIL and PREEMPTED are not terminal here: a requeue follows them);
 //! - an incarnation resumes from a checkpoint no older than the newest one acknowledged before it started;
-//! - liveness: once the last fault has healed, every acknowledged job reaches a terminal state within a bound.
+//! - liveness: once the last fault has healed and the last submission was sent, every acknowledged job reaches a
+//!   terminal state within a bound.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -259,9 +260,11 @@ fn check_resumes(events: &[Event], out: &mut Vec<Violation>) {
 }
 
 fn check_liveness(events: &[Event], within_ms: u64, out: &mut Vec<Violation>) {
+    // The bound runs from the later of the last heal and the last submission: the workload is part of what must
+    // finish, and a job sent after the heal cannot have finished before it was sent.
     let healed_ms = events
         .iter()
-        .filter(|e| matches!(e.kind, EventKind::FaultHealed { .. }))
+        .filter(|e| matches!(e.kind, EventKind::FaultHealed { .. } | EventKind::SubmitSent { .. }))
         .map(|e| e.at_ms)
         .max()
         .or_else(|| events.first().map(|e| e.at_ms))

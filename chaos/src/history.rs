@@ -71,6 +71,13 @@ pub enum EventKind {
     FaultHealed {
         name: String,
     },
+    /// A replica answered a status probe with this role and term ("unreachable" when it did not answer):
+    /// the timeline's leader rows. The checker does not judge these.
+    RoleObserved {
+        replica: u64,
+        role: String,
+        term: u64,
+    },
     /// The final listing after the drill: every job the cluster knows, with its state.
     FinalJobs {
         jobs: Vec<(u64, String)>,

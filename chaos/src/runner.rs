@@ -1,0 +1,457 @@
+//! Runs a drill against a [`Target`]: the workload, the fault schedule, a prober that records each replica's role,
+//! a poller that records job states; then waits for the workload to finish, takes the final listing, reads the
+//! jobs' own logs, and hands the history to the checker and the report.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use drover_client::{Client, ClientConfig, JobFilter};
+
+use crate::checker::{Bounds, Violation, check};
+use crate::drill::{Drill, FaultKind, ScheduledFault, TargetSpec};
+use crate::history::{EventKind, History};
+use crate::recorder::Recorder;
+use crate::target::{FaultId, Member, Target};
+use crate::workload;
+
+/// How often each replica is asked its role (the timeline's resolution).
+const PROBE_EVERY_MS: u64 = 200;
+/// How often the job states are read.
+const POLL_EVERY_MS: u64 = 1_000;
+/// A replica that does not answer a probe within this long counts as unreachable at that moment.
+const PROBE_DEADLINE_MS: u64 = 400;
+
+/// What a finished drill leaves: its history, the checker's verdict, and where the files went.
+pub struct Outcome {
+    pub history: History,
+    pub violations: Vec<Violation>,
+    pub out_dir: PathBuf,
+}
+
+/// Something a fault did that its heal must undo.
+enum Undo {
+    Start(Member),
+    Resume(Member),
+    Heal(Vec<FaultId>),
+    /// Heal the disk, then start the replica again if it stopped itself.
+    Disk(FaultId, u64),
+    RemoveReplicas(Vec<u64>),
+    Nothing,
+}
+
+struct Runner<'a> {
+    target: &'a mut dyn Target,
+    client: Arc<Client>,
+    config: ClientConfig,
+    /// How many times each target kind was resolved (agents and followers are taken in turn).
+    turns: HashMap<&'static str, usize>,
+}
+
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// Runs `drill` on `target` (already up) and writes `history.jsonl`, `report.txt` and `timeline.svg` to `out_dir`.
+pub async fn run(drill: &Drill, target: &mut dyn Target, out_dir: &Path) -> anyhow::Result<Outcome> {
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let schedule = drill.schedule()?;
+    let config = ClientConfig::load(&target.client_config())?;
+    let addresses: Vec<String> = target.replica_addresses().into_iter().map(|(_, a)| a).collect();
+    let config = config.with_controllers(&addresses.join(","));
+    let client = Arc::new(Client::new(&config)?.with_deadline(Duration::from_millis(workload::SUBMIT_DEADLINE_MS)));
+    wait_ready(&client, target.agents().len()).await?;
+
+    let recorder = Recorder::new();
+    let mut runner = Runner { target, client: client.clone(), config, turns: HashMap::new() };
+    let stop_probes = Arc::new(AtomicBool::new(false));
+    let prober = tokio::spawn(probe_roles(
+        runner.config.clone(),
+        runner.target.replica_addresses(),
+        recorder.clone(),
+        stop_probes.clone(),
+    ));
+    let poller = tokio::spawn(poll_states(client.clone(), recorder.clone(), stop_probes.clone()));
+
+    // The workload, from now on the drill's clock (the schedule's times count from here).
+    let logs = runner.target.shared_dir().join("jobs");
+    std::fs::create_dir_all(&logs)?;
+    std::fs::set_permissions(&logs, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
+    let stop_submitting = Arc::new(AtomicBool::new(false));
+    let make_spec = {
+        let (w, logs, cfg) = (drill.workload.clone(), logs.clone(), runner.target.client_config());
+        let controllers = addresses.join(",");
+        Arc::new(move |n: u64| workload::job_spec(&w, n, &logs, &cfg, &controllers))
+    };
+    let workload_start_ms = recorder.now_ms();
+    let submitter = tokio::spawn(workload::submit_loops(
+        client.clone(),
+        drill.workload.clone(),
+        recorder.clone(),
+        stop_submitting.clone(),
+        make_spec,
+    ));
+
+    // The faults and their heals, in time order.
+    let mut queue: BTreeMap<(u64, u64), Action> = BTreeMap::new();
+    for (seq, fault) in schedule.into_iter().enumerate() {
+        queue.insert((workload_start_ms + fault.at_ms, seq as u64 * 2), Action::Start(fault));
+    }
+    let workload_end_ms = workload_start_ms + drill.workload.duration_s * 1000;
+    let mut heals_pending = 0usize;
+    loop {
+        let next = queue.keys().next().copied();
+        let Some(key) = next else { break };
+        let now = recorder.now_ms();
+        if key.0 > now {
+            tokio::time::sleep(Duration::from_millis(key.0 - now)).await;
+        }
+        let action = queue.remove(&key).expect("key just seen");
+        match action {
+            Action::Start(fault) => {
+                let name = runner.describe(&fault);
+                match runner.inject(&fault).await {
+                    Ok((name, undo)) => {
+                        println!("{:>8.1} s  fault: {name}", (recorder.now_ms() - workload_start_ms) as f64 / 1e3);
+                        recorder.record(EventKind::FaultStarted { name: name.clone() });
+                        let heal_at = (workload_start_ms + fault.heal_ms).max(recorder.now_ms());
+                        queue.insert((heal_at, key.1 + 1), Action::Heal(name, undo));
+                        heals_pending += 1;
+                    }
+                    Err(e) => {
+                        // A fault that cannot be injected makes the drill meaningless: say which and stop.
+                        stop_submitting.store(true, Ordering::Relaxed);
+                        stop_probes.store(true, Ordering::Relaxed);
+                        bail!("injecting {name}: {e:#}");
+                    }
+                }
+            }
+            Action::Heal(name, undo) => {
+                runner.heal(undo).await.with_context(|| format!("healing {name}"))?;
+                println!("{:>8.1} s  healed: {name}", (recorder.now_ms() - workload_start_ms) as f64 / 1e3);
+                recorder.record(EventKind::FaultHealed { name });
+                heals_pending -= 1;
+            }
+        }
+    }
+    debug_assert_eq!(heals_pending, 0);
+    let now = recorder.now_ms();
+    if workload_end_ms > now {
+        tokio::time::sleep(Duration::from_millis(workload_end_ms - now)).await;
+    }
+    stop_submitting.store(true, Ordering::Relaxed);
+    submitter.await?;
+
+    // Liveness: every acknowledged job must end within the bound.
+    let bound = Duration::from_secs(drill.bounds.finish_within_s);
+    let waited = tokio::time::Instant::now();
+    loop {
+        let acked = acked_jobs(&recorder.history());
+        let listing = client.list_jobs(&JobFilter { include_finished: true, ..Default::default() }).await;
+        if let Ok((jobs, _)) = listing {
+            let done: std::collections::HashSet<u64> =
+                jobs.iter().filter(|j| j.state.is_terminal()).map(|j| j.id).collect();
+            if acked.iter().all(|id| done.contains(id)) {
+                break;
+            }
+        }
+        if waited.elapsed() > bound {
+            println!("the workload did not finish within {} s of the last heal", bound.as_secs());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    stop_probes.store(true, Ordering::Relaxed);
+    let _ = prober.await;
+    let _ = poller.await;
+    let (jobs, _) = client
+        .list_jobs(&JobFilter { include_finished: true, ..Default::default() })
+        .await
+        .context("the final listing of jobs (the cluster should be whole again by now)")?;
+    recorder.record(EventKind::FinalJobs { jobs: jobs.iter().map(|j| (j.id, j.state.name().to_string())).collect() });
+
+    // The jobs' own logs.
+    for entry in std::fs::read_dir(&logs)? {
+        let path = entry?.path();
+        let Some(job) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".log")) else {
+            continue;
+        };
+        let Ok(job) = job.parse::<u64>() else { continue };
+        let text = std::fs::read_to_string(&path)?;
+        for e in workload::events_from_job_log(job, &text, &recorder, drill.workload.step_ms as u64) {
+            recorder.record_at(e.at_ms, e.kind);
+        }
+    }
+    let history = recorder.history();
+    std::fs::write(out_dir.join("history.jsonl"), history.to_json_lines())?;
+    let violations = check(&history, Bounds { finish_within_ms: Some(drill.bounds.finish_within_s * 1000) });
+    Ok(Outcome { history, violations, out_dir: out_dir.to_path_buf() })
+}
+
+enum Action {
+    Start(ScheduledFault),
+    Heal(String, Undo),
+}
+
+fn acked_jobs(history: &History) -> Vec<u64> {
+    history
+        .events
+        .iter()
+        .filter_map(|e| match e.kind {
+            EventKind::SubmitAcked { job, .. } => Some(job),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Waits until a leader serves and every agent's node is up.
+async fn wait_ready(client: &Client, agents: usize) -> anyhow::Result<()> {
+    let start = tokio::time::Instant::now();
+    loop {
+        if let Ok(nodes) = client.list_nodes(false).await
+            && nodes.iter().filter(|n| n.health == drover_state::NodeHealth::Up).count() >= agents
+        {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            bail!("the cluster did not elect a leader with all {agents} agents up within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Records each replica's role as it reports itself, on every change.
+async fn probe_roles(config: ClientConfig, replicas: Vec<(u64, String)>, recorder: Recorder, stop: Arc<AtomicBool>) {
+    let mut clients = Vec::new();
+    for (id, addr) in &replicas {
+        if let Ok(c) = Client::new(&config.with_controllers(addr)) {
+            clients.push((*id, Arc::new(c.with_deadline(Duration::from_millis(PROBE_DEADLINE_MS)))));
+        }
+    }
+    let mut last: HashMap<u64, (String, u64)> = HashMap::new();
+    while !stop.load(Ordering::Relaxed) {
+        let probes = clients.iter().map(|(id, c)| {
+            let c = c.clone();
+            let id = *id;
+            async move { (id, c.cluster_status().await) }
+        });
+        for (id, status) in futures::future::join_all(probes).await {
+            let seen = match status {
+                Ok(s) if s.answered_by == id => s
+                    .replicas
+                    .iter()
+                    .find(|r| r.id == id)
+                    .map(|r| (r.role.clone(), r.term))
+                    .unwrap_or(("unknown".into(), 0)),
+                _ => ("unreachable".into(), last.get(&id).map_or(0, |l| l.1)),
+            };
+            if last.get(&id) != Some(&seen) {
+                recorder.record(EventKind::RoleObserved { replica: id, role: seen.0.clone(), term: seen.1 });
+                last.insert(id, seen);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(PROBE_EVERY_MS)).await;
+    }
+}
+
+/// Records every job's state as the cluster reports it, on every change.
+async fn poll_states(client: Arc<Client>, recorder: Recorder, stop: Arc<AtomicBool>) {
+    let mut last: HashMap<u64, &'static str> = HashMap::new();
+    while !stop.load(Ordering::Relaxed) {
+        if let Ok((jobs, _)) = client.list_jobs(&JobFilter { include_finished: true, ..Default::default() }).await {
+            for job in jobs {
+                let state = job.state.name();
+                if last.insert(job.id, state) != Some(state) {
+                    recorder.record(EventKind::StateObserved { job: job.id, state: state.to_string() });
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(POLL_EVERY_MS)).await;
+    }
+}
+
+impl Runner<'_> {
+    fn describe(&self, fault: &ScheduledFault) -> String {
+        format!("{:?} {:?}", fault.kind, fault.target)
+    }
+
+    /// The current leader, asked of the cluster (a few tries: a fault may just have caused an election).
+    async fn leader(&self) -> anyhow::Result<u64> {
+        for _ in 0..100 {
+            if let Ok(status) = self.client.cluster_status().await
+                && let Some(l) = status.replicas.iter().find(|r| r.role == "leader")
+            {
+                return Ok(l.id);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!("no leader for 10 s")
+    }
+
+    fn turn(&mut self, what: &'static str) -> usize {
+        let n = self.turns.entry(what).or_default();
+        *n += 1;
+        *n - 1
+    }
+
+    async fn resolve(&mut self, spec: &TargetSpec) -> anyhow::Result<Member> {
+        Ok(match spec {
+            TargetSpec::Leader => Member::Replica(self.leader().await?),
+            TargetSpec::Follower => {
+                let leader = self.leader().await?;
+                let followers: Vec<u64> = self.target.replicas().into_iter().filter(|&r| r != leader).collect();
+                let n = self.turn("follower");
+                Member::Replica(followers[n % followers.len()])
+            }
+            TargetSpec::Controller(id) => Member::Replica(*id),
+            TargetSpec::AnyAgent => {
+                let agents = self.target.agents();
+                let n = self.turn("agent");
+                Member::Agent(agents[n % agents.len()].clone())
+            }
+            TargetSpec::Agent(name) => Member::Agent(name.clone()),
+            TargetSpec::Cluster => bail!("`cluster` names no single process"),
+        })
+    }
+
+    /// Injects one fault; its name (with whom it hit) and what its heal must undo.
+    async fn inject(&mut self, fault: &ScheduledFault) -> anyhow::Result<(String, Undo)> {
+        let role = match fault.target {
+            TargetSpec::Leader => "leader ",
+            TargetSpec::Follower => "follower ",
+            _ => "",
+        };
+        Ok(match fault.kind {
+            FaultKind::Kill => {
+                let m = self.resolve(&fault.target).await?;
+                blocking(|| self.target.kill(&m))?;
+                (format!("kill {role}{m}"), Undo::Start(m))
+            }
+            FaultKind::Pause => {
+                let m = self.resolve(&fault.target).await?;
+                self.target.pause(&m)?;
+                (format!("pause {role}{m}"), Undo::Resume(m))
+            }
+            FaultKind::Isolate => {
+                let m = self.resolve(&fault.target).await?;
+                let id = self.target.isolate(&m)?;
+                (format!("isolate {role}{m}"), Undo::Heal(vec![id]))
+            }
+            FaultKind::Partition => {
+                let m = self.resolve(&fault.target).await?;
+                let Member::Replica(me) = m else { bail!("only a replica can be partitioned") };
+                let replicas = self.target.replicas();
+                // The minority: the target and, with 5 replicas, one more.
+                let minority = replicas.len().div_ceil(2) - 1;
+                let mut side_a: Vec<Member> = vec![Member::Replica(me)];
+                side_a.extend(replicas.iter().filter(|&&r| r != me).take(minority - 1).map(|&r| Member::Replica(r)));
+                let mut side_b: Vec<Member> =
+                    replicas.iter().map(|&r| Member::Replica(r)).filter(|r| !side_a.contains(r)).collect();
+                let agents = self.target.agents();
+                let half = agents.len() / 2;
+                side_a.extend(agents[..half].iter().map(|a| Member::Agent(a.clone())));
+                side_b.extend(agents[half..].iter().map(|a| Member::Agent(a.clone())));
+                let name = format!("partition {role}{{{}}} from {{{}}}", list(&side_a), list(&side_b));
+                let one = self.target.block(&side_a, &side_b)?;
+                let two = self.target.block(&side_b, &side_a)?;
+                (name, Undo::Heal(vec![one, two]))
+            }
+            FaultKind::OneWay => {
+                let m = self.resolve(&fault.target).await?;
+                let others: Vec<Member> =
+                    self.target.replicas().into_iter().map(Member::Replica).filter(|r| *r != m).collect();
+                let id = self.target.block(&others, std::slice::from_ref(&m))?;
+                (format!("one-way cut: {role}{m} hears no replica"), Undo::Heal(vec![id]))
+            }
+            FaultKind::Loss => {
+                let id = self.target.loss(fault.loss_percent)?;
+                (format!("loss {} % between all members", fault.loss_percent), Undo::Heal(vec![id]))
+            }
+            FaultKind::Delay => {
+                let id = self.target.delay(
+                    Duration::from_millis(fault.delay_ms as u64),
+                    Duration::from_millis(fault.jitter_ms as u64),
+                )?;
+                (format!("delay {} ms between all members", fault.delay_ms), Undo::Heal(vec![id]))
+            }
+            FaultKind::DiskFull => {
+                let m = self.resolve(&fault.target).await?;
+                let Member::Replica(id) = m else { bail!("only a replica has a data disk here") };
+                let fault_id = self.target.fill_disk(id)?;
+                (format!("disk full on {role}{m}"), Undo::Disk(fault_id, id))
+            }
+            FaultKind::RollingRestart => {
+                for id in self.target.replicas() {
+                    let m = Member::Replica(id);
+                    blocking(|| self.target.stop(&m))?;
+                    self.target.start(&m)?;
+                    self.wait_caught_up(id).await?;
+                }
+                ("rolling restart of every replica".to_string(), Undo::Nothing)
+            }
+            FaultKind::Membership => {
+                let mut added = Vec::new();
+                for _ in 0..2 {
+                    let (id, addr) = self.target.spawn_replica()?;
+                    self.client.add_replica(id, &addr).await.with_context(|| format!("adding replica {id}"))?;
+                    added.push(id);
+                }
+                (format!("membership 3 -> 5 (replicas {added:?} added)"), Undo::RemoveReplicas(added))
+            }
+        })
+    }
+
+    async fn heal(&mut self, undo: Undo) -> anyhow::Result<()> {
+        match undo {
+            Undo::Start(m) => self.target.start(&m)?,
+            Undo::Resume(m) => self.target.resume(&m)?,
+            Undo::Heal(ids) => {
+                for id in ids {
+                    self.target.heal(id)?;
+                }
+            }
+            Undo::Disk(id, replica) => {
+                self.target.heal(id)?;
+                let m = Member::Replica(replica);
+                if !self.target.is_running(&m) {
+                    self.target.start(&m)?;
+                }
+            }
+            Undo::RemoveReplicas(ids) => {
+                for id in ids {
+                    self.client.remove_replica(id).await.with_context(|| format!("removing replica {id}"))?;
+                    blocking(|| self.target.retire_replica(id))?;
+                }
+            }
+            Undo::Nothing => {}
+        }
+        Ok(())
+    }
+
+    /// Waits until replica `id` answers and has applied what the leader had when it came back.
+    async fn wait_caught_up(&self, id: u64) -> anyhow::Result<()> {
+        let addr = self.target.replica_addresses().into_iter().find(|(r, _)| *r == id).map(|(_, a)| a);
+        let addr = addr.context("a replica without an address")?;
+        let own = Client::new(&self.config.with_controllers(&addr))?.with_deadline(Duration::from_millis(500));
+        let start = tokio::time::Instant::now();
+        while start.elapsed() < Duration::from_secs(60) {
+            if let Ok(s) = own.cluster_status().await
+                && s.answered_by == id
+                && let Some(me) = s.replicas.iter().find(|r| r.id == id)
+                && me.has_leader
+                && s.replicas.iter().filter(|r| r.role == "leader").all(|l| me.applied_index + 10 >= l.applied_index)
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!("replica {id} did not catch up within 60 s of its restart")
+    }
+}
+
+fn list(members: &[Member]) -> String {
+    members.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(", ")
+}
