@@ -41,10 +41,12 @@ pub struct ClusterShape {
 
 impl Default for ClusterShape {
     fn default() -> Self {
+        // 16 simulated GPUs per agent: enough that the default workload fits with room to spare, so a backlog
+        // in a drill means a fault, not an overloaded cluster.
         ClusterShape {
             controllers: 3,
             agents: 2,
-            gpus_per_agent: 8,
+            gpus_per_agent: 16,
             node_timeout_ms: 6_000,
             agent_fence_after_ms: 3_000,
         }
@@ -78,16 +80,16 @@ fn default_clients() -> u32 {
     2
 }
 fn default_steps() -> u32 {
-    20
+    10
 }
 fn default_step_ms() -> u32 {
-    200
+    150
 }
 fn default_checkpoint_every() -> u32 {
-    5
+    4
 }
 fn default_gpus() -> Vec<u32> {
-    vec![1, 2, 4]
+    vec![1, 2]
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -218,10 +220,10 @@ impl Drill {
         if c.agents == 0 || c.agents > 16 || c.gpus_per_agent == 0 || c.gpus_per_agent > 64 {
             return bad("cluster.agents must be 1-16 and cluster.gpus_per_agent 1-64".into());
         }
-        if c.agent_fence_after_ms >= c.node_timeout_ms {
+        if c.agent_fence_after_ms + 500 > c.node_timeout_ms {
             return bad(format!(
-                "cluster.agent_fence_after_ms ({}) must be below node_timeout_ms ({}): an agent must fence itself \
-                 before its jobs may run elsewhere",
+                "cluster.agent_fence_after_ms ({}) must be at least 500 ms below node_timeout_ms ({}): an agent \
+                 must fence itself before its jobs may run elsewhere (the controllers refuse it otherwise)",
                 c.agent_fence_after_ms, c.node_timeout_ms
             ));
         }
@@ -364,9 +366,9 @@ mod tests {
             (format!("{LEADER_KILL}\n[cluster]\ncontrollers = 4\n"), "Drover runs 3 or 5 replicas"),
             (
                 format!("{LEADER_KILL}\n[cluster]\nagent_fence_after_ms = 9000\nnode_timeout_ms = 8000\n"),
-                "must be below node_timeout_ms",
+                "at least 500 ms below node_timeout_ms",
             ),
-            (LEADER_KILL.replace("submit_per_s = 10", "submit_per_s = 10\ngpus = [16]"), "1-8 GPUs"),
+            (LEADER_KILL.replace("submit_per_s = 10", "submit_per_s = 10\ngpus = [32]"), "1-16 GPUs"),
         ];
         for (text, want) in cases {
             let drill: Drill = toml::from_str(&text).unwrap();

@@ -69,7 +69,17 @@ fn main() -> anyhow::Result<()> {
             println!("drill {}: cluster and results in {}", drill.name, dir.display());
             let mut target = LocalTarget::up(&dir, &drill.cluster, disk)?;
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            let outcome = runtime.block_on(drover_chaos::runner::run(&drill, &mut target, &dir.join("results")));
+            let results = dir.join("results");
+            let outcome = runtime.block_on(async {
+                // Ctrl-C or SIGTERM ends the drill early, but never before the faults are undone and the cluster
+                // stopped: a firewall rule left behind would cut off whatever later uses the address.
+                let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+                tokio::select! {
+                    outcome = drover_chaos::runner::run(&drill, &mut target, &results) => outcome,
+                    _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted; the faults are undone and the cluster stopped")),
+                    _ = term.recv() => Err(anyhow::anyhow!("terminated; the faults are undone and the cluster stopped")),
+                }
+            });
             target.teardown()?;
             let outcome = outcome?;
             let gap =
