@@ -64,10 +64,13 @@ impl LocalTarget {
             ));
         }
         std::fs::create_dir_all(dir).map_err(|e| failed(format!("creating {}", dir.display()), e))?;
+        // The cluster records canonical paths; the mounts are compared with them.
+        let dir = &dir.canonicalize().map_err(|e| failed(format!("resolving {}", dir.display()), e))?;
         let mut mounts = Vec::new();
         if disk_drill {
             for id in 1..=shape.controllers as u64 + 2 {
-                let data = dir.join(format!("controller-{id}")).join("data");
+                // Where `LocalCluster::up` (under `dir/cluster`) puts each replica's data.
+                let data = dir.join("cluster").join(format!("controller-{id}")).join("data");
                 std::fs::create_dir_all(&data).map_err(|e| failed(format!("creating {}", data.display()), e))?;
                 run(
                     "mount",
@@ -255,7 +258,9 @@ impl Target for LocalTarget {
         // packets there: other programs on the machine keep their loopback speed.
         let subnet = self.subnet();
         let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-        run("tc", &args("qdisc add dev lo root handle 1: prio"))?;
+        run("tc", &args("qdisc add dev lo root handle 1: prio")).map_err(|e| {
+            failed("tc", format!("{e}; this kernel has no prio qdisc (sch_prio), so latency cannot be added here"))
+        })?;
         let id = FaultId(self.next_fault);
         self.next_fault += 1;
         self.faults.insert(id, vec![Undo::Netem]);

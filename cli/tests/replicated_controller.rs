@@ -251,6 +251,37 @@ async fn a_replica_cut_off_from_the_others_accepts_no_writes() {
     all.submit(&trivial_spec()).await.expect("writes resume once a quorum is back");
 }
 
+/// A frozen leader (SIGSTOP: its sockets stay open and the kernel still acknowledges packets, but nothing answers)
+/// must not stall a client that was talking to it: the submission moves on to the other replicas, which elect a
+/// new leader, and is acknowledged. Found by the leader-isolated drill: clients waited out a 5 s timeout on the dead
+/// connection, then gave up without trying the others, and the cluster looked down for 14 s after a 1 s failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_whose_leader_freezes_submits_through_the_other_replicas() {
+    let (_dir, mut cluster) = cluster(UpOptions::default());
+    let leader = cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
+    // The leader first, as in a client that has followed its hint.
+    let first = cluster.process(leader).unwrap().address.clone();
+    let mut addresses = vec![first.clone()];
+    addresses.extend(cluster.addresses().split(',').filter(|a| *a != first).map(String::from));
+    let client = cluster.client_at(&addresses.join(",")).unwrap().with_deadline(Duration::from_secs(12));
+    let before = client.submit(&trivial_spec()).await.expect("the connection to the leader is open");
+    cluster.signal(leader, libc::SIGSTOP).unwrap();
+    let during = client.submit(&trivial_spec()).await;
+    cluster.signal(leader, libc::SIGCONT).unwrap();
+    let during = during.expect("the other replicas acknowledge the submission");
+    assert!(during > before);
+    // A status probe with a short deadline answers within about it, rather than hanging on the frozen one.
+    cluster.signal(leader, libc::SIGSTOP).unwrap();
+    let probe =
+        cluster.client_at(&cluster.process(leader).unwrap().address).unwrap().with_deadline(Duration::from_millis(300));
+    let started = Instant::now();
+    let answer = probe.cluster_status().await;
+    let waited = started.elapsed();
+    cluster.signal(leader, libc::SIGCONT).unwrap();
+    assert!(answer.is_err(), "a frozen replica cannot answer");
+    assert!(waited < Duration::from_secs(3), "a 300 ms deadline waited {waited:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_cluster_is_reported_with_the_addresses_tried() {
     // A real cluster's credentials and certificates, aimed at addresses where nothing listens.

@@ -35,6 +35,8 @@ pub use drover_proto::v1::{ClusterStatusReply, JobOutcome, ReplicaStatus};
 const CONNECT_TIMEOUT_MS: u64 = 500;
 /// How long one RPC may take on one controller.
 const RPC_TIMEOUT_MS: u64 = 5_000;
+/// The least time an attempt is given, even when the deadline is nearly spent.
+const MIN_ATTEMPT_MS: u64 = 100;
 /// The default time a whole call (with retries across controllers and elections) may take.
 pub const DEFAULT_DEADLINE_MS: u64 = 15_000;
 /// Give up sooner when no controller answers at all (nothing listening, host down): a user should hear
@@ -172,11 +174,15 @@ impl Client {
             self.credentials.token()?;
             let client = DroverServiceClient::with_interceptor(self.channels[index].clone(), self.credentials.clone())
                 .max_decoding_message_size(256 << 20);
-            let result = tokio::time::timeout(Duration::from_millis(RPC_TIMEOUT_MS), call(client)).await;
+            // One attempt never outlives the caller's deadline (a status probe with a short deadline must not hang
+            // on a frozen replica for the full RPC timeout).
+            let left = self.deadline.saturating_sub(start.elapsed()).max(Duration::from_millis(MIN_ATTEMPT_MS));
+            let attempt_timeout = left.min(Duration::from_millis(RPC_TIMEOUT_MS));
+            let result = tokio::time::timeout(attempt_timeout, call(client)).await;
             let status = match result {
                 Ok(Ok(reply)) => return Ok(reply.into_inner()),
                 Ok(Err(status)) => status,
-                Err(_) => Status::deadline_exceeded(format!("no answer within {RPC_TIMEOUT_MS} ms")),
+                Err(_) => Status::deadline_exceeded(format!("no answer within {} ms", attempt_timeout.as_millis())),
             };
             if !retryable(&status) {
                 return Err(ClientError::from_status(&status));
@@ -185,10 +191,12 @@ impl Client {
             if !no_answer(&status) {
                 last_answer = Instant::now();
             }
-            if last_answer.elapsed() >= Duration::from_millis(NO_ANSWER_GIVE_UP_MS) {
+            attempt += 1;
+            // Give up early only once every controller has had its chance: one silent replica (frozen, cut off)
+            // says nothing about the others.
+            if attempt >= self.channels.len() && last_answer.elapsed() >= Duration::from_millis(NO_ANSWER_GIVE_UP_MS) {
                 return Err(ClientError::Unreachable { tried: self.addresses.join(", "), last });
             }
-            attempt += 1;
             let hint = status.metadata().get(LEADER_HINT_KEY).and_then(|v| v.to_str().ok()).map(str::to_string);
             let next = hint.and_then(|h| self.addresses.iter().position(|a| *a == h)).unwrap_or(index + 1);
             self.current.store(next % self.channels.len(), Ordering::Relaxed);

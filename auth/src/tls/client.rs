@@ -21,6 +21,11 @@ use tonic::transport::{Channel, Endpoint};
 use super::material::{CurrentCert, CurrentServerVerifier, Shared, provider, spawn_reloader};
 use super::{Role, RoleKind, TlsError, TlsFiles};
 
+/// How often an open connection is pinged, and how long a ping may go unanswered before the connection counts as
+/// dead.
+pub const KEEPALIVE_INTERVAL_MS: u64 = 1_000;
+pub const KEEPALIVE_TIMEOUT_MS: u64 = 1_000;
+
 /// A client's TLS: its certificate (presented to servers) and the CA it trusts, reloadable like [`super::ServerTls`].
 /// Channels made from it pick up reloaded material on their next connection. Cheap to clone.
 #[derive(Clone)]
@@ -104,7 +109,14 @@ impl ClientTls {
         // "http": the connector already speaks TLS; tonic must not try to add its own.
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| TlsError::BadAddress { addr: addr.to_owned(), reason: e.to_string() })?
-            .connect_timeout(connect_timeout);
+            .connect_timeout(connect_timeout)
+            // HTTP/2 pings find a connection whose peer went silent (a replica cut off by the network or frozen)
+            // within about two seconds, and fail the calls waiting on it so that they go elsewhere: without them a
+            // call on a black-holed connection waits for its whole timeout, and the next call takes the same
+            // dead connection again. A live peer answers pings however busy its handlers are.
+            .http2_keep_alive_interval(Duration::from_millis(KEEPALIVE_INTERVAL_MS))
+            .keep_alive_timeout(Duration::from_millis(KEEPALIVE_TIMEOUT_MS))
+            .keep_alive_while_idle(true);
         Ok(endpoint.connect_with_connector_lazy(connector))
     }
 }
