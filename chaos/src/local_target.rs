@@ -175,6 +175,43 @@ fn drop_rule(source: Option<&str>, destination: Option<&str>, extra: &[&str]) ->
     rule
 }
 
+/// Takes every free block of the filesystem `path` is on: one allocation of what statvfs says is free, then 4 KiB
+/// writes until the disk refuses one (what is left then is below a page), so the replica's next write fails.
+fn fill(path: &Path) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::fd::AsRawFd as _;
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let c_dir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
+    // SAFETY: statvfs fills the struct we own from a NUL-terminated path.
+    let mut vfs: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c_dir.as_ptr(), &mut vfs) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let free = vfs.f_bavail as u64 * vfs.f_frsize as u64;
+    let mut file = std::fs::File::create(path)?;
+    // Leave a little for the crumbs below to find the exact end (the filler's own metadata takes some).
+    let bulk = free.saturating_sub(1 << 20);
+    if bulk > 0 {
+        // SAFETY: fallocate on a file we own; real blocks, unlike set_len's hole.
+        let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, bulk as i64) };
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+    }
+    let mut end = bulk;
+    let page = [0u8; 4096];
+    // Bounded: 1 MiB and the slack of the estimate are a few hundred pages.
+    for _ in 0..100_000 {
+        use std::io::Seek as _;
+        file.seek(std::io::SeekFrom::Start(end))?;
+        if file.write_all(&page).and_then(|_| file.sync_data()).is_err() {
+            break;
+        }
+        end += page.len() as u64;
+    }
+    Ok(())
+}
+
 impl Target for LocalTarget {
     fn replicas(&self) -> Vec<u64> {
         self.cluster.processes.iter().filter(|p| p.role == "controller").map(|p| p.id).collect()
@@ -295,28 +332,7 @@ impl Target for LocalTarget {
             ));
         }
         let filler = data.join("drill-filler");
-        let file = std::fs::File::create(&filler).map_err(|e| failed(format!("creating {}", filler.display()), e))?;
-        // posix_fallocate takes real blocks (set_len would leave a hole and fill nothing); as much as fits.
-        let mut size = DATA_DISK_BYTES;
-        while size >= 4096 {
-            // SAFETY: fallocate on a file we own.
-            let rc = unsafe { libc::posix_fallocate(std::os::fd::AsRawFd::as_raw_fd(&file), 0, size as i64) };
-            if rc == 0 {
-                break;
-            }
-            size /= 2;
-        }
-        // Then the last crumbs, so that not even a small write fits.
-        let mut crumb = 0;
-        loop {
-            let extra = size + (crumb + 1) * 4096;
-            // SAFETY: as above.
-            let rc = unsafe { libc::posix_fallocate(std::os::fd::AsRawFd::as_raw_fd(&file), 0, extra as i64) };
-            if rc != 0 || crumb > 100_000 {
-                break;
-            }
-            crumb += 1;
-        }
+        fill(&filler).map_err(|e| failed(format!("filling {}", data.display()), e))?;
         let id = FaultId(self.next_fault);
         self.next_fault += 1;
         self.faults.insert(id, vec![Undo::Filler(filler)]);
@@ -376,5 +392,33 @@ impl Drop for LocalTarget {
     fn drop(&mut self) {
         // Never leave firewall rules or a netem qdisc behind, whatever happened to the drill.
         let _ = self.teardown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_filled_disk_refuses_the_next_write_and_takes_it_again_once_freed() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIPPED: mounting a tmpfs needs root (CI runs as root)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mount = dir.path().display().to_string();
+        run("mount", &["-t".into(), "tmpfs".into(), "-o".into(), "size=16m".into(), "tmpfs".into(), mount.clone()])
+            .unwrap();
+        let filler = dir.path().join("filler");
+        let filled = fill(&filler);
+        let write = std::fs::write(dir.path().join("next"), vec![1u8; 8192]);
+        std::fs::remove_file(&filler).unwrap();
+        let after = std::fs::write(dir.path().join("after"), vec![1u8; 8192]);
+        run("umount", &["-l".into(), mount]).unwrap();
+        filled.unwrap();
+        let err = write.expect_err("a full disk takes no more");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+        after.expect("freed, it takes writes again");
     }
 }
