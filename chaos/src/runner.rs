@@ -20,6 +20,8 @@ use crate::workload;
 
 /// How often each replica is asked its role (the timeline's resolution).
 const PROBE_EVERY_MS: u64 = 200;
+/// How long a fault waits for a leader to aim at.
+const LEADER_WAIT_S: u64 = 30;
 /// How often the job states are read.
 const POLL_EVERY_MS: u64 = 1_000;
 /// A replica that does not answer a probe within this long counts as unreachable at that moment. A replica's
@@ -104,12 +106,19 @@ pub async fn run(drill: &Drill, target: &mut dyn Target, out_dir: &Path) -> anyh
     }
     let workload_end_ms = workload_start_ms + drill.workload.duration_s * 1000;
     let mut heals_pending = 0usize;
+    // How late the schedule runs: an injection or heal that took long (a replica slow to stop) shifts everything
+    // after it, so that faults keep their order and spacing. Firing overdue faults at once instead would stack
+    // them: a second leader kill before the first heal takes the quorum away, which no drill asked for.
+    let mut lag_ms = 0u64;
     loop {
         let next = queue.keys().next().copied();
         let Some(key) = next else { break };
         let now = recorder.now_ms();
-        if key.0 > now {
-            tokio::time::sleep(Duration::from_millis(key.0 - now)).await;
+        let due = key.0 + lag_ms;
+        if due > now {
+            tokio::time::sleep(Duration::from_millis(due - now)).await;
+        } else {
+            lag_ms = now - key.0;
         }
         let action = queue.remove(&key).expect("key just seen");
         match action {
@@ -119,8 +128,9 @@ pub async fn run(drill: &Drill, target: &mut dyn Target, out_dir: &Path) -> anyh
                     Ok((name, undo)) => {
                         println!("{:>8.1} s  fault: {name}", (recorder.now_ms() - workload_start_ms) as f64 / 1e3);
                         recorder.record(EventKind::FaultStarted { name: name.clone() });
-                        let heal_at = (workload_start_ms + fault.heal_ms).max(recorder.now_ms());
-                        queue.insert((heal_at, key.1 + 1), Action::Heal(name, undo));
+                        // On the unshifted clock, like every key: the fault lasts its full duration from now.
+                        let heal_at = (recorder.now_ms() + (fault.heal_ms - fault.at_ms)).saturating_sub(lag_ms);
+                        queue.insert((heal_at.max(key.0), key.1 + 1), Action::Heal(name, undo));
                         heals_pending += 1;
                     }
                     Err(e) => {
@@ -281,16 +291,27 @@ impl Runner<'_> {
     }
 
     /// The current leader, asked of the cluster (a few tries: a fault may just have caused an election).
+    /// Every replica is asked at once, with a short deadline each, and the leader of the highest term any of them
+    /// reports for itself wins: one slow or restarting replica must not hold the schedule up (a shared client
+    /// waited on one for over a minute in a soak, and the faults after it fired late, stacked).
     async fn leader(&self) -> anyhow::Result<u64> {
-        for _ in 0..100 {
-            if let Ok(status) = self.client.cluster_status().await
-                && let Some(l) = status.replicas.iter().find(|r| r.role == "leader")
-            {
-                return Ok(l.id);
+        let start = tokio::time::Instant::now();
+        while start.elapsed() < Duration::from_secs(LEADER_WAIT_S) {
+            let asks = self.target.replica_addresses().into_iter().map(|(id, addr)| {
+                let config = self.config.with_controllers(&addr);
+                async move {
+                    let client = Client::new(&config).ok()?.with_deadline(Duration::from_millis(PROBE_DEADLINE_MS));
+                    let status = client.cluster_status().await.ok()?;
+                    let me = status.replicas.into_iter().find(|r| r.id == id && status.answered_by == id)?;
+                    (me.role == "leader").then_some((me.term, id))
+                }
+            });
+            if let Some((_, id)) = futures::future::join_all(asks).await.into_iter().flatten().max() {
+                return Ok(id);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        bail!("no leader for 10 s")
+        bail!("no replica said it leads for {LEADER_WAIT_S} s")
     }
 
     fn turn(&mut self, what: &'static str) -> usize {
