@@ -7,6 +7,7 @@
 
 pub mod checker;
 pub mod history;
+pub mod sim;
 
 pub use checker::{Bounds, Violation, check};
 pub use history::{Event, History, HistoryError};

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use drover_proto::LEADER_HINT_KEY;
 use drover_proto::v1::drover_service_client::DroverServiceClient;
@@ -54,9 +54,7 @@ pub struct Api {
     peers: Mutex<HashMap<String, DroverServiceClient<Channel>>>,
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
+use crate::runtime::now_ms;
 
 pub fn command_error_status(e: &CommandError) -> Status {
     match e {
