@@ -87,8 +87,8 @@ impl NetState {
     /// Records what a client, agent or the fault schedule saw, in the history and the trace.
     pub fn event(&mut self, kind: EventKind) {
         let at_ms = self.trace.now_us() / 1_000;
-        let json = serde_json::to_vec(&kind).expect("events serialize");
-        self.trace.record(format_args!("event"), &json);
+        let json = serde_json::to_string(&kind).expect("events serialize");
+        self.trace.record(format_args!("event {json}"), &[]);
         self.events.push(Event { at_ms, kind });
     }
 

@@ -182,11 +182,19 @@ pub async fn agent(net: Net, seed: u64, name: String, gpus: u32, until_ms: u64) 
     let mut running: BTreeMap<(u64, u64), Task> = BTreeMap::new();
     // Ended here and reported (or refused): never started again.
     let mut done: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let mut seen_index = 0u64;
     while now_ms() < until_ms {
         tokio::time::sleep(Duration::from_millis(AGENT_POLL_MS)).await;
         let Some((_, _, view)) = leader(&net) else { continue };
         let (assigned, lingering) = {
             let applied = view.read();
+            // A new leader may not have applied what the last one had: an older view would look as if jobs
+            // had ended. Real agents skip such assignments by their applied index too.
+            let index = applied.last_applied.as_ref().map_or(0, |l| l.index());
+            if index < seen_index {
+                continue;
+            }
+            seen_index = index;
             let state = &applied.state;
             let Some(node) = state.nodes.get(&name) else { continue };
             // COMPLETING (cancelled while running): its tasks must stop, and its batch node reports them gone.
@@ -251,10 +259,12 @@ pub async fn agent(net: Net, seed: u64, name: String, gpus: u32, until_ms: u64) 
         for (key, end) in reports {
             {
                 let command = Command::JobEnded { job_id: key.0, incarnation: key.1, end };
-                let outcome = write(&net, command).await;
-                if let Outcome::GaveUp(e) = outcome {
-                    lock(&net).trace.record(format_args!("agent {name} report {key:?} gave up: {e}"), &[]);
-                }
+                let what = match write(&net, command).await {
+                    Outcome::Committed(reply) => format!("committed: {reply:?}"),
+                    Outcome::Refused(e) => format!("refused: {e}"),
+                    Outcome::GaveUp(e) => format!("gave up: {e}"),
+                };
+                lock(&net).trace.record(format_args!("agent {name} reported {key:?} ended: {what}"), &[]);
             }
         }
         // Confirm gone what lingers here and no longer runs.
