@@ -2,8 +2,9 @@
 //! twice to the same trace, a planted bug that must be caught, and the soak and replay entry points.
 //!
 //! - CI: `cargo test -p drover-chaos --test sim`
-//! - Soak: `DROVER_SIM_SEEDS=1000 cargo test -p drover-chaos --release --test sim -- --nocapture soak`
-//! - Replay: `DROVER_SIM_SEED=N cargo test -p drover-chaos --test sim -- --nocapture replay`
+//! - Soak: `DROVER_SIM_SEEDS=1000 cargo test -p drover-chaos --release --test sim -- --nocapture --exact soak`
+//! - Replay: `DROVER_SIM_SEED=N DROVER_SIM_PROFILE=ci|soak cargo test -p drover-chaos --test sim -- --nocapture
+//!   --exact replay` (what a failure prints)
 
 use drover_chaos::sim::{PlantedBug, SimOptions, SimReport, run_seed, run_seeds};
 
@@ -72,7 +73,7 @@ fn a_planted_bug_is_caught() {
 fn soak() {
     let Some(count) = env_u64("DROVER_SIM_SEEDS") else { return };
     let first = env_u64("DROVER_SIM_FIRST_SEED").unwrap_or(1);
-    let options = SimOptions { jobs: 60, fault_phase_ms: 30_000, ..SimOptions::default() };
+    let options = SimOptions::profile("soak").expect("the soak profile exists");
     let mut failures = Vec::new();
     for seed in first..first + count {
         let r = run_seed(seed, &options);
@@ -85,11 +86,14 @@ fn soak() {
     assert!(failures.is_empty(), "failing seeds: {failures:?}");
 }
 
-/// `DROVER_SIM_SEED=N`: runs that seed with the CI options and prints its report; does nothing without it.
+/// `DROVER_SIM_SEED=N` (and `DROVER_SIM_PROFILE`, default `ci`): runs that seed and prints its report; does
+/// nothing without it.
 #[test]
 fn replay() {
     let Some(seed) = env_u64("DROVER_SIM_SEED") else { return };
-    let r = run_seed(seed, &SimOptions::default());
+    let profile = std::env::var("DROVER_SIM_PROFILE").unwrap_or_else(|_| "ci".into());
+    let options = SimOptions::profile(&profile).unwrap_or_else(|| panic!("no simulation profile {profile:?}"));
+    let r = run_seed(seed, &options);
     eprintln!("{}", summary(&r));
     for line in &r.tail {
         eprintln!("  {line}");

@@ -21,9 +21,11 @@
 //!
 //! Running it:
 //! - CI: `cargo test -p drover-chaos --test sim` runs a bounded number of seeds.
-//! - Soak: `DROVER_SIM_SEEDS=1000 cargo test -p drover-chaos --release --test sim -- --nocapture soak`
-//!   (`DROVER_SIM_FIRST_SEED` picks where to start).
-//! - Replay one seed: `DROVER_SIM_SEED=N cargo test -p drover-chaos --test sim -- --nocapture replay`.
+//! - Soak: `DROVER_SIM_SEEDS=1000 cargo test -p drover-chaos --release --test sim -- --nocapture --exact soak`
+//!   (`DROVER_SIM_FIRST_SEED` picks where to start; the `soak` profile: more jobs, a longer fault phase).
+//! - Replay one seed, as a failure prints it: `DROVER_SIM_SEED=N DROVER_SIM_PROFILE=ci|soak cargo test -p
+//!   drover-chaos --test sim -- --nocapture --exact replay`; `DROVER_SIM_TRACE=FILE` also writes the whole trace
+//!   there (diff two runs' files to find where they part).
 //!
 //! Not simulated: the gRPC/TLS transport itself, the AgentHub's heartbeat streams and liveness timers (agents
 //! here read the leader's applied state and write through the leader, so `NodeDown` and fencing are not
@@ -58,8 +60,8 @@ pub const SAMPLE_MS: u64 = 50;
 const EPOCH_MS: u64 = 1_767_225_600_000;
 /// Link delays when no fault is active.
 const BASE_MAX_DELAY_MS: u64 = 5;
-/// Attempts to reopen a crashed replica's RocksDB while the old handle is still being dropped.
-const REOPEN_ATTEMPTS: u32 = 100;
+/// Attempts (10 simulated ms apart) to reopen a crashed replica's RocksDB while its old handles are dropped.
+const REOPEN_ATTEMPTS: u32 = 300;
 
 /// A bug planted on purpose, to show the simulation can fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +85,8 @@ pub struct SimOptions {
     pub settle_ms: u64,
     pub faults: bool,
     pub planted: Option<PlantedBug>,
+    /// Which of [`SimOptions::profile`]'s shapes this is, so a failure prints the command that replays it.
+    pub profile: &'static str,
 }
 
 impl Default for SimOptions {
@@ -96,6 +100,19 @@ impl Default for SimOptions {
             settle_ms: 40_000,
             faults: true,
             planted: None,
+            profile: "ci",
+        }
+    }
+}
+
+impl SimOptions {
+    /// The named shapes: `ci` (the default: a few seeds must fit in a CI minute) and `soak` (more jobs, a
+    /// longer fault phase).
+    pub fn profile(name: &str) -> Option<SimOptions> {
+        match name {
+            "ci" => Some(SimOptions::default()),
+            "soak" => Some(SimOptions { jobs: 60, fault_phase_ms: 30_000, profile: "soak", ..SimOptions::default() }),
+            _ => None,
         }
     }
 }
@@ -104,6 +121,7 @@ impl Default for SimOptions {
 #[derive(Debug, Clone)]
 pub struct SimReport {
     pub seed: u64,
+    pub profile: &'static str,
     /// A hash of every delivered message, client and agent observation and fault, with its simulated time.
     pub trace_hash: u64,
     pub trace_events: u64,
@@ -128,7 +146,7 @@ impl SimReport {
             "seed {} failed ({} violations); replay: {}\n",
             self.seed,
             self.violations.len(),
-            replay_command(self.seed)
+            replay_command(self.seed, self.profile)
         );
         for v in self.violations.iter().take(20) {
             out.push_str(&format!("  - {v}\n"));
@@ -141,8 +159,11 @@ impl SimReport {
     }
 }
 
-pub fn replay_command(seed: u64) -> String {
-    format!("DROVER_SIM_SEED={seed} cargo test -p drover-chaos --test sim -- --nocapture replay")
+/// The command that reruns `seed` of `profile` alone, printing its trace's end.
+pub fn replay_command(seed: u64, profile: &str) -> String {
+    format!(
+        "DROVER_SIM_SEED={seed} DROVER_SIM_PROFILE={profile} cargo test -p drover-chaos --test sim -- --nocapture --exact replay"
+    )
 }
 
 /// Runs the seeds in `seeds` one after another and returns their reports.
@@ -176,11 +197,13 @@ pub fn run_seed(seed: u64, options: &SimOptions) -> SimReport {
     let base = if base.is_dir() { base.to_path_buf() } else { std::env::temp_dir() };
     let root = match tempfile::Builder::new().prefix("drover-sim-").tempdir_in(&base) {
         Ok(dir) => dir,
-        Err(e) => return failed_to_start(seed, format!("cannot make a data directory in {}: {e}", base.display())),
+        Err(e) => {
+            return failed_to_start(seed, options, format!("cannot make a data directory in {}: {e}", base.display()));
+        }
     };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build() {
         Ok(rt) => rt,
-        Err(e) => return failed_to_start(seed, format!("cannot build the runtime: {e}")),
+        Err(e) => return failed_to_start(seed, options, format!("cannot build the runtime: {e}")),
     };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         runtime.block_on(simulate(seed, options, root.path()))
@@ -189,16 +212,17 @@ pub fn run_seed(seed: u64, options: &SimOptions) -> SimReport {
     drop(runtime);
     let mut report = match result {
         Ok(report) => report,
-        Err(_) => failed_to_start(seed, "the simulation itself panicked".into()),
+        Err(_) => failed_to_start(seed, options, "the simulation itself panicked".into()),
     };
     let panics = PANICS.with(|p| std::mem::take(&mut *p.borrow_mut()));
     report.violations.extend(panics.into_iter().map(|p| format!("panic: {p}")));
     report
 }
 
-fn failed_to_start(seed: u64, why: String) -> SimReport {
+fn failed_to_start(seed: u64, options: &SimOptions, why: String) -> SimReport {
     SimReport {
         seed,
+        profile: options.profile,
         trace_hash: 0,
         trace_events: 0,
         violations: vec![why],
@@ -240,7 +264,7 @@ async fn start_replica(net: &Net, id: u64) -> Result<(), String> {
                 if attempt == REOPEN_ATTEMPTS {
                     return Err(format!("replica {id}: cannot reopen its store: {e}"));
                 }
-                tokio::time::sleep(Duration::from_millis(1)).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
             Err(e) => return Err(format!("replica {id}: cannot reopen its store: {e}")),
         }
@@ -522,6 +546,7 @@ async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
     net.trace.write_full();
     SimReport {
         seed,
+        profile: options.profile,
         trace_hash: net.trace.hash(),
         trace_events: net.trace.events,
         violations,

@@ -185,8 +185,9 @@ pub async fn agent(net: Net, seed: u64, name: String, gpus: u32, until_ms: u64) 
     let mut seen_index = 0u64;
     while now_ms() < until_ms {
         tokio::time::sleep(Duration::from_millis(AGENT_POLL_MS)).await;
-        let Some((_, _, view)) = leader(&net) else { continue };
         let (assigned, lingering) = {
+            // Not kept past this block: a held view keeps a crashed replica's store open.
+            let Some((_, _, view)) = leader(&net) else { continue };
             let applied = view.read();
             // A new leader may not have applied what the last one had: an older view would look as if jobs
             // had ended. Real agents skip such assignments by their applied index too.
