@@ -9,7 +9,7 @@
 use drover_chaos::sim::{PlantedBug, SimOptions, SimReport, run_seed, run_seeds};
 
 /// Seeds CI runs (each a few simulated tens of seconds); the soak takes `DROVER_SIM_SEEDS`.
-const CI_SEEDS: u64 = 4;
+const CI_SEEDS: u64 = 6;
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v} is not a number")))
@@ -17,8 +17,8 @@ fn env_u64(name: &str) -> Option<u64> {
 
 fn summary(r: &SimReport) -> String {
     format!(
-        "seed {}: {} acked, {} faults, {} delivered, {} lost, {} sim ms, trace {:016x} ({} events)",
-        r.seed, r.acked, r.faults, r.delivered, r.lost, r.sim_ms, r.trace_hash, r.trace_events
+        "seed {}: {} acked, {} faults, {} delivered, {} lost, {} snapshots, {} sim ms, trace {:016x} ({} events)",
+        r.seed, r.acked, r.faults, r.delivered, r.lost, r.snapshots, r.sim_ms, r.trace_hash, r.trace_events
     )
 }
 
@@ -61,6 +61,7 @@ fn a_planted_bug_is_caught() {
     let options =
         SimOptions { planted: Some(PlantedBug::WipeAllDisks), faults: false, jobs: 16, ..SimOptions::default() };
     let report = run_seed(3, &options);
+    eprintln!("{}", report.failure_text());
     assert!(
         report.violations.iter().any(|v| v.contains("lost") || v.contains("Lost") || v.contains("acknowledged")),
         "wiping every disk must lose acknowledged jobs: {:#?}",

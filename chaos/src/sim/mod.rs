@@ -129,6 +129,8 @@ pub struct SimReport {
     pub acked: usize,
     pub delivered: u64,
     pub lost: u64,
+    /// Snapshots sent to a replica that lagged too far behind the leader's log.
+    pub snapshots: u64,
     pub faults: u64,
     pub sim_ms: u64,
     /// The last trace lines, for a failure report.
@@ -229,14 +231,18 @@ fn failed_to_start(seed: u64, options: &SimOptions, why: String) -> SimReport {
         acked: 0,
         delivered: 0,
         lost: 0,
+        snapshots: 0,
         faults: 0,
         sim_ms: 0,
         tail: Vec::new(),
     }
 }
 
-/// The production timing (`RaftTuning::default`), with snapshots every few hundred entries so that lagging and
-/// restarted replicas also catch up by snapshot.
+/// A run commits a few hundred entries: snapshots this often (keeping few entries after them) make replicas that
+/// were down or cut off catch up by snapshot too, through the real snapshot builder, transfer and install.
+const SNAPSHOT_AFTER_ENTRIES: u64 = 60;
+
+/// The production timing (`RaftTuning::default`), with frequent snapshots (see [`SNAPSHOT_AFTER_ENTRIES`]).
 fn raft_config() -> Arc<openraft::Config> {
     let tuning = drover_controller::config::RaftTuning::default();
     let config = openraft::Config {
@@ -244,8 +250,8 @@ fn raft_config() -> Arc<openraft::Config> {
         heartbeat_interval: tuning.heartbeat_interval_ms,
         election_timeout_min: tuning.election_timeout_min_ms,
         election_timeout_max: tuning.election_timeout_max_ms,
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(300),
-        max_in_snapshot_log_to_keep: 50,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_AFTER_ENTRIES),
+        max_in_snapshot_log_to_keep: 5,
         ..Default::default()
     };
     Arc::new(config.validate().expect("the simulation's raft settings are valid"))
@@ -553,6 +559,7 @@ async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
         acked: net.events.iter().filter(|e| matches!(e.kind, EventKind::SubmitAcked { .. })).count(),
         delivered: net.delivered,
         lost: net.lost,
+        snapshots: net.snapshots_received,
         faults,
         sim_ms,
         tail: net.trace.tail(),

@@ -52,7 +52,7 @@ pub struct NetState {
     pub events: Vec<Event>,
     pub delivered: u64,
     pub lost: u64,
-    snapshots_received: u64,
+    pub snapshots_received: u64,
 }
 
 pub type Net = Arc<Mutex<NetState>>;
