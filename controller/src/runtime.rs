@@ -382,3 +382,76 @@ impl<T: OptionalSend + OptionalSync> WatchReceiver<OrderedWatch, T> for OrderedW
         guard
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Tx = OrderedWatchSender<u64>;
+    type Rx = OrderedWatchReceiver<u64>;
+
+    fn channel() -> (Tx, Rx) {
+        <OrderedWatch as Watch>::channel(0)
+    }
+
+    #[tokio::test]
+    async fn a_receiver_sees_each_change_once_and_the_latest_value() {
+        let (tx, mut rx) = channel();
+        tx.send(1).unwrap();
+        tx.send(2).unwrap();
+        rx.changed().await.unwrap();
+        assert_eq!(*rx.borrow_watched(), 2);
+        // Seen: the next `changed` waits for a new value.
+        let pending = tokio::time::timeout(Duration::from_millis(20), rx.changed()).await;
+        assert!(pending.is_err(), "no change since the last one seen");
+        assert!(!tx.send_if_modified(|_| false), "an unmodified value is no change");
+        tx.send(3).unwrap();
+        rx.changed().await.unwrap();
+        assert_eq!(*rx.borrow_and_update(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_receiver_wakes_on_send_and_learns_when_senders_are_gone() {
+        let (tx, mut rx) = channel();
+        let mut other = tx.subscribe();
+        let waiter = tokio::spawn(async move {
+            rx.changed().await.unwrap();
+            let value = *rx.borrow_watched();
+            (value, rx.changed().await.is_err())
+        });
+        tokio::task::yield_now().await;
+        tx.send(7).unwrap();
+        let sender_clone = tx.clone();
+        drop(tx);
+        assert!(other.changed().await.is_ok(), "a change made before the senders went is still seen");
+        drop(sender_clone);
+        assert_eq!(waiter.await.unwrap(), (7, true));
+        assert!(other.changed().await.is_err());
+    }
+
+    #[tokio::test]
+    async fn send_without_receivers_fails_and_keeps_the_old_value() {
+        let (tx, rx) = channel();
+        drop(rx);
+        assert_eq!(tx.send(5).map_err(|e| e.0), Err(5));
+        assert_eq!(*tx.borrow_watched(), 0);
+        let rx = tx.subscribe();
+        tx.send(6).unwrap();
+        assert_eq!(*rx.borrow_watched(), 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn simulated_threads_get_seeded_draws_and_the_paused_clock() {
+        use rand::RngExt;
+        let draws = |seed| {
+            let _guard = enter_simulation(seed, 1_000);
+            (0..4).map(|_| DroverRuntime::thread_rng().random_range(0..1_000_000u64)).collect::<Vec<_>>()
+        };
+        assert_eq!(draws(1), draws(1), "one seed, one sequence");
+        assert_ne!(draws(1), draws(2));
+        let _guard = enter_simulation(1, 1_000);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(now_ms(), 1_250, "the clock is the runtime's paused one");
+        assert_eq!(run_blocking(|| 42).await.unwrap(), 42);
+    }
+}
