@@ -27,9 +27,14 @@
 //!   drover-chaos --test sim -- --nocapture --exact replay`; `DROVER_SIM_TRACE=FILE` also writes the whole trace
 //!   there (diff two runs' files to find where they part).
 //!
-//! Not simulated: the gRPC/TLS transport itself, the AgentHub's heartbeat streams and liveness timers (agents
-//! here read the leader's applied state and write through the leader, so `NodeDown` and fencing are not
-//! exercised), and power loss (a crash keeps what RocksDB had written, as a process crash does).
+//! Agents are cut off now and then: the leader's real `AgentHub` liveness loop declares a silent node down
+//! (its jobs requeued) while the simulated agent fences itself first, killing its tasks once it has not reached
+//! a leader with a fresh quorum for `fence_after_ms`, as the real agent's lease does; the checker then sees
+//! whether two incarnations of a job ever ran at once.
+//!
+//! Not simulated: the gRPC/TLS transport itself and the agent session stream (a simulated agent heartbeats
+//! with `AgentHub::seen`, reads the leader's applied state, and writes the commands a session would commit),
+//! and power loss (a crash keeps what RocksDB had written, as a process crash does).
 
 mod network;
 mod trace;
@@ -41,6 +46,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use drover_controller::agents::AgentHub;
+use drover_controller::config::AgentTiming;
 use drover_controller::runtime::enter_simulation;
 use drover_controller::scheduling::{Insights, scheduling_loop};
 use drover_controller::server::leader_duties;
@@ -281,13 +288,16 @@ async fn start_replica(net: &Net, id: u64) -> Result<(), String> {
     let raft = Raft::new(id, raft_config(), network, LogStore::new(db), sm)
         .await
         .map_err(|e| format!("replica {id}: raft: {e}"))?;
+    let timing = AgentTiming::default();
+    let hub = AgentHub::new(id, raft.clone(), view.clone(), timing, raft_config().election_timeout_min);
     let tasks = vec![
         tokio::spawn(leader_duties(raft.clone(), view.clone(), id, ClusterConfig::default())),
         tokio::spawn(scheduling_loop(raft.clone(), view.clone(), id, Insights::default())),
+        tokio::spawn(drover_controller::agents::leader_loops(hub.clone())),
     ];
     let mut net = lock(net);
     net.trace.record(format_args!("replica {id} started"), &[]);
-    net.replicas.insert(id, Replica { raft, view, tasks });
+    net.replicas.insert(id, Replica { raft, view, hub, tasks });
     Ok(())
 }
 
@@ -374,7 +384,8 @@ fn sample(net: &Net, oracle: &mut Oracle) {
 /// Reads every acknowledged job's state on the leader, if its applied state is no older than the last one read,
 /// and records the changes (the checker's terminal-state and liveness promises read these).
 fn observe(net: &Net, oracle: &mut Oracle) {
-    let Some((_, _, view)) = workload::leader(net) else { return };
+    let Some(leader) = workload::leader(net) else { return };
+    let view = leader.view;
     let index = view.read().last_applied.as_ref().map_or(0, |l| l.index());
     if index < oracle.observed_index {
         return;
@@ -410,6 +421,7 @@ enum Pending {
     Unblock(Vec<(u64, u64)>),
     ResetLoss,
     ResetDelay,
+    Reconnect(String),
 }
 
 async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
@@ -471,7 +483,8 @@ async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
         if !options.faults {
             continue;
         }
-        let kind = rng.random_range(0..5);
+        let kind = rng.random_range(0..6);
+        let node = format!("gpu{:02}", rng.random_range(1..=options.nodes));
         let a = ids[rng.random_range(0..ids.len())];
         let b = ids[rng.random_range(0..ids.len())];
         let lasts_ms = rng.random_range(100..3_000);
@@ -507,6 +520,13 @@ async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
                 lock(&net).conditions.max_delay_ms = max;
                 pending.push((now + lasts_ms, Pending::ResetDelay));
                 format!("delay messages up to {max} ms for {lasts_ms} ms")
+            }
+            // Long enough, sometimes, for the agent to fence itself and the leader to declare its node down.
+            5 => {
+                let lasts_ms = rng.random_range(500..12_000);
+                lock(&net).conditions.agents_cut.insert(node.clone());
+                pending.push((now + lasts_ms, Pending::Reconnect(node.clone())));
+                format!("cut agent {node} off for {lasts_ms} ms")
             }
             _ => continue,
         };
@@ -583,6 +603,9 @@ async fn undo(net: &Net, pending: Pending, errors: &mut Vec<String>) {
         }
         Pending::ResetLoss => lock(net).conditions.loss_permille = 0,
         Pending::ResetDelay => lock(net).conditions.max_delay_ms = BASE_MAX_DELAY_MS,
+        Pending::Reconnect(node) => {
+            lock(net).conditions.agents_cut.remove(&node);
+        }
     }
 }
 
@@ -610,7 +633,8 @@ async fn wipe_all(net: &Net, ids: &[u64], errors: &mut Vec<String>) {
 
 /// Every acknowledged job is terminal on the leader, nothing lingers, and every replica applied as far.
 fn settled(net: &Net) -> bool {
-    let Some((_, _, view)) = workload::leader(net) else { return false };
+    let Some(leader) = workload::leader(net) else { return false };
+    let view = leader.view;
     let acked: BTreeSet<u64> = lock(net)
         .events
         .iter()

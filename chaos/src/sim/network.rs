@@ -26,6 +26,8 @@ use crate::history::{Event, EventKind};
 pub struct Replica {
     pub raft: Raft,
     pub view: StateView,
+    /// The leader's side of the agent protocol: heartbeats, leases, silent nodes declared down.
+    pub hub: Arc<drover_controller::agents::AgentHub>,
     /// The replica's background duties (scheduling loop, leader duties): aborted when it crashes.
     pub tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -37,6 +39,8 @@ pub struct Conditions {
     pub blocked: BTreeSet<(u64, u64)>,
     /// Each message (request or reply) is lost with this probability, in thousandths.
     pub loss_permille: u32,
+    /// Agents (node names) that reach no replica: their heartbeats and reports are lost.
+    pub agents_cut: BTreeSet<String>,
     /// One-way delays are uniform in 0..=max_delay_ms; differing delays reorder messages.
     pub max_delay_ms: u64,
 }

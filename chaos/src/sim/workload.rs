@@ -5,10 +5,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use drover_controller::agents::AgentHub;
 use drover_controller::api::commit_command;
+use drover_controller::config::AgentTiming;
 use drover_controller::store::StateView;
 use drover_controller::types::Raft;
-use drover_state::{Command, GpuInfo, JobEnd, JobSpec, JobState, NodeInfo, Reply};
+use drover_state::{Command, GpuInfo, JobEnd, JobSpec, JobState, NodeHealth, NodeInfo, Reply};
 use openraft::async_runtime::WatchReceiver;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
@@ -27,16 +31,23 @@ const RETRY_MS: u64 = 100;
 
 /// The replica that believes it leads with the newest term (a deposed leader in a minority may still believe
 /// it leads: writes there time out, as they would for a real client).
-pub fn leader(net: &Net) -> Option<(u64, Raft, StateView)> {
+pub fn leader(net: &Net) -> Option<Leader> {
     let net = lock(net);
     net.replicas
         .iter()
         .filter_map(|(id, r)| {
             let m = r.raft.metrics().borrow_watched().clone();
-            (m.current_leader == Some(*id)).then(|| (m.current_term, *id, r.raft.clone(), r.view.clone()))
+            (m.current_leader == Some(*id)).then_some((m.current_term, *id, r))
         })
-        .max_by_key(|(term, id, _, _)| (*term, *id))
-        .map(|(_, id, raft, view)| (id, raft, view))
+        .max_by_key(|(term, id, _)| (*term, *id))
+        .map(|(_, _, r)| Leader { raft: r.raft.clone(), view: r.view.clone(), hub: r.hub.clone() })
+}
+
+/// Handles on the replica that believes it leads.
+pub struct Leader {
+    pub raft: Raft,
+    pub view: StateView,
+    pub hub: Arc<AgentHub>,
 }
 
 /// What one write came to.
@@ -49,9 +60,17 @@ enum Outcome {
 /// Commits `command` through whichever replica leads, retrying (with the same command, so a submission's
 /// request id makes a retry return the first job) until it commits, is refused, or the attempts run out.
 async fn write(net: &Net, command: Command) -> Outcome {
+    write_as(net, None, command).await
+}
+
+/// `write` from an agent: while the agent is cut off its attempts reach nobody (it keeps retrying, as a real
+/// agent keeps a report until it is acknowledged).
+async fn write_as(net: &Net, agent: Option<&str>, command: Command) -> Outcome {
     let mut last_error = String::from("no leader");
     for _ in 0..MAX_WRITE_ATTEMPTS {
-        let Some((_, raft, _)) = leader(net) else {
+        let cut = agent.is_some_and(|name| lock(net).conditions.agents_cut.contains(name));
+        let leader = if cut { None } else { leader(net) };
+        let Some(Leader { raft, .. }) = leader else {
             tokio::time::sleep(Duration::from_millis(RETRY_MS)).await;
             continue;
         };
@@ -161,14 +180,56 @@ struct Task {
     batch: bool,
 }
 
-/// One node's agent: registers, then runs what the leader's applied state assigns it, reports the batch
-/// node's ends (`JobEnded`), and confirms ended incarnations gone (`ReleaseLingering`). Stops at `until_ms`.
+/// What one agent knows, shared between its main loop and its lease check.
+#[derive(Default)]
+struct AgentState {
+    running: BTreeMap<(u64, u64), Task>,
+    /// Ended here (exited, stopped or fenced): never started again.
+    done: BTreeSet<(u64, u64)>,
+    /// Ends the batch node still has to get acknowledged, oldest first.
+    reports: Vec<((u64, u64), JobEnd)>,
+    /// Simulated ms of the last heartbeat a leader with a fresh quorum answered.
+    last_contact_ms: u64,
+}
+
+/// How often the agent checks its lease (the real agent checks on every reconcile pass).
+const LEASE_CHECK_MS: u64 = 50;
+/// The signal a fenced task dies of.
+const SIGKILL: i32 = 9;
+
+/// The lease, as its own task so that no write in flight delays it: once no leader with a fresh quorum has
+/// answered for `fence_after_ms`, every task is killed and its end kept to report when the agent is back.
+async fn lease(net: Net, name: String, state: Arc<std::sync::Mutex<AgentState>>, started: tokio::time::Instant) {
+    let fence_after_ms = AgentTiming::default().fence_after_ms;
+    loop {
+        tokio::time::sleep(Duration::from_millis(LEASE_CHECK_MS)).await;
+        let now_ms = started.elapsed().as_millis() as u64;
+        let mut state = state.lock().expect("agent state lock");
+        if now_ms.saturating_sub(state.last_contact_ms) <= fence_after_ms || state.running.is_empty() {
+            continue;
+        }
+        let AgentState { running, done, reports, .. } = &mut *state;
+        for (key, task) in std::mem::take(running) {
+            done.insert(key);
+            lock(&net).event(EventKind::IncarnationEnded { job: key.0, incarnation: key.1, node: name.clone() });
+            if task.batch {
+                reports.push((key, JobEnd { signal: SIGKILL, fenced: true, ..JobEnd::default() }));
+            }
+        }
+        lock(&net).trace.record(format_args!("agent {name} fenced itself"), &[]);
+    }
+}
+
+/// One node's agent: registers, heartbeats to the leader's `AgentHub`, runs what the leader's applied state
+/// assigns it, reports the batch node's ends (`JobEnded`), confirms ended incarnations gone
+/// (`ReleaseLingering`), fences itself when cut off, and registers again if its node was declared down.
+/// Stops at `until_ms`.
 pub async fn agent(net: Net, seed: u64, name: String, gpus: u32, until_ms: u64) {
     let mut rng = SmallRng::seed_from_u64(seed ^ fnv_name(&name));
     let started = tokio::time::Instant::now();
     let now_ms = || started.elapsed().as_millis() as u64;
     loop {
-        match write(&net, Command::RegisterNode { info: node_info(&name, gpus) }).await {
+        match write_as(&net, Some(&name), Command::RegisterNode { info: node_info(&name, gpus) }).await {
             Outcome::Committed(_) => break,
             Outcome::Refused(e) | Outcome::GaveUp(e) => {
                 lock(&net).trace.record(format_args!("agent {name} register failed: {e}"), &[]);
@@ -179,15 +240,23 @@ pub async fn agent(net: Net, seed: u64, name: String, gpus: u32, until_ms: u64) 
             return;
         }
     }
-    let mut running: BTreeMap<(u64, u64), Task> = BTreeMap::new();
-    // Ended here and reported (or refused): never started again.
-    let mut done: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let state = Arc::new(std::sync::Mutex::new(AgentState { last_contact_ms: now_ms(), ..AgentState::default() }));
+    let lease_task = tokio::spawn(lease(net.clone(), name.clone(), state.clone(), started));
     let mut seen_index = 0u64;
     while now_ms() < until_ms {
         tokio::time::sleep(Duration::from_millis(AGENT_POLL_MS)).await;
-        let (assigned, lingering) = {
+        if lock(&net).conditions.agents_cut.contains(&name) {
+            continue;
+        }
+        let (assigned, lingering, down) = {
             // Not kept past this block: a held view keeps a crashed replica's store open.
-            let Some((_, _, view)) = leader(&net) else { continue };
+            let Some(Leader { view, hub, .. }) = leader(&net) else { continue };
+            // Real leaders grant leases only while a quorum acknowledged them within the election timeout.
+            if !hub.quorum_is_fresh() {
+                continue;
+            }
+            hub.seen(&name);
+            state.lock().expect("agent state lock").last_contact_ms = now_ms();
             let applied = view.read();
             // A new leader may not have applied what the last one had: an older view would look as if jobs
             // had ended. Real agents skip such assignments by their applied index too.
@@ -216,66 +285,100 @@ pub async fn agent(net: Net, seed: u64, name: String, gpus: u32, until_ms: u64) 
                 })
                 .collect();
             let lingering: Vec<(u64, u64)> = node.lingering.iter().map(|l| (l.job, l.incarnation)).collect();
-            (assigned, lingering)
+            (assigned, lingering, node.health == NodeHealth::Down)
         };
-        // Start what is assigned and new here.
-        let mut reports: Vec<((u64, u64), JobEnd)> = Vec::new();
-        for (key, a) in &assigned {
-            if running.contains_key(key) || done.contains(key) {
-                continue;
-            }
-            if a.stopping {
-                // Cancelled before it started here: nothing to kill, but the batch node still says it is gone.
-                done.insert(*key);
-                if a.batch {
-                    reports.push((*key, JobEnd { signal: SIGTERM, ..JobEnd::default() }));
-                }
-                continue;
-            }
-            let exits_at_ms = now_ms() + rng.random_range(100..3_000);
-            running.insert(*key, Task { exits_at_ms, batch: a.batch });
-            lock(&net).event(EventKind::IncarnationStarted {
-                job: key.0,
-                incarnation: key.1,
-                node: name.clone(),
-                gpus: a.gpus.clone(),
-            });
-        }
-        // Stop what is no longer assigned (requeued, ended by its batch node) or is stopping, and what exited.
-        let now = now_ms();
-        let ended: Vec<(u64, u64)> = running
-            .iter()
-            .filter(|(key, task)| assigned.get(key).is_none_or(|a| a.stopping) || task.exits_at_ms <= now)
-            .map(|(key, _)| *key)
-            .collect();
-        for key in ended {
-            let task = running.remove(&key).expect("listed above");
-            done.insert(key);
-            lock(&net).event(EventKind::IncarnationEnded { job: key.0, incarnation: key.1, node: name.clone() });
-            if let Some(a) = assigned.get(&key).filter(|_| task.batch) {
-                let signal = if a.stopping { SIGTERM } else { 0 };
-                reports.push((key, JobEnd { signal, ..JobEnd::default() }));
-            }
-        }
-        for (key, end) in reports {
+        if down {
+            // Declared down while cut off: a returning agent registers again, which brings the node back up.
+            if let Outcome::Committed(_) =
+                write_as(&net, Some(&name), Command::RegisterNode { info: node_info(&name, gpus) }).await
             {
-                let command = Command::JobEnded { job_id: key.0, incarnation: key.1, end };
-                let what = match write(&net, command).await {
-                    Outcome::Committed(reply) => format!("committed: {reply:?}"),
-                    Outcome::Refused(e) => format!("refused: {e}"),
-                    Outcome::GaveUp(e) => format!("gave up: {e}"),
-                };
-                lock(&net).trace.record(format_args!("agent {name} reported {key:?} ended: {what}"), &[]);
+                lock(&net).trace.record(format_args!("agent {name} registered again"), &[]);
             }
+            continue;
+        }
+        let (reports, gone) = {
+            let mut guard = state.lock().expect("agent state lock");
+            let AgentState { running, done, reports, .. } = &mut *guard;
+            for (key, a) in &assigned {
+                if running.contains_key(key) || done.contains(key) {
+                    continue;
+                }
+                if a.stopping {
+                    // Cancelled before it started here: nothing to kill, but the batch node says it is gone.
+                    done.insert(*key);
+                    if a.batch {
+                        reports.push((*key, JobEnd { signal: SIGTERM, ..JobEnd::default() }));
+                    }
+                    continue;
+                }
+                let exits_at_ms = now_ms() + rng.random_range(100..3_000);
+                running.insert(*key, Task { exits_at_ms, batch: a.batch });
+                lock(&net).event(EventKind::IncarnationStarted {
+                    job: key.0,
+                    incarnation: key.1,
+                    node: name.clone(),
+                    gpus: a.gpus.clone(),
+                });
+            }
+            // Stop what is no longer assigned (requeued, ended by its batch node) or is stopping, and what exited.
+            let now = now_ms();
+            let ended: Vec<(u64, u64)> = running
+                .iter()
+                .filter(|(key, task)| assigned.get(key).is_none_or(|a| a.stopping) || task.exits_at_ms <= now)
+                .map(|(key, _)| *key)
+                .collect();
+            for key in ended {
+                let task = running.remove(&key).expect("listed above");
+                done.insert(key);
+                lock(&net).event(EventKind::IncarnationEnded { job: key.0, incarnation: key.1, node: name.clone() });
+                if let Some(a) = assigned.get(&key).filter(|_| task.batch) {
+                    let signal = if a.stopping { SIGTERM } else { 0 };
+                    reports.push((key, JobEnd { signal, ..JobEnd::default() }));
+                }
+            }
+            let gone: Vec<(u64, u64)> = lingering.into_iter().filter(|key| !running.contains_key(key)).collect();
+            (std::mem::take(reports), gone)
+        };
+        // Reports go out one attempt per pass; one that does not commit waits for the next pass.
+        let mut unsent = Vec::new();
+        for (key, end) in reports {
+            let command = Command::JobEnded { job_id: key.0, incarnation: key.1, end: end.clone() };
+            let what = match write_once(&net, &name, command).await {
+                Outcome::Committed(reply) => format!("committed: {reply:?}"),
+                Outcome::Refused(e) => format!("refused: {e}"),
+                Outcome::GaveUp(e) => {
+                    unsent.push((key, end));
+                    format!("not committed: {e}")
+                }
+            };
+            lock(&net).trace.record(format_args!("agent {name} reported {key:?} ended: {what}"), &[]);
+        }
+        if !unsent.is_empty() {
+            let mut guard = state.lock().expect("agent state lock");
+            unsent.append(&mut guard.reports);
+            guard.reports = unsent;
         }
         // Confirm gone what lingers here and no longer runs.
-        let gone: Vec<(u64, u64)> = lingering.into_iter().filter(|key| !running.contains_key(key)).collect();
         if !gone.is_empty() {
             let command = Command::ReleaseLingering { node: name.clone(), keys: gone, usage: Vec::new() };
-            if let Outcome::GaveUp(e) = write(&net, command).await {
-                lock(&net).trace.record(format_args!("agent {name} release gave up: {e}"), &[]);
+            if let Outcome::GaveUp(e) = write_once(&net, &name, command).await {
+                lock(&net).trace.record(format_args!("agent {name} release not committed: {e}"), &[]);
             }
         }
+    }
+    lease_task.abort();
+}
+
+/// One attempt of an agent's write, through whichever replica leads (none while the agent is cut off).
+async fn write_once(net: &Net, agent: &str, command: Command) -> Outcome {
+    if lock(net).conditions.agents_cut.contains(agent) {
+        return Outcome::GaveUp("cut off".into());
+    }
+    let Some(Leader { raft, .. }) = leader(net) else { return Outcome::GaveUp("no leader".into()) };
+    match commit_command(&raft, command).await {
+        Ok(Ok(reply)) => Outcome::Committed(reply),
+        Ok(Err(refusal)) => Outcome::Refused(refusal.to_string()),
+        Err(status) => Outcome::GaveUp(status.message().to_string()),
     }
 }
 
