@@ -6,7 +6,7 @@
 //! - Replay: `DROVER_SIM_SEED=N DROVER_SIM_PROFILE=ci|soak cargo test -p drover-chaos --test sim -- --nocapture
 //!   --exact replay` (what a failure prints)
 
-use drover_chaos::sim::{PlantedBug, SimOptions, SimReport, run_seed, run_seeds};
+use drover_chaos::sim::{Faults, PlantedBug, SimOptions, SimReport, run_seed, run_seeds};
 
 /// Seeds CI runs (each a few simulated tens of seconds); the soak takes `DROVER_SIM_SEEDS`.
 const CI_SEEDS: u64 = 6;
@@ -17,8 +17,18 @@ fn env_u64(name: &str) -> Option<u64> {
 
 fn summary(r: &SimReport) -> String {
     format!(
-        "seed {}: {} acked, {} faults, {} delivered, {} lost, {} snapshots, {} sim ms, trace {:016x} ({} events)",
-        r.seed, r.acked, r.faults, r.delivered, r.lost, r.snapshots, r.sim_ms, r.trace_hash, r.trace_events
+        "seed {}: {} acked, {} faults, {} delivered, {} lost, {} snapshots, {} nodes back from down, {} sim ms, \
+         trace {:016x} ({} events)",
+        r.seed,
+        r.acked,
+        r.faults,
+        r.delivered,
+        r.lost,
+        r.snapshots,
+        r.reregistrations,
+        r.sim_ms,
+        r.trace_hash,
+        r.trace_events
     )
 }
 
@@ -34,6 +44,19 @@ fn assert_all_pass(reports: &[SimReport]) {
 fn bounded_seeds_keep_every_promise() {
     let first = env_u64("DROVER_SIM_FIRST_SEED").unwrap_or(1);
     assert_all_pass(&run_seeds(first..first + CI_SEEDS, &SimOptions::default()));
+}
+
+/// Agents cut off under a stable leader: nodes are declared down and their jobs requeued elsewhere, and the
+/// checker must find no job running two incarnations at once (the agent fences itself first).
+#[test]
+fn cut_off_agents_fence_before_their_jobs_run_elsewhere() {
+    let options = SimOptions { faults: Faults::AgentsOnly, fault_phase_ms: 20_000, ..SimOptions::default() };
+    let reports = run_seeds(1..3, &options);
+    assert_all_pass(&reports);
+    assert!(
+        reports.iter().any(|r| r.reregistrations > 0),
+        "no node was declared down: the fencing promise went untested"
+    );
 }
 
 #[test]
@@ -59,7 +82,7 @@ fn a_seed_replays_to_the_same_trace() {
 #[test]
 fn a_planted_bug_is_caught() {
     let options =
-        SimOptions { planted: Some(PlantedBug::WipeAllDisks), faults: false, jobs: 16, ..SimOptions::default() };
+        SimOptions { planted: Some(PlantedBug::WipeAllDisks), faults: Faults::None, jobs: 16, ..SimOptions::default() };
     let report = run_seed(3, &options);
     eprintln!("{}", report.failure_text());
     assert!(

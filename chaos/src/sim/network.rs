@@ -57,6 +57,7 @@ pub struct NetState {
     pub delivered: u64,
     pub lost: u64,
     pub snapshots_received: u64,
+    pub reregistrations: u64,
 }
 
 pub type Net = Arc<Mutex<NetState>>;
@@ -74,6 +75,7 @@ pub fn new_net(seed: u64, data_dirs: BTreeMap<u64, PathBuf>, conditions: Conditi
         delivered: 0,
         lost: 0,
         snapshots_received: 0,
+        reregistrations: 0,
     }))
 }
 

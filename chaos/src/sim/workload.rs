@@ -292,7 +292,9 @@ pub async fn agent(net: Net, seed: u64, name: String, gpus: u32, until_ms: u64) 
             if let Outcome::Committed(_) =
                 write_as(&net, Some(&name), Command::RegisterNode { info: node_info(&name, gpus) }).await
             {
-                lock(&net).trace.record(format_args!("agent {name} registered again"), &[]);
+                let mut net = lock(&net);
+                net.reregistrations += 1;
+                net.trace.record(format_args!("agent {name} registered again"), &[]);
             }
             continue;
         }
