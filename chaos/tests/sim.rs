@@ -9,7 +9,7 @@
 use drover_chaos::sim::{Faults, PlantedBug, SimOptions, SimReport, run_seed, run_seeds};
 
 /// Seeds CI runs (each a few simulated tens of seconds); the soak takes `DROVER_SIM_SEEDS`.
-const CI_SEEDS: u64 = 6;
+const CI_SEEDS: u64 = 5;
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v} is not a number")))
@@ -90,6 +90,22 @@ fn a_planted_bug_is_caught() {
         "wiping every disk must lose acknowledged jobs: {:#?}",
         report.violations
     );
+}
+
+#[test]
+fn agents_that_never_fence_are_caught_running_a_job_twice() {
+    let options = SimOptions {
+        faults: Faults::AgentsOnly,
+        fault_phase_ms: 20_000,
+        planted: Some(PlantedBug::AgentsNeverFence),
+        ..SimOptions::default()
+    };
+    let reports = run_seeds(1..2, &options);
+    let caught: Vec<&String> =
+        reports.iter().flat_map(|r| &r.violations).filter(|v| v.contains("at once") || v.contains("GPU")).collect();
+    let all: Vec<&Vec<String>> = reports.iter().map(|r| &r.violations).collect();
+    assert!(!caught.is_empty(), "unfenced agents must be caught: {all:#?}");
+    eprintln!("caught, as planted: {caught:#?}");
 }
 
 /// `DROVER_SIM_SEEDS=N` seeds from `DROVER_SIM_FIRST_SEED` (default 1); does nothing without it.

@@ -76,6 +76,9 @@ pub enum PlantedBug {
     /// Halfway through the fault phase every replica loses its disk and the cluster is bootstrapped afresh: the
     /// jobs acknowledged before must show up as lost.
     WipeAllDisks,
+    /// Agents never fence themselves: a cut-off agent's tasks run on while the leader requeues its jobs
+    /// elsewhere, and a job must show up running two incarnations at once.
+    AgentsNeverFence,
 }
 
 /// Which faults the schedule draws from.
@@ -470,7 +473,9 @@ async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
     let client = tokio::spawn(workload::client(net.clone(), seed, options.jobs, options.gpus_per_node));
     let agents: Vec<_> = (1..=options.nodes)
         .map(|n| {
-            tokio::spawn(workload::agent(net.clone(), seed, format!("gpu{n:02}"), options.gpus_per_node, until_ms))
+            let fences = options.planted != Some(PlantedBug::AgentsNeverFence);
+            let name = format!("gpu{n:02}");
+            tokio::spawn(workload::agent(net.clone(), seed, name, options.gpus_per_node, until_ms, fences))
         })
         .collect();
 

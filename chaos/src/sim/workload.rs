@@ -224,7 +224,8 @@ async fn lease(net: Net, name: String, state: Arc<std::sync::Mutex<AgentState>>,
 /// assigns it, reports the batch node's ends (`JobEnded`), confirms ended incarnations gone
 /// (`ReleaseLingering`), fences itself when cut off, and registers again if its node was declared down.
 /// Stops at `until_ms`.
-pub async fn agent(net: Net, seed: u64, name: String, gpus: u32, until_ms: u64) {
+/// `fences`: false only for a planted bug (see `PlantedBug::AgentsNeverFence`).
+pub async fn agent(net: Net, seed: u64, name: String, gpus: u32, until_ms: u64, fences: bool) {
     let mut rng = SmallRng::seed_from_u64(seed ^ fnv_name(&name));
     let started = tokio::time::Instant::now();
     let now_ms = || started.elapsed().as_millis() as u64;
@@ -241,7 +242,7 @@ pub async fn agent(net: Net, seed: u64, name: String, gpus: u32, until_ms: u64) 
         }
     }
     let state = Arc::new(std::sync::Mutex::new(AgentState { last_contact_ms: now_ms(), ..AgentState::default() }));
-    let lease_task = tokio::spawn(lease(net.clone(), name.clone(), state.clone(), started));
+    let lease_task = fences.then(|| tokio::spawn(lease(net.clone(), name.clone(), state.clone(), started)));
     let mut seen_index = 0u64;
     while now_ms() < until_ms {
         tokio::time::sleep(Duration::from_millis(AGENT_POLL_MS)).await;
@@ -368,7 +369,9 @@ pub async fn agent(net: Net, seed: u64, name: String, gpus: u32, until_ms: u64) 
             }
         }
     }
-    lease_task.abort();
+    if let Some(task) = lease_task {
+        task.abort();
+    }
 }
 
 /// One attempt of an agent's write, through whichever replica leads (none while the agent is cut off).
