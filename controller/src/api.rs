@@ -5,6 +5,9 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+// The leader's clock for stamping entries: the wall clock, or the simulation's (see `runtime`).
+use crate::runtime::now_ms;
+
 use drover_proto::LEADER_HINT_KEY;
 use drover_proto::v1::drover_service_client::DroverServiceClient;
 use drover_proto::v1::drover_service_server::DroverService;
@@ -53,8 +56,6 @@ pub struct Api {
     pub view: StateView,
     peers: Mutex<HashMap<String, DroverServiceClient<Channel>>>,
 }
-
-use crate::runtime::now_ms;
 
 pub fn command_error_status(e: &CommandError) -> Status {
     match e {

@@ -32,6 +32,9 @@
 //! a leader with a fresh quorum for `fence_after_ms`, as the real agent's lease does; the checker then sees
 //! whether two incarnations of a job ever ran at once.
 //!
+//! [`PlantedBug`]s show the harness can fail: every disk wiped (acknowledged jobs lost), agents that never
+//! fence (a GPU used by two incarnations).
+//!
 //! Not simulated: the gRPC/TLS transport itself and the agent session stream (a simulated agent heartbeats
 //! with `AgentHub::seen`, reads the leader's applied state, and writes the commands a session would commit),
 //! and power loss (a crash keeps what RocksDB had written, as a process crash does).
