@@ -5,7 +5,8 @@
 //! against Drover's promises without any network, clock or disk, and [`report`] turns it into a table and a
 //! timeline; so the same history always gets the same verdict and a broken history can be planted in a test.
 //! At the edges: [`drill`] files, the [`target`] trait with its [`local_target`], the [`workload`] and the
-//! [`runner`] that ties them together.
+//! [`runner`] that ties them together. [`sim`] runs the real controller code under a seeded simulated network
+//! and clock, where a failing seed replays exactly.
 
 pub mod checker;
 pub mod drill;
@@ -14,6 +15,7 @@ pub mod local_target;
 pub mod recorder;
 pub mod report;
 pub mod runner;
+pub mod sim;
 pub mod target;
 pub mod workload;
 

@@ -15,7 +15,10 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock (the wall clock in production): under the deterministic simulation's paused clock, node
+// timeouts run on simulated time.
+use tokio::time::Instant;
 
 use drover_proto::v1::agent_gateway_server::AgentGateway;
 use drover_proto::v1::{AgentEnvelope, ControllerEnvelope};
@@ -89,7 +92,7 @@ impl AgentHub {
 
     /// Whether this replica leads and a quorum acknowledged it within the window: only then may it renew
     /// leases. (The acknowledged time is when the acknowledged request was *sent*, so it errs on the safe side.)
-    fn quorum_is_fresh(&self) -> bool {
+    pub fn quorum_is_fresh(&self) -> bool {
         let metrics = self.raft.metrics();
         let m = metrics.borrow_watched();
         m.current_leader == Some(self.id)
@@ -123,6 +126,11 @@ impl AgentHub {
         }
     }
 
+    /// Whether Raft still runs here (it stops on shutdown or a fatal storage error).
+    fn is_running(&self) -> bool {
+        self.raft.metrics().borrow_watched().running_state.is_ok()
+    }
+
     fn is_leader(&self) -> bool {
         self.raft.server_metrics().borrow_watched().current_leader == Some(self.id)
     }
@@ -133,7 +141,8 @@ impl AgentHub {
         metrics.membership_config.membership().get_node(&leader).map(|n| n.addr.clone())
     }
 
-    fn seen(&self, node: &str) {
+    /// A heartbeat from `node` (public for the simulation's agents, which have no gRPC session).
+    pub fn seen(&self, node: &str) {
         self.last_seen.lock().expect("last_seen poisoned").insert(node.to_string(), Instant::now());
     }
 
@@ -495,7 +504,9 @@ pub async fn leader_loops(hub: Arc<AgentHub>) {
         if hub.is_leader() && !hub.is_caught_up() && !catching_up.swap(true, Ordering::AcqRel) {
             let (hub, catching_up) = (hub.clone(), catching_up.clone());
             tokio::spawn(async move {
-                while hub.is_leader() && !hub.is_caught_up() {
+                // Not after Raft stopped: its last server metrics may still say it leads, and this task would
+                // keep the hub (and the store under it) alive.
+                while hub.is_running() && hub.is_leader() && !hub.is_caught_up() {
                     hub.catch_up().await;
                     if !hub.is_caught_up() {
                         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -505,6 +516,8 @@ pub async fn leader_loops(hub: Arc<AgentHub>) {
             });
         }
         tokio::select! {
+            // In order, not at random: the deterministic simulation replays seeds.
+            biased;
             changed = leadership.changed() => {
                 if changed.is_err() {
                     return;

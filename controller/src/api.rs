@@ -3,7 +3,10 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+// The leader's clock for stamping entries: the wall clock, or the simulation's (see `runtime`).
+use crate::runtime::now_ms;
 
 use drover_proto::LEADER_HINT_KEY;
 use drover_proto::v1::drover_service_client::DroverServiceClient;
@@ -52,10 +55,6 @@ pub struct Api {
     pub raft: Raft,
     pub view: StateView,
     peers: Mutex<HashMap<String, DroverServiceClient<Channel>>>,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 pub fn command_error_status(e: &CommandError) -> Status {

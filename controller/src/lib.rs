@@ -6,6 +6,7 @@ pub mod config;
 pub mod network;
 pub mod planner;
 pub mod raft_service;
+pub mod runtime;
 pub mod scheduling;
 pub mod security;
 pub mod server;

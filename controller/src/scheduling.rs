@@ -1,7 +1,7 @@
 //! The leader's scheduling loop: after every applied change (and on a slow tick), run one pass of the scheduler
 //! library over a view of the state and commit the plan as one `ApplyPlan` entry, which `apply` re-validates.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -64,10 +64,13 @@ pub async fn scheduling_loop(raft: Raft, view: StateView, id: u64, latest: Insig
         if leading && applied != planned_at {
             planned_at = applied;
             let (view, latest) = (view.clone(), latest.clone());
-            let pass_started = std::time::Instant::now();
+            // tokio's clock, not std's: under the simulation's paused clock the pause below must not depend on
+            // how fast the host ran the pass.
+            let pass_started = tokio::time::Instant::now();
+            // Read here, on the async side: the simulation's clock is this thread's.
+            let now_ms = crate::runtime::now_ms();
             // A pass over a large queue takes milliseconds to a few hundred: keep it off the async workers.
-            let command = tokio::task::spawn_blocking(move || {
-                let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+            let command = crate::runtime::run_blocking(move || {
                 // The state lock is held only to copy the view out: the pass itself must not stall `apply`.
                 let (cluster, config) = {
                     let applied = view.read();
@@ -96,6 +99,8 @@ pub async fn scheduling_loop(raft: Raft, view: StateView, id: u64, latest: Insig
             continue;
         }
         tokio::select! {
+            // In order, not at random: the same events give the same passes (the simulation replays seeds).
+            biased;
             changed = metrics.changed() => if changed.is_err() { return },
             _ = tokio::time::sleep(Duration::from_millis(IDLE_PASS_INTERVAL_MS)) => planned_at = None,
         }

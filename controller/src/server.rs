@@ -198,8 +198,9 @@ async fn peer_is_fresh(security: &crate::security::Security, addr: &str) -> Opti
     Some(me.term == 0 && me.last_log_index == 0 && !me.has_leader)
 }
 
-/// While this replica leads: commit the cluster configuration if none is committed yet.
-async fn leader_duties(raft: Raft, view: StateView, id: u64, cluster: drover_state::ClusterConfig) {
+/// While this replica leads: commit the cluster configuration if none is committed yet. Public for the
+/// deterministic simulation, which assembles replicas without the gRPC server.
+pub async fn leader_duties(raft: Raft, view: StateView, id: u64, cluster: drover_state::ClusterConfig) {
     let mut metrics = raft.metrics();
     loop {
         let is_leader = metrics.borrow_watched().current_leader == Some(id);

@@ -22,6 +22,8 @@ openraft::declare_raft_types!(
         R = drover_state::Response,
         NodeId = u64,
         Node = ReplicaNode,
+        // Tokio, with openraft's RNG seedable for the deterministic simulation (see `runtime`).
+        AsyncRuntime = crate::runtime::DroverRuntime,
 );
 
 pub type Raft = openraft::Raft<TypeConfig, crate::store::StateMachineStore>;

@@ -45,7 +45,7 @@ impl LogStore {
     /// Syncs the write-ahead log on a blocking thread (fsync must not stall the runtime).
     async fn sync(&self) -> io::Result<()> {
         let db = self.db.db.clone();
-        tokio::task::spawn_blocking(move || db.flush_wal(true))
+        crate::runtime::run_blocking(move || db.flush_wal(true))
             .await
             .map_err(|e| io_err("sync task", e))?
             .map_err(|e| io_err("syncing the write-ahead log", e))
@@ -124,7 +124,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Written (readable) now; acknowledged to openraft only once fsynced.
         self.db.db.write(batch).map_err(|e| io_err("appending to the log", e))?;
         let db = self.db.db.clone();
-        tokio::task::spawn_blocking(move || {
+        // Not awaited: the append returns while the fsync runs, and the callback tells openraft when it is done.
+        crate::runtime::spawn_blocking_detached(move || {
             let result = db.flush_wal(true).map_err(|e| io_err("syncing the log", e));
             callback.io_completed(result);
         });

@@ -312,7 +312,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> io::Result<Snapshot> {
         let db = self.db.clone();
         let seq = self.seq;
-        tokio::task::spawn_blocking(move || build_snapshot_blocking(&db, seq))
+        crate::runtime::run_blocking(move || build_snapshot_blocking(&db, seq))
             .await
             .map_err(|e| io_err("snapshot task", e))?
     }
@@ -440,7 +440,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let file_name =
             snapshot_file_name(&meta.last_log_id, &format!("i{}-{}", std::process::id(), self.snapshot_seq));
         let current = CurrentSnapshot { meta: meta.clone(), file_name: file_name.clone() };
-        let loaded = tokio::task::spawn_blocking(move || -> io::Result<Applied> {
+        let loaded = crate::runtime::run_blocking(move || -> io::Result<Applied> {
             let path = db.snapshot_dir().join(&file_name);
             if snapshot.path != path {
                 std::fs::rename(&snapshot.path, &path)?;

@@ -1,0 +1,142 @@
+//! The deterministic simulation (see `drover_chaos::sim`): a bounded number of seeds in CI, a seed replayed
+//! twice to the same trace, a planted bug that must be caught, and the soak and replay entry points.
+//!
+//! - CI: `cargo test -p drover-chaos --test sim`
+//! - Soak: `DROVER_SIM_SEEDS=1000 cargo test -p drover-chaos --release --test sim -- --nocapture --exact soak`
+//! - Replay: `DROVER_SIM_SEED=N DROVER_SIM_PROFILE=ci|soak cargo test -p drover-chaos --test sim -- --nocapture
+//!   --exact replay` (what a failure prints)
+
+use drover_chaos::sim::{Faults, PlantedBug, SimOptions, SimReport, run_seed, run_seeds};
+
+/// Seeds CI runs (each a few simulated tens of seconds); the soak takes `DROVER_SIM_SEEDS`.
+const CI_SEEDS: u64 = 5;
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v} is not a number")))
+}
+
+fn summary(r: &SimReport) -> String {
+    format!(
+        "seed {}: {} acked, {} faults, {} delivered, {} lost, {} snapshots, {} nodes back from down, {} sim ms, \
+         trace {:016x} ({} events)",
+        r.seed,
+        r.acked,
+        r.faults,
+        r.delivered,
+        r.lost,
+        r.snapshots,
+        r.reregistrations,
+        r.sim_ms,
+        r.trace_hash,
+        r.trace_events
+    )
+}
+
+fn assert_all_pass(reports: &[SimReport]) {
+    let failures: Vec<String> = reports.iter().filter(|r| !r.passed()).map(SimReport::failure_text).collect();
+    for r in reports {
+        eprintln!("{}", summary(r));
+    }
+    assert!(failures.is_empty(), "{} of {} seeds failed:\n{}", failures.len(), reports.len(), failures.join("\n"));
+}
+
+#[test]
+fn bounded_seeds_keep_every_promise() {
+    let first = env_u64("DROVER_SIM_FIRST_SEED").unwrap_or(1);
+    assert_all_pass(&run_seeds(first..first + CI_SEEDS, &SimOptions::default()));
+}
+
+/// Agents cut off under a stable leader: nodes are declared down and their jobs requeued elsewhere, and the
+/// checker must find no job running two incarnations at once (the agent fences itself first).
+#[test]
+fn cut_off_agents_fence_before_their_jobs_run_elsewhere() {
+    let options = SimOptions { faults: Faults::AgentsOnly, fault_phase_ms: 20_000, ..SimOptions::default() };
+    let reports = run_seeds(1..3, &options);
+    assert_all_pass(&reports);
+    assert!(
+        reports.iter().any(|r| r.reregistrations > 0),
+        "no node was declared down: the fencing promise went untested"
+    );
+}
+
+#[test]
+fn a_seed_replays_to_the_same_trace() {
+    let options = SimOptions { jobs: 12, fault_phase_ms: 6_000, ..SimOptions::default() };
+    let first = run_seed(7, &options);
+    let second = run_seed(7, &options);
+    assert!(first.passed(), "{}", first.failure_text());
+    assert!(first.trace_events > 500, "too little happened to show anything: {}", summary(&first));
+    assert_eq!(
+        (first.trace_hash, first.trace_events),
+        (second.trace_hash, second.trace_events),
+        "seed 7 diverged:\n first: {}\nsecond: {}\nfirst's tail: {:#?}\nsecond's tail: {:#?}",
+        summary(&first),
+        summary(&second),
+        first.tail,
+        second.tail
+    );
+    let other = run_seed(8, &options);
+    assert_ne!(first.trace_hash, other.trace_hash, "different seeds must differ");
+}
+
+#[test]
+fn a_planted_bug_is_caught() {
+    let options =
+        SimOptions { planted: Some(PlantedBug::WipeAllDisks), faults: Faults::None, jobs: 16, ..SimOptions::default() };
+    let report = run_seed(3, &options);
+    eprintln!("{}", report.failure_text());
+    assert!(
+        report.violations.iter().any(|v| v.contains("lost") || v.contains("Lost") || v.contains("acknowledged")),
+        "wiping every disk must lose acknowledged jobs: {:#?}",
+        report.violations
+    );
+}
+
+#[test]
+fn agents_that_never_fence_are_caught_running_a_job_twice() {
+    let options = SimOptions {
+        faults: Faults::AgentsOnly,
+        fault_phase_ms: 20_000,
+        planted: Some(PlantedBug::AgentsNeverFence),
+        ..SimOptions::default()
+    };
+    let reports = run_seeds(1..2, &options);
+    let caught: Vec<&String> =
+        reports.iter().flat_map(|r| &r.violations).filter(|v| v.contains("at once") || v.contains("GPU")).collect();
+    let all: Vec<&Vec<String>> = reports.iter().map(|r| &r.violations).collect();
+    assert!(!caught.is_empty(), "unfenced agents must be caught: {all:#?}");
+    eprintln!("caught, as planted: {caught:#?}");
+}
+
+/// `DROVER_SIM_SEEDS=N` seeds from `DROVER_SIM_FIRST_SEED` (default 1); does nothing without it.
+#[test]
+fn soak() {
+    let Some(count) = env_u64("DROVER_SIM_SEEDS") else { return };
+    let first = env_u64("DROVER_SIM_FIRST_SEED").unwrap_or(1);
+    let options = SimOptions::profile("soak").expect("the soak profile exists");
+    let mut failures = Vec::new();
+    for seed in first..first + count {
+        let r = run_seed(seed, &options);
+        eprintln!("{}", summary(&r));
+        if !r.passed() {
+            eprintln!("{}", r.failure_text());
+            failures.push(seed);
+        }
+    }
+    assert!(failures.is_empty(), "failing seeds: {failures:?}");
+}
+
+/// `DROVER_SIM_SEED=N` (and `DROVER_SIM_PROFILE`, default `ci`): runs that seed and prints its report; does
+/// nothing without it.
+#[test]
+fn replay() {
+    let Some(seed) = env_u64("DROVER_SIM_SEED") else { return };
+    let profile = std::env::var("DROVER_SIM_PROFILE").unwrap_or_else(|_| "ci".into());
+    let options = SimOptions::profile(&profile).unwrap_or_else(|| panic!("no simulation profile {profile:?}"));
+    let r = run_seed(seed, &options);
+    eprintln!("{}", summary(&r));
+    for line in &r.tail {
+        eprintln!("  {line}");
+    }
+    assert!(r.passed(), "{}", r.failure_text());
+}
