@@ -14,7 +14,7 @@ use drover_chaos::checker::{Bounds, check};
 use drover_chaos::drill::{Drill, FaultKind};
 use drover_chaos::history::History;
 use drover_chaos::local_target::LocalTarget;
-use drover_chaos::report::{MIN_GAP_THRESHOLD_MS, Summary, timeline_svg};
+use drover_chaos::report::{Summary, timeline_svg};
 use drover_chaos::target::Target;
 
 #[derive(Parser)]
@@ -82,9 +82,7 @@ fn main() -> anyhow::Result<()> {
             });
             target.teardown()?;
             let outcome = outcome?;
-            let gap =
-                MIN_GAP_THRESHOLD_MS.max(3_000 * drill.workload.clients as u64 / drill.workload.submit_per_s as u64);
-            let summary = Summary::of(&outcome.history, &outcome.violations, gap);
+            let summary = Summary::of(&outcome.history, &outcome.violations);
             let table = summary.table(&drill.name, &outcome.violations);
             std::fs::write(outcome.out_dir.join("report.txt"), &table)?;
             std::fs::write(outcome.out_dir.join("timeline.svg"), timeline_svg(&outcome.history, &drill.name))?;
@@ -107,10 +105,7 @@ fn main() -> anyhow::Result<()> {
         Command::Report { history, svg } => {
             let h = read_history(&history)?;
             let violations = check(&h, Bounds::default());
-            print!(
-                "{}",
-                Summary::of(&h, &violations, MIN_GAP_THRESHOLD_MS).table(&history.display().to_string(), &violations)
-            );
+            print!("{}", Summary::of(&h, &violations).table(&history.display().to_string(), &violations));
             std::fs::write(&svg, timeline_svg(&h, &history.display().to_string()))?;
             println!("timeline in {}", svg.display());
         }

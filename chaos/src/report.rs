@@ -24,8 +24,8 @@ pub struct Summary {
     pub restarts: usize,
     pub checkpoints: usize,
     pub resumes_from_checkpoint: usize,
-    /// Share of the workload window during which submissions were being acknowledged (gaps longer than
-    /// `gap_threshold_ms` between acknowledgements count as unavailable).
+    /// Share of the workload window during which submissions were being acknowledged (see [`Summary::of`] for
+    /// what counts as a gap).
     pub availability: f64,
     pub longest_gap_ms: u64,
     /// For each fault that hit the leader: ms from the fault to the first acknowledgement of a submission sent
@@ -46,7 +46,9 @@ fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
 }
 
 impl Summary {
-    pub fn of(history: &History, violations: &[Violation], gap_threshold_ms: u64) -> Summary {
+    /// The numbers of `history`. Downtime is any gap between acknowledgements longer than three times their
+    /// median spacing (at least [`MIN_GAP_THRESHOLD_MS`]): a workload's own rhythm is not an outage.
+    pub fn of(history: &History, violations: &[Violation]) -> Summary {
         let events = &history.events;
         let mut sent: HashMap<u64, u64> = HashMap::new();
         let mut acks: Vec<(u64, u64)> = Vec::new(); // (acked at, sent at)
@@ -76,6 +78,9 @@ impl Summary {
             }
         }
         acks.sort_unstable();
+        let mut spacing: Vec<u64> = acks.windows(2).map(|w| w[1].0 - w[0].0).collect();
+        spacing.sort_unstable();
+        let gap_threshold_ms = MIN_GAP_THRESHOLD_MS.max(3 * spacing.get(spacing.len() / 2).copied().unwrap_or(0));
         let window = (sent.values().min().copied(), sent.values().max().copied());
         let (mut down_ms, mut longest) = (0u64, 0u64);
         if let (Some(first), Some(last)) = window {
@@ -258,7 +263,7 @@ pub fn timeline_svg(history: &History, title: &str) -> String {
             height - replicas_y - 30.0,
             escape(name)
         );
-        if faults.len() <= 24 {
+        if faults.len() <= 12 {
             let _ = writeln!(
                 s,
                 r##"<text x="{x0:.1}" y="{:.1}" font-size="9" fill="#b71c1c">{}</text>"##,
@@ -369,7 +374,7 @@ mod tests {
 
     #[test]
     fn the_summary_measures_the_gap_a_leader_kill_leaves() {
-        let summary = Summary::of(&drill(), &[], MIN_GAP_THRESHOLD_MS);
+        let summary = Summary::of(&drill(), &[]);
         assert_eq!((summary.submitted, summary.acknowledged, summary.failed), (50, 42, 8));
         // Submissions sent at 2.7 s are the first acknowledged after the kill at 2 s: at 2.805 s.
         assert_eq!(summary.failovers_ms, vec![805]);
