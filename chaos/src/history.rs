@@ -90,6 +90,14 @@ pub struct History {
     pub events: Vec<Event>,
 }
 
+/// The job ids acknowledged to clients in `events`, in the order acknowledged.
+pub fn acked_jobs(events: &[Event]) -> impl Iterator<Item = u64> + '_ {
+    events.iter().filter_map(|e| match e.kind {
+        EventKind::SubmitAcked { job, .. } => Some(job),
+        _ => None,
+    })
+}
+
 /// What is wrong with a recorded history file.
 #[derive(Debug, thiserror::Error)]
 pub enum HistoryError {

@@ -161,7 +161,7 @@ pub async fn run(drill: &Drill, target: &mut dyn Target, out_dir: &Path) -> anyh
     let bound = Duration::from_secs(drill.bounds.finish_within_s);
     let waited = tokio::time::Instant::now();
     loop {
-        let acked = acked_jobs(&recorder.history());
+        let acked: Vec<u64> = crate::history::acked_jobs(&recorder.history().events).collect();
         let listing = client.list_jobs(&JobFilter { include_finished: true, ..Default::default() }).await;
         if let Ok((jobs, _)) = listing {
             let done: std::collections::HashSet<u64> =
@@ -206,17 +206,6 @@ pub async fn run(drill: &Drill, target: &mut dyn Target, out_dir: &Path) -> anyh
 enum Action {
     Start(ScheduledFault),
     Heal(String, Undo),
-}
-
-fn acked_jobs(history: &History) -> Vec<u64> {
-    history
-        .events
-        .iter()
-        .filter_map(|e| match e.kind {
-            EventKind::SubmitAcked { job, .. } => Some(job),
-            _ => None,
-        })
-        .collect()
 }
 
 /// Waits until a leader serves and every agent's node is up.

@@ -412,14 +412,7 @@ fn observe(net: &Net, oracle: &mut Oracle) {
         return;
     }
     oracle.observed_index = index;
-    let jobs: Vec<u64> = lock(net)
-        .events
-        .iter()
-        .filter_map(|e| match e.kind {
-            EventKind::SubmitAcked { job, .. } => Some(job),
-            _ => None,
-        })
-        .collect();
+    let jobs: Vec<u64> = crate::history::acked_jobs(&lock(net).events).collect();
     for job in jobs {
         let state = match view.job(job) {
             Ok(Some(j)) => j.state.name().to_string(),
@@ -661,14 +654,7 @@ async fn wipe_all(net: &Net, ids: &[u64], errors: &mut Vec<String>) {
 fn settled(net: &Net) -> bool {
     let Some(leader) = workload::leader(net) else { return false };
     let view = leader.view;
-    let acked: BTreeSet<u64> = lock(net)
-        .events
-        .iter()
-        .filter_map(|e| match e.kind {
-            EventKind::SubmitAcked { job, .. } => Some(job),
-            _ => None,
-        })
-        .collect();
+    let acked: BTreeSet<u64> = crate::history::acked_jobs(&lock(net).events).collect();
     let leader_index = {
         let applied = view.read();
         if applied.state.nodes.values().any(|n| !n.lingering.is_empty() || !n.jobs.is_empty()) {
