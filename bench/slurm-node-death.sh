@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The peer side of `drover bench requeue`: on real Slurm (../shared/peers/slurm/setup.sh), a running requeue-able
+# The peer side of `drover-bench requeue`: on real Slurm (../shared/peers/slurm/setup.sh), a running requeue-able
 # job's node dies (slurmd and the job's processes SIGKILLed). Measures how long until Slurm has even requeued the
 # job (its node declared DOWN after SlurmdTimeout): a lower bound for "running elsewhere", which the peer's single
 # node cannot show. The peer is configured with SlurmdTimeout=30; Slurm's default is 300.

@@ -107,6 +107,26 @@ pub struct LocalCluster {
     kill_on_drop: bool,
 }
 
+/// A trivial one-GPU job for the current user, as the peer benchmark submits: what tests and benchmarks
+/// load a local cluster with.
+pub fn trivial_spec() -> drover_state::JobSpec {
+    let (user, uid, gid) = crate::identity::current_user();
+    drover_state::JobSpec {
+        name: "wrap".into(),
+        user,
+        uid,
+        gid,
+        script: crate::sbatch_args::wrap_script("true"),
+        work_dir: "/tmp".into(),
+        submit_dir: "/tmp".into(),
+        min_nodes: 1,
+        max_nodes: 1,
+        cpus_per_task: 1,
+        gpus_per_node: 1,
+        ..Default::default()
+    }
+}
+
 /// Finds a sibling binary: next to this executable, one level up (test binaries live in `deps/`), or on PATH.
 pub fn find_binary(name: &str) -> anyhow::Result<PathBuf> {
     let var = format!("{}_BIN", name.to_ascii_uppercase().replace('-', "_"));

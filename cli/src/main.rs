@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use drover_cli::commands::{self, account, admin, bench, cluster, demo};
+use drover_cli::commands::{self, account, admin, cluster, demo};
 use drover_cli::connect;
 use drover_cli::local::{LocalCluster, UpOptions};
 
@@ -37,11 +37,6 @@ enum Top {
         /// Where the demo cluster lives (default: a fresh temporary directory).
         #[arg(long)]
         dir: Option<PathBuf>,
-    },
-    /// Benchmarks (figures for BENCHMARKS.md).
-    Bench {
-        #[command(subcommand)]
-        command: bench::BenchCmd,
     },
     /// Fair-share accounts (sacctmgr's accounts): add, modify, delete, list. Root only for changes.
     Account {
@@ -272,6 +267,5 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Top::Demo { dir } => demo::run(dir),
-        Top::Bench { command } => bench::run(command, cli.controllers.as_deref()),
     }
 }

@@ -5,8 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use drover_cli::commands::bench::trivial_spec;
-use drover_cli::local::{LocalCluster, UpOptions};
+use drover_cli::local::{LocalCluster, UpOptions, trivial_spec};
 use drover_client::{Client, JobFilter};
 use drover_state::JobState;
 

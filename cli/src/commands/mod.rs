@@ -2,9 +2,6 @@
 
 pub mod account;
 pub mod admin;
-pub mod bench;
-pub mod bench_agents;
-pub mod bench_requeue;
 pub mod cluster;
 pub mod demo;
 pub mod rendezvous;

@@ -1,20 +1,35 @@
-//! `drover bench ...`: the figures in BENCHMARKS.md. Each bench starts its own local cluster (release builds
-//! give the real numbers) and prints one summary line per measurement.
+//! `drover-bench ...`: the figures in BENCHMARKS.md. Each bench starts its own local cluster (release builds
+//! give the real numbers) and prints one summary line per measurement. A binary of its own, so that the
+//! shipped `drover` carries no load generators.
+
+mod agents;
+mod requeue;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use clap::Subcommand;
+use clap::{Parser, Subcommand};
 use drover_client::{Client, JobFilter};
 use hdrhistogram::Histogram;
 
-use super::bench_agents;
-use crate::local::{LocalCluster, UpOptions};
+use agents as bench_agents;
+use drover_cli::local::{LocalCluster, UpOptions, trivial_spec};
+
+#[derive(Parser)]
+#[command(name = "drover-bench", about = "Drover's benchmarks (the figures in BENCHMARKS.md)")]
+struct Cli {
+    #[command(subcommand)]
+    command: BenchCmd,
+}
+
+fn main() -> anyhow::Result<()> {
+    run(Cli::parse().command)
+}
 
 #[derive(Subcommand)]
-pub enum BenchCmd {
+enum BenchCmd {
     /// Committed submissions/s and latency with N concurrent clients.
     Submit {
         #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
@@ -81,7 +96,7 @@ pub enum BenchCmd {
     },
 }
 
-pub fn run(cmd: BenchCmd, _controllers: Option<&str>) -> anyhow::Result<()> {
+fn run(cmd: BenchCmd) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         match cmd {
@@ -94,7 +109,7 @@ pub fn run(cmd: BenchCmd, _controllers: Option<&str>) -> anyhow::Result<()> {
                 bench_agents::jobs(count, gpus, clients, !no_cgroups, bench_dir(dir, "jobs")).await
             }
             BenchCmd::Requeue { runs, fence_command, dir } => {
-                super::bench_requeue::requeue(runs, fence_command, bench_dir(dir, "requeue")).await
+                requeue::requeue(runs, fence_command, bench_dir(dir, "requeue")).await
             }
             BenchCmd::Heartbeats { agents, heartbeat_ms, duration_s, dir } => {
                 bench_agents::heartbeats(agents, heartbeat_ms, duration_s, bench_dir(dir, "heartbeats")).await
@@ -107,25 +122,6 @@ fn bench_dir(dir: Option<PathBuf>, name: &str) -> PathBuf {
     let dir = dir.unwrap_or_else(|| std::env::temp_dir().join(format!("drover-bench-{name}-{}", std::process::id())));
     let _ = std::fs::remove_dir_all(&dir);
     dir
-}
-
-/// A trivial one-GPU job, as the peer benchmark submits.
-pub fn trivial_spec() -> drover_state::JobSpec {
-    let (user, uid, gid) = crate::identity::current_user();
-    drover_state::JobSpec {
-        name: "wrap".into(),
-        user,
-        uid,
-        gid,
-        script: crate::sbatch_args::wrap_script("true"),
-        work_dir: "/tmp".into(),
-        submit_dir: "/tmp".into(),
-        min_nodes: 1,
-        max_nodes: 1,
-        cpus_per_task: 1,
-        gpus_per_node: 1,
-        ..Default::default()
-    }
 }
 
 /// Runs `clients` submit loops until `stop`; returns (acknowledged ids with ack times, latency histogram µs).
@@ -257,7 +253,7 @@ async fn failover(kills: usize, clients: usize, dir: PathBuf) -> anyhow::Result<
 }
 
 /// Resident memory of a process, from /proc (0 when it is gone).
-pub(super) fn rss_kib(pid: u32) -> u64 {
+fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()

@@ -1,7 +1,7 @@
-//! `drover bench jobs` and `drover bench heartbeats`: the node-agent figures of BENCHMARKS.md. Like the other
+//! `drover-bench jobs` and `drover-bench heartbeats`: the node-agent figures of BENCHMARKS.md. Like the other
 //! benches, each starts its own local cluster and prints one summary line per measurement.
 
-use super::bench::rss_kib;
+use crate::rss_kib;
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -22,7 +22,7 @@ use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
-use crate::local::{LocalCluster, UpOptions};
+use drover_cli::local::{LocalCluster, UpOptions};
 
 /// How often the jobs bench asks whether every job has ended (the resolution of its end-to-end figure).
 const POLL_MS: u64 = 20;
@@ -42,14 +42,14 @@ const SIM_IN_FLIGHT: usize = 64;
 
 /// A trivial one-GPU `--wrap true` job whose files stay in `work_dir` and whose output goes nowhere.
 fn true_job(work_dir: &Path) -> JobSpec {
-    let (user, uid, gid) = crate::identity::current_user();
+    let (user, uid, gid) = drover_cli::identity::current_user();
     let dir = work_dir.display().to_string();
     JobSpec {
         name: "wrap".into(),
         user,
         uid,
         gid,
-        script: crate::sbatch_args::wrap_script("true"),
+        script: drover_cli::sbatch_args::wrap_script("true"),
         work_dir: dir.clone(),
         submit_dir: dir,
         stdout: Some("/dev/null".into()),
@@ -216,7 +216,7 @@ fn clock_ticks_per_s() -> f64 {
 /// What every simulated agent shares: where to go, when to beat, and the counters the summary reads.
 struct Sim {
     /// Issues each simulated agent a certificate for its node name, as a real one has.
-    pki: crate::pki::Pki,
+    pki: drover_cli::pki::Pki,
     /// Every controller; the leader first.
     controllers: Vec<String>,
     heartbeat: Duration,
