@@ -224,6 +224,15 @@ async fn wait_ready(client: &Client, agents: usize) -> anyhow::Result<()> {
     }
 }
 
+/// Replica `id`'s entry in a status answer, when `id` itself answered: what it says of itself, not what a peer
+/// believes of it.
+fn self_reported(status: &drover_client::ClusterStatusReply, id: u64) -> Option<&drover_client::ReplicaStatus> {
+    if status.answered_by != id {
+        return None;
+    }
+    status.replicas.iter().find(|r| r.id == id)
+}
+
 /// Records each replica's role as it reports itself, on every change.
 async fn probe_roles(config: ClientConfig, replicas: Vec<(u64, String)>, recorder: Recorder, stop: Arc<AtomicBool>) {
     let mut clients = Vec::new();
@@ -241,12 +250,9 @@ async fn probe_roles(config: ClientConfig, replicas: Vec<(u64, String)>, recorde
         });
         for (id, status) in futures::future::join_all(probes).await {
             let seen = match status {
-                Ok(s) if s.answered_by == id => s
-                    .replicas
-                    .iter()
-                    .find(|r| r.id == id)
-                    .map(|r| (r.role.clone(), r.term))
-                    .unwrap_or(("unknown".into(), 0)),
+                Ok(s) if s.answered_by == id => {
+                    self_reported(&s, id).map(|r| (r.role.clone(), r.term)).unwrap_or(("unknown".into(), 0))
+                }
                 _ => ("unreachable".into(), last.get(&id).map_or(0, |l| l.1)),
             };
             if last.get(&id) != Some(&seen) {
@@ -291,7 +297,7 @@ impl Runner<'_> {
                 async move {
                     let client = Client::new(&config).ok()?.with_deadline(Duration::from_millis(PROBE_DEADLINE_MS));
                     let status = client.cluster_status().await.ok()?;
-                    let me = status.replicas.into_iter().find(|r| r.id == id && status.answered_by == id)?;
+                    let me = self_reported(&status, id)?;
                     (me.role == "leader").then_some((me.term, id))
                 }
             });
@@ -451,8 +457,7 @@ impl Runner<'_> {
         let start = tokio::time::Instant::now();
         while start.elapsed() < Duration::from_secs(60) {
             if let Ok(s) = own.cluster_status().await
-                && s.answered_by == id
-                && let Some(me) = s.replicas.iter().find(|r| r.id == id)
+                && let Some(me) = self_reported(&s, id)
                 && me.has_leader
                 && s.replicas.iter().filter(|r| r.role == "leader").all(|l| me.applied_index + 10 >= l.applied_index)
             {
