@@ -116,7 +116,7 @@ pub fn check_inventory(found: &[GpuInfo], expected: &ExpectedGpus) -> Result<(),
     {
         let mut indices: Vec<u32> = found.iter().map(|g| g.index).collect();
         indices.sort_unstable();
-        let mut detail = format!("indices {}", index_ranges(&indices));
+        let mut detail = format!("indices {}", index_ranges_or_none(&indices));
         let missing: Vec<u32> = (0..count).filter(|i| !indices.contains(i)).collect();
         let extra: Vec<u32> = indices.iter().copied().filter(|&i| i >= count).collect();
         if !missing.is_empty() {
@@ -205,23 +205,6 @@ fn assess(
 
 fn join_problems(problems: Vec<String>) -> Option<String> {
     if problems.is_empty() { None } else { Some(problems.join("; ")) }
-}
-
-/// "0-3,5,7-8" (or "none"): compact, and makes a hole in the sequence jump out.
-fn index_ranges(sorted: &[u32]) -> String {
-    let mut parts = Vec::new();
-    let mut i = 0;
-    while i < sorted.len() {
-        let start = sorted[i];
-        let mut end = start;
-        while i + 1 < sorted.len() && sorted[i + 1] == end + 1 {
-            i += 1;
-            end = sorted[i];
-        }
-        parts.push(if start == end { start.to_string() } else { format!("{start}-{end}") });
-        i += 1;
-    }
-    if parts.is_empty() { "none".to_string() } else { parts.join(",") }
 }
 
 fn plural_indices(indices: &[u32]) -> String {
@@ -655,6 +638,11 @@ impl GpuBackend for SimulatedBackend {
             .collect();
         Ok(health)
     }
+}
+
+/// "0-3,5,7-8" (or "none"): compact, and makes a hole in the sequence jump out.
+fn index_ranges_or_none(sorted: &[u32]) -> String {
+    if sorted.is_empty() { "none".to_string() } else { drover_common::ranges::format_ranges(sorted) }
 }
 
 #[cfg(test)]

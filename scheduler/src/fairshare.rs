@@ -7,42 +7,18 @@ use serde::{Deserialize, Serialize};
 use crate::error::ScheduleError;
 use crate::model::{Account, RunningJob};
 
-/// Usage decayed over `elapsed_s` with the given half-life: `usage * 2^(-elapsed/half_life)`.
-/// A zero half-life turns decay off (Slurm's `PriorityDecayHalfLife=0`): usage is kept as is.
-pub fn decay(usage: f64, elapsed_s: u64, half_life_s: u64) -> f64 {
-    if half_life_s == 0 || elapsed_s == 0 {
-        return usage;
-    }
-    usage * (-(elapsed_s as f64) / half_life_s as f64).exp2()
-}
+pub use drover_common::decay::decay;
 
-/// Usage after `elapsed_s` of decay during which `gpus` GPUs were busy the whole time.
-///
-/// Usage accrued at time `s` within the interval has decayed by `elapsed - s` at its end, so the new usage is
-/// `gpus * ∫_0^elapsed 2^(-(elapsed - s)/h) ds = gpus * h/ln2 * (1 - 2^(-elapsed/h))`. This makes accrual
-/// independent of how often the leader charges usage (one 1-hour step equals sixty 1-minute steps).
+/// Usage after `elapsed_s` of decay during which `gpus` GPUs were busy the whole time (see
+/// [`drover_common::decay::decayed_usage`]: accrual does not depend on how often the leader charges usage).
 pub fn accrue(usage: f64, gpus: u64, elapsed_s: u64, half_life_s: u64) -> f64 {
-    decay(usage, elapsed_s, half_life_s) + decayed_usage_f(gpus as f64, elapsed_s, 0, half_life_s)
+    decay(usage, elapsed_s, half_life_s)
+        + drover_common::decay::decayed_usage(gpus as f64, 0, elapsed_s, elapsed_s, half_life_s)
 }
 
-/// GPU-seconds of `gpus` GPUs busy over `[start_s, end_s]`, each second decayed to `now_s` (`now_s >= end_s`):
-/// `g * H/ln2 * (2^(-(now-end)/H) - 2^(-(now-start)/H))`, exactly `g * (end - start)` when `H = 0` (no decay).
-/// The closed form makes the charge independent of how often it is taken.
+/// GPU-seconds of `gpus` GPUs busy over `[start_s, end_s]`, each second decayed to `now_s`.
 pub fn decayed_usage(gpus: u32, start_s: u64, end_s: u64, now_s: u64, half_life_s: u64) -> f64 {
-    let span_s = end_s.saturating_sub(start_s);
-    decayed_usage_f(f64::from(gpus), span_s, now_s.saturating_sub(end_s.max(start_s)), half_life_s)
-}
-
-/// `gpus` GPUs busy for `span_s`, the span ending `since_end_s` before now.
-fn decayed_usage_f(gpus: f64, span_s: u64, since_end_s: u64, half_life_s: u64) -> f64 {
-    if half_life_s == 0 {
-        return gpus * span_s as f64;
-    }
-    let h = half_life_s as f64;
-    // 2^(-a/h) - 2^(-(a+s)/h) = 2^(-a/h) * -expm1(-s ln2 / h): expm1 keeps precision when s << h, where the
-    // difference of two nearly equal powers would cancel.
-    let tail = (-(since_end_s as f64) / h).exp2();
-    gpus * h / std::f64::consts::LN_2 * tail * -(-(span_s as f64) * std::f64::consts::LN_2 / h).exp_m1()
+    drover_common::decay::decayed_usage(f64::from(gpus), start_s, end_s, now_s, half_life_s)
 }
 
 /// Decays every account over `[from_s, to_s)` and charges the running jobs' GPU-seconds in that interval to

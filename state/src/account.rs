@@ -61,23 +61,13 @@ impl Account {
     }
 }
 
-/// `usage × 2^(-elapsed / half_life)`; a half-life of 0 turns decay off.
-pub fn decay(usage: f64, elapsed_s: u64, half_life_s: u64) -> f64 {
-    if half_life_s == 0 || elapsed_s == 0 {
-        return usage;
-    }
-    usage * (-(elapsed_s as f64) / half_life_s as f64).exp2()
-}
+pub use drover_common::decay::decay;
 
 /// GPU-seconds of `gpus` GPUs held from `start_s` to `end_s`, each second decayed to `end_s` (the closed form of
-/// the integral, so a ten-day job charged at its end counts its first days at their decayed weight).
+/// the integral, so a ten-day job charged at its end counts its first days at their decayed weight). The same
+/// arithmetic as the scheduler's view of running jobs (`drover_common::decay`).
 pub fn decayed_gpu_seconds(gpus: u32, start_s: u64, end_s: u64, half_life_s: u64) -> f64 {
-    let span_s = end_s.saturating_sub(start_s) as f64;
-    if half_life_s == 0 {
-        return f64::from(gpus) * span_s;
-    }
-    let h = half_life_s as f64;
-    f64::from(gpus) * h / std::f64::consts::LN_2 * (1.0 - (-span_s / h).exp2())
+    drover_common::decay::decayed_usage(f64::from(gpus), start_s, end_s, end_s, half_life_s)
 }
 
 /// `drover account add|modify`: the fields to set (`None` leaves one as it is).

@@ -4,6 +4,7 @@
 //! Pure functions: no state, no I/O.
 
 use crate::job::{ArraySpec, JobId};
+use drover_common::ranges::parse_ranges;
 
 /// The largest `MaxArraySize` Slurm allows; task ids in a job reference (`123_[...]`) must be below it.
 pub const SLURM_MAX_ARRAY_SIZE: u32 = 4_000_001;
@@ -45,7 +46,7 @@ pub fn parse_array_value(text: &str, max_tasks: u32) -> Result<ArraySpec, String
     if body.is_empty() {
         return Err(format!("no task ids before %{}", limit.unwrap_or_default()));
     }
-    let task_ids = parse_ranges(body, max_tasks, "MaxArraySize")?;
+    let task_ids = parse_ranges(body, "task id", max_tasks, "MaxArraySize")?;
     Ok(ArraySpec { task_ids, max_running })
 }
 
@@ -113,7 +114,7 @@ pub fn parse_job_ref(text: &str) -> Result<JobRef, String> {
         if inner.is_empty() || inner.contains('%') {
             return Err(bad());
         }
-        let ids = parse_ranges(inner, SLURM_MAX_ARRAY_SIZE, "MaxArraySize").map_err(|_| bad())?;
+        let ids = parse_ranges(inner, "task id", SLURM_MAX_ARRAY_SIZE, "MaxArraySize").map_err(|_| bad())?;
         return Ok(JobRef::Tasks(job, ids));
     }
     if !is_digits(task) {
@@ -124,64 +125,6 @@ pub fn parse_job_ref(text: &str) -> Result<JobRef, String> {
 
 fn is_digits(text: &str) -> bool {
     !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit())
-}
-
-/// Parses comma-separated `N`, `N-M`, `N-M:STEP` entries into sorted, unique ids, each below `max` (named
-/// `max_name` in the error).
-fn parse_ranges(body: &str, max: u32, max_name: &str) -> Result<Vec<u32>, String> {
-    const EXPECTED: &str = "expected N, N-M or N-M:STEP";
-    let id = |text: &str, entry: &str| -> Result<u32, String> {
-        if !is_digits(text) {
-            return Err(format!("{entry:?} is not a task id or range; {EXPECTED}"));
-        }
-        match text.parse::<u64>() {
-            Ok(n) if n < u64::from(max) => Ok(n as u32),
-            _ => {
-                let shown = text.trim_start_matches('0');
-                Err(format!("task id {} is not below {max_name} {max}", if shown.is_empty() { "0" } else { shown }))
-            }
-        }
-    };
-    let mut ids: Vec<u32> = Vec::new();
-    // Duplicates are squeezed out whenever the list outgrows what unique ids could fill, so overlapping entries
-    // cannot make it grow without bound.
-    let squeeze_at = (max as usize).saturating_mul(2).max(1024);
-    for entry in body.split(',') {
-        if entry.is_empty() {
-            return Err("an entry is empty (a doubled, leading or trailing comma?)".to_string());
-        }
-        let (range, step) = match entry.split_once(':') {
-            Some((range, step)) => (range, Some(step)),
-            None => (entry, None),
-        };
-        let (start, end) = match range.split_once('-') {
-            Some((lo, hi)) => (id(lo, entry)?, id(hi, entry)?),
-            None if step.is_some() => {
-                return Err(format!("{entry:?} has a step but no range; {EXPECTED}"));
-            }
-            None => (id(range, entry)?, id(range, entry)?),
-        };
-        let step = match step {
-            None => 1,
-            Some(s) if !is_digits(s) => return Err(format!("{entry:?} has a bad step {s:?}; {EXPECTED}")),
-            Some(s) => match s.parse::<u32>() {
-                Ok(0) => return Err(format!("step 0 in {entry:?} must be at least 1")),
-                Ok(n) => n,
-                Err(_) => u32::MAX,
-            },
-        };
-        if end < start {
-            return Err(format!("range end {end} is below its start {start}"));
-        }
-        ids.extend((start..=end).step_by(step as usize));
-        if ids.len() > squeeze_at {
-            ids.sort_unstable();
-            ids.dedup();
-        }
-    }
-    ids.sort_unstable();
-    ids.dedup();
-    Ok(ids)
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ pub mod dependency;
 pub mod dependents;
 pub mod error;
 pub mod first_fit;
-pub mod hostlist;
+pub use drover_common::hostlist;
 pub mod job;
 pub mod lifecycle;
 pub mod node;
@@ -23,7 +23,7 @@ pub mod requeue;
 pub mod reservation;
 pub mod role;
 pub mod signal;
-pub mod slurm_time;
+pub use drover_common::slurm_time;
 pub mod state;
 
 pub use account::{Account, AccountUpdate};

@@ -555,23 +555,8 @@ pub fn node_gres_used(node: &Node) -> String {
     }
     let held: Vec<u32> = info.gpus.iter().map(|g| g.index).filter(|i| node.gpu_held(*i)).collect();
     let prefix = if info.gpu_type.is_empty() { "gpu".to_string() } else { format!("gpu:{}", info.gpu_type) };
-    let idx = if held.is_empty() { "N/A".to_string() } else { index_ranges(&held) };
+    let idx = if held.is_empty() { "N/A".to_string() } else { drover_common::ranges::format_ranges(&held) };
     format!("{prefix}:{}(IDX:{idx})", held.len())
-}
-
-/// `0-1,3` from sorted indices.
-fn index_ranges(ids: &[u32]) -> String {
-    let mut parts = Vec::new();
-    let mut i = 0;
-    while i < ids.len() {
-        let mut j = i;
-        while j + 1 < ids.len() && ids[j + 1] == ids[j] + 1 {
-            j += 1;
-        }
-        parts.push(if i == j { ids[i].to_string() } else { format!("{}-{}", ids[i], ids[j]) });
-        i = j + 1;
-    }
-    parts.join(",")
 }
 
 /// A node's configured TRES (`CfgTRES=cpu=64,mem=64G,billing=64,gres/gpu=8`).
@@ -822,7 +807,7 @@ fn job_lines(job: &Job, now_ms: u64, details: bool) -> Vec<String> {
             let gres = if gpus.is_empty() {
                 String::new()
             } else {
-                format!("gpu:{}(IDX:{})", gpus.len(), index_ranges(&gpus))
+                format!("gpu:{}(IDX:{})", gpus.len(), drover_common::ranges::format_ranges(&gpus))
             };
             lines.push(format!("  Nodes={} CPU_IDs=N/A Mem={} GRES={gres}", a.node, a.mem_mb));
         }
