@@ -24,7 +24,7 @@ use tonic::service::interceptor::InterceptedService;
 use drover_proto::LEADER_HINT_KEY;
 use drover_proto::v1::drover_service_client::DroverServiceClient;
 use drover_proto::v1::*;
-use drover_state::{Job, JobSpec};
+use drover_state::{CommandError, Job, JobSpec};
 use thiserror::Error;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
@@ -49,6 +49,10 @@ pub enum ClientError {
     NoAddresses,
     #[error("cannot reach the Drover cluster: tried {tried}; last error: {last}")]
     Unreachable { tried: String, last: String },
+    /// The cluster refused the command; the typed reason (match on it, never on its text).
+    #[error("{0}")]
+    Rejected(CommandError),
+    /// Refused for a reason with no `CommandError` (a malformed request, a permission the API checks itself).
     #[error("{0}")]
     Refused(String),
     #[error("job {0} not found")]
@@ -63,7 +67,10 @@ pub enum ClientError {
 
 impl ClientError {
     fn from_status(status: &Status) -> ClientError {
-        ClientError::Refused(status.message().to_string())
+        match drover_proto::command_error_of(status) {
+            Some(e) => ClientError::Rejected(e),
+            None => ClientError::Refused(status.message().to_string()),
+        }
     }
 }
 
@@ -297,7 +304,7 @@ impl Client {
             .call(|mut c| async move { c.get_job(GetJobRequest { job_id: id, consistency, with_script }).await })
             .await
             .map_err(|e| match e {
-                ClientError::Refused(m) if m.starts_with("Invalid job id") => ClientError::NotFound(id),
+                ClientError::Rejected(CommandError::InvalidJobId { .. }) => ClientError::NotFound(id),
                 other => other,
             })?;
         let job = serde_json::from_slice(&reply.job_json).map_err(|e| ClientError::Protocol(e.to_string()))?;

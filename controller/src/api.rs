@@ -8,24 +8,21 @@ use std::time::Duration;
 // The leader's clock for stamping entries: the wall clock, or the simulation's (see `runtime`).
 use crate::runtime::now_ms;
 
-use drover_proto::LEADER_HINT_KEY;
 use drover_proto::v1::drover_service_client::DroverServiceClient;
 use drover_proto::v1::drover_service_server::DroverService;
 use drover_proto::v1::*;
-use drover_state::{Command, CommandError, Job, JobSpec, JobState, Reply, Request as StateRequest};
+use drover_state::{Command, CommandError, Job, JobSpec, JobState, Reply};
 use openraft::ReadPolicy;
 use openraft::async_runtime::WatchReceiver;
-use openraft::error::{ClientWriteError, RaftError};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+use crate::propose::{WRITE_TIMEOUT_MS, command_error_status, not_leader, propose, write_error};
 use crate::security::{Caller, Security};
 use crate::store::StateView;
 use crate::types::{Raft, ReplicaNode};
 use drover_state::AdminLevel;
 
-/// How long a write may wait for a quorum before the client is told to retry.
-const WRITE_TIMEOUT_MS: u64 = 3_000;
 /// How long a forwarded call may take.
 const FORWARD_TIMEOUT_MS: u64 = 3_500;
 /// The most jobs one listing returns.
@@ -45,9 +42,9 @@ const MAX_STEP_NAME_BYTES: usize = 4_096;
 pub struct Api {
     pub id: u64,
     /// The leader's agent sessions (signals go to agents directly, not through the log).
-    pub hub: std::sync::Arc<crate::agents::AgentHub>,
+    pub hub: std::sync::Arc<crate::leader::agents::AgentHub>,
     /// The latest scheduling pass's priorities and expected starts (leader only).
-    insights: crate::scheduling::Insights,
+    insights: crate::leader::scheduling::Insights,
     /// Forwarded calls leave from this replica's own address, like its Raft traffic.
     local_ip: Option<std::net::IpAddr>,
     /// Verifies callers' credentials; makes the TLS connections to the leader.
@@ -57,38 +54,8 @@ pub struct Api {
     peers: Mutex<HashMap<String, DroverServiceClient<Channel>>>,
 }
 
-pub fn command_error_status(e: &CommandError) -> Status {
-    match e {
-        CommandError::InvalidJobId { .. } => Status::not_found(e.to_string()),
-        CommandError::PermissionDenied { .. } => Status::permission_denied(e.to_string()),
-        CommandError::NotInitialized | CommandError::TooManyJobs { .. } => Status::unavailable(e.to_string()),
-        _ => Status::invalid_argument(e.to_string()),
-    }
-}
-
 fn internal(context: &str, e: impl std::fmt::Display) -> Status {
     Status::internal(format!("{context}: {e}"))
-}
-
-/// Commits one command on this replica (which must lead) and returns its reply; refused commands become typed
-/// statuses. The leader's clock stamps the entry here, once, so `apply` never reads one.
-pub async fn commit(raft: &Raft, command: Command) -> Result<Reply, Status> {
-    commit_command(raft, command).await?.map_err(|e| command_error_status(&e))
-}
-
-/// Like `commit`, but keeps a refusal from `apply` apart from a failure to commit at all.
-pub async fn commit_command(raft: &Raft, command: Command) -> Result<Result<Reply, CommandError>, Status> {
-    let request = StateRequest { time_ms: now_ms(), command };
-    let write = raft.client_write(request);
-    let result = tokio::time::timeout(Duration::from_millis(WRITE_TIMEOUT_MS), write).await.map_err(|_| {
-        Status::unavailable(format!(
-            "the write was not committed within {WRITE_TIMEOUT_MS} ms: this replica cannot reach a quorum; retry or try another controller"
-        ))
-    })?;
-    match result {
-        Ok(response) => Ok(response.data),
-        Err(e) => Err(write_error(e)),
-    }
 }
 
 /// What to do with a call on this replica.
@@ -103,8 +70,8 @@ impl Api {
         raft: Raft,
         view: StateView,
         local_ip: Option<std::net::IpAddr>,
-        hub: std::sync::Arc<crate::agents::AgentHub>,
-        insights: crate::scheduling::Insights,
+        hub: std::sync::Arc<crate::leader::agents::AgentHub>,
+        insights: crate::leader::scheduling::Insights,
         security: std::sync::Arc<Security>,
     ) -> Api {
         Api { id, hub, insights, local_ip, security, raft, view, peers: Mutex::new(HashMap::new()) }
@@ -162,7 +129,7 @@ impl Api {
     }
 
     async fn write(&self, command: Command) -> Result<Reply, Status> {
-        commit(&self.raft, command).await
+        propose(&self.raft, command).await
     }
 
     /// Refuses a command that the current state would refuse, without a log entry (`apply` decides again on the
@@ -283,7 +250,15 @@ impl Api {
 
 /// One job's outcome on the wire.
 fn outcome(o: drover_state::JobOutcome) -> JobOutcome {
-    JobOutcome { job_id: o.id, ok: o.result.is_ok(), error: o.result.err().map(|e| e.to_string()).unwrap_or_default() }
+    match o.result {
+        Ok(()) => JobOutcome { job_id: o.id, ok: true, ..Default::default() },
+        Err(e) => JobOutcome {
+            job_id: o.id,
+            ok: false,
+            error: e.to_string(),
+            error_details: drover_proto::command_error_details(&e),
+        },
+    }
 }
 
 /// A forward that got no answer means this replica cannot reach the leader: say so, and let the client try
@@ -297,29 +272,6 @@ fn forward_failed(addr: &str, status: Status) -> Status {
             ))
         }
         _ => status,
-    }
-}
-
-pub fn not_leader(addr: Option<&str>) -> Status {
-    match addr {
-        Some(addr) => {
-            let mut status = Status::failed_precondition(format!("not the leader; the leader is at {addr}"));
-            if let Ok(value) = addr.parse() {
-                status.metadata_mut().insert(LEADER_HINT_KEY, value);
-            }
-            status
-        }
-        None => Status::unavailable("no leader is elected at the moment (election in progress or no quorum); retry"),
-    }
-}
-
-fn write_error(e: RaftError<crate::types::TypeConfig, ClientWriteError<crate::types::TypeConfig>>) -> Status {
-    if let Some(f) = e.forward_to_leader() {
-        return not_leader(f.leader_node.as_ref().map(|n| n.addr.as_str()));
-    }
-    match e {
-        RaftError::Fatal(f) => Status::unavailable(format!("this controller replica has stopped: {f}")),
-        RaftError::APIError(api) => Status::failed_precondition(api.to_string()),
     }
 }
 
@@ -580,13 +532,13 @@ impl DroverService for Api {
         let mut outcomes = Vec::new();
         for id in message.job_ids {
             let job = self.view.read().state.job(id).cloned();
-            let error = match job {
-                None => CommandError::InvalidJobId { id }.to_string(),
+            let refusal = match job {
+                None => Some(CommandError::InvalidJobId { id }),
                 Some(job) if !privileged && caller.uid != job.spec.uid => {
-                    CommandError::PermissionDenied { id, owner: job.spec.uid, requester: caller.uid }.to_string()
+                    Some(CommandError::PermissionDenied { id, owner: job.spec.uid, requester: caller.uid })
                 }
                 Some(job) if job.nodes.is_empty() => {
-                    format!("Job {id} is pending execution: it has no tasks to signal")
+                    Some(CommandError::NotRunning { id, state: job.state.name().to_string() })
                 }
                 Some(job) => {
                     let target = match SignalTarget::try_from(message.target).unwrap_or(SignalTarget::Steps) {
@@ -595,10 +547,10 @@ impl DroverService for Api {
                         SignalTarget::Full => drover_proto::wire::SignalTarget::Full,
                     };
                     self.hub.signal(&job, message.signal, target);
-                    String::new()
+                    None
                 }
             };
-            outcomes.push(JobOutcome { job_id: id, ok: error.is_empty(), error });
+            outcomes.push(outcome(drover_state::JobOutcome { id, result: refusal.map_or(Ok(()), Err) }));
         }
         Ok(Response::new(JobOutcomesReply { outcomes }))
     }
@@ -722,7 +674,7 @@ impl DroverService for Api {
                 accounts: state.accounts.values().cloned().collect(),
                 qos: state.all_qos(),
                 reservations: state.reservations.values().filter(|r| !r.ended_at(now_ms)).cloned().collect(),
-                shares: crate::planner::share_rows(state, now_ms),
+                shares: crate::leader::planner::share_rows(state, now_ms),
                 roles: state.roles.values().cloned().collect(),
                 now_ms,
             }

@@ -1,13 +1,12 @@
 //! One replica of the Drover controller.
 
-pub mod agents;
 pub mod api;
 pub mod config;
+pub mod leader;
 pub mod network;
-pub mod planner;
+pub mod propose;
 pub mod raft_service;
 pub mod runtime;
-pub mod scheduling;
 pub mod security;
 pub mod server;
 pub mod store;

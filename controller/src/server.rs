@@ -11,14 +11,14 @@ use drover_proto::v1::agent_gateway_server::AgentGatewayServer;
 use drover_proto::v1::drover_service_client::DroverServiceClient;
 use drover_proto::v1::drover_service_server::DroverServiceServer;
 use drover_proto::v1::raft_service_server::RaftServiceServer;
-use drover_state::Command;
 use openraft::async_runtime::WatchReceiver;
 use thiserror::Error;
 use tokio::sync::watch;
 
-use crate::agents::{AgentHub, Gateway};
 use crate::api::Api;
 use crate::config::ControllerConfig;
+use crate::leader::agents::{AgentHub, Gateway};
+use crate::leader::leader_duties;
 use crate::network::Network;
 use crate::raft_service::RaftServer;
 use crate::security::require_peer;
@@ -93,7 +93,7 @@ impl Controller {
             config.agents.clone(),
             config.raft.election_timeout_min_ms,
         );
-        let insights = crate::scheduling::Insights::default();
+        let insights = crate::leader::scheduling::Insights::default();
         let api =
             Api::new(config.id, raft.clone(), view.clone(), local_ip, hub.clone(), insights.clone(), security.clone());
         // Only controllers speak Raft and only agents open agent sessions: a client certificate is refused
@@ -126,8 +126,8 @@ impl Controller {
 
         tokio::spawn(bootstrap(raft.clone(), config.id, config.initial_members.clone(), security.clone()));
         tokio::spawn(leader_duties(raft.clone(), view.clone(), config.id, config.cluster.clone()));
-        tokio::spawn(crate::agents::leader_loops(hub));
-        tokio::spawn(crate::scheduling::scheduling_loop(raft.clone(), view.clone(), config.id, insights));
+        tokio::spawn(crate::leader::agents::leader_loops(hub));
+        tokio::spawn(crate::leader::scheduling::scheduling_loop(raft.clone(), view.clone(), config.id, insights));
         tracing::info!(id = config.id, %addr, data_dir = %config.data_dir.display(), "controller replica started");
         Ok(Controller { id: config.id, raft, view, addr, shutdown })
     }
@@ -196,25 +196,4 @@ async fn peer_is_fresh(security: &crate::security::Security, addr: &str) -> Opti
     let reply = client.cluster_status(request).await.ok()?.into_inner();
     let me = reply.replicas.first()?;
     Some(me.term == 0 && me.last_log_index == 0 && !me.has_leader)
-}
-
-/// While this replica leads: commit the cluster configuration if none is committed yet. Public for the
-/// deterministic simulation, which assembles replicas without the gRPC server.
-pub async fn leader_duties(raft: Raft, view: StateView, id: u64, cluster: drover_state::ClusterConfig) {
-    let mut metrics = raft.metrics();
-    loop {
-        let is_leader = metrics.borrow_watched().current_leader == Some(id);
-        if is_leader && view.read().state.config().is_none() {
-            let request =
-                drover_state::Request { time_ms: 0, command: Command::InitCluster { config: cluster.clone() } };
-            if let Err(e) = raft.client_write(request).await {
-                tracing::warn!("committing the cluster configuration failed: {e}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            continue;
-        }
-        if metrics.changed().await.is_err() {
-            return;
-        }
-    }
 }

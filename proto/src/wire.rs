@@ -166,8 +166,24 @@ pub struct JobInsight {
 }
 
 /// One `sshare` row: an account's shares and usage as the scheduler sees them now (running jobs' usage so far
-/// included, everything decayed to now). The scheduler's own type, so sshare shows exactly what the pass uses.
-pub use drover_scheduler::fairshare::ShareRow;
+/// included, everything decayed to now). The controller fills it from the scheduler's own report, so sshare
+/// shows exactly what the pass uses; the wire keeps its own copy so clients need not link the scheduler.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShareRow {
+    pub account: String,
+    pub parent: Option<String>,
+    /// 0 for a root; `sshare` indents by it.
+    pub depth: u32,
+    pub raw_shares: u32,
+    /// The account's normalized shares (S).
+    pub norm_shares: f64,
+    /// Decayed GPU-seconds of the account's whole subtree.
+    pub raw_usage: f64,
+    pub norm_usage: f64,
+    pub effective_usage: f64,
+    /// F, the account's fair-share factor.
+    pub fairshare: f64,
+}
 
 /// `GetRegistry`: the replicated accounts, QOS and reservations, and the fair-share figures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]

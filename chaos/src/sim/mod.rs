@@ -1,7 +1,7 @@
 //! Deterministic simulation of a Drover controller cluster.
 //!
 //! The real replica code — openraft `Raft`, our RocksDB `LogStore` and `StateMachineStore`, the state machine,
-//! the leader's scheduling loop and leader duties, and the client write path (`api::commit_command`) — runs on
+//! the leader's scheduling loop and leader duties, and the client write path (`propose::propose_checked`) — runs on
 //! one thread of a tokio runtime with a paused clock. Replicas talk through a simulated network
 //! ([`network`]) that carries openraft's messages as JSON with seeded delays (so reordering), losses, one-way and
 //! symmetric partitions; a seeded fault schedule crashes replicas (Raft shut down, restarted from its RocksDB
@@ -49,11 +49,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drover_controller::agents::AgentHub;
 use drover_controller::config::AgentTiming;
+use drover_controller::leader::agents::AgentHub;
+use drover_controller::leader::leader_duties;
+use drover_controller::leader::scheduling::{Insights, scheduling_loop};
 use drover_controller::runtime::enter_simulation;
-use drover_controller::scheduling::{Insights, scheduling_loop};
-use drover_controller::server::leader_duties;
 use drover_controller::store::{LogStore, StateMachineStore, open_db};
 use drover_controller::types::{Raft, ReplicaNode};
 use drover_state::{ClusterConfig, JobState};
@@ -314,7 +314,7 @@ async fn start_replica(net: &Net, id: u64) -> Result<(), String> {
     let tasks = vec![
         tokio::spawn(leader_duties(raft.clone(), view.clone(), id, ClusterConfig::default())),
         tokio::spawn(scheduling_loop(raft.clone(), view.clone(), id, Insights::default())),
-        tokio::spawn(drover_controller::agents::leader_loops(hub.clone())),
+        tokio::spawn(drover_controller::leader::agents::leader_loops(hub.clone())),
     ];
     let mut net = lock(net);
     net.trace.record(format_args!("replica {id} started"), &[]);

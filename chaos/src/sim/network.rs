@@ -27,7 +27,7 @@ pub struct Replica {
     pub raft: Raft,
     pub view: StateView,
     /// The leader's side of the agent protocol: heartbeats, leases, silent nodes declared down.
-    pub hub: Arc<drover_controller::agents::AgentHub>,
+    pub hub: Arc<drover_controller::leader::agents::AgentHub>,
     /// The replica's background duties (scheduling loop, leader duties): aborted when it crashes.
     pub tasks: Vec<tokio::task::JoinHandle<()>>,
 }

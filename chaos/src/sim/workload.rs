@@ -1,4 +1,4 @@
-//! The simulated users and agents. They drive the real client write path (`api::commit_command` on the replica
+//! The simulated users and agents. They drive the real client write path (`propose::propose_checked` on the replica
 //! that believes it leads, as the gRPC handler does) with the commands users and agents cause, and record what
 //! they saw as a `history` the checker judges.
 
@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use drover_controller::agents::AgentHub;
-use drover_controller::api::commit_command;
 use drover_controller::config::AgentTiming;
+use drover_controller::leader::agents::AgentHub;
+use drover_controller::propose::propose_checked;
 use drover_controller::store::StateView;
 use drover_controller::types::Raft;
 use drover_state::{Command, GpuInfo, JobEnd, JobSpec, JobState, NodeHealth, NodeInfo, Reply};
@@ -74,7 +74,7 @@ async fn write_as(net: &Net, agent: Option<&str>, command: Command) -> Outcome {
             tokio::time::sleep(Duration::from_millis(RETRY_MS)).await;
             continue;
         };
-        match commit_command(&raft, command.clone()).await {
+        match propose_checked(&raft, command.clone()).await {
             Ok(Ok(reply)) => return Outcome::Committed(reply),
             Ok(Err(refusal)) => return Outcome::Refused(refusal.to_string()),
             Err(status) => {
@@ -380,7 +380,7 @@ async fn write_once(net: &Net, agent: &str, command: Command) -> Outcome {
         return Outcome::GaveUp("cut off".into());
     }
     let Some(Leader { raft, .. }) = leader(net) else { return Outcome::GaveUp("no leader".into()) };
-    match commit_command(&raft, command).await {
+    match propose_checked(&raft, command).await {
         Ok(Ok(reply)) => Outcome::Committed(reply),
         Ok(Err(refusal)) => Outcome::Refused(refusal.to_string()),
         Err(status) => Outcome::GaveUp(status.message().to_string()),

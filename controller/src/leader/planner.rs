@@ -239,8 +239,21 @@ pub fn account_tree(state: &State, now_ms: u64) -> Vec<sched::Account> {
 }
 
 /// `sshare`'s rows, from the same tree and the same arithmetic the scheduler uses.
-pub fn share_rows(state: &State, now_ms: u64) -> Vec<sched::fairshare::ShareRow> {
-    sched::fairshare::share_report(&account_tree(state, now_ms))
+pub fn share_rows(state: &State, now_ms: u64) -> Vec<drover_proto::wire::ShareRow> {
+    let rows = sched::fairshare::share_report(&account_tree(state, now_ms));
+    rows.into_iter()
+        .map(|r| drover_proto::wire::ShareRow {
+            account: r.account,
+            parent: r.parent,
+            depth: r.depth,
+            raw_shares: r.raw_shares,
+            norm_shares: r.norm_shares,
+            raw_usage: r.raw_usage,
+            norm_usage: r.norm_usage,
+            effective_usage: r.effective_usage,
+            fairshare: r.fairshare,
+        })
+        .collect()
 }
 
 /// Per (user, job name): the lowest id of a pending job and whether one has started, for `singleton`.

@@ -29,8 +29,8 @@ use openraft::async_runtime::WatchReceiver;
 use tokio::sync::{Notify, mpsc};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::api::{commit, commit_command, not_leader};
 use crate::config::AgentTiming;
+use crate::propose::{not_leader, propose, propose_checked};
 use crate::store::StateView;
 use crate::types::Raft;
 
@@ -217,7 +217,7 @@ impl AgentHub {
         let mut seen = std::collections::HashSet::new();
         let usage: Vec<((JobId, u64), MeasuredUsage)> =
             usage.into_iter().filter(|(key, u)| keys.contains(key) && !u.is_empty() && seen.insert(*key)).collect();
-        if let Err(e) = commit(&self.raft, Command::ReleaseLingering { node: node.to_string(), keys, usage }).await {
+        if let Err(e) = propose(&self.raft, Command::ReleaseLingering { node: node.to_string(), keys, usage }).await {
             tracing::info!(node, "releasing lingering holds failed: {}", e.message());
         }
     }
@@ -230,7 +230,7 @@ impl AgentHub {
             return;
         }
         let command = Command::RecordCheckpoint { job_id, incarnation, path, step, by_uid: 0 };
-        match commit_command(&self.raft, command).await {
+        match propose_checked(&self.raft, command).await {
             Ok(Ok(_)) => {}
             Ok(Err(refused)) => tracing::info!(node, job_id, incarnation, "checkpoint record refused: {refused}"),
             Err(status) => tracing::info!(node, job_id, "checkpoint record not committed: {}", status.message()),
@@ -247,7 +247,7 @@ impl AgentHub {
         incarnation: u64,
         end: drover_state::JobEnd,
     ) {
-        let done = match commit_command(&self.raft, Command::JobEnded { job_id, incarnation, end }).await {
+        let done = match propose_checked(&self.raft, Command::JobEnded { job_id, incarnation, end }).await {
             Ok(Ok(_)) => true,
             Ok(Err(refused)) => {
                 tracing::info!(node, job_id, incarnation, "job end report refused: {refused}");
@@ -275,7 +275,7 @@ impl AgentHub {
             applied.state.nodes.get(&info.name).is_none_or(|n| n.info != *info || n.health == NodeHealth::Down)
         };
         if needed {
-            commit(&self.raft, Command::RegisterNode { info: info.clone() }).await?;
+            propose(&self.raft, Command::RegisterNode { info: info.clone() }).await?;
         }
         Ok(())
     }
@@ -481,7 +481,7 @@ fn drain_for_problems(hub: &Arc<AgentHub>, node: &str, problems: &[String]) {
     let hub = hub.clone();
     let node = node.to_string();
     tokio::spawn(async move {
-        if let Err(e) = commit(&hub.raft, command).await {
+        if let Err(e) = propose(&hub.raft, command).await {
             tracing::warn!(node, "draining for GPU health failed: {}", e.message());
         }
     });
@@ -577,7 +577,7 @@ async fn declare_silent_nodes_down(hub: &Arc<AgentHub>, leading_since: Instant) 
         async move {
             tracing::warn!(node = %name, "no heartbeat for {} ms: declaring the node DOWN", hub.timing.node_timeout_ms);
             let reason = "Not responding".to_string();
-            if let Err(e) = commit(&hub.raft, Command::NodeDown { name: name.clone(), reason }).await {
+            if let Err(e) = propose(&hub.raft, Command::NodeDown { name: name.clone(), reason }).await {
                 tracing::warn!(node = %name, "declaring the node down failed: {}", e.message());
             }
         }
@@ -613,7 +613,7 @@ fn fence_suspects(hub: &Arc<AgentHub>, leading_since: Instant) {
             let fenced = run_fence_command(&hub, &node, &host).await;
             if fenced {
                 let reason = "Not responding; fenced by the fence command".to_string();
-                match commit(&hub.raft, Command::NodeDown { name: node.clone(), reason }).await {
+                match propose(&hub.raft, Command::NodeDown { name: node.clone(), reason }).await {
                     Ok(_) => tracing::warn!(node = %node, "node fenced and declared DOWN; its jobs are requeued"),
                     Err(e) => tracing::warn!(node = %node, "declaring the fenced node down failed: {}", e.message()),
                 }

@@ -10,8 +10,8 @@ use drover_proto::wire::JobInsight;
 use drover_scheduler::SchedulerConfig;
 use openraft::async_runtime::WatchReceiver;
 
-use crate::api::commit;
-use crate::planner;
+use super::planner;
+use crate::propose::propose;
 use crate::store::StateView;
 use crate::types::Raft;
 
@@ -90,7 +90,7 @@ pub async fn scheduling_loop(raft: Raft, view: StateView, id: u64, latest: Insig
             .await;
             let pass_took = pass_started.elapsed();
             for command in command.unwrap_or_default() {
-                if let Err(e) = commit(&raft, command).await {
+                if let Err(e) = propose(&raft, command).await {
                     tracing::warn!("committing a plan failed: {}", e.message());
                 }
             }
