@@ -7,7 +7,8 @@ use drover_client::{Client, ClientConfig};
 pub fn client(flag: Option<&str>) -> anyhow::Result<Client> {
     let _context = runtime().enter();
     let config = ClientConfig::from_environment(flag)?;
-    Ok(Client::new(&config)?)
+    // A command is a short-lived process: start where the last one found the leader.
+    Ok(Client::new(&config)?.remembering_leader())
 }
 
 /// The CLI's one runtime. Current-thread is enough for a CLI and starts faster than the multi-threaded one.

@@ -291,3 +291,37 @@ async fn an_unreachable_cluster_is_reported_with_the_addresses_tried() {
     assert!(err.contains("127.0.0.1:1") && err.contains("127.0.0.1:2"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(5));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_names_the_leader_so_later_calls_and_later_processes_go_there_directly() {
+    let (dir, cluster) = cluster(UpOptions::default());
+    let leader = cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
+    let leader_address = cluster.process(leader).unwrap().address.clone();
+    // A follower first in the list, as in a client configured before the leader moved.
+    let mut addresses: Vec<String> =
+        cluster.addresses().split(',').filter(|a| *a != leader_address).map(String::from).collect();
+    addresses.push(leader_address.clone());
+    let list = addresses.join(",");
+
+    let client = cluster.client_at(&list).unwrap();
+    assert_eq!(client.current_address(), addresses[0]);
+    client.submit(&trivial_spec()).await.expect("the follower forwards the submission");
+    assert_eq!(client.current_address(), leader_address, "the forwarded reply names the leader");
+
+    // A separate process remembers the leader for the next one (a shell loop of sbatch).
+    let runtime_dir = dir.path().join("run");
+    std::fs::create_dir_all(&runtime_dir).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_drover"))
+        .args(["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "true"])
+        .current_dir(dir.path())
+        .env("DROVER_CONTROLLERS", &list)
+        .env("DROVER_CONFIG", cluster.dir.join("client.toml"))
+        .env("XDG_RUNTIME_DIR", &runtime_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "sbatch failed: {}", String::from_utf8_lossy(&out.stderr));
+    let hints: Vec<std::path::PathBuf> =
+        std::fs::read_dir(runtime_dir.join("drover")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(hints.len(), 1, "{hints:?}");
+    assert_eq!(std::fs::read_to_string(&hints[0]).unwrap(), leader_address);
+}

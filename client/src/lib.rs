@@ -11,6 +11,7 @@
 
 mod config;
 mod credentials;
+mod leader_hint;
 
 pub use config::{ClientConfig, DEFAULT_CONFIG_PATH};
 pub use credentials::Credentials;
@@ -84,6 +85,10 @@ pub struct Client {
     tls: ClientTls,
     /// Index of the controller that answered last (most likely the leader).
     current: AtomicUsize,
+    /// Whether the leader is remembered across processes (command-line tools; see `leader_hint`).
+    remember_leader: bool,
+    /// The index the leader-hint file holds (`usize::MAX`: none), so it is rewritten only when the leader moves.
+    remembered: AtomicUsize,
     deadline: Duration,
     request_seq: AtomicU64,
     client_tag: String,
@@ -135,6 +140,8 @@ impl Client {
             credentials,
             tls,
             current: AtomicUsize::new(0),
+            remember_leader: false,
+            remembered: AtomicUsize::new(usize::MAX),
             deadline: Duration::from_millis(DEFAULT_DEADLINE_MS),
             request_seq: AtomicU64::new(0),
             client_tag: format!("{}-{:x}", std::process::id(), nanos),
@@ -151,6 +158,18 @@ impl Client {
         &self.credentials
     }
 
+    /// Starts at the leader the last process on this host saw, and remembers a new one for the next process: for
+    /// short-lived commands (a shell loop of `sbatch`), which would otherwise start at the first controller every
+    /// time. Long-running clients keep the leader in memory and leave the file alone.
+    pub fn remembering_leader(mut self) -> Client {
+        if let Some(index) = leader_hint::load(&self.addresses) {
+            self.current.store(index, Ordering::Relaxed);
+            self.remembered.store(index, Ordering::Relaxed);
+        }
+        self.remember_leader = true;
+        self
+    }
+
     pub fn with_deadline(mut self, deadline: Duration) -> Client {
         self.deadline = deadline;
         self
@@ -158,6 +177,11 @@ impl Client {
 
     pub fn addresses(&self) -> &[String] {
         &self.addresses
+    }
+
+    /// The controller the next call goes to first: the one that answered last, or the leader it named.
+    pub fn current_address(&self) -> &str {
+        &self.addresses[self.current.load(Ordering::Relaxed) % self.addresses.len()]
     }
 
     /// A fresh id for one logical write; reused across its retries.
@@ -187,7 +211,10 @@ impl Client {
             let attempt_timeout = left.min(Duration::from_millis(RPC_TIMEOUT_MS));
             let result = tokio::time::timeout(attempt_timeout, call(client)).await;
             let status = match result {
-                Ok(Ok(reply)) => return Ok(reply.into_inner()),
+                Ok(Ok(reply)) => {
+                    self.answered(index, reply.metadata());
+                    return Ok(reply.into_inner());
+                }
                 Ok(Err(status)) => status,
                 Err(_) => Status::deadline_exceeded(format!("no answer within {} ms", attempt_timeout.as_millis())),
             };
@@ -214,6 +241,17 @@ impl Client {
             if attempt.is_multiple_of(self.channels.len()) {
                 tokio::time::sleep(Duration::from_millis(50 * (attempt / self.channels.len()).min(4) as u64)).await;
             }
+        }
+    }
+
+    /// Notes who answered: a follower that forwarded the call names the leader, so the next call goes there
+    /// directly; a new leader is remembered for the next process (see `leader_hint`).
+    fn answered(&self, index: usize, metadata: &tonic::metadata::MetadataMap) {
+        let hint = metadata.get(LEADER_HINT_KEY).and_then(|v| v.to_str().ok());
+        let leader = hint.and_then(|h| self.addresses.iter().position(|a| a == h)).unwrap_or(index);
+        self.current.store(leader, Ordering::Relaxed);
+        if self.remember_leader && self.remembered.swap(leader, Ordering::Relaxed) != leader {
+            leader_hint::store(&self.addresses, &self.addresses[leader]);
         }
     }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 // The leader's clock for stamping entries: the wall clock, or the simulation's (see `runtime`).
 use crate::runtime::now_ms;
 
+use drover_proto::LEADER_HINT_KEY;
 use drover_proto::v1::drover_service_client::DroverServiceClient;
 use drover_proto::v1::drover_service_server::DroverService;
 use drover_proto::v1::*;
@@ -125,7 +126,12 @@ impl Api {
         if let Some(credential) = credential {
             forwarded.metadata_mut().insert(drover_auth::credential::CREDENTIAL_METADATA_KEY, credential);
         }
-        call(self.peer(addr)?, forwarded).await.map_err(|s| forward_failed(addr, s))
+        let mut response = call(self.peer(addr)?, forwarded).await.map_err(|s| forward_failed(addr, s))?;
+        // Tell the client where the leader is, so its next call skips this hop.
+        if let Ok(value) = addr.parse() {
+            response.metadata_mut().insert(LEADER_HINT_KEY, value);
+        }
+        Ok(response)
     }
 
     async fn write(&self, command: Command) -> Result<Reply, Status> {
