@@ -325,3 +325,27 @@ async fn a_follower_names_the_leader_so_later_calls_and_later_processes_go_there
     assert_eq!(hints.len(), 1, "{hints:?}");
     assert_eq!(std::fs::read_to_string(&hints[0]).unwrap(), leader_address);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leaders_refused_port_makes_the_first_survivor_campaign_at_the_lease_end() {
+    let (_dir, mut cluster) = cluster(UpOptions::default());
+    let leader = cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
+    let client = cluster.client().unwrap();
+    client.submit(&trivial_spec()).await.unwrap();
+    let survivors: Vec<u64> = [1, 2, 3].into_iter().filter(|id| *id != leader).collect();
+    cluster.kill(leader).unwrap();
+    let next = cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
+    assert_ne!(next, leader);
+    // The lowest-id survivor saw the dead leader's port refuse connections and campaigned early; the other
+    // waited for its election timeout as usual (two early candidates would split the vote).
+    let log = |id: u64| std::fs::read_to_string(&cluster.process(id).unwrap().log_file).unwrap();
+    let early = "refuses connections: campaigning";
+    assert!(
+        log(survivors[0]).contains(early),
+        "replica {} did not campaign early:\n{}",
+        survivors[0],
+        log(survivors[0])
+    );
+    assert!(!log(survivors[1]).contains(early));
+    client.submit(&trivial_spec()).await.expect("the new leader acknowledges");
+}

@@ -3,6 +3,7 @@
 pub mod api;
 pub mod config;
 pub mod leader;
+pub mod leader_watch;
 pub mod network;
 pub mod propose;
 pub mod raft_service;

@@ -19,6 +19,8 @@ pub struct RaftServer {
     pub raft: Raft,
     pub snapshot_dir: std::path::PathBuf,
     pub received: AtomicU64,
+    /// Marks every accepted append (heartbeats included), for `leader_watch`.
+    pub heard: crate::leader_watch::LastHeard,
 }
 
 fn reply<T: Serialize, E: Serialize>(result: Result<T, E>) -> Result<Response<RaftReply>, Status> {
@@ -37,7 +39,12 @@ fn decode<T: for<'de> serde::Deserialize<'de>>(request: Request<RaftRequest>) ->
 #[tonic::async_trait]
 impl RaftService for RaftServer {
     async fn append_entries(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
-        reply(self.raft.append_entries(decode(request)?).await)
+        let result = self.raft.append_entries(decode(request)?).await;
+        // Anything but a refusal means a leader this replica accepts is alive (a conflict is still a heartbeat).
+        if matches!(&result, Ok(r) if !matches!(r, openraft::raft::AppendEntriesResponse::HigherVote(_))) {
+            self.heard.now();
+        }
+        reply(result)
     }
 
     async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {

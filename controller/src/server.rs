@@ -84,8 +84,13 @@ impl Controller {
             .map_err(|e| StartError::Listen { addr: config.listen.clone(), message: e.to_string() })?;
         let (shutdown, mut shutdown_rx) = watch::channel(false);
 
-        let raft_server =
-            RaftServer { raft: raft.clone(), snapshot_dir: db.snapshot_dir(), received: AtomicU64::new(0) };
+        let heard = crate::leader_watch::LastHeard::default();
+        let raft_server = RaftServer {
+            raft: raft.clone(),
+            snapshot_dir: db.snapshot_dir(),
+            received: AtomicU64::new(0),
+            heard: heard.clone(),
+        };
         let hub = AgentHub::new(
             config.id,
             raft.clone(),
@@ -125,6 +130,7 @@ impl Controller {
         });
 
         tokio::spawn(bootstrap(raft.clone(), config.id, config.initial_members.clone(), security.clone()));
+        tokio::spawn(crate::leader_watch::watch(raft.clone(), config.id, heard, config.raft.clone()));
         tokio::spawn(leader_duties(raft.clone(), view.clone(), config.id, config.cluster.clone()));
         tokio::spawn(crate::leader::agents::leader_loops(hub));
         tokio::spawn(crate::leader::scheduling::scheduling_loop(raft.clone(), view.clone(), config.id, insights));
