@@ -1687,8 +1687,8 @@ mod tests {
         let plan = schedule(&v, &config).unwrap();
         assert!(plan.start_of(2).is_some());
         assert!(plan.priorities[0].1.short > plan.priorities[1].1.short);
-        // After the aging bound (3.5 days), a new short job no longer passes it.
-        v.now_s = 4 * 24 * 3600;
+        // After the aging bound (2 days), a new short job no longer passes it.
+        v.now_s = 3 * 24 * 3600;
         let mut new_short = short;
         new_short.submit_s = v.now_s;
         v.pending = vec![long, new_short];

@@ -363,12 +363,12 @@ impl PriorityWeights {
     /// Drover's "short first" profile, for queues whose time limits mean something: smaller requests (GPUs × time
     /// limit, on a log scale) go first, and age grows without saturating in practice, so nothing starves. Age is
     /// worth 100 points a day ([`SHORT_FIRST_AGE_WEIGHT`] over a [`SHORT_FIRST_MAX_AGE_S`] of one year); the
-    /// short-job factor at most [`SHORT_FIRST_SHORT_WEIGHT`] = 350, i.e. 3.5 days of age. Fair-share, partition
+    /// short-job factor at most [`SHORT_FIRST_SHORT_WEIGHT`] = 200, i.e. 2 days of age. Fair-share, partition
     /// and QOS keep Slurm's default weights; job size (which favours large jobs by default) is off.
     ///
     /// Aging bound: while a job J has waited less than the max age, a job K can be ordered ahead of J only if
     /// `100/day × (K.submit − J.submit) < short + fair-share + partition + QOS contributions of K − J's`; with equal
-    /// account, partition and QOS that is K submitted less than 3.5 days after J. So a job is passed only by the
+    /// account, partition and QOS that is K submitted less than 2 days after J. So a job is passed only by the
     /// (finite) jobs submitted before then, and once they are gone it is first, holds the first backfill
     /// reservation, and starts by the time the running jobs' limits end.
     ///
@@ -389,8 +389,8 @@ pub const SHORT_FIRST_AGE_WEIGHT: u32 = 36_500;
 /// PriorityMaxAge of [`PriorityWeights::short_first`]: a year, so age effectively never saturates (a saturated
 /// age would tie old jobs and let the short-job factor order them, and long jobs could then wait on and on).
 pub const SHORT_FIRST_MAX_AGE_S: u64 = 365 * 24 * 3600;
-/// Short-job weight of [`PriorityWeights::short_first`]: the most a small request can be worth, 3.5 days of age.
-pub const SHORT_FIRST_SHORT_WEIGHT: u32 = 350;
+/// Short-job weight of [`PriorityWeights::short_first`]: the most a small request can be worth, 2 days of age.
+pub const SHORT_FIRST_SHORT_WEIGHT: u32 = 200;
 
 impl SchedulerConfig {
     /// The default pass with [`PriorityWeights::short_first`].

@@ -226,11 +226,11 @@ mod tests {
 
     #[test]
     fn short_first_ages_a_long_job_ahead_of_any_newer_job_after_the_bound() {
-        // The bound: short-job weight / age per second = 350 / (36,500 / 365 days) = 3.5 days.
+        // The bound: short-job weight / age per second = 200 / (36,500 / 365 days) = 2 days.
         let w = PriorityWeights::short_first();
         let per_s = f64::from(w.age) / w.max_age_s as f64;
         let bound_s = (f64::from(w.short) / per_s).ceil() as u64;
-        assert_eq!(bound_s, 7 * 12 * 3600);
+        assert_eq!(bound_s, 2 * 24 * 3600);
         let now_s = 40 * 24 * 3600;
         let ctx = PriorityContext { now_s, total_gpus: 256, max_partition_tier: 1, max_qos_priority: 0 };
         let prio = |j: &PendingJob| PriorityBreakdown::compute(j, &w, &ctx, 0.5, 1, 0).priority;

@@ -1,12 +1,15 @@
 //! Trace-driven simulation in virtual time over the ElasticFlow traces, driving the same `schedule` function the
-//! leader runs. Usage: `drover-sim TRACE.csv... [--policy fifo|slurm|drover|all] [--gpus N]`, and for preemption
-//! `--preempt [--high-qos-frac F] [--seed N] [--ckpt-interval-s S] [--restart-overhead-s S] [--kill-wait-s S]
-//! [--exempt-s S] [--depth N]` (see SIMULATION.md).
+//! leader runs. Usage: `drover-sim TRACE.csv... [--policy fifo|slurm|drover|all] [--gpus N] [--estimates F]
+//! [--seed N]`, Drover's weights `[--drover-weights short-first|default|basic] [--short-weight W] [--age-weight W]
+//! [--max-age-s S] [--job-size-weight W] [--favor-small]`, and for preemption `--preempt [--high-qos-frac F]
+//! [--ckpt-interval-s S] [--restart-overhead-s S] [--kill-wait-s S] [--exempt-s S] [--depth N]` (see SIMULATION.md).
 //!
 //! Mapping: 8 GPUs per node; cluster04 has 1024 GPUs (128 nodes), every other trace 512 (64 nodes). A job asking
 //! n <= 8 GPUs is one node with n GPUs; n > 8 is ceil(n/8) nodes with 8 GPUs each. Durations are exact and used as
-//! time limits. Priority is submit order for every policy (all weights zero), so the policies differ only in
-//! what they let pass a blocked job. With `--preempt`, a seeded fraction of the jobs is in QOS "high" (QOS weight
+//! time limits, unless `--estimates F`: then each job asks for its runtime × a seeded factor in [1, F], rounded up
+//! to a whole hour, and still ends after its runtime. Fifo and Slurm-like use Slurm 22.05's default priority
+//! (priority/basic: submit order, all weights zero); Drover its `short_first` profile (or `--drover-weights`).
+//! With `--preempt`, a seeded fraction of the jobs is in QOS "high" (QOS weight
 //! 1,000: they go first) that may preempt QOS "normal"; every policy sees the same jobs and priorities, with and
 //! without preemption. A preempted job keeps running for KillWait, loses the work since its last checkpoint,
 //! is requeued with its submit time, and restarts later with a restart overhead.
