@@ -33,8 +33,7 @@ pub fn scheduler_config(state: &State) -> sched::SchedulerConfig {
             qos: s.weight_qos,
             max_age_s: s.max_age_s,
             favor_small: s.favor_small,
-            // The short-job factor (the library's `short_first` profile) is not in the replicated settings yet.
-            short: 0,
+            short: s.weight_short,
         },
         max_reservations: s.reservation_depth as usize,
         ..sched::SchedulerConfig::default()
