@@ -1649,6 +1649,7 @@ mod tests {
             qos: 0,
             max_age_s: 100,
             favor_small: false,
+            short: 0,
         };
         let config = SchedulerConfig { weights, ..cfg() };
         let mut a = job(1, 1, 1, 10); // age 100 -> 1000
@@ -1670,6 +1671,28 @@ mod tests {
         assert_eq!(plan.priorities[0], (2, plan.priorities[0].1.clone()));
         assert_eq!(plan.priorities[0].1.priority, 1000);
         assert_eq!(plan.priorities[1].1.priority, 500);
+    }
+
+    #[test]
+    fn short_first_profile_starts_short_jobs_first_and_ages_long_ones_ahead() {
+        // One GPU free: only the first job in priority order starts.
+        let mut v = cluster(1, 1);
+        v.now_s = 1_000;
+        let config = SchedulerConfig::short_first();
+        let long = job(1, 1, 1, 24 * 3600);
+        let short = job(2, 1, 1, 600);
+        v.pending = vec![long.clone(), short.clone()];
+        // Submit order starts the long one (same submit time, lower id); short-first the short one.
+        assert!(schedule(&v, &cfg()).unwrap().start_of(1).is_some());
+        let plan = schedule(&v, &config).unwrap();
+        assert!(plan.start_of(2).is_some());
+        assert!(plan.priorities[0].1.short > plan.priorities[1].1.short);
+        // After the aging bound (2 days), a new short job no longer passes it.
+        v.now_s = 3 * 24 * 3600;
+        let mut new_short = short;
+        new_short.submit_s = v.now_s;
+        v.pending = vec![long, new_short];
+        assert!(schedule(&v, &config).unwrap().start_of(1).is_some());
     }
 
     #[test]

@@ -332,7 +332,17 @@ pub struct PriorityWeights {
     pub max_age_s: u64,
     /// PriorityFavorSmall: small jobs get the larger size factor.
     pub favor_small: bool,
+    /// Weight of the short-job factor (no Slurm equivalent; Moab's XFactor idea): 1 for the smallest request,
+    /// falling with the logarithm of the job's requested GPU-seconds (GPUs × time limit), 0 at or beyond
+    /// [`SHORT_FACTOR_MAX_GPU_S`]. 0 (the default): off. See [`crate::priority`] for the aging bound.
+    #[serde(default)]
+    pub short: u32,
 }
+
+/// Requested GPU-seconds at which the short-job factor reaches 0: 64 GPUs for 7 days.
+pub const SHORT_FACTOR_MAX_GPU_S: u64 = 64 * 7 * 24 * 3600;
+/// The short-job factor's unit: requests up to about this many GPU-seconds all count as the smallest.
+pub const SHORT_FACTOR_UNIT_GPU_S: u64 = 60;
 
 impl Default for PriorityWeights {
     fn default() -> Self {
@@ -344,7 +354,48 @@ impl Default for PriorityWeights {
             qos: 1_000,
             max_age_s: 7 * 24 * 3600,
             favor_small: false,
+            short: 0,
         }
+    }
+}
+
+impl PriorityWeights {
+    /// Drover's "short first" profile, for queues whose time limits mean something: smaller requests (GPUs × time
+    /// limit, on a log scale) go first, and age grows without saturating in practice, so nothing starves. Age is
+    /// worth 100 points a day ([`SHORT_FIRST_AGE_WEIGHT`] over a [`SHORT_FIRST_MAX_AGE_S`] of one year); the
+    /// short-job factor at most [`SHORT_FIRST_SHORT_WEIGHT`] = 200, i.e. 2 days of age. Fair-share, partition
+    /// and QOS keep Slurm's default weights; job size (which favours large jobs by default) is off.
+    ///
+    /// Aging bound: while a job J has waited less than the max age, a job K can be ordered ahead of J only if
+    /// `100/day × (K.submit − J.submit) < short + fair-share + partition + QOS contributions of K − J's`; with equal
+    /// account, partition and QOS that is K submitted less than 2 days after J. So a job is passed only by the
+    /// (finite) jobs submitted before then, and once they are gone it is first, holds the first backfill
+    /// reservation, and starts by the time the running jobs' limits end.
+    ///
+    /// Tuned on the ElasticFlow traces (SIMULATION.md, "Scheduler quality vs the Slurm-like policy").
+    pub fn short_first() -> Self {
+        Self {
+            age: SHORT_FIRST_AGE_WEIGHT,
+            max_age_s: SHORT_FIRST_MAX_AGE_S,
+            job_size: 0,
+            short: SHORT_FIRST_SHORT_WEIGHT,
+            ..Self::default()
+        }
+    }
+}
+
+/// Age weight of [`PriorityWeights::short_first`]: 100 points per day of waiting, up to its max age.
+pub const SHORT_FIRST_AGE_WEIGHT: u32 = 36_500;
+/// PriorityMaxAge of [`PriorityWeights::short_first`]: a year, so age effectively never saturates (a saturated
+/// age would tie old jobs and let the short-job factor order them, and long jobs could then wait on and on).
+pub const SHORT_FIRST_MAX_AGE_S: u64 = 365 * 24 * 3600;
+/// Short-job weight of [`PriorityWeights::short_first`]: the most a small request can be worth, 2 days of age.
+pub const SHORT_FIRST_SHORT_WEIGHT: u32 = 200;
+
+impl SchedulerConfig {
+    /// The default pass with [`PriorityWeights::short_first`].
+    pub fn short_first() -> Self {
+        Self { weights: PriorityWeights::short_first(), ..Self::default() }
     }
 }
 

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::fxhash::FxMap;
-use crate::model::{PendingJob, PriorityWeights};
+use crate::model::{PendingJob, PriorityWeights, SHORT_FACTOR_MAX_GPU_S, SHORT_FACTOR_UNIT_GPU_S};
 
 /// One job's factors (each in [0, 1]) and the weighted total, as `sprio -l` shows them.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -13,6 +13,9 @@ pub struct PriorityBreakdown {
     pub job_size: f64,
     pub partition: f64,
     pub qos: f64,
+    /// The short-job factor (see [`PriorityWeights::short`]).
+    #[serde(default)]
+    pub short: f64,
     /// The job's nice value, already subtracted from `priority`.
     #[serde(default)]
     pub nice: i32,
@@ -58,14 +61,27 @@ impl PriorityBreakdown {
         let qos =
             if ctx.max_qos_priority == 0 { 0.0 } else { f64::from(qos_priority) / f64::from(ctx.max_qos_priority) };
         let fairshare = fairshare.clamp(0.0, 1.0);
+        let short = if weights.short == 0 { 0.0 } else { short_factor(job) };
         let total = f64::from(weights.age) * age
+            + f64::from(weights.short) * short
             + f64::from(weights.fairshare) * fairshare
             + f64::from(weights.job_size) * job_size
             + f64::from(weights.partition) * partition
             + f64::from(weights.qos) * qos;
         let priority = (total.floor() as u64).saturating_add_signed(-i64::from(job.nice));
-        Self { age, fairshare, job_size, partition, qos, nice: job.nice, priority }
+        Self { age, fairshare, job_size, partition, qos, short, nice: job.nice, priority }
     }
+}
+
+/// The short-job factor: 1 - ln(1 + a/u) / ln(1 + max/u), clamped to [0, 1], where a is the job's requested
+/// GPU-seconds (GPUs × time limit; a GPU-less job counts as one GPU), u = [`SHORT_FACTOR_UNIT_GPU_S`] and
+/// max = [`SHORT_FACTOR_MAX_GPU_S`]. Logarithmic, so a 10-minute job is as far ahead of a 100-minute one as that is
+/// of a 1,000-minute one.
+pub fn short_factor(job: &PendingJob) -> f64 {
+    let area = job.total_gpus().max(1).saturating_mul(job.time_limit_s) as f64;
+    let unit = SHORT_FACTOR_UNIT_GPU_S as f64;
+    let f = 1.0 - (area / unit).ln_1p() / (SHORT_FACTOR_MAX_GPU_S as f64 / unit).ln_1p();
+    f.clamp(0.0, 1.0)
 }
 
 /// `scontrol top`: within each user who has topped jobs, permutes that user's priority values so the topped jobs
@@ -120,6 +136,7 @@ mod tests {
             qos: 0,
             max_age_s: 1000,
             favor_small: false,
+            short: 0,
         };
         let ctx = PriorityContext { now_s: 2000, total_gpus: 16, max_partition_tier: 2, max_qos_priority: 0 };
         let job = PendingJob::simple(1, 1500, 1, 8, 60);
@@ -167,5 +184,67 @@ mod tests {
         let mut p = vec![1, 2, 3];
         apply_top(&plain, &mut p);
         assert_eq!(p, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn short_factor_falls_with_requested_gpu_seconds() {
+        let f = |gpus: u32, limit_s: u64| short_factor(&PendingJob::simple(1, 0, 1, gpus, limit_s));
+        assert_eq!(f(1, 1), 1.0 - (1.0f64 / 60.0).ln_1p() / ((SHORT_FACTOR_MAX_GPU_S / 60) as f64).ln_1p());
+        assert!(f(1, 600) > f(1, 3600) && f(1, 3600) > f(1, 36_000) && f(1, 36_000) > f(8, 36_000));
+        // Same GPU-seconds, same factor; a GPU-less job counts as one GPU.
+        assert_eq!(f(2, 1800), f(1, 3600));
+        assert_eq!(f(0, 3600), f(1, 3600));
+        // Log scale: each tenfold step costs the same.
+        let step = |a: u64| f(1, a) - f(1, 10 * a);
+        assert!((step(600) - step(6000)).abs() < 0.01);
+        assert_eq!(f(64, 7 * 24 * 3600), 0.0);
+        assert_eq!(f(64, 30 * 24 * 3600), 0.0);
+        // Off unless weighted.
+        let ctx = PriorityContext { now_s: 0, total_gpus: 8, max_partition_tier: 0, max_qos_priority: 0 };
+        let plain = PriorityBreakdown::compute(
+            &PendingJob::simple(1, 0, 1, 1, 60),
+            &PriorityWeights::default(),
+            &ctx,
+            0.0,
+            0,
+            0,
+        );
+        assert_eq!(plain.short, 0.0);
+    }
+
+    #[test]
+    fn short_first_orders_short_before_long_of_the_same_age() {
+        let w = PriorityWeights::short_first();
+        let ctx = PriorityContext { now_s: 1000, total_gpus: 256, max_partition_tier: 1, max_qos_priority: 0 };
+        let p = |gpus: u32, limit_s: u64| {
+            PriorityBreakdown::compute(&PendingJob::simple(1, 0, 1, gpus, limit_s), &w, &ctx, 0.5, 1, 0).priority
+        };
+        assert!(p(1, 600) > p(1, 6 * 3600));
+        assert!(p(1, 6 * 3600) > p(8, 6 * 3600));
+        assert!(p(8, 600) > p(8, 7 * 24 * 3600));
+    }
+
+    #[test]
+    fn short_first_ages_a_long_job_ahead_of_any_newer_job_after_the_bound() {
+        // The bound: short-job weight / age per second = 200 / (36,500 / 365 days) = 2 days.
+        let w = PriorityWeights::short_first();
+        let per_s = f64::from(w.age) / w.max_age_s as f64;
+        let bound_s = (f64::from(w.short) / per_s).ceil() as u64;
+        assert_eq!(bound_s, 2 * 24 * 3600);
+        let now_s = 40 * 24 * 3600;
+        let ctx = PriorityContext { now_s, total_gpus: 256, max_partition_tier: 1, max_qos_priority: 0 };
+        let prio = |j: &PendingJob| PriorityBreakdown::compute(j, &w, &ctx, 0.5, 1, 0).priority;
+        // The largest request the factor knows (64 GPUs for a week, factor 0), submitted at 0...
+        let big = PendingJob::simple(1, 0, 8, 8, 7 * 24 * 3600);
+        // ...against the smallest (factor ~1) submitted any time after the bound: the old job is ahead.
+        for submit_s in [bound_s + 1, bound_s + 3600, now_s / 2, now_s] {
+            let tiny = PendingJob::simple(2, submit_s, 1, 1, 1);
+            assert!(prio(&big) > prio(&tiny), "submitted at {submit_s}");
+        }
+        // Within the bound the short job may go first (that is the point of the factor).
+        let early = PendingJob::simple(3, bound_s / 2, 1, 1, 1);
+        assert!(prio(&early) > prio(&big));
+        // Age has not saturated even after 40 days (a saturated age would tie old jobs).
+        assert!(PriorityBreakdown::compute(&big, &w, &ctx, 0.5, 1, 0).age < 1.0);
     }
 }

@@ -105,6 +105,7 @@ fn weighted() -> SchedulerConfig {
         qos: 0,
         max_age_s: 10_000,
         favor_small: false,
+        short: 0,
     };
     SchedulerConfig { weights, ..SchedulerConfig::default() }
 }

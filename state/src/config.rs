@@ -206,6 +206,9 @@ pub struct SchedulerSettings {
     pub max_age_s: u64,
     /// `PriorityFavorSmall`.
     pub favor_small: bool,
+    /// Weight of Drover's short-job factor (no Slurm equivalent: smaller GPUs × time-limit requests first; see
+    /// `drover_scheduler::PriorityWeights::short_first` for the profile and its aging bound). 0: off.
+    pub weight_short: u32,
     /// How many blocked jobs, in priority order, get a backfill reservation at their earliest start. Every
     /// pending job is still considered for starting now on every pass.
     pub reservation_depth: u32,
@@ -221,6 +224,7 @@ impl Default for SchedulerSettings {
             weight_qos: 1_000,
             max_age_s: 7 * 24 * 3600,
             favor_small: false,
+            weight_short: 0,
             reservation_depth: 100,
         }
     }

@@ -33,6 +33,7 @@ pub fn scheduler_config(state: &State) -> sched::SchedulerConfig {
             qos: s.weight_qos,
             max_age_s: s.max_age_s,
             favor_small: s.favor_small,
+            short: s.weight_short,
         },
         max_reservations: s.reservation_depth as usize,
         ..sched::SchedulerConfig::default()

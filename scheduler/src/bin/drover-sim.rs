@@ -1,12 +1,15 @@
 //! Trace-driven simulation in virtual time over the ElasticFlow traces, driving the same `schedule` function the
-//! leader runs. Usage: `drover-sim TRACE.csv... [--policy fifo|slurm|drover|all] [--gpus N]`, and for preemption
-//! `--preempt [--high-qos-frac F] [--seed N] [--ckpt-interval-s S] [--restart-overhead-s S] [--kill-wait-s S]
-//! [--exempt-s S] [--depth N]` (see SIMULATION.md).
+//! leader runs. Usage: `drover-sim TRACE.csv... [--policy fifo|slurm|drover|all] [--gpus N] [--estimates F]
+//! [--seed N]`, Drover's weights `[--drover-weights short-first|default|basic] [--short-weight W] [--age-weight W]
+//! [--max-age-s S] [--job-size-weight W] [--favor-small]`, and for preemption `--preempt [--high-qos-frac F]
+//! [--ckpt-interval-s S] [--restart-overhead-s S] [--kill-wait-s S] [--exempt-s S] [--depth N]` (see SIMULATION.md).
 //!
 //! Mapping: 8 GPUs per node; cluster04 has 1024 GPUs (128 nodes), every other trace 512 (64 nodes). A job asking
 //! n <= 8 GPUs is one node with n GPUs; n > 8 is ceil(n/8) nodes with 8 GPUs each. Durations are exact and used as
-//! time limits. Priority is submit order for every policy (all weights zero), so the policies differ only in
-//! what they let pass a blocked job. With `--preempt`, a seeded fraction of the jobs is in QOS "high" (QOS weight
+//! time limits, unless `--estimates F`: then each job asks for its runtime × a seeded factor in [1, F], rounded up
+//! to a whole hour, and still ends after its runtime. Fifo and Slurm-like use Slurm 22.05's default priority
+//! (priority/basic: submit order, all weights zero); Drover its `short_first` profile (or `--drover-weights`).
+//! With `--preempt`, a seeded fraction of the jobs is in QOS "high" (QOS weight
 //! 1,000: they go first) that may preempt QOS "normal"; every policy sees the same jobs and priorities, with and
 //! without preemption. A preempted job keeps running for KillWait, loses the work since its last checkpoint,
 //! is requeued with its submit time, and restarts later with a restart overhead.
@@ -60,16 +63,29 @@ struct QosWorkload {
     exempt_s: Option<u64>,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Sim {
     qos: Option<QosWorkload>,
     /// Drover's reservation depth (default: the library's).
     depth: Option<usize>,
+    /// Drover's priority weights (default: the `short_first` profile).
+    drover_weights: PriorityWeights,
+    /// Time limits as users give them: runtime × a seeded factor in [1, max], rounded up to a whole hour. None:
+    /// the exact runtime.
+    estimates: Option<Estimates>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Estimates {
+    max_factor: f64,
+    seed: u64,
 }
 
 struct TraceJob {
     submit_s: u64,
     duration_s: u64,
+    /// The time limit the job asks for (the duration itself unless `--estimates`).
+    limit_s: u64,
     nodes: u32,
     gpus_per_node: u32,
 }
@@ -119,13 +135,26 @@ fn load(path: &Path) -> Result<Vec<TraceJob>, String> {
         let (submit_s, duration_s, gpus) = (num(f[1])?, num(f[2])?, num(f[3])? as u32);
         let (nodes, gpus_per_node) =
             if gpus <= GPUS_PER_NODE { (1, gpus) } else { (gpus.div_ceil(GPUS_PER_NODE), GPUS_PER_NODE) };
-        jobs.push(TraceJob { submit_s, duration_s: duration_s.max(1), nodes, gpus_per_node });
+        let duration_s = duration_s.max(1);
+        jobs.push(TraceJob { submit_s, duration_s, limit_s: duration_s, nodes, gpus_per_node });
     }
     jobs.sort_by_key(|j| j.submit_s); // stable: file order breaks ties
     Ok(jobs)
 }
 
-fn simulate(jobs: &[TraceJob], cluster_gpus: u32, variant: Variant, sim: Sim) -> Stats {
+/// Over-estimated time limits: each job's runtime × a factor uniform in [1, max] (seeded, per trace position),
+/// rounded up to a whole hour, as users round `--time`. The job still ends after its real runtime.
+fn overestimate(jobs: &mut [TraceJob], e: Estimates) {
+    // A different stream from the QOS draw's, which uses the plain seed.
+    let mut rng = XorShift::new(e.seed ^ 0x9E37_79B9_7F4A_7C15);
+    for j in jobs {
+        let u = rng.below(1_000_001) as f64 / 1e6;
+        let limit = (j.duration_s as f64 * (1.0 + u * (e.max_factor - 1.0))).ceil() as u64;
+        j.limit_s = limit.div_ceil(3600).max(1) * 3600;
+    }
+}
+
+fn simulate(jobs: &[TraceJob], cluster_gpus: u32, variant: Variant, sim: &Sim) -> Stats {
     let started = std::time::Instant::now();
     let policy = variant.policy;
     let n_nodes = (cluster_gpus / GPUS_PER_NODE) as usize;
@@ -142,7 +171,9 @@ fn simulate(jobs: &[TraceJob], cluster_gpus: u32, variant: Variant, sim: Sim) ->
         qos: vec![Qos::unlimited("normal", 0)],
         ..ClusterView::default()
     };
+    // Slurm 22.05 out of the box: priority/basic, i.e. submit order (all weights zero).
     let mut weights = PriorityWeights { age: 0, fairshare: 0, job_size: 0, partition: 0, qos: 0, ..Default::default() };
+    let mut drover_weights = sim.drover_weights.clone();
     let kill_wait_s = sim.qos.map_or(SchedulerConfig::default().kill_wait_s, |q| q.kill_wait_s);
     if let Some(q) = sim.qos {
         // High-QOS jobs go first (QOS factor) and may preempt normal ones; the rest is submit order.
@@ -151,6 +182,7 @@ fn simulate(jobs: &[TraceJob], cluster_gpus: u32, variant: Variant, sim: Sim) ->
         view.qos.push(high);
         view.qos[0].preempt_exempt_time_s = q.exempt_s;
         weights.qos = 1_000;
+        drover_weights.qos = drover_weights.qos.max(1_000);
     }
     let base = SchedulerConfig { weights, preemption: variant.preempt, kill_wait_s, ..SchedulerConfig::default() };
     let fifo = SchedulerConfig { backfill: false, ..base.clone() };
@@ -160,7 +192,11 @@ fn simulate(jobs: &[TraceJob], cluster_gpus: u32, variant: Variant, sim: Sim) ->
         max_backfill_jobs: Some(SLURM_BF_MAX_JOB_TEST),
         ..base.clone()
     };
-    let drover = SchedulerConfig { max_reservations: sim.depth.unwrap_or(base.max_reservations), ..base };
+    let drover = SchedulerConfig {
+        weights: drover_weights,
+        max_reservations: sim.depth.unwrap_or(base.max_reservations),
+        ..base
+    };
     let node_index: HashMap<String, usize> = view.nodes.iter().enumerate().map(|(i, n)| (n.name.clone(), i)).collect();
 
     let skipped = jobs.iter().filter(|j| j.nodes as usize > n_nodes).count();
@@ -251,7 +287,8 @@ fn simulate(jobs: &[TraceJob], cluster_gpus: u32, variant: Variant, sim: Sim) ->
             let gpus = u128::from(j.nodes * j.gpus_per_node);
             lost_gpu_s += gpus * u128::from(ran - saved);
             busy_gpu_s += gpus * u128::from(ran);
-            let mut p = PendingJob::simple(id, j.submit_s, j.nodes, j.gpus_per_node, s.overhead_s + s.remaining_s);
+            let limit = s.overhead_s + j.limit_s - (j.duration_s - s.remaining_s);
+            let mut p = PendingJob::simple(id, j.submit_s, j.nodes, j.gpus_per_node, limit);
             p.qos = qos_name(s.high).into();
             view.pending.push(p);
         }
@@ -261,7 +298,7 @@ fn simulate(jobs: &[TraceJob], cluster_gpus: u32, variant: Variant, sim: Sim) ->
             }
             let s = &mut state[id as usize];
             s.pending_since_s = j.submit_s;
-            let mut p = PendingJob::simple(id, j.submit_s, j.nodes, j.gpus_per_node, j.duration_s);
+            let mut p = PendingJob::simple(id, j.submit_s, j.nodes, j.gpus_per_node, j.limit_s);
             p.qos = qos_name(s.high).into();
             view.pending.push(p);
             next_submit += 1;
@@ -296,6 +333,8 @@ fn simulate(jobs: &[TraceJob], cluster_gpus: u32, variant: Variant, sim: Sim) ->
                 s.waited_s += now - s.pending_since_s;
                 s.run_start_s = now;
                 let run = s.overhead_s + s.remaining_s;
+                // The limit it asked for (what the scheduler plans with); it ends after its real run.
+                let limit = s.overhead_s + trace(id).limit_s - (trace(id).duration_s - s.remaining_s);
                 completions.insert((now + run, id), ());
                 view.running.push(RunningJob {
                     id,
@@ -304,7 +343,7 @@ fn simulate(jobs: &[TraceJob], cluster_gpus: u32, variant: Variant, sim: Sim) ->
                     qos: qos_name(s.high).into(),
                     alloc,
                     start_s: now,
-                    time_limit_s: run,
+                    time_limit_s: limit,
                     exclusive: false,
                     reservation: None,
                     array_id: None,
@@ -371,6 +410,8 @@ fn main() -> ExitCode {
         exempt_s: None,
     };
     let mut depth: Option<usize> = None;
+    let mut drover_weights = PriorityWeights::short_first();
+    let mut estimates: Option<f64> = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut num = |what: &str| -> Result<f64, ExitCode> {
@@ -396,6 +437,36 @@ fn main() -> ExitCode {
             "--kill-wait-s" => num("--kill-wait-s").map(|s| q.kill_wait_s = s as u64),
             "--exempt-s" => num("--exempt-s").map(|s| q.exempt_s = Some(s as u64)),
             "--depth" => num("--depth").map(|d| depth = Some(d as usize)),
+            // Over-estimated time limits: runtime × U[1, F], rounded up to an hour (seeded by --seed).
+            "--estimates" => num("--estimates").map(|f| estimates = Some(f.max(1.0))),
+            // Drover's weights: a profile, then single weights over it (for sweeps).
+            "--drover-weights" => {
+                drover_weights = match it.next().map(String::as_str) {
+                    Some("short-first") => PriorityWeights::short_first(),
+                    Some("default") => PriorityWeights::default(),
+                    Some("basic") => PriorityWeights {
+                        age: 0,
+                        fairshare: 0,
+                        job_size: 0,
+                        partition: 0,
+                        qos: 0,
+                        ..Default::default()
+                    },
+                    other => {
+                        eprintln!("unknown weights {other:?} (short-first, default, basic)");
+                        return ExitCode::FAILURE;
+                    }
+                };
+                Ok(())
+            }
+            "--short-weight" => num("--short-weight").map(|w| drover_weights.short = w as u32),
+            "--age-weight" => num("--age-weight").map(|w| drover_weights.age = w as u32),
+            "--max-age-s" => num("--max-age-s").map(|w| drover_weights.max_age_s = w as u64),
+            "--job-size-weight" => num("--job-size-weight").map(|w| drover_weights.job_size = w as u32),
+            "--favor-small" => {
+                drover_weights.favor_small = true;
+                Ok(())
+            }
             "--policy" => {
                 policy_given = true;
                 policies = match it.next().map(String::as_str) {
@@ -423,7 +494,25 @@ fn main() -> ExitCode {
         eprintln!("usage: drover-sim TRACE.csv... [--policy fifo|slurm|drover|all] [--gpus N] [--preempt ...]");
         return ExitCode::FAILURE;
     }
-    let sim = Sim { qos: preempt.then_some(q), depth };
+    let estimates = estimates.map(|max_factor| Estimates { max_factor, seed: q.seed });
+    let sim = Sim { qos: preempt.then_some(q), depth, drover_weights, estimates };
+    let w = &sim.drover_weights;
+    println!(
+        "Drover weights: age {} (max age {} s), fairshare {}, job size {}{}, partition {}, qos {}, short {}; time limits: {}",
+        w.age,
+        w.max_age_s,
+        w.fairshare,
+        w.job_size,
+        if w.favor_small { " (favor small)" } else { "" },
+        w.partition,
+        w.qos,
+        w.short,
+        match sim.estimates {
+            Some(e) => format!("runtime x U[1, {}] rounded up to the hour (seed {})", e.max_factor, e.seed),
+            None => "exact".into(),
+        }
+    );
+    println!();
     // With preemption: Slurm-like and Drover, each without and with it (FIFO only when asked for).
     let variants: Vec<Variant> = if preempt {
         if !policy_given {
@@ -445,23 +534,26 @@ fn main() -> ExitCode {
         println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     } else {
         println!(
-            "| trace | GPUs | policy | jobs | avg wait (s) | p99 wait (s) | avg bsld (10 s) | GPU util | makespan (s) | passes | sim wall (s) |"
+            "| trace | GPUs | policy | jobs | avg wait (s) | p99 wait (s) | max wait (s) | avg bsld (10 s) | GPU util | makespan (s) | passes | sim wall (s) |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     }
     for path in traces {
         let path = Path::new(&path);
-        let jobs = match load(path) {
+        let mut jobs = match load(path) {
             Ok(j) => j,
             Err(e) => {
                 eprintln!("{e}");
                 return ExitCode::FAILURE;
             }
         };
+        if let Some(e) = sim.estimates {
+            overestimate(&mut jobs, e);
+        }
         let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("?");
         let gpus = gpus_override.unwrap_or(if name.contains("cluster04") { 1024 } else { 512 });
         for &variant in &variants {
-            let s = simulate(&jobs, gpus, variant, sim);
+            let s = simulate(&jobs, gpus, variant, &sim);
             let skipped = if s.skipped > 0 { format!(" ({} too big)", s.skipped) } else { String::new() };
             let policy = variant.name();
             if sim.qos.is_some() {
@@ -482,10 +574,11 @@ fn main() -> ExitCode {
                 );
             } else {
                 println!(
-                    "| {name} | {gpus} | {policy} | {}{skipped} | {:.0} | {} | {:.2} | {:.1}% | {} | {} | {:.1} |",
+                    "| {name} | {gpus} | {policy} | {}{skipped} | {:.0} | {} | {} | {:.2} | {:.1}% | {} | {} | {:.1} |",
                     s.jobs,
                     s.avg_wait_s,
                     s.p99_wait_s,
+                    s.max_wait_s,
                     s.avg_bsld,
                     s.util * 100.0,
                     s.makespan_s,
