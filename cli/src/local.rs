@@ -77,9 +77,9 @@ impl Default for UpOptions {
     fn default() -> Self {
         UpOptions {
             controllers: 3,
-            heartbeat_ms: 60,
-            election_min_ms: 300,
-            election_max_ms: 450,
+            heartbeat_ms: 50,
+            election_min_ms: 200,
+            election_max_ms: 300,
             snapshot_after_entries: 20_000,
             keep_entries_after_snapshot: 2_000,
             extra_toml: String::new(),

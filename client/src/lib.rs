@@ -198,6 +198,8 @@ impl Client {
     {
         let start = Instant::now();
         let mut last_answer = start;
+        // What a controller last said, which explains a failure better than a later attempt's silence.
+        let mut last_said: Option<String> = None;
         let mut attempt = 0usize;
         loop {
             let index = self.current.load(Ordering::Relaxed) % self.channels.len();
@@ -221,10 +223,15 @@ impl Client {
             if !retryable(&status) {
                 return Err(ClientError::from_status(&status));
             }
-            let last = format!("{}: {}", self.addresses[index], status.message());
+            let this = format!("{}: {}", self.addresses[index], status.message());
             if !no_answer(&status) {
                 last_answer = Instant::now();
+                last_said = Some(this.clone());
             }
+            let last = match &last_said {
+                Some(said) if no_answer(&status) => format!("{this}; before that {said}"),
+                _ => this,
+            };
             attempt += 1;
             // Give up early only once every controller has had its chance: one silent replica (frozen, cut off)
             // says nothing about the others.
@@ -232,13 +239,14 @@ impl Client {
                 return Err(ClientError::Unreachable { tried: self.addresses.join(", "), last });
             }
             let hint = status.metadata().get(LEADER_HINT_KEY).and_then(|v| v.to_str().ok()).map(str::to_string);
-            let next = hint.and_then(|h| self.addresses.iter().position(|a| *a == h)).unwrap_or(index + 1);
+            let hinted = hint.and_then(|h| self.addresses.iter().position(|a| *a == h));
+            let next = hinted.unwrap_or(index + 1);
             self.current.store(next % self.channels.len(), Ordering::Relaxed);
             if start.elapsed() >= self.deadline {
                 return Err(ClientError::Unreachable { tried: self.addresses.join(", "), last });
             }
             // After a full round without success, back off a little (an election takes a few hundred ms).
-            if attempt.is_multiple_of(self.channels.len()) {
+            if hinted.is_none() && attempt.is_multiple_of(self.channels.len()) {
                 tokio::time::sleep(Duration::from_millis(50 * (attempt / self.channels.len()).min(4) as u64)).await;
             }
         }

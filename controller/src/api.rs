@@ -26,6 +26,8 @@ use drover_state::AdminLevel;
 
 /// How long a forwarded call may take.
 const FORWARD_TIMEOUT_MS: u64 = 3_500;
+/// How long a call waits on a follower for a new leader during an election (a failover takes about half a second).
+const LEADER_WAIT_MS: u64 = 1_500;
 /// The most jobs one listing returns.
 pub const MAX_LIST_JOBS: usize = 100_000;
 /// The most job ids one cancel/hold/release names.
@@ -62,7 +64,8 @@ fn internal(context: &str, e: impl std::fmt::Display) -> Status {
 /// What to do with a call on this replica.
 enum Route {
     Local,
-    Forward(String),
+    /// To the leader, by id and address.
+    Forward(u64, String),
 }
 
 impl Api {
@@ -87,12 +90,34 @@ impl Api {
         Some((leader, node.addr))
     }
 
-    fn route<T>(&self, request: &Request<T>) -> Result<Route, Status> {
-        match self.leader() {
+    /// Where a call goes. During an election, the call waits here (bounded) for the new leader rather than
+    /// sending the client away to poll.
+    async fn route<T>(&self, request: &Request<T>) -> Result<Route, Status> {
+        let leader = match self.leader() {
+            Some(leader) => Some(leader),
+            None => self.wait_for_leader(None, wait_budget(request)).await,
+        };
+        match leader {
             Some((id, _)) if id == self.id => Ok(Route::Local),
-            Some((_, addr)) if request.metadata().get(FORWARDED_KEY).is_none() => Ok(Route::Forward(addr)),
+            Some((id, addr)) if request.metadata().get(FORWARDED_KEY).is_none() => Ok(Route::Forward(id, addr)),
             Some((_, addr)) => Err(not_leader(Some(&addr))),
             None => Err(not_leader(None)),
+        }
+    }
+
+    /// Waits up to `budget` until this replica knows a leader other than `not` (the one that just stopped
+    /// answering), and returns it. Server metrics change with leadership, so this wakes as soon as one is elected.
+    async fn wait_for_leader(&self, not: Option<u64>, budget: Duration) -> Option<(u64, String)> {
+        let mut metrics = self.raft.server_metrics();
+        let deadline = tokio::time::Instant::now() + budget;
+        loop {
+            if let Some(leader) = self.leader().filter(|(id, _)| Some(*id) != not) {
+                return Some(leader);
+            }
+            match tokio::time::timeout_at(deadline, metrics.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return None,
+            }
         }
     }
 
@@ -111,6 +136,7 @@ impl Api {
     /// again), marked so the leader never forwards it further.
     async fn forward<Req, Resp, F, Fut>(
         &self,
+        leader: u64,
         addr: &str,
         request: Request<Req>,
         call: F,
@@ -120,13 +146,26 @@ impl Api {
         Fut: std::future::Future<Output = Result<Response<Resp>, Status>>,
     {
         let credential = request.metadata().get(drover_auth::credential::CREDENTIAL_METADATA_KEY).cloned();
+        let started = tokio::time::Instant::now();
+        let budget = wait_budget(&request);
         let mut forwarded = Request::new(request.into_inner());
         forwarded.set_timeout(Duration::from_millis(FORWARD_TIMEOUT_MS));
         forwarded.metadata_mut().insert(FORWARDED_KEY, "1".parse().expect("ascii"));
         if let Some(credential) = credential {
             forwarded.metadata_mut().insert(drover_auth::credential::CREDENTIAL_METADATA_KEY, credential);
         }
-        let mut response = call(self.peer(addr)?, forwarded).await.map_err(|s| forward_failed(addr, s))?;
+        let mut response = match call(self.peer(addr)?, forwarded).await {
+            Ok(response) => response,
+            Err(status) if no_answer_from(&status) => {
+                // The leader is gone (crashed, cut off): once a new one is elected, send the client there.
+                let budget = budget.saturating_sub(started.elapsed());
+                return Err(match self.wait_for_leader(Some(leader), budget).await {
+                    Some((_, new)) => not_leader(Some(&new)),
+                    None => forward_failed(addr, status),
+                });
+            }
+            Err(status) => return Err(forward_failed(addr, status)),
+        };
         // Tell the client where the leader is, so its next call skips this hop.
         if let Ok(value) = addr.parse() {
             response.metadata_mut().insert(LEADER_HINT_KEY, value);
@@ -195,9 +234,9 @@ impl Api {
         make: fn(Vec<u64>, u32) -> Command,
         call: &'static str,
     ) -> Result<Response<JobOutcomesReply>, Status> {
-        if let Route::Forward(addr) = self.route(&request)? {
+        if let Route::Forward(leader, addr) = self.route(&request).await? {
             return self
-                .forward(&addr, request, |mut peer, fwd| async move {
+                .forward(leader, &addr, request, |mut peer, fwd| async move {
                     match call {
                         "cancel" => peer.cancel_jobs(fwd).await,
                         "hold" => peer.hold_jobs(fwd).await,
@@ -269,14 +308,42 @@ fn outcome(o: drover_state::JobOutcome) -> JobOutcome {
 
 /// A forward that got no answer means this replica cannot reach the leader: say so, and let the client try
 /// another controller.
+/// How long a call may wait here for a new leader: `LEADER_WAIT_MS`, and at most half of what is left of the
+/// caller's own deadline (gRPC's `grpc-timeout`), so the caller still hears the reason rather than timing out.
+fn wait_budget<T>(request: &Request<T>) -> Duration {
+    let most = Duration::from_millis(LEADER_WAIT_MS);
+    let caller = request.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(grpc_timeout);
+    caller.map_or(most, |left| most.min(left / 2))
+}
+
+/// gRPC's timeout header: an integer and a unit (H, M, S, m, u, n).
+fn grpc_timeout(text: &str) -> Option<Duration> {
+    let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3_600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+fn no_answer_from(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled | tonic::Code::Unknown
+    )
+}
+
 fn forward_failed(addr: &str, status: Status) -> Status {
     match status.code() {
-        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled | tonic::Code::Unknown => {
-            Status::unavailable(format!(
-                "this controller cannot reach the leader at {addr} ({}); it may be cut off from the quorum",
-                status.message()
-            ))
-        }
+        _ if no_answer_from(&status) => Status::unavailable(format!(
+            "this controller cannot reach the leader at {addr} ({}); it may be cut off from the quorum",
+            status.message()
+        )),
         _ => status,
     }
 }
@@ -296,8 +363,8 @@ fn job_matches(job: &Job, ids: &[u64], users: &[String], states: &[JobState]) ->
 /// A follower sends the call on to the leader (one hop) and returns its answer; the leader serves it below.
 macro_rules! forward_if_follower {
     ($api:ident, $request:ident, $method:ident) => {
-        if let Route::Forward(addr) = $api.route(&$request)? {
-            return $api.forward(&addr, $request, |mut peer, fwd| async move { peer.$method(fwd).await }).await;
+        if let Route::Forward(leader, addr) = $api.route(&$request).await? {
+            return $api.forward(leader, &addr, $request, |mut peer, fwd| async move { peer.$method(fwd).await }).await;
         }
     };
 }
@@ -787,5 +854,23 @@ impl Api {
         let m = self.raft.metrics().borrow_watched().clone();
         let membership = m.membership_config.membership();
         MembershipReply { voters: membership.voter_ids().collect(), learners: membership.learner_ids().collect() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_callers_grpc_timeout_bounds_the_wait_for_a_new_leader() {
+        assert_eq!(grpc_timeout("529m"), Some(Duration::from_millis(529)));
+        assert_eq!(grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(grpc_timeout("100000u"), Some(Duration::from_millis(100)));
+        assert_eq!(grpc_timeout("x"), None);
+        assert_eq!(grpc_timeout(""), None);
+        let mut request = Request::new(());
+        assert_eq!(wait_budget(&request), Duration::from_millis(LEADER_WAIT_MS));
+        request.metadata_mut().insert("grpc-timeout", "800m".parse().unwrap());
+        assert_eq!(wait_budget(&request), Duration::from_millis(400));
     }
 }

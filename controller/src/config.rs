@@ -48,12 +48,13 @@ pub struct RaftTuning {
 impl Default for RaftTuning {
     fn default() -> Self {
         RaftTuning {
-            // openraft's leader lease equals election_timeout_max, so the first election attempt after a
-            // leader dies is refused by the lease and the second one wins: failover takes about two timeouts.
-            // A narrow 300-450 ms window keeps that under a second on a LAN.
-            heartbeat_interval_ms: 60,
-            election_timeout_min_ms: 300,
-            election_timeout_max_ms: 450,
+            // openraft's leader lease equals election_timeout_max: after a crash, `leader_watch` campaigns right
+            // at the lease's end, so failover is about one election_timeout_max plus a round (p99 446 ms with
+            // these, BENCHMARKS.md). A silent but live leader still costs about two timeouts. 50 ms heartbeats
+            // give six chances per lease; no false elections at 64 clients on the 2-core test machine.
+            heartbeat_interval_ms: 50,
+            election_timeout_min_ms: 200,
+            election_timeout_max_ms: 300,
             snapshot_after_entries: 20_000,
             keep_entries_after_snapshot: 2_000,
         }

@@ -4,8 +4,10 @@
 //! first candidate is usually turned away because the other followers still hold the old leader's lease (openraft's
 //! lease is `election_timeout_max`), so a second round wins, about two timeouts after the crash. But a crashed or
 //! killed leader also leaves evidence: its port refuses connections. A follower that has heard nothing for two
-//! heartbeats checks that port; when it is refused, the lowest-id surviving voter campaigns as soon as its own lease
-//! on the old leader has run out (plus a margin for the others'), and the first round wins.
+//! heartbeats checks that port; when it is refused, the survivors campaign by hand, in id order spaced a little
+//! apart, starting as soon as the old leader's lease has run out (plus a margin), with their own election timers held
+//! off meanwhile (those fire inside the lease, start a candidate the others refuse, and split the next round). The
+//! first survivor with an up-to-date log wins in one round.
 //!
 //! Safety never rests on this: it only starts an ordinary election, with a Pre-Vote round that a quorum still
 //! holding a live leader's lease refuses. A leader that is alive but silent (frozen, cut off by a firewall that
@@ -25,7 +27,9 @@ use crate::types::Raft;
 const PROBE_TIMEOUT_MS: u64 = 100;
 /// Campaign this long after our own lease on the old leader ran out, so the other followers' leases (renewed by
 /// the same heartbeat, delivered a few ms apart) have run out too.
-const LEASE_MARGIN_MS: u64 = 20;
+const LEASE_MARGIN_MS: u64 = 10;
+/// Between one survivor's campaign and the next one's: a Pre-Vote and a vote round on a LAN take a few ms.
+const STAGGER_MS: u64 = 25;
 
 /// When this replica last accepted entries or a heartbeat from a leader (ms on `runtime::now_ms`'s clock).
 #[derive(Clone, Default)]
@@ -56,7 +60,7 @@ pub async fn watch(raft: Raft, id: u64, heard: LastHeard, tuning: RaftTuning) {
     let mut metrics = raft.metrics();
     loop {
         tokio::time::sleep(Duration::from_millis(heartbeat_ms)).await;
-        let (leader, leader_addr, first_survivor) = {
+        let (leader, leader_addr, rank) = {
             let m = metrics.borrow_watched();
             if m.running_state.is_err() {
                 return;
@@ -64,29 +68,44 @@ pub async fn watch(raft: Raft, id: u64, heard: LastHeard, tuning: RaftTuning) {
             let Some(leader) = m.current_leader.filter(|l| *l != id) else { continue };
             let membership = m.membership_config.membership();
             let Some(node) = membership.get_node(&leader) else { continue };
-            // Two early candidates would split the vote: only the lowest-id voter other than the leader goes early.
-            let first_survivor = membership.voter_ids().filter(|v| *v != leader).min();
-            (leader, node.addr.clone(), first_survivor)
+            let Some(rank) = membership.voter_ids().filter(|v| *v != leader).position(|v| v == id) else { continue };
+            (leader, node.addr.clone(), rank as u64)
         };
-        if first_survivor != Some(id) {
-            continue;
-        }
         let last = heard.get();
         if now_ms().saturating_sub(last) < 2 * heartbeat_ms || !refuses_connections(&leader_addr).await {
             continue;
         }
-        let campaign_at = last + tuning.election_timeout_max_ms + LEASE_MARGIN_MS;
-        tokio::time::sleep(Duration::from_millis(campaign_at.saturating_sub(now_ms()))).await;
-        let still_gone = heard.get() == last && metrics.borrow_watched().current_leader == Some(leader);
-        if still_gone {
-            tracing::info!(leader, %leader_addr, "the leader's port refuses connections: campaigning at its lease's end");
-            if raft.trigger().elect(true).await.is_err() {
+        // Our own timer would fire inside the lease and start a candidate without a Pre-Vote, which the others
+        // refuse and which then splits the next round: campaign by hand instead, survivors in id order, spaced
+        // so that one round settles before the next survivor tries (the first may hold a shorter log, which the
+        // others refuse to elect).
+        raft.runtime_config().elect(false);
+        // A replica that has not heard from the leader for longer (just restarted, say) holds no lease: it goes now.
+        let lease_end = (last + tuning.election_timeout_max_ms + LEASE_MARGIN_MS).max(now_ms());
+        let campaign_at = lease_end + rank * STAGGER_MS;
+        let give_up_at = campaign_at + tuning.election_timeout_max_ms;
+        tracing::info!(leader, %leader_addr, rank, "the leader's port refuses connections: campaigning at its lease's end");
+        let mut campaigned = false;
+        while metrics.borrow_watched().current_leader == Some(leader) && heard.get() == last {
+            let now = now_ms();
+            if now >= give_up_at {
+                break;
+            }
+            if !campaigned && now >= campaign_at {
+                campaigned = true;
+                tracing::info!(leader, rank, "campaigning for the dead leader's place");
+                if raft.trigger().elect(true).await.is_err() {
+                    return;
+                }
+            }
+            let next = if campaigned { give_up_at } else { campaign_at };
+            let left = Duration::from_millis(next.saturating_sub(now).max(1));
+            if matches!(tokio::time::timeout(left, metrics.changed()).await, Ok(Err(_))) {
                 return;
             }
-            // One early campaign per loss; the election timeout takes over if it fails.
-            let _ =
-                tokio::time::timeout(Duration::from_millis(tuning.election_timeout_max_ms), metrics.changed()).await;
         }
+        // Whatever happened, the election timeout works as usual again.
+        raft.runtime_config().elect(true);
     }
 }
 
