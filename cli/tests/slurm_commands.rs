@@ -265,3 +265,44 @@ fn a_user_runs_steps_inside_an_salloc_allocation_which_ends_with_the_command() {
     let state = finished(&sh, 4, "JobID,State");
     assert!(state.starts_with("4|CANCELLED"), "{state}");
 }
+
+/// With Drover's short_first profile configured, `sprio` adds a SHORT column (Slurm has none; it stays hidden
+/// while the weight is 0) and the columns still add up to the priority, so a user sees why the short job leads.
+#[test]
+fn sprio_shows_the_short_job_factor_when_the_short_first_profile_is_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra =
+        "[cluster.scheduler]\nweight_short = 200\nweight_age = 36500\nmax_age_s = 31536000\nweight_job_size = 0\n";
+    let cluster =
+        LocalCluster::up(&dir.path().join("cluster"), UpOptions { extra_toml: extra.into(), ..UpOptions::default() })
+            .unwrap();
+    tokio::runtime::Runtime::new().unwrap().block_on(cluster.wait_ready(Duration::from_secs(30))).unwrap();
+    let sh = Shell::install(dir.path(), &cluster);
+    let long = sh.submit(&["--gres=gpu:8", "-t", "2-00:00:00", "--wrap", "true"]);
+    let short = sh.submit(&["--gres=gpu:1", "-t", "10", "--wrap", "true"]);
+    let started = std::time::Instant::now();
+    let sprio = loop {
+        let out = sh.ok("sprio", &[]);
+        if out.lines().count() >= 3 {
+            break out;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "no priorities yet: {out}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let lines: Vec<&str> = sprio.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        ["JOBID", "PRIORITY", "AGE", "FAIRSHARE", "JOBSIZE", "PARTITION", "QOS", "SHORT"]
+    );
+    let row = |id: u64| -> Vec<u64> {
+        let line = lines.iter().find(|l| l.split_whitespace().next() == Some(&id.to_string())).expect("a row");
+        line.split_whitespace().map(|v| v.parse().unwrap()).collect()
+    };
+    let (long, short) = (row(long), row(short));
+    assert!(short[7] > long[7], "the short request scores higher: {sprio}");
+    assert!(short[1] > long[1], "and leads the queue: {sprio}");
+    for r in [&long, &short] {
+        let parts: u64 = r[2..].iter().sum();
+        assert!(r[1] <= parts && parts <= r[1] + 6, "the columns add up to the priority: {sprio}");
+    }
+}

@@ -160,6 +160,9 @@ pub struct JobInsight {
     pub fairshare: u64,
     pub job_size: u64,
     pub partition: u64,
+    /// Drover's short-job factor (no Slurm column; `sprio` shows it only when its weight is set).
+    #[serde(default)]
+    pub short: u64,
     pub qos: u64,
     /// Seconds since the Unix epoch.
     pub expected_start_s: Option<u64>,

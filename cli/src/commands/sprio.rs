@@ -49,16 +49,20 @@ fn sprio(args: &[String]) -> anyhow::Result<()> {
         let (jobs, _) = rt.block_on(client.list_jobs(&filter))?;
         jobs.iter().filter(|j| j.array.is_some()).map(|j| (j.id, j.display_id())).collect()
     };
+    // Drover's short-job factor has no Slurm column: shown after QOS only when some job has it (its weight is
+    // set), so Slurm's layout stays as it is for everyone else and the columns still add up to PRIORITY.
+    let short = insights.iter().any(|i| i.short > 0);
     let mut out = String::new();
     if !args.noheader {
         out.push_str(&format!(
-            "{:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+            "{:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
             "JOBID", "PRIORITY", "AGE", "FAIRSHARE", "JOBSIZE", "PARTITION", "QOS"
         ));
+        out.push_str(if short { "      SHORT\n" } else { "\n" });
     }
     for i in &insights {
         out.push_str(&format!(
-            "{:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+            "{:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
             shown.get(&i.job_id).cloned().unwrap_or_else(|| i.job_id.to_string()),
             i.priority,
             i.age,
@@ -67,6 +71,7 @@ fn sprio(args: &[String]) -> anyhow::Result<()> {
             i.partition,
             i.qos
         ));
+        out.push_str(&if short { format!(" {:>10}\n", i.short) } else { "\n".to_string() });
     }
     print!("{out}");
     if !ids.is_empty() && insights.is_empty() {

@@ -41,6 +41,7 @@ fn insights(plan: &drover_scheduler::Plan, config: &SchedulerConfig) -> HashMap<
                 job_size: weighted(w.job_size, p.job_size),
                 partition: weighted(w.partition, p.partition),
                 qos: weighted(w.qos, p.qos),
+                short: weighted(w.short, p.short),
                 expected_start_s: None,
             };
             (*id, insight)
