@@ -327,7 +327,7 @@ async fn a_follower_names_the_leader_so_later_calls_and_later_processes_go_there
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_leaders_refused_port_makes_the_first_survivor_campaign_at_the_lease_end() {
+async fn a_killed_leaders_refused_port_makes_the_survivors_campaign_at_the_lease_end() {
     let (_dir, mut cluster) = cluster(UpOptions::default());
     let leader = cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
     let client = cluster.client().unwrap();
