@@ -238,8 +238,7 @@ impl Client {
             if attempt >= self.channels.len() && last_answer.elapsed() >= Duration::from_millis(NO_ANSWER_GIVE_UP_MS) {
                 return Err(ClientError::Unreachable { tried: self.addresses.join(", "), last });
             }
-            let hint = status.metadata().get(LEADER_HINT_KEY).and_then(|v| v.to_str().ok()).map(str::to_string);
-            let hinted = hint.and_then(|h| self.addresses.iter().position(|a| *a == h));
+            let hinted = self.hinted(status.metadata());
             let next = hinted.unwrap_or(index + 1);
             self.current.store(next % self.channels.len(), Ordering::Relaxed);
             if start.elapsed() >= self.deadline {
@@ -252,11 +251,16 @@ impl Client {
         }
     }
 
+    /// The position of the leader a reply or refusal names (`x-drover-leader`), if it is one of ours.
+    fn hinted(&self, metadata: &tonic::metadata::MetadataMap) -> Option<usize> {
+        let hint = metadata.get(LEADER_HINT_KEY).and_then(|v| v.to_str().ok())?;
+        self.addresses.iter().position(|a| a == hint)
+    }
+
     /// Notes who answered: a follower that forwarded the call names the leader, so the next call goes there
     /// directly; a new leader is remembered for the next process (see `leader_hint`).
     fn answered(&self, index: usize, metadata: &tonic::metadata::MetadataMap) {
-        let hint = metadata.get(LEADER_HINT_KEY).and_then(|v| v.to_str().ok());
-        let leader = hint.and_then(|h| self.addresses.iter().position(|a| a == h)).unwrap_or(index);
+        let leader = self.hinted(metadata).unwrap_or(index);
         self.current.store(leader, Ordering::Relaxed);
         if self.remember_leader && self.remembered.swap(leader, Ordering::Relaxed) != leader {
             leader_hint::store(&self.addresses, &self.addresses[leader]);

@@ -8,7 +8,6 @@ use std::time::Duration;
 // The leader's clock for stamping entries: the wall clock, or the simulation's (see `runtime`).
 use crate::runtime::now_ms;
 
-use drover_proto::LEADER_HINT_KEY;
 use drover_proto::v1::drover_service_client::DroverServiceClient;
 use drover_proto::v1::drover_service_server::DroverService;
 use drover_proto::v1::*;
@@ -18,7 +17,7 @@ use openraft::async_runtime::WatchReceiver;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use crate::propose::{WRITE_TIMEOUT_MS, command_error_status, not_leader, propose, write_error};
+use crate::propose::{WRITE_TIMEOUT_MS, command_error_status, name_leader, not_leader, propose, write_error};
 use crate::security::{Caller, Security};
 use crate::store::StateView;
 use crate::types::{Raft, ReplicaNode};
@@ -167,9 +166,7 @@ impl Api {
             Err(status) => return Err(forward_failed(addr, status)),
         };
         // Tell the client where the leader is, so its next call skips this hop.
-        if let Ok(value) = addr.parse() {
-            response.metadata_mut().insert(LEADER_HINT_KEY, value);
-        }
+        name_leader(response.metadata_mut(), addr);
         Ok(response)
     }
 

@@ -50,12 +50,17 @@ pub fn not_leader(addr: Option<&str>) -> Status {
     match addr {
         Some(addr) => {
             let mut status = Status::failed_precondition(format!("not the leader; the leader is at {addr}"));
-            if let Ok(value) = addr.parse() {
-                status.metadata_mut().insert(LEADER_HINT_KEY, value);
-            }
+            name_leader(status.metadata_mut(), addr);
             status
         }
         None => Status::unavailable("no leader is elected at the moment (election in progress or no quorum); retry"),
+    }
+}
+
+/// Names the leader in a reply's or refusal's `x-drover-leader` metadata, so the client's next call goes there.
+pub fn name_leader(metadata: &mut tonic::metadata::MetadataMap, addr: &str) {
+    if let Ok(value) = addr.parse() {
+        metadata.insert(LEADER_HINT_KEY, value);
     }
 }
 
