@@ -62,6 +62,10 @@ pub struct AgentConfig {
     /// where the host has the cpuset controller and memory is enforced. Off: tasks run on any CPU.
     #[serde(default = "default_true")]
     pub confine_cpus: bool,
+    /// Where `/metrics` is served over plain HTTP (`IP:port`); off when unset. It shows GPU load and health, not
+    /// jobs' data, but asks for no credentials: keep it on a management network.
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
 }
 
 fn default_enforce_memory() -> bool {

@@ -46,6 +46,12 @@ pub struct GpuHealth {
     pub xid_events: Vec<u64>,
     /// `Some(reason)` when this GPU should not be given to jobs.
     pub problem: Option<String>,
+    /// Percent of the last sample period a kernel ran (NVML's utilization rate); `None` when unreadable.
+    #[serde(default)]
+    pub utilization_pct: Option<u32>,
+    /// Device memory in use, in MiB; `None` when unreadable.
+    #[serde(default)]
+    pub memory_used_mb: Option<u64>,
 }
 
 #[derive(thiserror::Error, Debug)]
@@ -318,6 +324,9 @@ impl NvmlBackend {
                 };
             }
         }
+        // Load figures are for operators (metrics), never a reason to withhold a GPU: unreadable is simply unknown.
+        let utilization_pct = device.as_ref().and_then(|d| d.utilization_rates().ok()).map(|u| u.gpu);
+        let memory_used_mb = device.as_ref().and_then(|d| d.memory_info().ok()).map(|m| m.used >> 20);
         let mut problems = assess(index, temperature_c, ecc_uncorrected, xids, fatal_xid);
         if let Some(lost) = lost {
             problems.insert(0, lost);
@@ -329,6 +338,8 @@ impl NvmlBackend {
             ecc_uncorrected,
             xid_events: xids.to_vec(),
             problem: join_problems(problems),
+            utilization_pct,
+            memory_used_mb,
         })
     }
 }
@@ -423,6 +434,9 @@ pub enum SimulatedFault {
     Xid(u64),
     /// Sets the temperature.
     Temperature(u32),
+    /// Sets the utilization, in percent (what a training step's load would read); not a fault, but drills and
+    /// the metrics tests need a GPU that looks busy.
+    Utilization(u32),
     /// Back to a healthy GPU: the operator "replaced" it.
     Clear,
 }
@@ -451,6 +465,7 @@ struct SimulatedGpu {
     ecc_uncorrected: u64,
     pending_xids: Vec<u64>,
     fatal_xid: Option<u64>,
+    utilization_pct: u32,
 }
 
 impl SimulatedBackend {
@@ -524,6 +539,7 @@ impl SimulatedBackend {
             SimulatedFault::UncorrectableEcc(n) => gpu.ecc_uncorrected = gpu.ecc_uncorrected.saturating_add(n),
             SimulatedFault::Xid(code) => gpu.pending_xids.push(code),
             SimulatedFault::Temperature(t) => gpu.temperature_c = Some(t),
+            SimulatedFault::Utilization(pct) => gpu.utilization_pct = pct,
             SimulatedFault::Clear => {
                 *gpu = SimulatedGpu { temperature_c: self.idle_temperature_c, ..SimulatedGpu::default() };
             }
@@ -600,9 +616,15 @@ fn parse_fault_line(line: &str) -> Result<Option<(u32, SimulatedFault)>, String>
             let t = value("celsius")?;
             SimulatedFault::Temperature(u32::try_from(t).map_err(|_| malformed("temperature out of range"))?)
         }
+        Some("util") => {
+            let pct = value("percent")?;
+            SimulatedFault::Utilization(
+                u32::try_from(pct).ok().filter(|p| *p <= 100).ok_or_else(|| malformed("utilization is 0 to 100"))?,
+            )
+        }
         Some("clear") if words.len() == 2 => SimulatedFault::Clear,
         Some("clear") => return Err(malformed("`clear` takes no value")),
-        _ => return Err(malformed("expected `xid`, `ecc`, `temp` or `clear` after the index")),
+        _ => return Err(malformed("expected `xid`, `ecc`, `temp`, `util` or `clear` after the index")),
     };
     Ok(Some((index, fault)))
 }
@@ -633,6 +655,9 @@ impl GpuBackend for SimulatedBackend {
                     ecc_uncorrected: gpu.ecc_uncorrected,
                     xid_events,
                     problem: join_problems(problems),
+                    // A configured inventory without NVML reads nothing; a simulated GPU reads what was set.
+                    utilization_pct: self.idle_temperature_c.map(|_| gpu.utilization_pct),
+                    memory_used_mb: self.idle_temperature_c.map(|_| 0),
                 }
             })
             .collect();
@@ -769,13 +794,29 @@ mod tests {
         assert_eq!(parse_fault_line("1 ecc 2"), Ok(Some((1, SimulatedFault::UncorrectableEcc(2)))));
         assert_eq!(parse_fault_line("  0 TEMP 97  # hot aisle"), Ok(Some((0, SimulatedFault::Temperature(97)))));
         assert_eq!(parse_fault_line("2 clear"), Ok(Some((2, SimulatedFault::Clear))));
+        assert_eq!(parse_fault_line("1 util 87"), Ok(Some((1, SimulatedFault::Utilization(87)))));
         assert_eq!(parse_fault_line(""), Ok(None));
         assert_eq!(parse_fault_line("# drill 4"), Ok(None));
 
-        for bad in ["x xid 79", "3 xid", "3 xid seventy", "3 melt 1", "3", "2 clear now", "0 temp 99999999999"] {
+        for bad in
+            ["x xid 79", "3 xid", "3 xid seventy", "3 melt 1", "3", "2 clear now", "0 temp 99999999999", "0 util 101"]
+        {
             let err = parse_fault_line(bad).unwrap_err();
             assert!(err.contains(&format!("{bad:?}")), "{err:?} names the line {bad:?}");
         }
+    }
+
+    #[test]
+    fn a_busy_simulated_gpu_reads_its_utilization_and_stays_healthy_while_a_configured_inventory_reads_none() {
+        let node = SimulatedBackend::new(2, "H200", "n1");
+        node.inject(1, SimulatedFault::Utilization(87));
+        let health = node.health().unwrap();
+        assert_eq!((health[0].utilization_pct, health[1].utilization_pct), (Some(0), Some(87)));
+        assert!(unhealthy(&health).is_empty(), "load is not a fault");
+
+        let expected = ExpectedGpus { count: Some(2), model_contains: Some("H200".into()) };
+        let configured = SimulatedBackend::configured(&expected, "n2");
+        assert!(configured.health().unwrap().iter().all(|h| h.utilization_pct.is_none() && h.memory_used_mb.is_none()));
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod gpu;
 pub mod launch;
 pub mod lease;
 pub mod marker;
+pub mod metrics;
 pub mod node;
 pub mod patterns;
 pub mod session;

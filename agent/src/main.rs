@@ -79,6 +79,7 @@ fn load_config(args: &Args) -> anyhow::Result<AgentConfig> {
             enforce_memory: true,
             memory_cgroup: drover_agent::cgroup::DEFAULT_SUBDIR.to_string(),
             confine_cpus: true,
+            metrics_listen: None,
         },
     };
     if let Some(v) = &args.name {
@@ -181,6 +182,18 @@ async fn run(config: AgentConfig) -> anyhow::Result<()> {
             tracing::error!("agent gRPC server stopped: {e}");
         }
     });
+    if let Some(addr) = &agent.config.metrics_listen {
+        let listener = drover_observe::http::bind(addr).await?;
+        let (_keep, stop) = tokio::sync::watch::channel(false);
+        let handler: std::sync::Arc<dyn drover_observe::http::Handler> =
+            std::sync::Arc::new(drover_agent::metrics::AgentMetrics(agent.clone()));
+        tokio::spawn(async move {
+            // Serves for the life of the process: `_keep` never sends.
+            let _keep = _keep;
+            drover_observe::http::serve(listener, handler, stop).await
+        });
+        tracing::info!(%addr, "serving /metrics");
+    }
     tokio::spawn(drover_agent::session::run(agent.clone()));
     loop {
         let a = agent.clone();

@@ -107,6 +107,19 @@ struct Inner {
     cgroups_tended: Option<Instant>,
 }
 
+/// A snapshot of the agent for `/metrics`.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    pub connected: bool,
+    pub fenced: bool,
+    pub lease_left_ms: u64,
+    /// Jobs assigned here and not being stopped.
+    pub jobs: usize,
+    /// GPU index to the job holding it.
+    pub gpu_jobs: HashMap<u32, JobId>,
+    pub health: Vec<crate::gpu::GpuHealth>,
+}
+
 pub struct NodeAgent {
     pub config: AgentConfig,
     pub info: NodeInfo,
@@ -128,6 +141,10 @@ pub struct NodeAgent {
     /// Held while a job's CPUs are chosen and its cpuset written, so that two jobs starting at once (parallel
     /// launches, `srun` steps) never pick the same CPUs.
     pub(crate) cpu_choice: Mutex<()>,
+    /// The latest GPU health poll (one per heartbeat), which `/metrics` shows instead of asking NVML per scrape.
+    last_health: Mutex<Vec<crate::gpu::GpuHealth>>,
+    /// Heartbeats sent since the agent started.
+    pub heartbeats_sent: std::sync::atomic::AtomicU64,
 }
 
 pub fn now_ms() -> u64 {
@@ -214,6 +231,8 @@ impl NodeAgent {
             tls,
             cgroup,
             cpu_choice: Mutex::new(()),
+            last_health: Mutex::new(Vec::new()),
+            heartbeats_sent: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
@@ -223,6 +242,28 @@ impl NodeAgent {
 
     pub fn timing(&self) -> Timing {
         self.lock().timing
+    }
+
+    /// What `/metrics` reports: the latest health poll, and the session and lease as they stand.
+    pub fn observed(&self) -> Observed {
+        let inner = self.lock();
+        let now = Instant::now();
+        let mut gpu_jobs = HashMap::new();
+        for assignment in inner.assignments.values().filter(|a| !a.cancelled()) {
+            for allocation in assignment.job.allocation.iter().filter(|a| a.node == self.info.name) {
+                for gpu in &allocation.gpus {
+                    gpu_jobs.insert(*gpu, assignment.job.id);
+                }
+            }
+        }
+        Observed {
+            connected: inner.outbox.is_some(),
+            fenced: inner.fenced,
+            lease_left_ms: inner.lease_until.saturating_duration_since(now).as_millis() as u64,
+            jobs: inner.assignments.values().filter(|a| !a.cancelled()).count(),
+            gpu_jobs,
+            health: self.last_health.lock().expect("health poisoned").clone(),
+        }
     }
 
     /// Where the lease is kept for the supervisors.
@@ -690,6 +731,7 @@ impl NodeAgent {
                 for (index, why) in crate::gpu::unhealthy(&health) {
                     problems.push(format!("GPU {index}: {why}"));
                 }
+                *self.last_health.lock().expect("health poisoned") = health;
             }
             Err(e) => problems.push(format!("GPU health check failed: {e}")),
         }

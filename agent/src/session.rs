@@ -147,6 +147,7 @@ async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
                 if tx.try_send(AgentMessage::Heartbeat { seq, problems }).is_err() {
                     break "the outbox to the leader is full".to_string();
                 }
+                agent.heartbeats_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
     };

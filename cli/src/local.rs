@@ -27,6 +27,10 @@ pub struct Process {
     pub data_dir: PathBuf,
     pub log_file: PathBuf,
     pub config: PathBuf,
+    /// Controllers: where `/metrics` and the web page are served; agents: where `/metrics` is (loopback addresses
+    /// only, like the rest of the local cluster).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -195,6 +199,7 @@ impl LocalCluster {
             data_dir: dir.clone(),
             log_file: dir.join("authd.log"),
             config: pki.cluster_key_path(),
+            http: None,
         });
         cluster.start(AUTHD_ID)?;
         cluster.write_client_config(&members.values().cloned().collect::<Vec<_>>())?;
@@ -221,13 +226,14 @@ impl LocalCluster {
         std::fs::create_dir_all(&home)?;
         let ip = self.ip_of(100 + n);
         let addr = format!("{ip}:{}", free_port(&ip)?);
+        let metrics = format!("{ip}:{}", free_port(&ip)?);
         let controllers: Vec<String> =
             self.processes.iter().filter(|p| p.role == "controller").map(|p| p.address.clone()).collect();
         let pki = self.pki()?;
         let agent_ip: IpAddr = ip.parse()?;
         let (cert, key) = pki.issue(&name, &drover_auth::Role::Agent(name.clone()), &[], &[agent_ip, LOOPBACK])?;
         let toml = format!(
-            "name = {name:?}\ncontrollers = {controllers:?}\nlisten = {addr:?}\nhost = {ip:?}\nstate_dir = {:?}\ncpus = 64\nmemory_mb = 65536\nkill_wait_ms = {}\nclient_config = {:?}\nmemory_cgroup = {:?}\nenforce_memory = {}\n\n[gpus]\nsimulate = {}\nmodel = \"H200\"\n",
+            "name = {name:?}\ncontrollers = {controllers:?}\nlisten = {addr:?}\nmetrics_listen = {metrics:?}\nhost = {ip:?}\nstate_dir = {:?}\ncpus = 64\nmemory_mb = 65536\nkill_wait_ms = {}\nclient_config = {:?}\nmemory_cgroup = {:?}\nenforce_memory = {}\n\n[gpus]\nsimulate = {}\nmodel = \"H200\"\n",
             home.join("state").display().to_string(),
             self.options.kill_wait_ms,
             self.dir.join("client.toml").display().to_string(),
@@ -254,6 +260,7 @@ impl LocalCluster {
             data_dir: home.join("state"),
             log_file: home.join("agent.log"),
             config,
+            http: Some(metrics),
         };
         self.processes.push(process.clone());
         self.start(id)?;
@@ -368,8 +375,13 @@ impl LocalCluster {
         let ip: IpAddr = addr.parse::<std::net::SocketAddr>()?.ip();
         let pki = self.pki()?;
         let (cert, key) = pki.issue(&format!("controller-{id}"), &drover_auth::Role::Controller(id), &[], &[ip])?;
+        let http = format!("{ip}:{}", free_port(&ip.to_string())?);
         let mut toml = String::new();
-        writeln!(toml, "id = {id}\nlisten = {addr:?}\ndata_dir = {:?}\n", home.join("data").display().to_string())?;
+        writeln!(
+            toml,
+            "id = {id}\nlisten = {addr:?}\nhttp_listen = {http:?}\ndata_dir = {:?}\n",
+            home.join("data").display().to_string()
+        )?;
         writeln!(toml, "[initial_members]")?;
         for (fid, faddr) in founders {
             writeln!(toml, "{fid} = {faddr:?}")?;
@@ -407,11 +419,26 @@ impl LocalCluster {
             data_dir: home.join("data"),
             log_file: home.join("controller.log"),
             config,
+            http: Some(http),
         })
     }
 
     fn process_mut(&mut self, id: u64) -> anyhow::Result<&mut Process> {
         self.processes.iter_mut().find(|p| p.id == id).with_context(|| format!("no controller {id}"))
+    }
+
+    /// `http://IP:PORT` of each controller's web page and `/metrics`, by id.
+    pub fn web_addresses(&self) -> Vec<(u64, String)> {
+        self.http_addresses("controller")
+    }
+
+    /// `http://IP:PORT` of each process of `role` that serves HTTP, by id.
+    pub fn http_addresses(&self, role: &str) -> Vec<(u64, String)> {
+        self.processes
+            .iter()
+            .filter(|p| p.role == role)
+            .filter_map(|p| p.http.as_ref().map(|h| (p.id, format!("http://{h}"))))
+            .collect()
     }
 
     pub fn process(&self, id: u64) -> Option<&Process> {

@@ -218,6 +218,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     dir.display(),
                     dir.display()
                 );
+                for (id, url) in local.web_addresses() {
+                    eprintln!("controller {id}: web page {url}/  metrics {url}/metrics");
+                }
                 println!(
                     "export DROVER_CONFIG={} DROVER_CONTROLLERS={}",
                     local.dir.join("client.toml").display(),

@@ -80,6 +80,11 @@ impl Api {
         Api { id, hub, insights, local_ip, security, raft, view, peers: Mutex::new(HashMap::new()) }
     }
 
+    /// The scheduling loop's latest view and pass times.
+    pub fn insights(&self) -> &crate::leader::scheduling::Insights {
+        &self.insights
+    }
+
     /// The leader's id and address as this replica knows them.
     fn leader(&self) -> Option<(u64, String)> {
         // Server metrics change only with leadership and membership: cheap to read on every call.
@@ -256,6 +261,50 @@ impl Api {
             return Err(Status::internal("unexpected reply to a job command"));
         };
         Ok(Response::new(JobOutcomesReply { outcomes: outcomes.into_iter().map(outcome).collect() }))
+    }
+
+    /// This replica's status and, unless `local_only`, every other member's as it answers (an unreachable one
+    /// says why), by id. The web page shows the same table as `drover cluster status`.
+    pub async fn replica_statuses(&self, local_only: bool) -> Vec<ReplicaStatus> {
+        let mut replicas = vec![self.local_status()];
+        if local_only {
+            return replicas;
+        }
+        let members: Vec<(u64, ReplicaNode)> = {
+            let m = self.raft.metrics().borrow_watched().clone();
+            m.membership_config.membership().nodes().map(|(id, n)| (*id, n.clone())).collect()
+        };
+        let mut asks = Vec::new();
+        for (id, node) in members.into_iter().filter(|(id, _)| *id != self.id) {
+            let address = node.addr.clone();
+            let unreachable = move |error: String| ReplicaStatus {
+                id,
+                address: address.clone(),
+                role: "unreachable".into(),
+                reachable: false,
+                error,
+                ..Default::default()
+            };
+            let client = match self.peer(&node.addr) {
+                Ok(client) => client,
+                Err(e) => {
+                    replicas.push(unreachable(e.message().to_string()));
+                    continue;
+                }
+            };
+            asks.push(async move {
+                let mut client = client;
+                let mut req = Request::new(ClusterStatusRequest { local_only: true });
+                req.set_timeout(Duration::from_millis(1_000));
+                match client.cluster_status(req).await {
+                    Ok(r) => r.into_inner().replicas.into_iter().next().unwrap_or_default(),
+                    Err(e) => unreachable(e.message().to_string()),
+                }
+            });
+        }
+        replicas.extend(futures::future::join_all(asks).await);
+        replicas.sort_by_key(|r| r.id);
+        replicas
     }
 
     fn local_status(&self) -> ReplicaStatus {
@@ -494,42 +543,13 @@ impl DroverService for Api {
         if !self.security.peer_is_controller(&request) {
             self.security.caller(&request)?;
         }
-        let local = self.local_status();
         let (pending, running, next_job_id) = {
             let applied = self.view.read();
             let jobs = &applied.state.jobs;
             let running = jobs.values().filter(|j| j.state == JobState::Running).count() as u64;
             (jobs.len() as u64 - running, running, applied.state.meta.next_job_id)
         };
-        let mut replicas = vec![local];
-        if !request.get_ref().local_only {
-            let members: Vec<(u64, ReplicaNode)> = {
-                let m = self.raft.metrics().borrow_watched().clone();
-                m.membership_config.membership().nodes().map(|(id, n)| (*id, n.clone())).collect()
-            };
-            let mut asks = Vec::new();
-            for (id, node) in members.into_iter().filter(|(id, _)| *id != self.id) {
-                let client = self.peer(&node.addr)?;
-                asks.push(async move {
-                    let mut client = client;
-                    let mut req = Request::new(ClusterStatusRequest { local_only: true });
-                    req.set_timeout(Duration::from_millis(1_000));
-                    match client.cluster_status(req).await {
-                        Ok(r) => r.into_inner().replicas.into_iter().next().unwrap_or_default(),
-                        Err(e) => ReplicaStatus {
-                            id,
-                            address: node.addr.clone(),
-                            role: "unreachable".into(),
-                            reachable: false,
-                            error: e.message().to_string(),
-                            ..Default::default()
-                        },
-                    }
-                });
-            }
-            replicas.extend(futures::future::join_all(asks).await);
-            replicas.sort_by_key(|r| r.id);
-        }
+        let replicas = self.replica_statuses(request.get_ref().local_only).await;
         Ok(Response::new(ClusterStatusReply {
             answered_by: self.id,
             replicas,
@@ -699,7 +719,7 @@ impl DroverService for Api {
         self.security.caller(&request)?;
         let ids = request.into_inner().job_ids;
         let mut list: Vec<drover_proto::wire::JobInsight> = {
-            let latest = self.insights.read().expect("insights lock poisoned");
+            let latest = self.insights.latest();
             if ids.is_empty() {
                 latest.values().take(MAX_LIST_JOBS).cloned().collect()
             } else {

@@ -13,6 +13,10 @@ pub struct ControllerConfig {
     pub id: u64,
     /// Where the gRPC server listens (clients, agents and peers share it).
     pub listen: String,
+    /// Where `/metrics` and the read-only web page are served over plain HTTP (`IP:port`); off when unset.
+    /// Nothing there asks for credentials: bind it to a management network or loopback.
+    #[serde(default)]
+    pub http_listen: Option<String>,
     /// The address others use to reach this replica; defaults to `listen`.
     #[serde(default)]
     pub advertise: Option<String>,
@@ -126,6 +130,11 @@ impl ControllerConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.listen.parse::<std::net::SocketAddr>().is_err() {
             return Err(format!("listen = {:?} is not an IP:port address", self.listen));
+        }
+        if let Some(http) = &self.http_listen
+            && http.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(format!("http_listen = {http:?} is not an IP:port address"));
         }
         if let Some(addr) = self.initial_members.get(&self.id)
             && *addr != self.advertise_addr()

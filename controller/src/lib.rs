@@ -2,6 +2,7 @@
 
 pub mod api;
 pub mod config;
+pub mod http;
 pub mod leader;
 pub mod leader_watch;
 pub mod network;

@@ -52,6 +52,8 @@ pub struct Controller {
     pub raft: Raft,
     pub view: StateView,
     pub addr: SocketAddr,
+    /// Where `/metrics` and the web page are served, when `http_listen` is set.
+    pub http_addr: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -99,8 +101,24 @@ impl Controller {
             config.raft.election_timeout_min_ms,
         );
         let insights = crate::leader::scheduling::Insights::default();
-        let api =
-            Api::new(config.id, raft.clone(), view.clone(), local_ip, hub.clone(), insights.clone(), security.clone());
+        let api = Arc::new(Api::new(
+            config.id,
+            raft.clone(),
+            view.clone(),
+            local_ip,
+            hub.clone(),
+            insights.clone(),
+            security.clone(),
+        ));
+        // Bound before the gRPC port starts serving, so a taken port fails the start with a clear error.
+        let http_listener = match &config.http_listen {
+            Some(addr) => Some(
+                drover_observe::http::bind(addr)
+                    .await
+                    .map_err(|e| StartError::Listen { addr: addr.clone(), message: e.to_string() })?,
+            ),
+            None => None,
+        };
         // Only controllers speak Raft and only agents open agent sessions: a client certificate is refused
         // there before any message is decoded.
         let raft_service = RaftServiceServer::new(raft_server).max_decoding_message_size(256 << 20);
@@ -114,7 +132,7 @@ impl Controller {
             .add_service(InterceptedService::new(raft_service, require_peer(RoleKind::Controller)))
             .add_service(InterceptedService::new(gateway, require_peer(RoleKind::Agent)))
             .add_service(
-                DroverServiceServer::new(api)
+                DroverServiceServer::from_arc(api.clone())
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)
                     .max_encoding_message_size(256 << 20),
             );
@@ -129,13 +147,22 @@ impl Controller {
             }
         });
 
+        let http_addr = match http_listener {
+            Some(listener) => {
+                let addr = listener.local_addr().ok();
+                let web: Arc<dyn drover_observe::http::Handler> = crate::http::Web::new(api.clone());
+                tokio::spawn(drover_observe::http::serve(listener, web, shutdown.subscribe()));
+                addr
+            }
+            None => None,
+        };
         tokio::spawn(bootstrap(raft.clone(), config.id, config.initial_members.clone(), security.clone()));
         tokio::spawn(crate::leader_watch::watch(raft.clone(), config.id, heard, config.raft.clone()));
         tokio::spawn(leader_duties(raft.clone(), view.clone(), config.id, config.cluster.clone()));
         tokio::spawn(crate::leader::agents::leader_loops(hub));
         tokio::spawn(crate::leader::scheduling::scheduling_loop(raft.clone(), view.clone(), config.id, insights));
-        tracing::info!(id = config.id, %addr, data_dir = %config.data_dir.display(), "controller replica started");
-        Ok(Controller { id: config.id, raft, view, addr, shutdown })
+        tracing::info!(id = config.id, %addr, ?http_addr, data_dir = %config.data_dir.display(), "controller replica started");
+        Ok(Controller { id: config.id, raft, view, addr, http_addr, shutdown })
     }
 
     /// Resolves when Raft stops on a fatal error (a failed disk write, say), with that error.

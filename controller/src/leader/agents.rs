@@ -71,6 +71,8 @@ pub struct AgentHub {
     caught_up: Notify,
     /// Nodes whose fence command is running.
     fencing: Mutex<std::collections::HashSet<String>>,
+    /// Heartbeats this replica received while it led (`/metrics`).
+    heartbeats: AtomicU64,
 }
 
 impl AgentHub {
@@ -87,6 +89,7 @@ impl AgentHub {
             caught_up_term: AtomicU64::new(0),
             caught_up: Notify::new(),
             fencing: Mutex::new(std::collections::HashSet::new()),
+            heartbeats: AtomicU64::new(0),
         })
     }
 
@@ -143,7 +146,18 @@ impl AgentHub {
 
     /// A heartbeat from `node` (public for the simulation's agents, which have no gRPC session).
     pub fn seen(&self, node: &str) {
+        self.heartbeats.fetch_add(1, Ordering::Relaxed);
         self.last_seen.lock().expect("last_seen poisoned").insert(node.to_string(), Instant::now());
+    }
+
+    /// Heartbeats received while leading, since this process started.
+    pub fn heartbeats(&self) -> u64 {
+        self.heartbeats.load(Ordering::Relaxed)
+    }
+
+    /// Agents with an open session to this replica (only a leader holds any).
+    pub fn session_count(&self) -> usize {
+        self.sessions.lock().expect("sessions poisoned").len()
     }
 
     /// `scancel --signal`: sends the signal to every node of the job that has a session here.

@@ -22,8 +22,34 @@ const MIN_PASS_INTERVAL_MS: u64 = 2;
 /// A pass runs at least this often, even without changes (time moves reservations and ages priorities).
 const IDLE_PASS_INTERVAL_MS: u64 = 1_000;
 
-/// The latest pass's view of pending jobs, on the leader only (`sprio`, `squeue --start`).
-pub type Insights = Arc<RwLock<HashMap<u64, JobInsight>>>;
+/// What the scheduling loop tells the rest of the replica: the latest pass's view of pending jobs (`sprio`,
+/// `squeue --start`; on the leader only) and how long passes take (`/metrics`).
+#[derive(Clone)]
+pub struct Insights {
+    latest: Arc<RwLock<HashMap<u64, JobInsight>>>,
+    pass_seconds: drover_observe::prometheus_client::metrics::histogram::Histogram,
+}
+
+impl Default for Insights {
+    fn default() -> Self {
+        Insights { latest: Arc::default(), pass_seconds: drover_observe::metrics::duration_histogram() }
+    }
+}
+
+impl Insights {
+    pub fn latest(&self) -> std::sync::RwLockReadGuard<'_, HashMap<u64, JobInsight>> {
+        self.latest.read().expect("insights lock poisoned")
+    }
+
+    fn replace(&self, insights: HashMap<u64, JobInsight>) {
+        *self.latest.write().expect("insights lock poisoned") = insights;
+    }
+
+    /// Wall time of each scheduling pass on this replica, including the plan's translation into commands.
+    pub fn pass_seconds(&self) -> &drover_observe::prometheus_client::metrics::histogram::Histogram {
+        &self.pass_seconds
+    }
+}
 
 /// Slurm prints each factor multiplied by its weight.
 fn insights(plan: &drover_scheduler::Plan, config: &SchedulerConfig) -> HashMap<u64, JobInsight> {
@@ -64,7 +90,7 @@ pub async fn scheduling_loop(raft: Raft, view: StateView, id: u64, latest: Insig
         };
         if leading && applied != planned_at {
             planned_at = applied;
-            let (view, latest) = (view.clone(), latest.clone());
+            let (pass_view, pass_latest) = (view.clone(), latest.clone());
             // tokio's clock, not std's: under the simulation's paused clock the pause below must not depend on
             // how fast the host ran the pass.
             let pass_started = tokio::time::Instant::now();
@@ -74,13 +100,13 @@ pub async fn scheduling_loop(raft: Raft, view: StateView, id: u64, latest: Insig
             let command = crate::runtime::run_blocking(move || {
                 // The state lock is held only to copy the view out: the pass itself must not stall `apply`.
                 let (cluster, config) = {
-                    let applied = view.read();
+                    let applied = pass_view.read();
                     (planner::view(&applied.state, now_ms), planner::scheduler_config(&applied.state))
                 };
                 match drover_scheduler::schedule(&cluster, &config) {
                     Ok(plan) => {
-                        *latest.write().expect("insights lock poisoned") = insights(&plan, &config);
-                        planner::commands(&view.read().state, &plan)
+                        pass_latest.replace(insights(&plan, &config));
+                        planner::commands(&pass_view.read().state, &plan)
                     }
                     Err(e) => {
                         tracing::error!("scheduling pass failed: {e}");
@@ -90,6 +116,7 @@ pub async fn scheduling_loop(raft: Raft, view: StateView, id: u64, latest: Insig
             })
             .await;
             let pass_took = pass_started.elapsed();
+            latest.pass_seconds.observe(pass_took.as_secs_f64());
             for command in command.unwrap_or_default() {
                 if let Err(e) = propose(&raft, command).await {
                     tracing::warn!("committing a plan failed: {}", e.message());

@@ -1,0 +1,107 @@
+//! The JSON the web page draws: what `sinfo`, `squeue`, `drover cluster status` and `scontrol show job` say,
+//! without anything private. The page answers without credentials, so it carries no script, environment,
+//! arguments, output paths or working directories; names, users and states are what `squeue` shows any user.
+
+use drover_observe::http::Response;
+use drover_state::{Job, JobState};
+use serde_json::{Value, json};
+
+use crate::api::Api;
+
+/// Rows of the queue table: a dashboard of a 100k-job queue shows the first ones and says how many there are.
+const MAX_QUEUE_ROWS: usize = 500;
+
+pub async fn overview(api: &Api) -> Response {
+    let replicas: Vec<Value> = api
+        .replica_statuses(false)
+        .await
+        .into_iter()
+        .map(|r| {
+            json!({
+                "id": r.id, "address": r.address, "role": r.role, "term": r.term,
+                "leader": r.has_leader.then_some(r.leader_id), "last_log_index": r.last_log_index,
+                "applied_index": r.applied_index, "voter": r.voter, "reachable": r.reachable, "error": r.error,
+            })
+        })
+        .collect();
+    let applied = api.view.read();
+    let state = &applied.state;
+    let nodes: Vec<Value> = state
+        .nodes
+        .values()
+        .map(|n| {
+            json!({
+                "name": n.info.name, "state": n.state_name(), "reason": n.reason,
+                "site": n.info.topology.get("site"), "gpu_model": n.info.gpus.first().map(|g| g.name.clone()),
+                "gpus": n.info.gpus.len(), "gpus_allocated": n.allocated_gpus.len(), "jobs": n.jobs,
+            })
+        })
+        .collect();
+    // Running first, then pending in id order, as `squeue` sorts by default.
+    let mut queue: Vec<&Job> = state.jobs.values().filter(|j| !j.state.is_terminal()).collect();
+    queue.sort_by_key(|j| (j.state != JobState::Running, j.id));
+    let gpus: usize = state.nodes.values().map(|n| n.info.gpus.len()).sum();
+    let gpus_allocated: usize = state.nodes.values().map(|n| n.allocated_gpus.len()).sum();
+    let body = json!({
+        "cluster": state.config().map(|c| c.cluster_name.clone()),
+        "answered_by": api.id,
+        "applied_index": applied.last_applied.as_ref().map_or(0, |l| l.index()),
+        "replicas": replicas,
+        "nodes": nodes,
+        "summary": {
+            "pending": queue.iter().filter(|j| j.state == JobState::Pending).count(),
+            "running": queue.iter().filter(|j| j.state == JobState::Running).count(),
+            "gpus": gpus, "gpus_allocated": gpus_allocated,
+        },
+        "queue_total": queue.len(),
+        "queue": queue.iter().take(MAX_QUEUE_ROWS).map(|j| queue_row(j)).collect::<Vec<_>>(),
+    });
+    Response::json(body.to_string())
+}
+
+fn queue_row(job: &Job) -> Value {
+    json!({
+        "id": job.id, "name": job.spec.name, "user": job.spec.user, "account": job.account,
+        "partition": job.partition, "state": job.state.name(), "reason": job.reason.name(),
+        "gpus": gpus(job), "nodes": job.nodes, "restarts": job.restart_count,
+        "submit_ms": job.submit_time_ms, "start_ms": job.start_time_ms,
+    })
+}
+
+/// One job's timeline: submitted, each ended incarnation (where, how long, how it ended, what it resumed from),
+/// the current one, and its latest checkpoint. Finished jobs come from the accounting history.
+pub fn job(api: &Api, id: u64) -> Response {
+    let job = match api.view.job(id) {
+        Ok(Some(job)) => job,
+        Ok(None) => return Response::error(404, format!("no job {id} (never submitted, or purged from history)")),
+        Err(e) => return Response::error(500, format!("reading job {id}: {e}")),
+    };
+    let incarnations: Vec<Value> = job
+        .history
+        .iter()
+        .map(|h| {
+            json!({
+                "incarnation": h.incarnation, "start_ms": h.start_ms, "end_ms": h.end_ms, "nodes": h.nodes,
+                "state": h.state.name(), "reason": h.reason, "resumed_from": h.resumed_from,
+            })
+        })
+        .collect();
+    let body = json!({
+        "id": job.id, "name": job.spec.name, "user": job.spec.user, "account": job.account,
+        "partition": job.partition, "qos": job.qos, "state": job.state.name(), "reason": job.reason.name(),
+        "gpus": gpus(&job), "nodes": job.nodes, "restarts": job.restart_count,
+        "incarnation": job.incarnation, "submit_ms": job.submit_time_ms, "start_ms": job.start_time_ms,
+        "end_ms": job.end_time_ms, "exit_code": job.exit_code, "time_limit_s": job.time_limit_s,
+        "checkpoint": job.checkpoint.as_ref().map(|c| json!({
+            "path": c.path, "step": c.step, "incarnation": c.incarnation, "time_ms": c.time_ms,
+        })),
+        "history": incarnations,
+        "answered_by": api.id,
+    });
+    Response::json(body.to_string())
+}
+
+/// GPUs held, or asked for while none are held.
+fn gpus(job: &Job) -> usize {
+    if job.allocation.is_empty() { job.spec.total_gpus() as usize } else { job.allocated_gpus() }
+}
