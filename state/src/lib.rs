@@ -14,6 +14,7 @@ pub mod dependency;
 pub mod dependents;
 pub mod error;
 pub mod first_fit;
+pub mod goodput;
 pub use drover_common::hostlist;
 pub mod job;
 pub mod lifecycle;
@@ -32,6 +33,7 @@ pub use audit::AuditEntry;
 pub use command::{Allocation, Command, JobEnd, JobOutcome, JobUpdate, Reply, Request, Response, StepStart};
 pub use config::{ClusterConfig, Limit, Partition, PartitionState, PartitionUpdate, PreemptMode};
 pub use error::CommandError;
+pub use goodput::GoodputTotals;
 pub use job::{
     ArraySpec, ArrayTask, Checkpoint, DepState, Dependency, DependencyKind, ExportPolicy, IncarnationRecord, Job,
     JobId, JobSpec, JobState, MeasuredUsage, NodeAllocation, NodeUsage, PendingReason, RequeueKind, RequeueOrder,
