@@ -988,7 +988,8 @@ fn mktime(year: i32, month: i32, mday: i32, hour: i32, minute: i32, second: i32)
     t
 }
 
-fn local_midnight(now_s: u64) -> i64 {
+/// The start of the local day holding `now_s`, in seconds since the epoch.
+pub(crate) fn local_midnight(now_s: u64) -> i64 {
     let tm = local_tm(now_s as i64);
     mktime(tm.tm_year, tm.tm_mon, tm.tm_mday, 0, 0, 0)
 }
