@@ -76,8 +76,8 @@ enum Top {
         #[command(subcommand)]
         command: admin::CertsCmd,
     },
-    /// Symlink sbatch, srun, salloc, squeue, scancel, scontrol, sacct, sacctmgr, sinfo, sprio, sshare and sstat to
-    /// this binary in DIR.
+    /// Symlink sbatch, srun, salloc, squeue, scancel, scontrol, sacct, sacctmgr, sinfo, sprio, sshare, sstat and
+    /// sreport to this binary in DIR.
     InstallShims { dir: PathBuf },
     /// An env:// rendezvous of a step's ranks at MASTER_ADDR:MASTER_PORT (run it under srun).
     Rendezvous,
@@ -174,6 +174,7 @@ fn slurm_command(name: &str, args: &[String]) -> Option<i32> {
         "sinfo" => Some(commands::sinfo::run(args)),
         "sprio" => Some(commands::sprio::run(args)),
         "sshare" => Some(commands::sshare::run(args)),
+        "sreport" => Some(commands::sreport::run(args)),
         _ => None,
     }
 }

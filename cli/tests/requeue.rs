@@ -262,6 +262,8 @@ fn a_dead_node_s_job_resumes_on_the_other_node_from_its_checkpoint() {
     let node = running_node(&sh, id);
     // The node dies: agent, supervisors and tasks, all SIGKILLed.
     drover_cli::local::fence_node(&mut cluster, &node).unwrap();
+    // Its processes are gone: no checkpoint of it is recorded later than this.
+    let killed_at = std::time::SystemTime::now();
     let killed = Instant::now();
     sh.wait_for("the next incarnation", Duration::from_secs(15), |sh| sh.steps().iter().any(|l| l.restart == 1));
     eprintln!("node killed -> job running elsewhere from its checkpoint: {:?}", killed.elapsed());
@@ -279,6 +281,52 @@ fn a_dead_node_s_job_resumes_on_the_other_node_from_its_checkpoint() {
         acct.lines().collect::<Vec<_>>(),
         [format!("NODE_FAIL|{node}|0"), format!("COMPLETED|{}|1", incarnations[1].node)]
     );
+    check_goodput(&sh, id, incarnations[1].resumed_at, killed_at);
+}
+
+/// Goodput of the dead-node story: the failed incarnation lost its GPU (one) from its last checkpoint to its end,
+/// as `sacct` and `sreport` show it. The controllers stamp both; the job's own log and sacct's `End` bound them:
+/// the checkpoint (of step `checkpoint_step`) was recorded after its step's log line and before the next one's,
+/// and the end (the NodeDown entry) lies in the second sacct prints.
+fn check_goodput(sh: &Shell, id: u64, checkpoint_step: u32, killed_at: std::time::SystemTime) {
+    let secs = |ns: u128| ns as f64 / 1e9;
+    let lines = sh.steps();
+    let at_step =
+        |step: u32| lines.iter().find(|l| l.restart == 0 && l.kind == "step" && l.step == step).map(|l| secs(l.t_ns));
+    let recorded_after = at_step(checkpoint_step).expect("the checkpoint's step is logged");
+    let recorded_before = at_step(checkpoint_step + 1)
+        .unwrap_or_else(|| killed_at.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64());
+    let end = sh.ok("sacct", &["-X", "-j", &id.to_string(), "-D", "-n", "-P", "-o", "End"]);
+    let end = end.lines().next().expect("the failed incarnation's row");
+    let end_s = drover_cli::commands::sacct::parse_time(end, 0, true).unwrap() as f64;
+    let (low, high) = (end_s - recorded_before, end_s + 1.0 - recorded_after);
+
+    let out = sh.ok(
+        "sacct",
+        &["-X", "-j", &id.to_string(), "-n", "-P", "--format=JobID,Restarts,LostGPUHours,GPUHours,Goodput"],
+    );
+    let fields: Vec<&str> = out.trim().split('|').collect();
+    let [job, restarts, lost, held, goodput] = fields.as_slice() else { panic!("{out}") };
+    assert_eq!((*job, *restarts), (id.to_string().as_str(), "1"), "{out}");
+    let lost_s = lost.parse::<f64>().unwrap() * 3600.0;
+    // GPU-hours print with 4 decimals: 0.18 GPU-seconds either way.
+    assert!(low - 0.2 <= lost_s && lost_s <= high + 0.2, "lost {lost_s} GPU-s, expected {low:.2}..{high:.2}: {out}");
+    let (held, goodput) = (held.parse::<f64>().unwrap(), goodput.parse::<f64>().unwrap());
+    assert!(held * 3600.0 > lost_s && goodput < 1.0, "{out}");
+    // Goodput is (held - lost) / held, computed before the hours were rounded to 4 decimals.
+    let (lost_h, e) = (lost.parse::<f64>().unwrap(), 0.00005);
+    let (min, max) = (1.0 - (lost_h + e) / (held - e), 1.0 - (lost_h - e) / (held + e));
+    assert!(min - 1e-4 <= goodput && goodput <= max + 1e-4, "Goodput {goodput} not in {min:.4}..{max:.4}: {out}");
+
+    // The cluster's report: one account (root), one failure, the same loss in whole GPU-seconds.
+    let report =
+        sh.ok("sreport", &["-P", "-n", "-t", "seconds", "cluster", "goodput", "start=now-1hours", "end=now+1hours"]);
+    eprintln!("{out}{report}");
+    let total = report.lines().find(|l| l.split('|').nth(1) == Some("TOTAL")).unwrap_or_else(|| panic!("{report}"));
+    let columns: Vec<&str> = total.split('|').collect();
+    let report_lost: f64 = columns[3].parse().unwrap();
+    assert!(low - 1.0 <= report_lost && report_lost <= high, "sreport lost {report_lost} GPU-s: {report}");
+    assert_eq!((columns[5], columns[6]), ("1", "0"), "one failed incarnation, no preemption: {report}");
 }
 
 #[test]

@@ -26,6 +26,10 @@ pub struct Account {
     /// Running jobs are not in it: the scheduler adds their usage so far when it builds a view.
     pub usage_gpu_s: f64,
     pub usage_at_s: u64,
+    /// GPU time its jobs' incarnations held and lost (not decayed), counted as each incarnation ends; see
+    /// `crate::goodput` and `State::account_goodput`.
+    #[serde(skip_serializing_if = "crate::goodput::GoodputTotals::is_zero")]
+    pub goodput: crate::goodput::GoodputTotals,
 }
 
 impl Default for Account {
@@ -38,6 +42,7 @@ impl Default for Account {
             description: String::new(),
             usage_gpu_s: 0.0,
             usage_at_s: 0,
+            goodput: crate::goodput::GoodputTotals::default(),
         }
     }
 }

@@ -197,6 +197,14 @@ pub struct IncarnationRecord {
     pub reason: String,
     /// The checkpoint it started from (`DROVER_RESUME_FROM`), if any.
     pub resumed_from: Option<String>,
+    /// GPUs it held when it ended (for goodput: GPU time allocated and lost). 0 in records written before it was
+    /// kept, which therefore count no GPU time.
+    #[serde(default)]
+    pub gpus: u32,
+    /// When it recorded its own latest checkpoint (the leader's stamp), if it recorded any: the progress after it
+    /// was lost with the incarnation (see `goodput`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint_ms: Option<u64>,
 }
 
 /// How many incarnations `Job::history` keeps.
@@ -652,6 +660,10 @@ pub struct Job {
     /// Requeues caused by failures (node loss, fences, GPU faults), checked against `max_batch_requeue`.
     #[serde(default)]
     pub failures: u32,
+    /// The goodput of incarnations that no longer fit in `history` (beyond [`MAX_HISTORY`]), so the job's figures
+    /// stay whole (see `goodput::of_job`).
+    #[serde(default, skip_serializing_if = "crate::goodput::GoodputTotals::is_zero")]
+    pub dropped_goodput: crate::goodput::GoodputTotals,
 }
 
 /// One task of a job array. The tasks of array `A` hold the consecutive job ids `A .. A + task_count`.
@@ -736,6 +748,11 @@ impl Job {
     /// The checkpoint this incarnation resumes from: the latest one an earlier incarnation recorded.
     pub fn resume_from(&self) -> Option<&Checkpoint> {
         self.checkpoint.as_ref().filter(|c| c.incarnation < self.incarnation)
+    }
+
+    /// When the current incarnation recorded its latest checkpoint, if it recorded one itself.
+    pub fn incarnation_checkpoint_ms(&self) -> Option<u64> {
+        self.checkpoint.as_ref().filter(|c| c.incarnation == self.incarnation).map(|c| c.time_ms)
     }
 
     /// This incarnation's checkpoint directory (`DROVER_CHECKPOINT_DIR`).

@@ -14,6 +14,7 @@ pub mod dependency;
 pub mod dependents;
 pub mod error;
 pub mod first_fit;
+pub mod goodput;
 pub use drover_common::hostlist;
 pub mod job;
 pub mod lifecycle;
@@ -32,6 +33,7 @@ pub use audit::AuditEntry;
 pub use command::{Allocation, Command, JobEnd, JobOutcome, JobUpdate, Reply, Request, Response, StepStart};
 pub use config::{ClusterConfig, Limit, Partition, PartitionState, PartitionUpdate, PreemptMode};
 pub use error::CommandError;
+pub use goodput::GoodputTotals;
 pub use job::{
     ArraySpec, ArrayTask, Checkpoint, DepState, Dependency, DependencyKind, ExportPolicy, IncarnationRecord, Job,
     JobId, JobSpec, JobState, MeasuredUsage, NodeAllocation, NodeUsage, PendingReason, RequeueKind, RequeueOrder,
@@ -44,7 +46,8 @@ pub use role::{AdminLevel, RoleGrant};
 pub use state::{Applied, Change, Meta, Records, Resolved, State};
 
 /// The version of the persisted format (records and snapshots). Bumped on any incompatible change; a replica
-/// refuses to open data of a version it does not know.
+/// refuses to open data of a version it does not know. Records are JSON, so a field added with a serde default
+/// (checkpoints and restart history, measured usage, goodput) is no such change and keeps the version.
 pub const FORMAT_VERSION: u32 = 3;
 /// Versions this build opens and upgrades in place: version 1 lacks the registry of accounts, QOS and
 /// reservations, which version 2 adds in a family of its own (so version-1 data is valid, empty-registry data);

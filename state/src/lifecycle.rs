@@ -271,6 +271,14 @@ impl State {
             node.jobs.insert(id);
             changes.push(Change::PutNode(node.clone()));
         }
+        // A restart after a failure: the job was down from the failed incarnation's end until now.
+        let job = &self.jobs[&id];
+        if let Some(failed) = job.history.last().filter(|h| h.incarnation + 1 == job.incarnation) {
+            let down_ms = crate::goodput::down_ms(failed.state, failed.end_ms, now_ms, crate::goodput::ALL_TIME);
+            let down = crate::goodput::GoodputTotals { down_after_failures_ms: down_ms, ..Default::default() };
+            let account = job.account_name().to_string();
+            self.count_goodput(&account, &down, now_ms, changes);
+        }
         let job = self.jobs.get_mut(&id).expect("checked");
         job.state = JobState::Running;
         job.reason = PendingReason::None;
@@ -644,7 +652,9 @@ mod tests {
         // The batch node (gpu01) measures its share and reports it with the end.
         let end = JobEnd { measured: Some(measured(1_500, 4_096)), ..JobEnd::default() };
         let applied = state.apply(&at(20, Command::JobEnded { job_id: id, incarnation: 0, end }));
-        let Some(Change::ArchiveJob(done)) = applied.changes.last() else { panic!("{:?}", applied.changes) };
+        let Some(Change::ArchiveJob(done)) = applied.changes.iter().find(|c| matches!(c, Change::ArchiveJob(_))) else {
+            panic!("{:?}", applied.changes)
+        };
         assert_eq!(done.node_usage, [NodeUsage { node: "gpu01".into(), usage: measured(1_500, 4_096) }]);
         // The other nodes report theirs as they release the ended incarnation (gpu03 measured no memory).
         let release = |node: &str, usage| Command::ReleaseLingering {
@@ -740,7 +750,9 @@ mod tests {
             30,
             Command::JobEnded { job_id: id, incarnation: 0, end: JobEnd { signal: 15, ..JobEnd::default() } },
         ));
-        let Some(Change::ArchiveJob(done)) = applied.changes.last() else { panic!("{:?}", applied.changes) };
+        let Some(Change::ArchiveJob(done)) = applied.changes.iter().find(|c| matches!(c, Change::ArchiveJob(_))) else {
+            panic!("{:?}", applied.changes)
+        };
         assert_eq!((done.state, done.exit_signal), (JobState::Cancelled, 15));
         assert_eq!(schedule(&mut state, 31), vec![next]);
     }

@@ -8,6 +8,7 @@
 
 use crate::command::{Reply, Response};
 use crate::error::CommandError;
+use crate::goodput::{self, ALL_TIME, GoodputTotals, Incarnation};
 use crate::hostlist::compress_hostlist;
 use crate::job::{
     Checkpoint, IncarnationRecord, Job, JobId, JobState, MAX_HISTORY, MAX_PATH_BYTES, PendingReason, RequeueKind,
@@ -85,7 +86,7 @@ impl State {
     /// failure exceeds the requeue limit). The allocation is already released.
     pub(crate) fn requeue(&mut self, mut job: Job, order: RequeueOrder, now_ms: u64, changes: &mut Vec<Change>) {
         let limit = self.config().map_or(crate::requeue::DEFAULT_MAX_BATCH_REQUEUE, |c| c.max_batch_requeue);
-        self.record_incarnation(&mut job, order.kind.state(), &order.reason, now_ms);
+        self.record_incarnation(&mut job, order.kind.state(), &order.reason, now_ms, changes);
         if order.kind == RequeueKind::NodeFailure {
             job.failures += 1;
             if job.failures > limit {
@@ -113,12 +114,17 @@ impl State {
         self.insert_active(job);
     }
 
-    /// Appends how the current incarnation ended to the job's history (bounded, oldest dropped first).
-    fn record_incarnation(&self, job: &mut Job, state: JobState, reason: &str, now_ms: u64) {
-        if job.history.len() >= MAX_HISTORY {
-            job.history.remove(0);
-        }
-        job.history.push(IncarnationRecord {
+    /// Appends how the current incarnation ended to the job's history (bounded, oldest dropped first, its goodput
+    /// kept in `dropped_goodput`), and counts its goodput in the cluster's and its account's sums.
+    fn record_incarnation(
+        &mut self,
+        job: &mut Job,
+        state: JobState,
+        reason: &str,
+        now_ms: u64,
+        changes: &mut Vec<Change>,
+    ) {
+        let record = IncarnationRecord {
             incarnation: job.incarnation,
             start_ms: job.start_time_ms,
             end_ms: now_ms,
@@ -126,14 +132,47 @@ impl State {
             state,
             reason: reason.to_string(),
             resumed_from: job.resume_from().map(|c| c.path.clone()),
-        });
+            gpus: job.allocated_gpus() as u32,
+            last_checkpoint_ms: job.incarnation_checkpoint_ms(),
+        };
+        if let Some(ended) = Incarnation::of_record(&record) {
+            self.count_goodput(job.account_name(), &ended.totals(ALL_TIME, now_ms), now_ms, changes);
+        }
+        if job.history.len() >= MAX_HISTORY {
+            let dropped = job.history.remove(0);
+            if let Some(inc) = Incarnation::of_record(&dropped) {
+                job.dropped_goodput.add(&inc.totals(ALL_TIME, now_ms));
+                let next_start_ms = job.history.first().unwrap_or(&record).start_ms.unwrap_or(dropped.end_ms);
+                job.dropped_goodput.down_after_failures_ms +=
+                    goodput::down_ms(dropped.state, dropped.end_ms, next_start_ms, ALL_TIME);
+            }
+        }
+        job.history.push(record);
     }
 
-    /// Ends a job for good: out of the active table, into the accounting history.
+    /// Ends a job for good: out of the active table, into the accounting history. Its last incarnation's goodput
+    /// is counted here, unless `requeue` recorded it already (a failure past the requeue limit).
     pub(crate) fn archive(&mut self, mut job: Job, state: JobState, now_ms: u64, changes: &mut Vec<Change>) {
         job.state = state;
         job.end_time_ms = Some(now_ms);
+        if let Some(last) = Incarnation::current(&job) {
+            self.count_goodput(job.account_name(), &last.totals(ALL_TIME, now_ms), now_ms, changes);
+        }
         changes.push(Change::ArchiveJob(job));
+    }
+
+    /// Adds an ended incarnation's goodput (or a down time) to the cluster's sums and to its account's, if the
+    /// account is defined. The meta record is written once at the end of `apply`.
+    pub(crate) fn count_goodput(&mut self, account: &str, add: &GoodputTotals, now_ms: u64, changes: &mut Vec<Change>) {
+        if add.is_zero() {
+            return;
+        }
+        self.meta.goodput.add(add);
+        self.meta.goodput_since_ms.get_or_insert(now_ms);
+        if let Some(account) = self.accounts.get_mut(account) {
+            account.goodput.add(add);
+            changes.push(Change::PutObject(crate::admin::Object::Account(account.clone())));
+        }
     }
 
     /// `scontrol requeue` / `requeuehold`: a running job is told to end (with its `--signal` warning, then

@@ -9,6 +9,7 @@ use crate::account::{Account, ROOT_ACCOUNT};
 use crate::admin::Object;
 use crate::audit::{AUDIT_CAPACITY, AuditEntry};
 use crate::dependents::{Dependents, Fate};
+use crate::goodput::GoodputTotals;
 use crate::job::{ArrayTask, DepState};
 use crate::qos::{DEFAULT_QOS, Qos};
 use crate::reservation::Reservation;
@@ -60,6 +61,13 @@ pub struct Meta {
     /// The next audit entry's id (entries are numbered from 1).
     #[serde(default)]
     pub next_audit_id: u64,
+    /// The cluster's goodput sums, updated as each incarnation ends (see `State::goodput_totals`).
+    #[serde(default)]
+    pub goodput: GoodputTotals,
+    /// Since when `goodput` counts: the cluster's initialization, or for data written before it was kept, the
+    /// first incarnation end after the upgrade (earlier ones are not in it).
+    #[serde(default)]
+    pub goodput_since_ms: Option<u64>,
 }
 
 impl Default for Meta {
@@ -71,6 +79,8 @@ impl Default for Meta {
             next_dedup_seq: 0,
             next_top_rank: 0,
             next_audit_id: 1,
+            goodput: GoodputTotals::default(),
+            goodput_since_ms: None,
         }
     }
 }
@@ -232,6 +242,29 @@ impl State {
         self.jobs.get(&id)
     }
 
+    /// The whole cluster's goodput: GPU time allocated to incarnations that ended, GPU time they lost to failures
+    /// and to preemption, their counts, and the down time after failures (definitions in `crate::goodput`).
+    /// Kept in the replicated state and updated in `apply` as each incarnation ends, so reading it costs nothing
+    /// (metrics, the web page); running incarnations are not in it until they end. Counted since
+    /// [`State::goodput_since_ms`].
+    pub fn goodput_totals(&self) -> &GoodputTotals {
+        &self.meta.goodput
+    }
+
+    /// Since when [`State::goodput_totals`] counts (the leader's stamp); `None` until the first incarnation ends
+    /// on a cluster upgraded from data that did not keep it.
+    pub fn goodput_since_ms(&self) -> Option<u64> {
+        self.meta.goodput_since_ms
+    }
+
+    /// Per account of the fair-share tree, the same sums as [`State::goodput_totals`], by account name. Only
+    /// accounts defined with `sacctmgr`/`drover account` have them (with none defined, jobs charge an implicit
+    /// `root` that keeps no record); `sreport cluster goodput` computes per-account figures for any time window
+    /// from the job history instead.
+    pub fn account_goodput(&self) -> impl Iterator<Item = (&str, &GoodputTotals)> {
+        self.accounts.iter().map(|(name, a)| (name.as_str(), &a.goodput))
+    }
+
     /// Dedup entries in eviction order, for snapshots.
     pub fn dedup_entries(&self) -> impl Iterator<Item = (u64, &str, JobId)> {
         self.dedup_order.iter().map(|(seq, id)| (*seq, id.as_str(), self.dedup[id]))
@@ -241,8 +274,9 @@ impl State {
     /// replica. Refused commands change nothing and answer the error.
     pub fn apply(&mut self, request: &Request) -> Applied {
         let mut changes = Vec::new();
+        let goodput_before = (self.meta.goodput, self.meta.goodput_since_ms);
         let response = match &request.command {
-            Command::InitCluster { config } => Ok(self.init_cluster(config, &mut changes)),
+            Command::InitCluster { config } => Ok(self.init_cluster(config, request.time_ms, &mut changes)),
             Command::SubmitJob { spec, request_id } => {
                 self.submit(spec, request_id.as_deref(), request.time_ms, &mut changes)
             }
@@ -312,6 +346,14 @@ impl State {
             self.audit(uid, action, detail, request.time_ms, &mut changes);
         }
         self.track_dependencies(&mut changes);
+        if (self.meta.goodput, self.meta.goodput_since_ms) != goodput_before {
+            // Once per entry, however many incarnations ended in it (a node with many jobs going down), unless
+            // the entry already wrote the meta as it is now.
+            let written = changes.iter().rev().find_map(|c| if let Change::Meta(m) = c { Some(m) } else { None });
+            if written != Some(&self.meta) {
+                changes.push(Change::Meta(self.meta.clone()));
+            }
+        }
         Applied { response, changes }
     }
 
@@ -398,11 +440,12 @@ impl State {
         self.active_per_uid.get(&uid).copied().unwrap_or(0)
     }
 
-    fn init_cluster(&mut self, config: &ClusterConfig, changes: &mut Vec<Change>) -> Reply {
+    fn init_cluster(&mut self, config: &ClusterConfig, now_ms: u64, changes: &mut Vec<Change>) -> Reply {
         if self.meta.config.is_some() {
             return Reply::Initialized { already: true };
         }
         self.meta.config = Some(config.clone().normalized());
+        self.meta.goodput_since_ms = Some(now_ms);
         changes.push(Change::Meta(self.meta.clone()));
         Reply::Initialized { already: false }
     }

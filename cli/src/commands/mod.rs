@@ -16,6 +16,7 @@ pub mod shims;
 pub mod sinfo;
 pub mod sprio;
 pub mod squeue;
+pub mod sreport;
 pub mod srun;
 pub mod sshare;
 pub mod sstat;

@@ -6,7 +6,7 @@
 
 use clap::Parser;
 use drover_state::hostlist::{compress_hostlist, expand_hostlist};
-use drover_state::{Job, JobState};
+use drover_state::{Job, JobState, goodput};
 
 use crate::format::{SlurmState, Tres, clock, clock_limit, convert_num_unit, elapsed_s, mem_mb, timestamp_or_unknown};
 use crate::identity::current_user;
@@ -157,7 +157,13 @@ pub(crate) const fn def(name: &'static str, width: i32, kind: Kind) -> FieldDef 
 
 use Kind::{Date, Number, Text};
 
-/// Slurm 22.05's fields (sacct.c), then Drover's own (restart history and checkpoints).
+/// Slurm 22.05's fields (sacct.c), then Drover's own: restart history and checkpoints, and goodput
+/// (`drover_state::goodput`): `GPUHours` held by all the job's incarnations (a running one up to now),
+/// `LostGPUHours` lost to failures (GPUs × time since each failed incarnation's last checkpoint),
+/// `PreemptLostGPUHours` the same for preemptions, `DownTime` from failures to restarts, and `Goodput`, the
+/// effective training time ratio `(GPUHours − LostGPUHours − PreemptLostGPUHours) / GPUHours` (empty when the job
+/// never ran). GPU-hours print with 4 decimals (a resolution of 0.36 GPU-seconds). A job's row counts all of its
+/// incarnations; with `-D`, each earlier incarnation's row counts only itself.
 const FIELDS: &[FieldDef] = &[
     def("Account", 10, Text),
     def("AdminComment", 15, Text),
@@ -272,6 +278,11 @@ const FIELDS: &[FieldDef] = &[
     def("Incarnation", 11, Number),
     def("Checkpoint", 30, Text),
     def("CheckpointStep", 14, Number),
+    def("GPUHours", 10, Number),
+    def("LostGPUHours", 12, Number),
+    def("PreemptLostGPUHours", 19, Number),
+    def("DownTime", 10, Number),
+    def("Goodput", 7, Number),
 ];
 
 /// One column: its field and width (negative: left-justified, as in Slurm).
@@ -565,6 +576,7 @@ fn srun_step_value(field: &str, job: &Job, step: &drover_state::StepRecord, cx: 
         "Partition" | "Timelimit" | "TimelimitRaw" | "QOS" | "Reservation" | "Comment" | "Priority" | "Submit"
         | "Eligible" | "ReqMem" | "ReqTRES" | "AllocTRES" | "Reason" => String::new(),
         "AveRSS" | "MaxRSS" | "MaxRSSNode" | "TRESUsageInMax" | "TRESUsageInTot" | "TotalCPU" => String::new(),
+        "GPUHours" | "LostGPUHours" | "PreemptLostGPUHours" | "DownTime" | "Goodput" => String::new(),
         _ => value(field, job, cx),
     }
 }
@@ -586,6 +598,8 @@ fn step_value(field: &str, job: &Job, step: &Job, cx: &Context) -> String {
         "JobID" => format!("{}.batch", job.display_id()),
         "JobIDRaw" => format!("{}.batch", job.id),
         "Timelimit" | "TimelimitRaw" | "QOS" | "Reservation" | "Comment" | "Priority" => String::new(),
+        // Goodput is the job's (its row), not a step's.
+        "GPUHours" | "LostGPUHours" | "PreemptLostGPUHours" | "DownTime" | "Goodput" => String::new(),
         // The script is killed when the job is cancelled, times out or is preempted: Slurm's batch step then
         // reads CANCELLED, while the job row says why.
         "State" => match job.state {
@@ -860,6 +874,11 @@ fn value(field: &str, job: &Job, cx: &Context) -> String {
         "Incarnation" => job.incarnation.to_string(),
         "Checkpoint" => job.checkpoint.as_ref().map(|c| c.path.clone()).unwrap_or_default(),
         "CheckpointStep" => job.checkpoint.as_ref().and_then(|c| c.step).map(|s| s.to_string()).unwrap_or_default(),
+        "GPUHours" => gpu_hours(goodput::of_job(job, cx.now_ms).allocated_gpu_ms),
+        "LostGPUHours" => gpu_hours(goodput::of_job(job, cx.now_ms).lost_to_failures_gpu_ms),
+        "PreemptLostGPUHours" => gpu_hours(goodput::of_job(job, cx.now_ms).lost_to_preemption_gpu_ms),
+        "DownTime" => clock(goodput::of_job(job, cx.now_ms).down_after_failures_ms / 1000),
+        "Goodput" => goodput::of_job(job, cx.now_ms).effective_ratio().map(ratio).unwrap_or_default(),
         // Step-level figures (Drover records no steps) and fields Drover has no data for print empty.
         _ => String::new(),
     }
@@ -875,7 +894,18 @@ fn alloc_tres(job: &Job, mut held: Tres) -> String {
     held.by_name()
 }
 
-/// A job's earlier incarnations as rows of their own, from its restart history.
+/// GPU-ms as GPU-hours with 4 decimals (`sacct`'s and `sreport`'s goodput fields).
+pub(crate) fn gpu_hours(gpu_ms: u64) -> String {
+    format!("{:.4}", gpu_ms as f64 / 3_600_000.0)
+}
+
+/// The effective training time ratio, 4 decimals.
+pub(crate) fn ratio(r: f64) -> String {
+    format!("{r:.4}")
+}
+
+/// A job's earlier incarnations as rows of their own, from its restart history. Each keeps its own record as
+/// its only history, so goodput fields count that incarnation alone.
 fn earlier_incarnations(job: &Job) -> Vec<Job> {
     job.history
         .iter()
@@ -887,7 +917,8 @@ fn earlier_incarnations(job: &Job) -> Vec<Job> {
             incarnation: h.incarnation,
             message: Some(h.reason.clone()),
             allocation: Vec::new(),
-            history: Vec::new(),
+            history: vec![h.clone()],
+            dropped_goodput: drover_state::GoodputTotals::default(),
             checkpoint: None,
             exit_code: 0,
             exit_signal: 0,
@@ -957,7 +988,8 @@ fn mktime(year: i32, month: i32, mday: i32, hour: i32, minute: i32, second: i32)
     t
 }
 
-fn local_midnight(now_s: u64) -> i64 {
+/// The start of the local day holding `now_s`, in seconds since the epoch.
+pub(crate) fn local_midnight(now_s: u64) -> i64 {
     let tm = local_tm(now_s as i64);
     mktime(tm.tm_year, tm.tm_mon, tm.tm_mday, 0, 0, 0)
 }
@@ -1263,6 +1295,45 @@ mod tests {
             usage: drover_state::MeasuredUsage { cpu_ms: None, mem_peak_kb: Some(2048) },
         }];
         assert_eq!(v("MaxRSS", &job), "2M");
+    }
+
+    #[test]
+    fn goodput_fields_show_gpu_hours_lost_per_job_and_per_incarnation() {
+        // 8 GPUs: incarnation 0 ran 0-150 s with a checkpoint at 100 s and lost its node; incarnation 1 started
+        // 30 s later and completed after 450 s.
+        let failed = drover_state::IncarnationRecord {
+            incarnation: 0,
+            start_ms: Some(0),
+            end_ms: 150_000,
+            nodes: "n1".into(),
+            state: JobState::NodeFail,
+            reason: "node n1 failed".into(),
+            resumed_from: None,
+            gpus: 8,
+            last_checkpoint_ms: Some(100_000),
+        };
+        let job = Job {
+            id: 5,
+            state: JobState::Completed,
+            incarnation: 1,
+            restart_count: 1,
+            start_time_ms: Some(180_000),
+            end_time_ms: Some(630_000),
+            nodes: vec!["n2".into()],
+            allocation: vec![NodeAllocation { node: "n2".into(), gpus: (0..8).collect(), ..Default::default() }],
+            history: vec![failed],
+            ..Job::default()
+        };
+        let cx = Context { now_ms: 700_000, cluster: String::new() };
+        let fields = parse_fields("JobID,Restarts,GPUHours,LostGPUHours,PreemptLostGPUHours,DownTime,Goodput").unwrap();
+        let p2 = Layout::Parsable { delimiter: "|".into(), trailing: false };
+        let line = |j: &Job| row(&fields, &fields.iter().map(|f| value(f.def.name, j, &cx)).collect::<Vec<_>>(), &p2);
+        // 8 × 600 s = 1.3333 GPU-h held, 8 × 50 s = 0.1111 lost: 1 − 50/600 kept.
+        assert_eq!(line(&job), "5|1|1.3333|0.1111|0.0000|00:00:30|0.9167\n");
+        assert_eq!(line(&earlier_incarnations(&job)[0]), "5|1|0.3333|0.1111|0.0000|00:00:00|0.6667\n");
+        assert_eq!(names(&parse_fields("lost,goodput,gpuh").unwrap()), ["LostGPUHours", "Goodput", "GPUHours"]);
+        let pending = Job { id: 6, ..Job::default() };
+        assert_eq!(line(&pending), "6|0|0.0000|0.0000|0.0000|00:00:00|\n", "never ran: no ratio");
     }
 
     #[test]

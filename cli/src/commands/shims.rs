@@ -3,9 +3,9 @@
 use std::path::Path;
 
 /// The Slurm commands this binary answers to.
-pub const SHIMS: [&str; 12] = [
+pub const SHIMS: [&str; 13] = [
     "sbatch", "squeue", "scancel", "scontrol", "srun", "salloc", "sacct", "sacctmgr", "sinfo", "sprio", "sshare",
-    "sstat",
+    "sstat", "sreport",
 ];
 
 pub fn install(dir: &Path) -> anyhow::Result<()> {
