@@ -1283,7 +1283,8 @@ impl<'a> Pass<'a> {
             && filter.gpu_type == 0
             && filter.nodelist.is_empty()
             && filter.exclude.is_empty()
-            && !job.exclusive;
+            && !job.exclusive
+            && !job.may_use_spares;
         if job.nodes == 1 && plain {
             let (t, i) = self.earliest_single(p, job.gpus_per_node as i32, dur_s)?;
             return Some((t, vec![i]));
@@ -1296,6 +1297,15 @@ impl<'a> Pass<'a> {
             let n = &self.nodes[i as usize];
             filter.admits(i, n) && n.total >= Self::need_on(job, n)
         }));
+        if job.may_use_spares {
+            // Its reservation may hold spares too, or a job behind it could backfill onto the normal nodes it
+            // is about to restart on (while the survivors' GPUs are still being released) and make it wait.
+            nodes.extend(self.part_spares[p].iter().copied().filter(|&i| {
+                let n = &self.nodes[i as usize];
+                filter.admits_spare(i, n) && n.total >= Self::need_on(job, n)
+            }));
+            nodes.sort_unstable();
+        }
         let (t, chosen) = if job.nodes == 1 {
             let mut best: Option<(u64, u32)> = None;
             for &i in &nodes {
@@ -1966,6 +1976,21 @@ mod tests {
         let plan = schedule(&v, &cfg()).unwrap();
         assert!(plan.start_of(1).is_none());
         assert_eq!(plan.reason_of(1), Some(Reason::Resources));
+    }
+
+    #[test]
+    fn a_job_restarting_after_a_node_failure_reserves_spares_so_nothing_backfills_in_its_way() {
+        // n0 free, n1 busy for 100 s (its GPUs still being released), n2 down, n3 a spare.
+        let mut v = cluster(4, 8);
+        v.nodes[2].schedulable = false;
+        v.nodes[3].spare = true;
+        occupy(&mut v, 100, 1, &(0..8).collect::<Vec<u32>>(), 0, 100);
+        v.pending.push(PendingJob { may_use_spares: true, ..job(1, 3, 8, 1_000) });
+        v.pending.push(job(2, 1, 8, 1_000));
+        let plan = schedule(&v, &cfg()).unwrap();
+        assert!(plan.start_of(1).is_none());
+        assert_eq!(plan.expected_start_of(1), Some(100), "n0, n1 and the spare at n1's end");
+        assert!(plan.start_of(2).is_none(), "the later job may not take n0 for longer than that");
     }
 
     #[test]
