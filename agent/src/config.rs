@@ -62,6 +62,10 @@ pub struct AgentConfig {
     /// where the host has the cpuset controller and memory is enforced. Off: tasks run on any CPU.
     #[serde(default = "default_true")]
     pub confine_cpus: bool,
+    /// Register as a hot spare: only jobs restarting after a node failure start here (see `scontrol update
+    /// nodename=X spare=yes|no`, which overrides this until the setting here changes).
+    #[serde(default)]
+    pub spare: bool,
 }
 
 fn default_enforce_memory() -> bool {

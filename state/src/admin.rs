@@ -34,7 +34,10 @@ pub enum AdminOp {
     SetRole(RoleGrant),
     /// `scontrol update nodename=LIST spare=yes|no`: puts nodes into the hot-spare pool or takes them out
     /// (operators may, as they may drain).
-    SetNodeSpare { names: Vec<String>, spare: bool },
+    SetNodeSpare {
+        names: Vec<String>,
+        spare: bool,
+    },
 }
 
 impl AdminOp {

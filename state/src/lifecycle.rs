@@ -215,7 +215,10 @@ impl State {
                 return Err(format!("node {} is {}", share.node, node.state_name()));
             }
             if node.spare && !job.may_use_spares() {
-                return Err(format!("node {} is a hot spare, kept for jobs restarting after a node failure", share.node));
+                return Err(format!(
+                    "node {} is a hot spare, kept for jobs restarting after a node failure",
+                    share.node
+                ));
             }
             if !job.spec.accepts_node(&share.node, &node.info.features) {
                 return Err(format!("node {} is outside the job's --nodelist/--exclude/--constraint", share.node));

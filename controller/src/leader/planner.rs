@@ -71,6 +71,7 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                     switch: n.info.topology.get("switch").cloned().unwrap_or_default(),
                 },
                 schedulable: n.schedulable(),
+                spare: n.spare,
             }
         })
         .collect();
@@ -127,7 +128,7 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                 reservation: spec.reservation.clone(),
                 held: job.held,
                 dependency: dependency_of(job, &singleton_blocked),
-                allow_multi_site: false,
+                allow_multi_site: spec.multi_site,
                 nice: spec.nice,
                 top_rank: job.top_rank,
                 array: job.array.and_then(|a| {
@@ -135,6 +136,7 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                 }),
                 // Rounded up: a job never starts before the second it asked for.
                 begin_s: spec.begin_ms.map_or(0, |ms| ms.div_ceil(1_000)),
+                may_use_spares: job.may_use_spares(),
             });
         }
     }
@@ -318,6 +320,8 @@ fn reason(r: sched::Reason) -> PendingReason {
         sched::Reason::JobArrayTaskLimit => PendingReason::JobArrayTaskLimit,
         sched::Reason::QOSMaxJobsPerAccountLimit => PendingReason::QOSMaxJobsPerAccountLimit,
         sched::Reason::QOSMaxGRESPerAccount => PendingReason::QOSMaxGRESPerAccount,
+        sched::Reason::MultiSiteRequired => PendingReason::MultiSiteRequired,
+        sched::Reason::SiteNodesNotAvail => PendingReason::SiteNodesNotAvail,
     }
 }
 
