@@ -110,12 +110,9 @@ fn a_large_job_that_loses_a_node_restarts_at_once_on_the_survivors_and_a_hot_spa
         sh.queue_line(small).starts_with("PENDING|Resources")
     });
 
-    // (Gone before the failure: the survivors' GPUs are held until their agents confirm the old tasks dead, and the
-    // scheduler cannot yet reserve GPUs in that state, so a job behind could backfill onto a survivor meanwhile.)
-    sh.ok("scancel", &[&small.to_string()]);
-
     // node02 dies. The job is requeued after the node failure and restarts on node01, node03 and the spare,
-    // without waiting for node02 (which never comes back).
+    // without waiting for node02 (which never comes back), and ahead of the small job (which cannot take a
+    // survivor while the other's GPUs are still being released).
     drover_cli::local::fence_node(&mut cluster, "node02").unwrap();
     let killed = Instant::now();
     sh.wait_for("the restart on the spare", Duration::from_secs(30), |sh| {
@@ -127,5 +124,6 @@ fn a_large_job_that_loses_a_node_restarts_at_once_on_the_survivors_and_a_hot_spa
     // The spare has become one of the job's nodes: the pool is empty until an operator refills it.
     assert!(sh.ok("scontrol", &["show", "node", "node04"]).contains("Spare=no"));
     assert_eq!(sh.ok("sinfo", &["-h", "-t", "spare", "-o", "%N"]).trim(), "");
-    sh.ok("scancel", &[&big.to_string()]);
+    assert!(sh.queue_line(small).starts_with("PENDING|"), "the small job got neither the spare nor a survivor");
+    sh.ok("scancel", &[&big.to_string(), &small.to_string()]);
 }
