@@ -1153,8 +1153,9 @@ impl<'a> Pass<'a> {
     }
 
     /// Start-now for a job that may use hot spares, once the normal nodes alone could not start it: the free normal
-    /// nodes plus as few spares as placement allows (the first `k` usable spares in view order, `k` growing from
-    /// 1), so the pool is not spent on what normal nodes cover. Placement rules (sites included) are unchanged.
+    /// nodes plus as few spares as placement allows (the first `k` usable spares in view order, the smallest `k`
+    /// that works), so the pool is not spent on what normal nodes cover. Placement rules (sites included) are
+    /// unchanged.
     fn try_start_with_spares(&mut self, job: &Req, filter: &Filter, p: usize) -> Option<Vec<NodeAlloc>> {
         let end_s = self.now_s.saturating_add(job.time_limit_s);
         let spares: Vec<u32> = self.part_spares[p]
@@ -1168,7 +1169,7 @@ impl<'a> Pass<'a> {
         if spares.is_empty() {
             return None;
         }
-        let mut cands: Vec<Candidate> = self.part_nodes[p]
+        let normals: Vec<Candidate> = self.part_nodes[p]
             .iter()
             .copied()
             .filter(|&i| {
@@ -1178,17 +1179,25 @@ impl<'a> Pass<'a> {
             .map(|i| self.candidate(i, self.nodes[i as usize].avail_now as i32))
             .collect();
         let n_nodes = job.nodes as usize;
-        for &s in &spares {
-            // A spare is packed after normal nodes of its switch (it looks fuller than any of them).
-            cands.push(self.candidate(s, MAX_GPUS_PER_NODE as i32 + 1));
-            if cands.len() < n_nodes {
-                continue;
+        let with = |k: usize| -> Option<Vec<u32>> {
+            if normals.len() + k < n_nodes {
+                return None;
             }
-            if let Some(chosen) = choose_nodes(&cands, n_nodes, job.allow_multi_site) {
-                return Some(self.commit_now(job, &chosen, None));
+            let mut cands = normals.clone();
+            // A spare is packed after normal nodes of its switch (it looks fuller than any of them).
+            cands.extend(spares[..k].iter().map(|&s| self.candidate(s, MAX_GPUS_PER_NODE as i32 + 1)));
+            choose_nodes(&cands, n_nodes, job.allow_multi_site)
+        };
+        // More candidates never undo a placement, so the fewest spares that work is a binary search.
+        let (mut lo, mut best) = (n_nodes.saturating_sub(normals.len()).max(1), (spares.len(), with(spares.len())?));
+        while lo < best.0 {
+            let mid = lo + (best.0 - lo) / 2;
+            match with(mid) {
+                Some(chosen) => best = (mid, chosen),
+                None => lo = mid + 1,
             }
         }
-        None
+        Some(self.commit_now(job, &best.1, None))
     }
 
     /// Whether an advance reservation holds part of the node during `[now, end_s)`. GPU jobs see that in the
@@ -1976,6 +1985,27 @@ mod tests {
         let plan = schedule(&v, &cfg()).unwrap();
         assert!(plan.start_of(1).is_none());
         assert_eq!(plan.reason_of(1), Some(Reason::Resources));
+    }
+
+    #[test]
+    fn a_restarting_job_takes_the_fewest_spares_in_view_order() {
+        // One normal node free (n0; n1 busy), four spares n2..n5: a 3-node restart takes n0, n2 and n3.
+        let mut v = cluster(6, 8);
+        for i in 2..6 {
+            v.nodes[i].spare = true;
+        }
+        occupy(&mut v, 100, 1, &[0], 0, 3_600);
+        v.pending.push(PendingJob { may_use_spares: true, ..job(1, 3, 8, 100) });
+        let plan = schedule(&v, &cfg()).unwrap();
+        let on: Vec<&str> = plan.start_of(1).unwrap().iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(on, ["n00000", "n00002", "n00003"]);
+        // With the spares on another site than the free normal node, it keeps to one site: three spares.
+        for i in 2..6 {
+            v.nodes[i].topology.site = "b".into();
+        }
+        let plan = schedule(&v, &cfg()).unwrap();
+        let on: Vec<&str> = plan.start_of(1).unwrap().iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(on, ["n00002", "n00003", "n00004"]);
     }
 
     #[test]

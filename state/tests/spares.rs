@@ -110,6 +110,10 @@ fn operators_mark_spares_and_an_agent_restart_keeps_their_choice() {
     assert!(state.nodes["n1"].spare, "a refused command changes nothing");
     let err = set_spare(&mut state, &[], true, 0).unwrap_err();
     assert!(err.to_string().contains("at least one node"), "{err}");
+    let many: Vec<String> = (0..=drover_state::spare::MAX_SPARE_UPDATE_NODES).map(|i| format!("n{i}")).collect();
+    let op = AdminOp::SetNodeSpare { names: many, spare: false };
+    let err = state.apply(&at(21, Command::Admin { op, by_uid: 0 })).response.unwrap_err();
+    assert!(err.to_string().contains("over the limit of 4096"), "{err}");
     assert!(set_spare(&mut state, &["n1"], false, ALICE).is_err(), "ordinary users may not");
     assert!(state.nodes["n1"].spare);
 }
