@@ -66,6 +66,10 @@ pub struct AgentConfig {
     /// jobs' data, but asks for no credentials: keep it on a management network.
     #[serde(default)]
     pub metrics_listen: Option<String>,
+    /// Register as a hot spare: only jobs restarting after a node failure start here (see `scontrol update
+    /// nodename=X spare=yes|no`, which overrides this until the setting here changes).
+    #[serde(default)]
+    pub spare: bool,
 }
 
 fn default_enforce_memory() -> bool {

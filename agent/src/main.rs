@@ -80,6 +80,7 @@ fn load_config(args: &Args) -> anyhow::Result<AgentConfig> {
             memory_cgroup: drover_agent::cgroup::DEFAULT_SUBDIR.to_string(),
             confine_cpus: true,
             metrics_listen: None,
+            spare: false,
         },
     };
     if let Some(v) = &args.name {
@@ -147,6 +148,7 @@ async fn run(config: AgentConfig) -> anyhow::Result<()> {
         features: config.features.clone(),
         topology: config.topology.clone(),
         version: env!("CARGO_PKG_VERSION").to_string(),
+        spare: config.spare,
     };
     let exe = std::env::current_exe().context("locating the drover-agent binary for task supervisors")?;
     let state_dir = config.state_dir.clone();

@@ -75,6 +75,9 @@ pub struct UpOptions {
     /// `allow_root_jobs` in the cluster configuration. By default a local cluster allows root jobs exactly when
     /// root starts it: its agents then run as root anyway, and nobody else's identity is at stake.
     pub allow_root_jobs: bool,
+    /// Per agent, in order (`node01` first): top-level TOML lines added to its config, e.g. topology labels
+    /// (`topology = { site = "a" }`) or `spare = true`. Agents beyond the list get none.
+    pub agent_toml: Vec<String>,
 }
 
 impl Default for UpOptions {
@@ -99,6 +102,7 @@ impl Default for UpOptions {
             agent_cgroups: true,
             // SAFETY: geteuid cannot fail.
             allow_root_jobs: unsafe { libc::geteuid() } == 0,
+            agent_toml: Vec::new(),
         }
     }
 }
@@ -242,7 +246,11 @@ impl LocalCluster {
             self.options.agent_cgroups,
             self.options.gpus_per_agent,
         );
-        let mut toml = toml;
+        let mut toml = match self.options.agent_toml.get(n as usize - 1) {
+            // Top-level keys go before the first table.
+            Some(extra) => toml.replacen("\n[gpus]\n", &format!("{}\n\n[gpus]\n", extra.trim_end()), 1),
+            None => toml,
+        };
         if let Some(count) = self.options.agent_expected_gpus {
             toml.push_str(&format!("count = {count}\n"));
         }

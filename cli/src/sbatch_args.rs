@@ -30,6 +30,9 @@
 //! (those two on the command line only, as in Slurm: a `#SBATCH -Q` does nothing and a `#SBATCH --wrap` is an
 //! error).
 //!
+//! Drover's own: `--multi-site` (also `SBATCH_MULTI_SITE`), letting a multi-node job span sites (the nodes'
+//! `site` topology label); without it all of a job's nodes are on one site.
+//!
 //! `--nice` alone means 100; N may be negative (the controller allows that to root only) and lies within
 //! ±2147483645.
 //!
@@ -251,6 +254,8 @@ pub enum SbatchOption {
     Wckey(String),
     Comment(String),
     Hold,
+    /// `--multi-site` (Drover): the job's nodes may be on several sites.
+    MultiSite,
     Parsable,
     /// `--quiet/-Q`: acted on from the command line only.
     Quiet,
@@ -386,6 +391,7 @@ enum Kind {
     Signal,
     NoKill,
     Hold,
+    MultiSite,
     Wckey,
     Comment,
     Parsable,
@@ -417,9 +423,13 @@ enum Arg {
 impl Kind {
     fn arg(self) -> Arg {
         match self {
-            Kind::Requeue | Kind::NoRequeue | Kind::Hold | Kind::Parsable | Kind::Quiet | Kind::Oversubscribe => {
-                Arg::No
-            }
+            Kind::Requeue
+            | Kind::NoRequeue
+            | Kind::Hold
+            | Kind::MultiSite
+            | Kind::Parsable
+            | Kind::Quiet
+            | Kind::Oversubscribe => Arg::No,
             Kind::Nice | Kind::NoKill | Kind::Exclusive => Arg::Optional,
             Kind::Unused(arg, _) | Kind::Refused(arg, _) => arg,
             _ => Arg::Required,
@@ -550,6 +560,7 @@ const OPTIONS: &[OptDef] = &[
     opt("mem-per-cpu", None, Kind::MemPerCpu),
     opt("mem-per-gpu", None, Kind::MemPerGpu),
     opt("mincpus", None, Kind::Unused(Arg::Required, "CPUs are reserved by --cpus-per-task and the task counts")),
+    opt("multi-site", None, Kind::MultiSite),
     opt("network", None, Kind::Unused(Arg::Required, "Drover configures no network resources")),
     opt("nice", None, Kind::Nice),
     opt("no-kill", Some('k'), Kind::NoKill),
@@ -693,6 +704,8 @@ pub const ENV_OPTIONS: &[(&str, &str)] = &[
     ("SBATCH_ERROR", "error"),
     ("SBATCH_INPUT", "input"),
     ("SBATCH_OUTPUT", "output"),
+    // Drover's own option, named as Slurm names its flag variables.
+    ("SBATCH_MULTI_SITE", "multi-site"),
 ];
 
 /// Lists the supported options in [`OptionError::Unknown`]'s message.
@@ -833,6 +846,7 @@ fn parse_value(def: &OptDef, flag: &str, value: Option<String>) -> Result<Item, 
             Kind::Requeue => SbatchOption::Requeue(true),
             Kind::NoRequeue => SbatchOption::Requeue(false),
             Kind::Hold => SbatchOption::Hold,
+            Kind::MultiSite => SbatchOption::MultiSite,
             Kind::Parsable => SbatchOption::Parsable,
             Kind::Quiet => SbatchOption::Quiet,
             Kind::Exclusive => SbatchOption::Exclusive(Exclusive::Node),
@@ -973,6 +987,7 @@ fn parse_value(def: &OptDef, flag: &str, value: Option<String>) -> Result<Item, 
         Kind::Requeue
         | Kind::NoRequeue
         | Kind::Hold
+        | Kind::MultiSite
         | Kind::Parsable
         | Kind::Quiet
         | Kind::Oversubscribe
@@ -2086,6 +2101,7 @@ pub fn build_spec(
             SbatchOption::Signal(w) => spec.signal = Some(*w),
             SbatchOption::NoKill(v) => spec.no_kill = *v,
             SbatchOption::Hold => spec.hold = true,
+            SbatchOption::MultiSite => spec.multi_site = true,
             SbatchOption::OpenAppend(v) => spec.open_append = *v,
             SbatchOption::Exclusive(mode) => {
                 spec.exclusive = *mode != Exclusive::Oversubscribe;
@@ -3627,6 +3643,16 @@ mod tests {
             cmd_err(&["--exclusive=node"]),
             "invalid --exclusive value \"node\": expected user, mcs or oversubscribe (or no value)"
         );
+    }
+
+    #[test]
+    fn multi_site_comes_from_the_flag_a_directive_or_its_variable() {
+        assert!(!spec(&["-N", "3", "job.sh"], SCRIPT).multi_site, "one site by default");
+        assert!(spec(&["--multi-site", "job.sh"], SCRIPT).multi_site);
+        assert!(spec(&["job.sh"], "#!/bin/sh\n#SBATCH --multi-site\n").multi_site);
+        assert!(with_env(&[("SBATCH_MULTI_SITE", "1")], &["job.sh"], SCRIPT).unwrap().spec.multi_site);
+        assert!(!with_env(&[("SBATCH_MULTI_SITE", "0")], &["job.sh"], SCRIPT).unwrap().spec.multi_site);
+        assert!(cmd_err(&["--multi-site=yes"]).contains("--multi-site"));
     }
 
     #[test]

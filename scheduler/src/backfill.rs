@@ -54,7 +54,10 @@ struct NodeRt {
     site: u32,
     rack: u32,
     switch: u32,
+    /// Up, undrained and not a hot spare: ordinary placement may use it.
     schedulable: bool,
+    /// Up, undrained and a hot spare: only jobs that may use spares ([`Req::may_use_spares`]) start on it.
+    spare: bool,
     /// Free GPUs for jobs outside any advance reservation.
     general: Profile,
     /// Per advance reservation on this node: its reserved GPUs not yet used by its own jobs.
@@ -128,6 +131,7 @@ struct ShapeKey {
     features: u64,
     exclusive: bool,
     multi_site: bool,
+    spares: bool,
 }
 
 /// Min-heap of (lower bound of the earliest start, node).
@@ -202,6 +206,7 @@ struct Req {
     time_limit_s: u64,
     exclusive: bool,
     allow_multi_site: bool,
+    may_use_spares: bool,
 }
 
 impl Req {
@@ -214,6 +219,7 @@ impl Req {
             time_limit_s: job.time_limit_s,
             exclusive: job.exclusive,
             allow_multi_site: job.allow_multi_site,
+            may_use_spares: job.may_use_spares,
         }
     }
 }
@@ -224,8 +230,8 @@ struct ShapeMemo {
     req: Req,
     /// The shortest time limit with which this shape failed to start now (u64::MAX: none yet).
     failed_limit: u64,
-    /// Whether the shape fits the partition's nodes at all, once computed.
-    could_ever: Option<bool>,
+    /// Whether the shape fits the partition's nodes at all (None) or why not, once computed.
+    never: Option<Option<Reason>>,
 }
 
 /// The per-job facts the main loop needs, resolved once in view order and then gathered into priority order, so
@@ -278,9 +284,19 @@ struct Filter {
 }
 
 impl Filter {
+    /// Whether ordinary placement may use the node for the job.
     fn admits(&self, idx: u32, n: &NodeRt) -> bool {
-        n.schedulable
-            && n.part_mask & self.part_bit != 0
+        n.schedulable && self.matches(idx, n)
+    }
+
+    /// Whether the node is a usable hot spare for the job.
+    fn admits_spare(&self, idx: u32, n: &NodeRt) -> bool {
+        n.spare && self.matches(idx, n)
+    }
+
+    /// The job's static requirements only, whatever the node's state.
+    fn matches(&self, idx: u32, n: &NodeRt) -> bool {
+        n.part_mask & self.part_bit != 0
             && n.feature_mask & self.features == self.features
             && (self.gpu_type == 0 || n.gpu_type == self.gpu_type)
             && (self.nodelist.is_empty() || self.nodelist.binary_search(&idx).is_ok())
@@ -301,6 +317,8 @@ pub struct Pass<'a> {
     /// Per partition: number of nodes at each avail_now level (0..=64), for O(1) "not enough anywhere".
     part_levels: Vec<[u32; MAX_GPUS_PER_NODE as usize + 1]>,
     part_nodes: Vec<Vec<u32>>,
+    /// Per partition: its usable hot spares, in view order (kept out of the indexes above).
+    part_spares: Vec<Vec<u32>>,
     /// Per partition: whether all its nodes are on one site (then a multi-node search needs no per-site split).
     part_one_site: Vec<bool>,
     feature_index: FxMap<&'a str, u32>,
@@ -502,7 +520,8 @@ impl<'a> Pass<'a> {
                 site,
                 rack,
                 switch,
-                schedulable: n.schedulable,
+                schedulable: n.schedulable && !n.spare,
+                spare: n.schedulable && n.spare,
                 general: Profile::new(now_s, free_mask.count_ones() as i32),
                 resv: Vec::new(),
                 avail_now: 0,
@@ -637,8 +656,16 @@ impl<'a> Pass<'a> {
         let mut part_free = vec![vec![NodeBits::new(nodes.len()); max_level + 1]; view.partitions.len()];
         let mut part_levels = vec![[0u32; MAX_GPUS_PER_NODE as usize + 1]; view.partitions.len()];
         let mut part_nodes = vec![Vec::new(); view.partitions.len()];
+        let mut part_spares = vec![Vec::new(); view.partitions.len()];
         for (i, node) in nodes.iter_mut().enumerate() {
             node.avail_now = node.general.value_at(now_s).max(0) as u32;
+            if node.spare {
+                for (p, spares) in part_spares.iter_mut().enumerate() {
+                    if node.part_mask & (1 << p) != 0 {
+                        spares.push(i as u32);
+                    }
+                }
+            }
             if !node.schedulable {
                 continue;
             }
@@ -666,6 +693,7 @@ impl<'a> Pass<'a> {
             part_free,
             part_levels,
             part_nodes,
+            part_spares,
             feature_index,
             gpu_type_index,
             resv_index,
@@ -784,11 +812,12 @@ impl<'a> Pass<'a> {
                     features: filter.features,
                     exclusive: job.exclusive,
                     multi_site: job.allow_multi_site,
+                    spares: job.may_use_spares,
                 };
                 let next = shapes.len() as u32;
                 shape = *shape_index.entry(key).or_insert(next);
                 if shape == next {
-                    shapes.push(ShapeMemo { req: Req::of(job), failed_limit: u64::MAX, could_ever: None });
+                    shapes.push(ShapeMemo { req: Req::of(job), failed_limit: u64::MAX, never: None });
                     shape_filters.push(filter);
                 }
             }
@@ -934,7 +963,13 @@ impl<'a> Pass<'a> {
                 // Resources only shrink within a pass: a shape that failed with a time limit fails with any longer one.
                 let known_fail = shape.is_some_and(|s| shapes[s].failed_limit <= pj.time_limit_s);
                 if !known_fail {
-                    if let Some(alloc) = self.try_start_now(&req, filter, p) {
+                    let now = self.try_start_now(&req, filter, p);
+                    // A job restarting after a node failure takes hot spares rather than wait for normal nodes.
+                    let now = match now {
+                        None if req.may_use_spares => self.try_start_with_spares(&req, filter, p),
+                        now => now,
+                    };
+                    if let Some(alloc) = now {
                         usage.add(pj.q_limited, pj.user, pj.account, pj.array, pj.total_gpus);
                         plan.starts.push((pj.id, alloc));
                         continue 'jobs;
@@ -944,19 +979,19 @@ impl<'a> Pass<'a> {
                     }
                 }
                 any_blocked = true;
-                let can_ever = match shape {
-                    Some(s) => match shapes[s].could_ever {
+                let never = match shape {
+                    Some(s) => match shapes[s].never {
                         Some(c) => c,
                         None => {
-                            let c = self.could_ever_fit(&req, filter, p);
-                            shapes[s].could_ever = Some(c);
+                            let c = self.never_reason(&req, filter, p);
+                            shapes[s].never = Some(c);
                             c
                         }
                     },
-                    None => self.could_ever_fit(&req, filter, p),
+                    None => self.never_reason(&req, filter, p),
                 };
-                if !can_ever {
-                    break 'job Reason::ReqNodeNotAvail;
+                if let Some(r) = never {
+                    break 'job r;
                 }
                 let first = !blocked_in_partition[p];
                 blocked_in_partition[p] = true;
@@ -1037,16 +1072,43 @@ impl<'a> Pass<'a> {
         sites.all(|s| Some(s) == first)
     }
 
+    /// None when the job could start on its partition's usable nodes once they are free; otherwise why it cannot:
+    /// [`Reason::MultiSiteRequired`] or [`Reason::SiteNodesNotAvail`] when it would fit only across sites without
+    /// `--multi-site`, else [`Reason::ReqNodeNotAvail`].
+    fn never_reason(&self, job: &Req, filter: &Filter, p: usize) -> Option<Reason> {
+        if self.could_ever_fit(job, filter, p) {
+            return None;
+        }
+        if job.nodes > 1
+            && !job.allow_multi_site
+            && self.could_ever_fit(&Req { allow_multi_site: true, ..*job }, filter, p)
+        {
+            // Whether any one site has enough nodes at all, counting down, drained and spare ones.
+            let mut per_site: FxMap<u32, u32> = FxMap::default();
+            for (i, n) in self.nodes.iter().enumerate() {
+                if filter.matches(i as u32, n) && n.total >= Self::need_on(job, n) {
+                    *per_site.entry(n.site).or_default() += 1;
+                }
+            }
+            let largest = per_site.values().copied().max().unwrap_or(0);
+            return Some(if largest < job.nodes { Reason::MultiSiteRequired } else { Reason::SiteNodesNotAvail });
+        }
+        Some(Reason::ReqNodeNotAvail)
+    }
+
     fn could_ever_fit(&self, job: &Req, filter: &Filter, p: usize) -> bool {
         let fits = |i: u32| {
             let n = &self.nodes[i as usize];
-            filter.admits(i, n) && n.total >= Self::need_on(job, n)
+            (filter.admits(i, n) || (job.may_use_spares && filter.admits_spare(i, n)))
+                && n.total >= Self::need_on(job, n)
         };
+        let spares: &[u32] = if job.may_use_spares { &self.part_spares[p] } else { &[] };
+        let mut usable = self.part_nodes[p].iter().chain(spares);
         if job.nodes == 1 {
             // One node: any node that fits will do, no placement needed.
-            return self.part_nodes[p].iter().any(|&i| fits(i));
+            return usable.any(|&i| fits(i));
         }
-        let ok = self.part_nodes[p].iter().filter(|&&i| fits(i)).map(|&i| self.candidate(i, 0)).collect::<Vec<_>>();
+        let ok = usable.filter(|&&i| fits(i)).map(|&i| self.candidate(i, 0)).collect::<Vec<_>>();
         choose_nodes(&ok, job.nodes as usize, job.allow_multi_site).is_some()
     }
 
@@ -1067,15 +1129,7 @@ impl<'a> Pass<'a> {
         let by_level = (min_level as usize..levels.len()).flat_map(|l| levels[l].iter().map(move |i| (l as u32, i)));
         for (avail, idx) in by_level {
             let n = &self.nodes[idx as usize];
-            let need = Self::need_on(job, n);
-            if avail < need
-                || !filter.admits(idx, n)
-                || n.free_mask.count_ones() < need
-                || n.cpus_free < job.cpus_per_node
-                || n.mem_free < mem_needed(job.mem_per_node_mb, n.mem_total)
-                || n.general.min_over(self.now_s, end_s) < need as i32
-                || (need == 0 && self.in_advance_reservation(n, end_s))
-            {
+            if avail < Self::need_on(job, n) || !filter.admits(idx, n) || !self.free_now(job, n, end_s) {
                 continue;
             }
             cands.push(self.candidate(idx, avail as i32));
@@ -1086,6 +1140,64 @@ impl<'a> Pass<'a> {
         }
         let chosen = choose_nodes(&cands, n_nodes, job.allow_multi_site)?;
         Some(self.commit_now(job, &chosen, None))
+    }
+
+    /// Whether the node has what the job needs free from now until `end_s` (its static filter checked apart).
+    fn free_now(&self, job: &Req, n: &NodeRt, end_s: u64) -> bool {
+        let need = Self::need_on(job, n);
+        n.free_mask.count_ones() >= need
+            && n.cpus_free >= job.cpus_per_node
+            && n.mem_free >= mem_needed(job.mem_per_node_mb, n.mem_total)
+            && n.general.min_over(self.now_s, end_s) >= need as i32
+            && !(need == 0 && self.in_advance_reservation(n, end_s))
+    }
+
+    /// Start-now for a job that may use hot spares, once the normal nodes alone could not start it: the free normal
+    /// nodes plus as few spares as placement allows (the first `k` usable spares in view order, the smallest `k`
+    /// that works), so the pool is not spent on what normal nodes cover. Placement rules (sites included) are
+    /// unchanged.
+    fn try_start_with_spares(&mut self, job: &Req, filter: &Filter, p: usize) -> Option<Vec<NodeAlloc>> {
+        let end_s = self.now_s.saturating_add(job.time_limit_s);
+        let spares: Vec<u32> = self.part_spares[p]
+            .iter()
+            .copied()
+            .filter(|&i| {
+                let n = &self.nodes[i as usize];
+                filter.admits_spare(i, n) && self.free_now(job, n, end_s)
+            })
+            .collect();
+        if spares.is_empty() {
+            return None;
+        }
+        let normals: Vec<Candidate> = self.part_nodes[p]
+            .iter()
+            .copied()
+            .filter(|&i| {
+                let n = &self.nodes[i as usize];
+                filter.admits(i, n) && n.avail_now >= Self::need_on(job, n) && self.free_now(job, n, end_s)
+            })
+            .map(|i| self.candidate(i, self.nodes[i as usize].avail_now as i32))
+            .collect();
+        let n_nodes = job.nodes as usize;
+        let with = |k: usize| -> Option<Vec<u32>> {
+            if normals.len() + k < n_nodes {
+                return None;
+            }
+            let mut cands = normals.clone();
+            // A spare is packed after normal nodes of its switch (it looks fuller than any of them).
+            cands.extend(spares[..k].iter().map(|&s| self.candidate(s, MAX_GPUS_PER_NODE as i32 + 1)));
+            choose_nodes(&cands, n_nodes, job.allow_multi_site)
+        };
+        // More candidates never undo a placement, so the fewest spares that work is a binary search.
+        let (mut lo, mut best) = (n_nodes.saturating_sub(normals.len()).max(1), (spares.len(), with(spares.len())?));
+        while lo < best.0 {
+            let mid = lo + (best.0 - lo) / 2;
+            match with(mid) {
+                Some(chosen) => best = (mid, chosen),
+                None => lo = mid + 1,
+            }
+        }
+        Some(self.commit_now(job, &best.1, None))
     }
 
     /// Whether an advance reservation holds part of the node during `[now, end_s)`. GPU jobs see that in the
@@ -1180,7 +1292,8 @@ impl<'a> Pass<'a> {
             && filter.gpu_type == 0
             && filter.nodelist.is_empty()
             && filter.exclude.is_empty()
-            && !job.exclusive;
+            && !job.exclusive
+            && !job.may_use_spares;
         if job.nodes == 1 && plain {
             let (t, i) = self.earliest_single(p, job.gpus_per_node as i32, dur_s)?;
             return Some((t, vec![i]));
@@ -1193,6 +1306,15 @@ impl<'a> Pass<'a> {
             let n = &self.nodes[i as usize];
             filter.admits(i, n) && n.total >= Self::need_on(job, n)
         }));
+        if job.may_use_spares {
+            // Its reservation may hold spares too, or a job behind it could backfill onto the normal nodes it
+            // is about to restart on (while the survivors' GPUs are still being released) and make it wait.
+            nodes.extend(self.part_spares[p].iter().copied().filter(|&i| {
+                let n = &self.nodes[i as usize];
+                filter.admits_spare(i, n) && n.total >= Self::need_on(job, n)
+            }));
+            nodes.sort_unstable();
+        }
         let (t, chosen) = if job.nodes == 1 {
             let mut best: Option<(u64, u32)> = None;
             for &i in &nodes {
@@ -1739,6 +1861,7 @@ mod tests {
                     time_limit_s: 600 * (1 + rng.below(100)),
                     exclusive: false,
                     allow_multi_site: false,
+                    may_use_spares: false,
                 };
                 let nodes: Vec<u32> = pass.part_nodes[0].clone();
                 let full = pass.earliest_multi(&req, &nodes);
@@ -1753,6 +1876,151 @@ mod tests {
             }
         }
         assert!(found > 600 && later > 300, "{found} found, {later} in the future");
+    }
+
+    /// `sites` nodes per site (8 GPUs each), sites named a, b, ...; every node under its own switch.
+    fn sites(per_site: &[usize]) -> crate::model::ClusterView {
+        let mut v = cluster(per_site.iter().sum(), 8);
+        let mut i = 0;
+        for (s, &count) in per_site.iter().enumerate() {
+            for _ in 0..count {
+                v.nodes[i].topology.site = ((b'a' + s as u8) as char).to_string();
+                i += 1;
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn a_multi_node_job_spans_sites_only_when_it_asks() {
+        // Two sites of two nodes: three nodes exist only across them.
+        let mut v = sites(&[2, 2]);
+        v.pending.push(job(1, 3, 8, 100));
+        let plan = schedule(&v, &cfg()).unwrap();
+        assert!(plan.start_of(1).is_none());
+        assert_eq!(plan.reason_of(1), Some(Reason::MultiSiteRequired), "no site has 3 nodes at all");
+        v.pending[0].allow_multi_site = true;
+        let plan = schedule(&v, &cfg()).unwrap();
+        let on: Vec<&str> = plan.start_of(1).expect("starts across sites").iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(on.len(), 3);
+        // It still fills one site first: both of site a's nodes, one of b's.
+        assert!(on.contains(&"n00000") && on.contains(&"n00001"), "{on:?}");
+    }
+
+    #[test]
+    fn a_job_that_fits_one_site_only_once_its_nodes_return_says_so() {
+        // Site a has 3 nodes, one of them down; site b has 2: 3 nodes are up only across the sites.
+        let mut v = sites(&[3, 2]);
+        v.nodes[2].schedulable = false;
+        v.pending.push(job(1, 3, 8, 100));
+        let plan = schedule(&v, &cfg()).unwrap();
+        assert_eq!(plan.reason_of(1), Some(Reason::SiteNodesNotAvail));
+        v.nodes[2].schedulable = true;
+        assert!(schedule(&v, &cfg()).unwrap().start_of(1).is_some(), "site a holds it once its node is back");
+        // A job that cannot fit even across sites keeps Slurm's reason.
+        let mut v = sites(&[2, 2]);
+        v.pending.push(PendingJob { allow_multi_site: true, ..job(1, 5, 8, 100) });
+        assert_eq!(schedule(&v, &cfg()).unwrap().reason_of(1), Some(Reason::ReqNodeNotAvail));
+        // Busy nodes are not a site problem: a job that fits one site waits for Resources as before.
+        let mut v = sites(&[3, 3]);
+        occupy(&mut v, 100, 0, &[0], 0, 1_000);
+        occupy(&mut v, 101, 3, &[0], 0, 1_000);
+        v.pending.push(job(1, 3, 8, 100));
+        let plan = schedule(&v, &cfg()).unwrap();
+        assert_eq!(plan.reason_of(1), Some(Reason::Resources));
+    }
+
+    #[test]
+    fn a_normal_job_never_lands_on_a_spare() {
+        let mut v = cluster(4, 8);
+        v.nodes[3].spare = true;
+        v.pending.push(job(1, 4, 8, 100));
+        for id in 2..=5 {
+            v.pending.push(job(id, 1, 8, 100));
+        }
+        let plan = schedule(&v, &cfg()).unwrap();
+        assert_eq!(plan.reason_of(1), Some(Reason::ReqNodeNotAvail), "3 normal nodes never hold 4");
+        let used: Vec<&str> = plan.starts.iter().flat_map(|(_, a)| a.iter().map(|(n, _)| n.as_str())).collect();
+        assert_eq!(used.len(), 3, "{used:?}");
+        assert!(!used.contains(&"n00003"), "{used:?}");
+        assert_eq!(plan.reason_of(5), Some(Reason::Resources), "it waits for a normal node");
+        // Reservations and backfill plan on normal nodes only, too.
+        assert!(plan.expected_start_of(5).is_some_and(|t| t >= 100));
+    }
+
+    #[test]
+    fn a_job_restarting_after_a_node_failure_takes_a_spare_when_normal_nodes_are_too_few() {
+        // 3 normal nodes, one of them busy for an hour, and a spare.
+        let mut v = cluster(4, 8);
+        v.nodes[3].spare = true;
+        occupy(&mut v, 100, 0, &[0], 0, 3_600);
+        v.pending.push(job(1, 3, 8, 100));
+        let plan = schedule(&v, &cfg()).unwrap();
+        assert!(plan.start_of(1).is_none(), "an ordinary job waits for the busy node");
+        v.pending[0].may_use_spares = true;
+        let plan = schedule(&v, &cfg()).unwrap();
+        let on: Vec<&str> = plan.start_of(1).expect("starts at once").iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(on, ["n00001", "n00002", "n00003"]);
+    }
+
+    #[test]
+    fn a_job_restarting_after_a_node_failure_uses_no_spare_it_does_not_need_and_waits_when_spares_are_short() {
+        let mut v = cluster(5, 8);
+        v.nodes[3].spare = true;
+        v.nodes[4].spare = true;
+        v.pending.push(PendingJob { may_use_spares: true, ..job(1, 3, 8, 100) });
+        let plan = schedule(&v, &cfg()).unwrap();
+        let on: Vec<&str> = plan.start_of(1).unwrap().iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(on, ["n00000", "n00001", "n00002"], "normal nodes first");
+        // Two normal nodes busy: one free normal node and two spares make three; one spare more than needed
+        // is left in the pool.
+        occupy(&mut v, 100, 0, &[0], 0, 3_600);
+        occupy(&mut v, 101, 1, &[0], 0, 3_600);
+        v.pending[0] = PendingJob { may_use_spares: true, ..job(1, 2, 8, 100) };
+        let plan = schedule(&v, &cfg()).unwrap();
+        let on: Vec<&str> = plan.start_of(1).unwrap().iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(on, ["n00002", "n00003"], "one spare, the first");
+        // Four nodes with only one normal one free: it waits on normal nodes like before, spares untouched.
+        v.pending[0] = PendingJob { may_use_spares: true, ..job(1, 4, 8, 100) };
+        let plan = schedule(&v, &cfg()).unwrap();
+        assert!(plan.start_of(1).is_none());
+        assert_eq!(plan.reason_of(1), Some(Reason::Resources));
+    }
+
+    #[test]
+    fn a_restarting_job_takes_the_fewest_spares_in_view_order() {
+        // One normal node free (n0; n1 busy), four spares n2..n5: a 3-node restart takes n0, n2 and n3.
+        let mut v = cluster(6, 8);
+        for i in 2..6 {
+            v.nodes[i].spare = true;
+        }
+        occupy(&mut v, 100, 1, &[0], 0, 3_600);
+        v.pending.push(PendingJob { may_use_spares: true, ..job(1, 3, 8, 100) });
+        let plan = schedule(&v, &cfg()).unwrap();
+        let on: Vec<&str> = plan.start_of(1).unwrap().iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(on, ["n00000", "n00002", "n00003"]);
+        // With the spares on another site than the free normal node, it keeps to one site: three spares.
+        for i in 2..6 {
+            v.nodes[i].topology.site = "b".into();
+        }
+        let plan = schedule(&v, &cfg()).unwrap();
+        let on: Vec<&str> = plan.start_of(1).unwrap().iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(on, ["n00002", "n00003", "n00004"]);
+    }
+
+    #[test]
+    fn a_job_restarting_after_a_node_failure_reserves_spares_so_nothing_backfills_in_its_way() {
+        // n0 free, n1 busy for 100 s (its GPUs still being released), n2 down, n3 a spare.
+        let mut v = cluster(4, 8);
+        v.nodes[2].schedulable = false;
+        v.nodes[3].spare = true;
+        occupy(&mut v, 100, 1, &(0..8).collect::<Vec<u32>>(), 0, 100);
+        v.pending.push(PendingJob { may_use_spares: true, ..job(1, 3, 8, 1_000) });
+        v.pending.push(job(2, 1, 8, 1_000));
+        let plan = schedule(&v, &cfg()).unwrap();
+        assert!(plan.start_of(1).is_none());
+        assert_eq!(plan.expected_start_of(1), Some(100), "n0, n1 and the spare at n1's end");
+        assert!(plan.start_of(2).is_none(), "the later job may not take n0 for longer than that");
     }
 
     #[test]

@@ -40,6 +40,11 @@ pub struct Node {
     pub topology: Topology,
     /// False for drained / down nodes: nothing new starts or is reserved there.
     pub schedulable: bool,
+    /// A hot spare: held out of ordinary placement, reservations and preemption. Only a job restarting after a
+    /// node failure ([`PendingJob::may_use_spares`]) may start on it, so such a job restarts at once instead of
+    /// waiting for a full set of normal nodes.
+    #[serde(default)]
+    pub spare: bool,
 }
 
 /// A job that holds resources now. Its expected end (`start_s + time_limit_s`) is when the scheduler may plan
@@ -166,6 +171,11 @@ pub struct PendingJob {
     /// `--begin`: not eligible before this time (0: at once).
     #[serde(default)]
     pub begin_s: u64,
+    /// A job restarting after a node failure: when the free normal nodes cannot start it now, it may take hot
+    /// spares ([`Node::spare`]) together with them. It never waits on a spare: without enough free nodes now it
+    /// waits (and reserves) on normal nodes, like any job.
+    #[serde(default)]
+    pub may_use_spares: bool,
 }
 
 impl PendingJob {
@@ -196,6 +206,7 @@ impl PendingJob {
             nice: 0,
             top_rank: 0,
             array: None,
+            may_use_spares: false,
         }
     }
 

@@ -29,6 +29,13 @@ pub enum Reason {
     JobArrayTaskLimit,
     QOSMaxJobsPerAccountLimit,
     QOSMaxGRESPerAccount,
+    /// Drover: a multi-node job without `--multi-site` that needs more nodes than any one site has (counting its
+    /// down and drained nodes too): it fits only across sites, so it starts only once a site grows, or if it is
+    /// submitted again with `--multi-site`.
+    MultiSiteRequired,
+    /// Drover: a multi-node job without `--multi-site` that some site could hold, but not with that site's nodes
+    /// that are up and undrained now; only across sites would it fit today.
+    SiteNodesNotAvail,
 }
 
 impl Reason {
@@ -50,6 +57,8 @@ impl Reason {
             Reason::JobArrayTaskLimit => "JobArrayTaskLimit",
             Reason::QOSMaxJobsPerAccountLimit => "QOSMaxJobsPerAccountLimit",
             Reason::QOSMaxGRESPerAccount => "QOSMaxGRESPerAccount",
+            Reason::MultiSiteRequired => "MultiSiteRequired",
+            Reason::SiteNodesNotAvail => "SiteNodesNotAvail",
         }
     }
 }
@@ -129,6 +138,8 @@ mod tests {
             Reason::JobArrayTaskLimit,
             Reason::QOSMaxJobsPerAccountLimit,
             Reason::QOSMaxGRESPerAccount,
+            Reason::MultiSiteRequired,
+            Reason::SiteNodesNotAvail,
         ];
         for r in all {
             // The variants are named exactly as Slurm spells the reasons.

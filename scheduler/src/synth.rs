@@ -42,6 +42,7 @@ pub fn node(i: usize, gpus: u32) -> Node {
         gpu_type: None,
         topology: Topology { site: "s0".into(), rack: format!("r{}", i / 64), switch: format!("sw{}", i / 16) },
         schedulable: true,
+        spare: false,
     }
 }
 

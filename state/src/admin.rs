@@ -32,6 +32,12 @@ pub enum AdminOp {
     DeleteReservation(String),
     /// Grants an administrative level to a uid; `AdminLevel::None` takes it away.
     SetRole(RoleGrant),
+    /// `scontrol update nodename=LIST spare=yes|no`: puts nodes into the hot-spare pool or takes them out
+    /// (operators may, as they may drain).
+    SetNodeSpare {
+        names: Vec<String>,
+        spare: bool,
+    },
 }
 
 impl AdminOp {
@@ -46,6 +52,7 @@ impl AdminOp {
             AdminOp::UpdateReservation(_) => "update_reservation",
             AdminOp::DeleteReservation(_) => "delete_reservation",
             AdminOp::SetRole(_) => "set_role",
+            AdminOp::SetNodeSpare { .. } => "set_node_spare",
         }
     }
 }
@@ -92,7 +99,11 @@ impl State {
         now_ms: u64,
         changes: &mut Vec<Change>,
     ) -> Result<Reply, CommandError> {
-        self.require_level(by_uid, AdminLevel::Administrator, &op.kind().replace('_', " "))?;
+        let needed = match op {
+            AdminOp::SetNodeSpare { .. } => AdminLevel::Operator,
+            _ => AdminLevel::Administrator,
+        };
+        self.require_level(by_uid, needed, &op.kind().replace('_', " "))?;
         match op {
             AdminOp::AddAccount(update) => self.add_account(update, changes),
             AdminOp::ModifyAccount(update) => self.modify_account(update, changes),
@@ -107,6 +118,7 @@ impl State {
                 Ok(())
             }
             AdminOp::SetRole(grant) => self.set_role(grant, changes),
+            AdminOp::SetNodeSpare { names, spare } => self.set_node_spare(names, *spare, changes),
         }?;
         Ok(Reply::Nothing)
     }

@@ -39,7 +39,8 @@ pub fn first_fit(state: &State, max_allocations: usize) -> Plan {
     let mut free: BTreeMap<&str, Free> = state
         .nodes
         .values()
-        .filter(|n| n.schedulable())
+        // Hot spares are only for jobs restarting after a node failure, which the scheduler library places.
+        .filter(|n| n.schedulable() && !n.spare)
         .map(|n| {
             (n.info.name.as_str(), Free { gpus: n.free_gpus().collect(), cpus: n.free_cpus(), mem_mb: n.free_mem_mb() })
         })

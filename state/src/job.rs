@@ -113,6 +113,9 @@ pub struct JobSpec {
     /// `--wckey` and `--comment`: recorded and shown (`sacct -o WCKey,Comment`).
     pub wckey: Option<String>,
     pub comment: Option<String>,
+    /// `--multi-site` (Drover): a multi-node job may span sites (topology label `site`); by default all its
+    /// nodes are on one site.
+    pub multi_site: bool,
 }
 
 /// A memory request, in MiB (Slurm's M). Each form is per node once resolved against the node's share.
@@ -551,6 +554,11 @@ pub enum PendingReason {
     QOSMaxGRESPerAccount,
     /// Its array's `%N` limit of running tasks is reached.
     JobArrayTaskLimit,
+    /// Drover: a multi-node job without `--multi-site` that needs more nodes than any one site has.
+    MultiSiteRequired,
+    /// Drover: a multi-node job without `--multi-site` that one site could hold, but not with that site's nodes
+    /// that are up and undrained now (it would fit across sites).
+    SiteNodesNotAvail,
 }
 
 impl PendingReason {
@@ -573,6 +581,23 @@ impl PendingReason {
             PendingReason::QOSMaxJobsPerAccountLimit => "QOSMaxJobsPerAccountLimit",
             PendingReason::QOSMaxGRESPerAccount => "QOSMaxGRESPerAccount",
             PendingReason::JobArrayTaskLimit => "JobArrayTaskLimit",
+            PendingReason::MultiSiteRequired => "MultiSiteRequired",
+            PendingReason::SiteNodesNotAvail => "SiteNodesNotAvail",
+        }
+    }
+
+    /// A sentence for `scontrol show job` where the name alone does not say what to do.
+    pub fn detail(&self) -> Option<&'static str> {
+        match self {
+            PendingReason::MultiSiteRequired => Some(
+                "the job needs more nodes than any one site has; it cannot run within one site: submit it with \
+                 --multi-site to let it span sites",
+            ),
+            PendingReason::SiteNodesNotAvail => Some(
+                "the job cannot fit in one site with the nodes up there now (it would fit across sites): it waits \
+                 for them, or submit it with --multi-site",
+            ),
+            _ => None,
         }
     }
 }

@@ -24,6 +24,7 @@ pub mod requeue;
 pub mod reservation;
 pub mod role;
 pub mod signal;
+pub mod spare;
 pub use drover_common::slurm_time;
 pub mod state;
 

@@ -29,6 +29,10 @@ impl State {
                         node.reason.clear();
                     }
                 }
+                if node.info.spare != info.spare {
+                    // The agent's `spare` setting changed; otherwise an operator's `scontrol update` stands.
+                    node.spare = info.spare;
+                }
                 node.info = info.clone();
                 node
             }
@@ -210,6 +214,12 @@ impl State {
             if !node.schedulable() {
                 return Err(format!("node {} is {}", share.node, node.state_name()));
             }
+            if node.spare && !job.may_use_spares() {
+                return Err(format!(
+                    "node {} is a hot spare, kept for jobs restarting after a node failure",
+                    share.node
+                ));
+            }
             if !job.spec.accepts_node(&share.node, &node.info.features) {
                 return Err(format!("node {} is outside the job's --nodelist/--exclude/--constraint", share.node));
             }
@@ -269,6 +279,8 @@ impl State {
             node.allocated_cpus += share.cpus;
             node.allocated_mem_mb += share.mem_mb;
             node.jobs.insert(id);
+            // A spare taken by a restarting job joins the normal nodes: the pool shrinks until refilled.
+            node.spare = false;
             changes.push(Change::PutNode(node.clone()));
         }
         // A restart after a failure: the job was down from the failed incarnation's end until now.

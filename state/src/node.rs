@@ -40,6 +40,9 @@ pub struct NodeInfo {
     pub topology: BTreeMap<String, String>,
     /// The agent's version, for `sinfo`/`scontrol show node`.
     pub version: String,
+    /// The agent's `spare = true`: the node registers as a hot spare (see [`Node::spare`]).
+    #[serde(default)]
+    pub spare: bool,
 }
 
 /// Slurm's base node states; `DRAIN` is a flag on top of them (`drain` below), as in Slurm.
@@ -76,6 +79,12 @@ pub struct Node {
     /// or the node is declared down (its lease has then expired), so no new job gets a GPU still in use.
     #[serde(default)]
     pub lingering: Vec<Lingering>,
+    /// A hot spare: ordinary placement never uses it; a job restarting after a node failure may
+    /// ([`crate::Job::may_use_spares`]), and the node then leaves the pool, becoming a normal node. Set from the
+    /// agent's config when the node first registers (or that setting changes), and by
+    /// `scontrol update nodename=X spare=yes|no`.
+    #[serde(default)]
+    pub spare: bool,
 }
 
 /// What an ended incarnation still holds on one node.
@@ -92,6 +101,7 @@ pub struct Lingering {
 impl Node {
     pub fn new(info: NodeInfo, now_ms: u64) -> Node {
         Node {
+            spare: info.spare,
             info,
             health: NodeHealth::Up,
             drain: false,

@@ -158,6 +158,7 @@ fn node_info(name: &str, gpus: u32) -> NodeInfo {
         features: Vec::new(),
         topology: BTreeMap::new(),
         version: "sim".into(),
+        spare: false,
     }
 }
 

@@ -32,7 +32,7 @@ pub fn run(args: &[String]) -> i32 {
     }
 }
 
-const USAGE: &str = "usage: scontrol [-o] [-d] [-Q] show job [ID] | show node [NAME] | show partition [NAME] | show config | show reservation [NAME] | show hostnames [HOSTLIST] | show hostlist HOSTS | ping | version | requeue ID[,ID...] | requeuehold ID[,ID...] | write batch_script ID [FILE|-] | top ID... | hold ID... | release ID... | update jobid=ID [TimeLimit=T] [Nice=N] [QOS=Q] [Dependency=D] | create reservation ReservationName=N StartTime=T (Duration=D|EndTime=T) (Nodes=LIST|NodeCnt=N|TRES=gres/gpu=N) (Users=U,..|Accounts=A,..) [Flags=MAINT] | update ReservationName=N ... | delete ReservationName=N | update nodename=LIST state=drain|resume [reason=TEXT] | update partitionname=NAME [state=UP|DOWN|DRAIN|INACTIVE] [maxtime=T] [defaulttime=T] [maxnodes=N] [nodes=LIST] [default=yes]";
+const USAGE: &str = "usage: scontrol [-o] [-d] [-Q] show job [ID] | show node [NAME] | show partition [NAME] | show config | show reservation [NAME] | show hostnames [HOSTLIST] | show hostlist HOSTS | ping | version | requeue ID[,ID...] | requeuehold ID[,ID...] | write batch_script ID [FILE|-] | top ID... | hold ID... | release ID... | update jobid=ID [TimeLimit=T] [Nice=N] [QOS=Q] [Dependency=D] | create reservation ReservationName=N StartTime=T (Duration=D|EndTime=T) (Nodes=LIST|NodeCnt=N|TRES=gres/gpu=N) (Users=U,..|Accounts=A,..) [Flags=MAINT] | update ReservationName=N ... | delete ReservationName=N | update nodename=LIST [state=drain|resume [reason=TEXT]] [spare=yes|no] | update partitionname=NAME [state=UP|DOWN|DRAIN|INACTIVE] [maxtime=T] [defaulttime=T] [maxnodes=N] [nodes=LIST] [default=yes]";
 
 /// scontrol's options, which Slurm takes anywhere on the line.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -438,10 +438,12 @@ fn show_partitions(controllers: Option<&str>, name: Option<&str>) -> anyhow::Res
     Ok(0)
 }
 
-/// `scontrol update nodename=gpu[01-02] state=drain reason="bad fan"` (and `state=resume`/`undrain`).
+/// `scontrol update nodename=gpu[01-02] state=drain reason="bad fan"` (and `state=resume`/`undrain`), and
+/// Drover's `spare=yes|no` (the hot-spare pool).
 fn update_nodes(controllers: Option<&str>, words: &[&str]) -> anyhow::Result<i32> {
     let mut names = None;
     let mut state = None;
+    let mut spare = None;
     let mut reason = String::new();
     for word in words {
         let (key, value) =
@@ -450,18 +452,40 @@ fn update_nodes(controllers: Option<&str>, words: &[&str]) -> anyhow::Result<i32
             "nodename" | "node" => names = Some(expand_hostlist(value).map_err(|e| anyhow::anyhow!(e))?),
             "state" => state = Some(value.to_ascii_lowercase()),
             "reason" => reason = value.trim_matches('"').to_string(),
+            "spare" => {
+                spare = Some(
+                    parse_yes_no(value)
+                        .ok_or_else(|| anyhow::anyhow!("Invalid spare value {value:?}: use yes or no"))?,
+                )
+            }
             other => anyhow::bail!("Update of {other} is not supported; {USAGE}"),
         }
     }
     let names = names.ok_or_else(|| anyhow::anyhow!("update needs nodename=LIST"))?;
     let drain = match state.as_deref() {
-        Some("drain") => true,
-        Some("resume") | Some("undrain") | Some("idle") => false,
+        Some("drain") => Some(true),
+        Some("resume") | Some("undrain") | Some("idle") => Some(false),
+        None if spare.is_some() => None,
         other => anyhow::bail!("Invalid node state specified: {}", other.unwrap_or("(none)")),
     };
     let client = crate::connect::client(controllers)?;
-    crate::connect::runtime().block_on(client.drain_nodes(&names, drain, &reason))?;
+    let rt = crate::connect::runtime();
+    if let Some(spare) = spare {
+        rt.block_on(client.admin(&drover_state::AdminOp::SetNodeSpare { names: names.clone(), spare }))?;
+    }
+    if let Some(drain) = drain {
+        rt.block_on(client.drain_nodes(&names, drain, &reason))?;
+    }
     Ok(0)
+}
+
+/// `yes`/`no` as Slurm's update values spell them (also `1`/`0`, `true`/`false`), case-insensitively.
+fn parse_yes_no(value: &str) -> Option<bool> {
+    match value.to_ascii_lowercase().as_str() {
+        "yes" | "y" | "1" | "true" => Some(true),
+        "no" | "n" | "0" | "false" => Some(false),
+        _ => None,
+    }
 }
 
 /// A group's name from the group database, else its number (Slurm's `gid_to_string`).
@@ -629,6 +653,7 @@ fn node_lines(node: &Node, details: bool) -> Vec<String> {
         lines.push(format!("Reason={} [root@{since}]", node.reason));
     }
     lines.push(format!("Topology={}", if topology.is_empty() { "(null)".to_string() } else { topology.join(",") }));
+    lines.push(format!("Spare={}", if node.spare { "yes" } else { "no" }));
     lines
 }
 
@@ -866,6 +891,13 @@ fn job_lines(job: &Job, now_ms: u64, details: bool) -> Vec<String> {
         job.checkpoint_dir(),
         job.failures
     ));
+    // Placement (Drover's own): whether the job may span sites, and what its pending reason asks of the user.
+    lines.push(format!("MultiSite={}", if s.multi_site { "yes" } else { "no" }));
+    if job.state == JobState::Pending
+        && let Some(detail) = job.reason.detail()
+    {
+        lines.push(format!("ReasonDetail={detail}"));
+    }
     if let Some(c) = &job.checkpoint {
         lines.push(format!(
             "Checkpoint={} CheckpointStep={} CheckpointIncarnation={} CheckpointTime={}",

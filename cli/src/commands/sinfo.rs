@@ -300,6 +300,8 @@ struct NodeState {
     base: Base,
     drain: bool,
     no_respond: bool,
+    /// An up, undrained hot spare (Drover): idle ones print as `spare`, so the pool has its own line.
+    spare: bool,
 }
 
 impl NodeState {
@@ -316,7 +318,8 @@ impl NodeState {
                 if undrained.state_name() == "ALLOCATED" { Base::Allocated } else { Base::Mixed }
             }
         };
-        NodeState { base, drain: node.drain, no_respond: node.health == NodeHealth::Down }
+        let spare = node.spare && !node.drain && node.health == NodeHealth::Up;
+        NodeState { base, drain: node.drain, no_respond: node.health == NodeHealth::Down, spare }
     }
 
     /// Slurm's state word as a number (`node_state`), which `-S t` sorts by: the flags weigh most.
@@ -336,6 +339,7 @@ impl NodeState {
             (true, Base::Allocated | Base::Mixed) => "drng",
             (true, _) => "drain",
             (false, Base::Down) => "down",
+            (false, Base::Idle) if self.spare => "spare",
             (false, Base::Idle) => "idle",
             (false, Base::Allocated) => "alloc",
             (false, Base::Mixed) => "mix",
@@ -349,6 +353,7 @@ impl NodeState {
             (true, Base::Allocated | Base::Mixed) => "draining",
             (true, _) => "drained",
             (false, Base::Down) => "down",
+            (false, Base::Idle) if self.spare => "spare",
             (false, Base::Idle) => "idle",
             (false, Base::Allocated) => "allocated",
             (false, Base::Mixed) => "mixed",
@@ -367,6 +372,8 @@ enum Wanted {
     Drained,
     Draining,
     NoRespond,
+    /// Drover's hot spares (`-t spare`).
+    Spare,
     /// A state Slurm knows and Drover's nodes are never in (`future`, `maint`, `powered_down`, ...).
     Never,
 }
@@ -392,6 +399,7 @@ const VALID_STATES: &[&str] = &[
     "fail",
     "maint",
     "reboot",
+    "spare",
 ];
 
 /// `-t`: the states asked for, and whether a node must be in all of them (`&`) or any (`,`).
@@ -434,6 +442,7 @@ impl StateFilter {
             (&["DRAINING", "DRNG"], Wanted::Draining),
             (&["COMPLETING", "COMP"], Wanted::Never),
             (&["NO_RESPOND"], Wanted::NoRespond),
+            (&["SPARE"], Wanted::Spare),
             (&["POWERING_DOWN", "POWRING_DN", "POWERED_DOWN", "POWERED_DN", "POWER_DOWN", "POW_DN"], Wanted::Never),
             (&["POWERING_UP", "POW_UP", "POWER_UP"], Wanted::Never),
             (&["FAIL"], Wanted::Never),
@@ -454,6 +463,7 @@ impl StateFilter {
             Wanted::Draining => state.drain && state.busy(),
             Wanted::Drained => state.drain && !state.busy(),
             Wanted::NoRespond => state.no_respond,
+            Wanted::Spare => state.spare,
             Wanted::Never => false,
         };
         if self.all_of { self.wanted.iter().all(hit) } else { self.wanted.iter().any(hit) }
@@ -1054,6 +1064,7 @@ mod tests {
             features: vec![],
             topology: BTreeMap::new(),
             version: "0.1.0".into(),
+            spare: false,
         };
         Node::new(info, 1_700_000_000_000)
     }
@@ -1227,6 +1238,22 @@ mod tests {
         assert!(drng.matches(&n));
         assert_eq!(NodeState::of(&n).compact(), "drng");
         assert_eq!(NodeState::of(&n).long(), "draining");
+    }
+
+    #[test]
+    fn an_idle_hot_spare_has_its_own_state_word() {
+        let mut n = node("gpu01", 8);
+        n.spare = true;
+        assert_eq!((NodeState::of(&n).compact(), NodeState::of(&n).long()), ("spare".into(), "spare".into()));
+        let spares = StateFilter::parse("spare").unwrap().unwrap();
+        assert!(spares.matches(&n));
+        // Drained, a spare is not usable: it shows as drained, like any node.
+        n.drain = true;
+        assert_eq!(NodeState::of(&n).long(), "drained");
+        assert!(!spares.matches(&n));
+        n.drain = false;
+        n.spare = false;
+        assert_eq!(NodeState::of(&n).long(), "idle");
     }
 
     #[test]

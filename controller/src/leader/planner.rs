@@ -71,11 +71,12 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                     switch: n.info.topology.get("switch").cloned().unwrap_or_default(),
                 },
                 schedulable: n.schedulable(),
+                spare: n.spare,
             }
         })
         .collect();
     let singleton_blocked = singleton_blockers(state);
-    let mut running = Vec::new();
+    let mut running = lingering(state, now_ms);
     let mut pending = Vec::new();
     for job in state.jobs.values() {
         if !job.allocation.is_empty() {
@@ -127,7 +128,7 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                 reservation: spec.reservation.clone(),
                 held: job.held,
                 dependency: dependency_of(job, &singleton_blocked),
-                allow_multi_site: false,
+                allow_multi_site: spec.multi_site,
                 nice: spec.nice,
                 top_rank: job.top_rank,
                 array: job.array.and_then(|a| {
@@ -135,6 +136,7 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
                 }),
                 // Rounded up: a job never starts before the second it asked for.
                 begin_s: spec.begin_ms.map_or(0, |ms| ms.div_ceil(1_000)),
+                may_use_spares: job.may_use_spares(),
             });
         }
     }
@@ -187,6 +189,52 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
         reservations,
         qos,
     }
+}
+
+/// GPUs of ended incarnations still being released on their nodes, as running work the scheduler expects gone
+/// just after now (it treats an overdue job the same way). Without them, those GPUs would look held for good: a job
+/// restarting after a node failure could reserve none of its survivors' GPUs while they are released, and a job
+/// behind it could backfill onto the first survivor freed. Never preemptable, and charged to no QOS or array.
+fn lingering(state: &State, now_ms: u64) -> Vec<sched::RunningJob> {
+    let mut out = Vec::new();
+    for node in state.nodes.values().filter(|n| !n.lingering.is_empty()) {
+        // Only GPUs the view shows as held and by nothing else (an inventory that changed since, or a GPU listed
+        // twice, would make the pass refuse the whole view).
+        let mut seen = BTreeSet::new();
+        for l in &node.lingering {
+            let gpus: Vec<u32> = l
+                .gpus
+                .iter()
+                .copied()
+                .filter(|g| {
+                    node.info.gpus.iter().any(|i| i.index == *g)
+                        && !node.allocated_gpus.contains_key(g)
+                        && seen.insert(*g)
+                })
+                .collect();
+            if gpus.is_empty() {
+                continue;
+            }
+            out.push(sched::RunningJob {
+                id: l.job,
+                user: String::new(),
+                account: String::new(),
+                qos: String::new(),
+                alloc: vec![(node.info.name.clone(), gpus)],
+                start_s: now_ms / 1_000,
+                time_limit_s: 0,
+                exclusive: false,
+                reservation: None,
+                array_id: None,
+                partition: String::new(),
+                requeueable: false,
+                priority: 0,
+                preempting: false,
+                preempted_for: None,
+            });
+        }
+    }
+    out
 }
 
 fn sched_qos(q: &drover_state::Qos) -> sched::Qos {
@@ -318,6 +366,8 @@ fn reason(r: sched::Reason) -> PendingReason {
         sched::Reason::JobArrayTaskLimit => PendingReason::JobArrayTaskLimit,
         sched::Reason::QOSMaxJobsPerAccountLimit => PendingReason::QOSMaxJobsPerAccountLimit,
         sched::Reason::QOSMaxGRESPerAccount => PendingReason::QOSMaxGRESPerAccount,
+        sched::Reason::MultiSiteRequired => PendingReason::MultiSiteRequired,
+        sched::Reason::SiteNodesNotAvail => PendingReason::SiteNodesNotAvail,
     }
 }
 
@@ -513,6 +563,38 @@ mod tests {
         assert!(schedule(&mut state, 2_000).is_empty());
         assert_eq!(state.job(later).unwrap().reason, PendingReason::BeginTime);
         assert_eq!(schedule(&mut state, 60_000), vec![later]);
+    }
+
+    /// Issue 14's restart: a 3-node job loses n2; it restarts on its survivors n1 and n3 plus the spare n4 as soon
+    /// as their GPUs are released, and a later job does not take n3 while n1 is still being released.
+    #[test]
+    fn a_job_that_lost_a_node_restarts_on_its_survivors_and_a_spare_and_nothing_backfills_in_between() {
+        let mut state = State::default();
+        let config = ClusterConfig { allow_root_jobs: true, ..ClusterConfig::default() };
+        state.apply(&at(0, Command::InitCluster { config }));
+        for (name, spare) in [("n1", false), ("n2", false), ("n3", false), ("n4", true)] {
+            let info = NodeInfo { spare, ..node(name, 8, "s1") };
+            state.apply(&at(1, Command::RegisterNode { info })).response.unwrap();
+        }
+        let big = submit(&mut state, job(3, 8, 3_600), 1_000);
+        assert_eq!(schedule(&mut state, 2_000), vec![big]);
+        assert_eq!(state.job(big).unwrap().nodes, ["n1", "n2", "n3"], "the spare is left alone");
+        state.apply(&at(3_000, Command::NodeDown { name: "n2".into(), reason: "lost".into() })).response.unwrap();
+        let small = submit(&mut state, job(1, 8, 600), 4_000);
+        let release = |state: &mut State, node: &str, time_ms| {
+            let keys = vec![(big, 0)];
+            let command = Command::ReleaseLingering { node: node.into(), keys, usage: Vec::new() };
+            state.apply(&at(time_ms, command)).response.unwrap();
+        };
+        // n3 confirms first; n1's GPUs are still being released.
+        release(&mut state, "n3", 5_000);
+        assert!(schedule(&mut state, 6_000).is_empty(), "nothing takes n3 from the restarting job");
+        assert_eq!(state.job(big).unwrap().reason, PendingReason::Resources);
+        release(&mut state, "n1", 7_000);
+        assert_eq!(schedule(&mut state, 8_000), vec![big]);
+        assert_eq!(state.job(big).unwrap().nodes, ["n1", "n3", "n4"]);
+        assert!(!state.nodes["n4"].spare, "the spare it took is a normal node now");
+        assert_ne!(state.job(small).unwrap().state, JobState::Running);
     }
 
     /// The whole loop, replicated state included: usage charged in `apply` when jobs end, decayed, read back into
