@@ -105,6 +105,8 @@ fn every_replica_serves_metrics_and_a_web_page_that_a_real_browser_draws_even_wi
     assert!(sample(&m, "drover_scheduler_pass_seconds_count").unwrap() >= 1.0, "{m}");
     assert!(sample(&m, "drover_checkpoint_age_max_seconds").unwrap() < 120.0, "{m}");
     assert_eq!(sample(&m, "drover_jobs_submitted_total"), Some(2.0), "{m}");
+    assert_eq!(sample(&m, "drover_goodput_failed_incarnations_total"), Some(0.0), "{m}");
+    assert_eq!(sample(&m, "drover_goodput_lost_gpu_hours{cause=\"failure\"}"), Some(0.0), "{m}");
     for (id, url) in &web {
         let m = get(&format!("{url}/metrics"));
         assert_eq!(sample(&m, "drover_raft_voters"), Some(3.0), "replica {id}: {m}");
@@ -143,11 +145,13 @@ fn every_replica_serves_metrics_and_a_web_page_that_a_real_browser_draws_even_wi
     assert!(dom.contains("&lt;img src=x onerror=alert(1)&gt;"), "the job's name is shown as text: {dom}");
     assert!(!dom.contains("<img src=\"x\""), "the job's name must never become an element: {dom}");
     assert!(dom.contains(">JobHeldUser</td>"), "{dom}");
+    assert!(dom.contains("data-account=\"TOTAL\""), "the goodput table has its total row: {dom}");
 
     // The job's timeline shows its checkpoint.
     let dom = rendered(&browser, &format!("{follower_url}/#job={running}"), "job");
     assert!(dom.contains("recorded by incarnation") && dom.contains("ckpt-7"), "{dom}");
     assert!(dom.contains("data-kind=\"current\""), "{dom}");
+    assert!(dom.contains("<dt>Goodput</dt>"), "the job's goodput is shown: {dom}");
 
     // With the leader killed, a survivor's page still draws, naming the dead replica unreachable.
     cluster.kill(leader).unwrap();

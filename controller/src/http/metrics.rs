@@ -122,6 +122,33 @@ fn state(out: &mut Exposition, api: &Api) {
         without_checkpoint as f64
     });
 
+    // Goodput: sums kept by `apply` as incarnations end (since `goodput_since`), so no history scan.
+    let g = state.goodput_totals();
+    let hours = |gpu_ms: u64| gpu_ms as f64 / 3_600_000.0;
+    out.counter("goodput_ended_incarnations", "Job incarnations ended since goodput counting began.", {
+        g.ended_incarnations
+    });
+    out.counter("goodput_failed_incarnations", "Incarnations ended by a node failure (NODE_FAIL).", {
+        g.failed_incarnations
+    });
+    out.counter("goodput_preempted_incarnations", "Incarnations ended by preemption.", g.preempted_incarnations);
+    out.gauge("goodput_allocated_gpu_hours", "GPU-hours held by ended incarnations.", hours(g.allocated_gpu_ms));
+    out.labelled(
+        "goodput_lost_gpu_hours",
+        "GPU-hours of work lost since each incarnation's last checkpoint, by cause.",
+        [("failure", g.lost_to_failures_gpu_ms), ("preemption", g.lost_to_preemption_gpu_ms)]
+            .into_iter()
+            .map(|(cause, ms)| (labels([("cause", cause)]), hours(ms))),
+    );
+    out.gauge(
+        "goodput_down_after_failures_seconds",
+        "Wall time jobs waited between a failed incarnation and their next start.",
+        g.down_after_failures_ms as f64 / 1_000.0,
+    );
+    if let Some(ratio) = g.effective_ratio() {
+        out.gauge("goodput_ratio", "Effective training time ratio: (allocated - lost) / allocated GPU time.", ratio);
+    }
+
     let mut nodes_by_state: BTreeMap<&str, f64> = BTreeMap::new();
     let (mut total, mut allocated, mut unavailable) = (0usize, 0usize, 0usize);
     for node in state.nodes.values() {

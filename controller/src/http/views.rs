@@ -53,6 +53,12 @@ pub async fn overview(api: &Api) -> Response {
             "running": queue.iter().filter(|j| j.state == JobState::Running).count(),
             "gpus": gpus, "gpus_allocated": gpus_allocated,
         },
+        "goodput": goodput_json(state.goodput_totals()),
+        "goodput_since_ms": state.goodput_since_ms(),
+        "goodput_accounts": state.account_goodput()
+            .filter(|(_, g)| !g.is_zero())
+            .map(|(account, g)| { let mut row = goodput_json(g); row["account"] = json!(account); row })
+            .collect::<Vec<_>>(),
         "queue_total": queue.len(),
         "queue": queue.iter().take(MAX_QUEUE_ROWS).map(|j| queue_row(j)).collect::<Vec<_>>(),
     });
@@ -83,6 +89,7 @@ pub fn job(api: &Api, id: u64) -> Response {
             json!({
                 "incarnation": h.incarnation, "start_ms": h.start_ms, "end_ms": h.end_ms, "nodes": h.nodes,
                 "state": h.state.name(), "reason": h.reason, "resumed_from": h.resumed_from,
+                "gpus": h.gpus, "last_checkpoint_ms": h.last_checkpoint_ms,
             })
         })
         .collect();
@@ -96,9 +103,24 @@ pub fn job(api: &Api, id: u64) -> Response {
             "path": c.path, "step": c.step, "incarnation": c.incarnation, "time_ms": c.time_ms,
         })),
         "history": incarnations,
+        "goodput": goodput_json(&drover_state::goodput::of_job(&job, crate::runtime::now_ms())),
         "answered_by": api.id,
     });
     Response::json(body.to_string())
+}
+
+/// GPU-hours allocated and lost, and the effective training time ratio (`sreport cluster goodput`'s columns).
+fn goodput_json(g: &drover_state::GoodputTotals) -> Value {
+    let hours = |gpu_ms: u64| gpu_ms as f64 / 3_600_000.0;
+    json!({
+        "allocated_gpu_hours": hours(g.allocated_gpu_ms),
+        "lost_to_failures_gpu_hours": hours(g.lost_to_failures_gpu_ms),
+        "lost_to_preemption_gpu_hours": hours(g.lost_to_preemption_gpu_ms),
+        "failed_incarnations": g.failed_incarnations,
+        "preempted_incarnations": g.preempted_incarnations,
+        "down_after_failures_s": g.down_after_failures_ms as f64 / 1_000.0,
+        "ratio": g.effective_ratio(),
+    })
 }
 
 /// GPUs held, or asked for while none are held.

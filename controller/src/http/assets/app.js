@@ -44,6 +44,24 @@ function showError(error) {
   el.hidden = !error;
 }
 
+function hours(h) {
+  return h.toFixed(2);
+}
+
+function ratio(r) {
+  return r === null || r === undefined ? "-" : (100 * r).toFixed(1) + " %";
+}
+
+function goodputRow(tr, g) {
+  cell(tr, g.account);
+  cell(tr, hours(g.allocated_gpu_hours));
+  cell(tr, hours(g.lost_to_failures_gpu_hours));
+  cell(tr, hours(g.lost_to_preemption_gpu_hours));
+  cell(tr, g.failed_incarnations);
+  cell(tr, Math.round(g.down_after_failures_s) + " s");
+  cell(tr, ratio(g.ratio));
+}
+
 function renderOverview(o) {
   document.getElementById("cluster").textContent = o.cluster || "";
   document.getElementById("source").textContent =
@@ -80,6 +98,12 @@ function renderOverview(o) {
     cell(tr, n.gpu_model || "");
     cell(tr, n.jobs.join(","));
     cell(tr, n.reason);
+  });
+  document.getElementById("goodput-since").textContent =
+    o.goodput_since_ms === null ? "(nothing ended yet)" : "(since " + time(o.goodput_since_ms) + ", ended incarnations)";
+  fillTable("goodput", o.goodput_accounts.concat([Object.assign({ account: "TOTAL" }, o.goodput)]), (tr, g) => {
+    tr.dataset.account = g.account;
+    goodputRow(tr, g);
   });
   document.getElementById("queue-count").textContent =
     "(" + o.queue_total + (o.queue_total > o.queue.length ? ", first " + o.queue.length + " shown" : "") + ")";
@@ -130,13 +154,21 @@ function renderJob(j) {
   fact(facts, "Nodes", j.nodes.join(","));
   fact(facts, "Restarts", j.restarts);
   fact(facts, "Latest checkpoint", j.checkpoint ? j.checkpoint.path + (j.checkpoint.step === null ? "" : " step " + j.checkpoint.step) + " at " + time(j.checkpoint.time_ms) : null);
+  const goodput = document.getElementById("job-goodput");
+  goodput.replaceChildren();
+  fact(goodput, "GPU-hours", hours(j.goodput.allocated_gpu_hours));
+  fact(goodput, "Lost to failures", hours(j.goodput.lost_to_failures_gpu_hours) + " GPU-hours in " + j.goodput.failed_incarnations + " failed incarnation(s)");
+  fact(goodput, "Lost to preemption", hours(j.goodput.lost_to_preemption_gpu_hours) + " GPU-hours");
+  fact(goodput, "Down after failures", Math.round(j.goodput.down_after_failures_s) + " s");
+  fact(goodput, "Goodput", ratio(j.goodput.ratio));
   const list = document.getElementById("timeline");
   list.replaceChildren();
   event(list, "submit", time(j.submit_ms) + " submitted");
   for (const h of j.history) {
     event(list, "incarnation", "incarnation " + h.incarnation + " on " + h.nodes + ": " + time(h.start_ms) + " to " +
       time(h.end_ms) + duration(h.start_ms, h.end_ms) + ", ended " + h.state + (h.reason ? " (" + h.reason + ")" : "") +
-      (h.resumed_from ? ", had resumed from " + h.resumed_from : ""));
+      (h.resumed_from ? ", had resumed from " + h.resumed_from : "") +
+      (h.last_checkpoint_ms ? "; its last checkpoint " + time(h.last_checkpoint_ms) : "; no checkpoint of its own"));
   }
   if (j.checkpoint) {
     event(list, "checkpoint", time(j.checkpoint.time_ms) + " checkpoint " + j.checkpoint.path + " recorded by incarnation " + j.checkpoint.incarnation);
