@@ -347,3 +347,44 @@ async fn a_killed_leaders_refused_port_makes_the_survivors_campaign_at_the_lease
     assert!(campaigned.contains(&next) || campaigned.is_empty(), "leader {next}, campaigned {campaigned:?}");
     client.submit(&trivial_spec()).await.expect("the new leader acknowledges");
 }
+
+/// Waits until the cluster's leader is `want` (as the replicas report it).
+async fn wait_leader(cluster: &LocalCluster, want: impl Fn(u64) -> bool, timeout: Duration, what: &str) -> u64 {
+    let start = Instant::now();
+    loop {
+        if let Ok(leader) = cluster.wait_ready(Duration::from_secs(2)).await
+            && want(leader)
+        {
+            return leader;
+        }
+        assert!(start.elapsed() < timeout, "{what} within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_moves_to_the_preferred_replica_and_back_after_it_restarts_losing_nothing() {
+    let options = UpOptions {
+        extra_toml: "[raft]\npreferred_leaders = [3]\npreferred_leader_hold_ms = 1000\n".into(),
+        ..UpOptions::default()
+    };
+    let (_dir, mut cluster) = cluster(options);
+    cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
+    let client = Arc::new(cluster.client().unwrap());
+    let load = Load::start(client.clone(), 4);
+
+    // Whoever won the first election hands over to replica 3 once it has led for the hold period.
+    wait_leader(&cluster, |l| l == 3, Duration::from_secs(20), "replica 3 (preferred) leads").await;
+
+    // Without it, another replica leads; restarted, it catches up and is handed the leadership again.
+    cluster.kill(3).unwrap();
+    wait_leader(&cluster, |l| l != 3, Duration::from_secs(20), "a survivor leads").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.start(3).unwrap();
+    wait_leader(&cluster, |l| l == 3, Duration::from_secs(30), "the restarted replica 3 leads again").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let acked = load.stop().await;
+    assert!(acked.len() > 10, "submissions went on throughout: {}", acked.len());
+    assert_all_present(&client, &acked).await;
+}

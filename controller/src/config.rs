@@ -47,6 +47,14 @@ pub struct RaftTuning {
     pub snapshot_after_entries: u64,
     /// Entries kept behind a snapshot, so that a briefly lagging follower catches up from the log.
     pub keep_entries_after_snapshot: u64,
+    /// Replicas that should lead when they can (e.g. those at the site most clients and agents are at), in order
+    /// of preference. A leader not listed hands leadership to the first listed voter that has its whole log,
+    /// after leading for `preferred_leader_hold_ms`. Empty: any replica leads. Give every replica the same list.
+    pub preferred_leaders: Vec<u64>,
+    /// How long a leader leads before handing over to a preferred replica: after a failover, a restarted
+    /// preferred replica gets the leadership back only once it has shown it stays up, and two replicas whose
+    /// lists disagree cannot trade it faster than this.
+    pub preferred_leader_hold_ms: u64,
 }
 
 impl Default for RaftTuning {
@@ -61,6 +69,8 @@ impl Default for RaftTuning {
             election_timeout_max_ms: 300,
             snapshot_after_entries: 20_000,
             keep_entries_after_snapshot: 2_000,
+            preferred_leaders: Vec::new(),
+            preferred_leader_hold_ms: 3_000,
         }
     }
 }
@@ -104,6 +114,9 @@ impl Default for AgentTiming {
         }
     }
 }
+
+/// A Raft group has 3 to 7 voters; more preferences than that are a mistake.
+pub const MAX_PREFERRED_LEADERS: usize = 7;
 
 /// How much longer than a lease the leader waits before declaring a silent node down: time for the supervisors
 /// to notice the lease ran out and for SIGKILL to land, plus clock-rate drift.
@@ -151,6 +164,12 @@ impl ControllerConfig {
         }
         if r.election_timeout_max_ms <= r.election_timeout_min_ms {
             return Err("raft.election_timeout_max_ms must exceed raft.election_timeout_min_ms".into());
+        }
+        if !r.preferred_leaders.is_empty() && r.preferred_leader_hold_ms < r.election_timeout_max_ms {
+            return Err("raft.preferred_leader_hold_ms must be at least raft.election_timeout_max_ms".into());
+        }
+        if r.preferred_leaders.len() > MAX_PREFERRED_LEADERS {
+            return Err(format!("raft.preferred_leaders lists more than {MAX_PREFERRED_LEADERS} replicas"));
         }
         let a = &self.agents;
         if a.heartbeat_ms == 0

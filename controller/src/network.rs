@@ -10,7 +10,10 @@ use drover_proto::v1::raft_service_client::RaftServiceClient;
 use drover_proto::v1::{RaftReply, RaftRequest, SnapshotChunk};
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory, v2::RaftNetworkV2};
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest, TransferLeaderResponse,
+    VoteRequest, VoteResponse,
+};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 use tonic::transport::Channel;
@@ -174,6 +177,17 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         let mut request = tonic::Request::new(encode(&rpc));
         request.set_timeout(option.hard_ttl());
         let reply = self.client()?.pre_vote(request).await.map_err(|s| self.status_error(s))?;
+        self.decode(reply.into_inner())
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        rpc: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let mut request = tonic::Request::new(encode(&rpc));
+        request.set_timeout(option.hard_ttl());
+        let reply = self.client()?.transfer_leader(request).await.map_err(|s| self.status_error(s))?;
         self.decode(reply.into_inner())
     }
 

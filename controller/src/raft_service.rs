@@ -55,6 +55,10 @@ impl RaftService for RaftServer {
         reply(self.raft.pre_vote(decode(request)?).await)
     }
 
+    async fn transfer_leader(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        reply(self.raft.handle_transfer_leader(decode(request)?).await)
+    }
+
     async fn install_snapshot(
         &self,
         request: Request<Streaming<SnapshotChunk>>,

@@ -158,6 +158,12 @@ impl Controller {
         };
         tokio::spawn(bootstrap(raft.clone(), config.id, config.initial_members.clone(), security.clone()));
         tokio::spawn(crate::leader_watch::watch(raft.clone(), config.id, heard, config.raft.clone()));
+        tokio::spawn(crate::leader::placement::prefer_leaders(
+            raft.clone(),
+            config.id,
+            config.raft.preferred_leaders.clone(),
+            config.raft.preferred_leader_hold_ms,
+        ));
         tokio::spawn(leader_duties(raft.clone(), view.clone(), config.id, config.cluster.clone()));
         tokio::spawn(crate::leader::agents::leader_loops(hub));
         tokio::spawn(crate::leader::scheduling::scheduling_loop(raft.clone(), view.clone(), config.id, insights));
