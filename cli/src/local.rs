@@ -352,6 +352,7 @@ impl LocalCluster {
             cert: pki.dir.join("client.pem"),
             key: pki.dir.join("client.key"),
             auth_socket: self.dir.join("auth.sock"),
+            local_controllers: Vec::new(),
         };
         let path = self.dir.join("client.toml");
         std::fs::write(&path, toml::to_string(&config)?)?;

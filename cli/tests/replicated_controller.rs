@@ -388,3 +388,39 @@ async fn leadership_moves_to_the_preferred_replica_and_back_after_it_restarts_lo
     assert!(acked.len() > 10, "submissions went on throughout: {}", acked.len());
     assert_all_present(&client, &acked).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_reads_go_to_the_local_replica_while_writes_stay_with_the_leader() {
+    let (_dir, mut cluster) = cluster(UpOptions::default());
+    let leader = cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
+    let addresses: Vec<String> = (1..=3).map(|id| cluster.process(id).unwrap().address.clone()).collect();
+    let address_of = |id: u64| addresses[id as usize - 1].clone();
+    let local = (1..=3).find(|id| *id != leader).unwrap();
+    let mut config = cluster.client_config().unwrap();
+    config.local_controllers = vec![address_of(local)];
+    let client = Client::new(&config).unwrap();
+
+    let id = client.submit(&trivial_spec()).await.unwrap();
+    assert_eq!(client.current_address(), address_of(leader), "a write follows the leader");
+    let stale = JobFilter { ids: vec![id], stale: true, ..Default::default() };
+    let wait = Instant::now();
+    let jobs = loop {
+        let (jobs, _) = client.list_jobs(&stale).await.unwrap();
+        assert_eq!(client.last_answered_address(), Some(address_of(local).as_str()), "the local replica answered");
+        if !jobs.is_empty() || wait.elapsed() > Duration::from_secs(5) {
+            break jobs;
+        }
+    };
+    assert_eq!(jobs.len(), 1, "the local replica has applied the submission");
+    assert_eq!(client.current_address(), address_of(leader), "a stale read does not move writes off the leader");
+    let linearizable = JobFilter { ids: vec![id], ..Default::default() };
+    client.list_jobs(&linearizable).await.unwrap();
+    assert_eq!(client.last_answered_address(), Some(address_of(leader).as_str()));
+
+    // With the local replica frozen, a stale read falls back to the others.
+    cluster.signal(local, libc::SIGSTOP).unwrap();
+    let (jobs, _) = client.list_jobs(&stale).await.unwrap();
+    cluster.signal(local, libc::SIGCONT).unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_ne!(client.last_answered_address(), Some(address_of(local).as_str()));
+}

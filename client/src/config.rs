@@ -26,6 +26,11 @@ pub struct ClientConfig {
     /// The host's `drover-authd` socket. `DROVER_AUTH_SOCKET` overrides it.
     #[serde(default = "default_socket")]
     pub auth_socket: PathBuf,
+    /// Controllers at this host's site, nearest first. Stale reads (`squeue --stale`) go to them first: any
+    /// replica answers those from its own state, so a remote site's commands need not cross the WAN to the
+    /// leader. Writes and linearizable reads still go to the leader. `DROVER_LOCAL_CONTROLLERS` overrides it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub local_controllers: Vec<String>,
 }
 
 fn default_socket() -> PathBuf {
@@ -57,6 +62,9 @@ impl ClientConfig {
             .or_else(|| std::env::var("DROVER_CONTROLLERS").ok().filter(|s| !s.trim().is_empty()));
         if let Some(list) = listed {
             config.controllers = split_list(&list);
+        }
+        if let Ok(list) = std::env::var("DROVER_LOCAL_CONTROLLERS") {
+            config.local_controllers = split_list(&list);
         }
         if let Ok(socket) = std::env::var(drover_auth::authd::SOCKET_ENV)
             && !socket.is_empty()

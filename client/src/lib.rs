@@ -92,6 +92,10 @@ pub struct Client {
     deadline: Duration,
     request_seq: AtomicU64,
     client_tag: String,
+    /// Indices (into `addresses`) of the controllers at this host's site, tried first by stale reads.
+    local: Vec<usize>,
+    /// Index of the controller that answered the latest call (stale reads included).
+    last_answered: AtomicUsize,
 }
 
 /// Whether an error means "try another controller" rather than "the request is wrong".
@@ -120,10 +124,24 @@ impl Client {
 
     /// Like [`Client::new`], with TLS and credentials already loaded (long-running tools share them).
     pub fn with_tls(config: &ClientConfig, tls: ClientTls, credentials: Credentials) -> Result<Client, ClientError> {
-        let addresses: Vec<String> =
+        let mut addresses: Vec<String> =
             config.controllers.iter().map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect();
         if addresses.is_empty() {
             return Err(ClientError::NoAddresses);
+        }
+        // A local controller missing from the list is still a controller of the cluster: add it at the end.
+        let mut local = Vec::new();
+        for addr in config.local_controllers.iter().map(|a| a.trim()).filter(|a| !a.is_empty()) {
+            let index = match addresses.iter().position(|a| a == addr) {
+                Some(index) => index,
+                None => {
+                    addresses.push(addr.to_string());
+                    addresses.len() - 1
+                }
+            };
+            if !local.contains(&index) {
+                local.push(index);
+            }
         }
         let mut channels = Vec::new();
         for addr in &addresses {
@@ -145,6 +163,8 @@ impl Client {
             deadline: Duration::from_millis(DEFAULT_DEADLINE_MS),
             request_seq: AtomicU64::new(0),
             client_tag: format!("{}-{:x}", std::process::id(), nanos),
+            local,
+            last_answered: AtomicUsize::new(usize::MAX),
         })
     }
 
@@ -184,6 +204,11 @@ impl Client {
         &self.addresses[self.current.load(Ordering::Relaxed) % self.addresses.len()]
     }
 
+    /// The controller that answered the latest call, if any has.
+    pub fn last_answered_address(&self) -> Option<&str> {
+        self.addresses.get(self.last_answered.load(Ordering::Relaxed)).map(String::as_str)
+    }
+
     /// A fresh id for one logical write; reused across its retries.
     pub fn new_request_id(&self) -> String {
         format!("{}-{}", self.client_tag, self.request_seq.fetch_add(1, Ordering::Relaxed))
@@ -191,7 +216,26 @@ impl Client {
 
     /// Runs `call` against controllers until it succeeds, fails for a reason retrying cannot fix, or the
     /// deadline passes.
-    async fn call<T, F, Fut>(&self, mut call: F) -> Result<T, ClientError>
+    async fn call<T, F, Fut>(&self, call: F) -> Result<T, ClientError>
+    where
+        F: FnMut(DroverServiceClient<Service>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        self.call_from(&[], call).await
+    }
+
+    /// A read any replica may answer from its own state: the local controllers first, then as [`Client::call`].
+    async fn read<T, F, Fut>(&self, stale: bool, call: F) -> Result<T, ClientError>
+    where
+        F: FnMut(DroverServiceClient<Service>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        if stale { self.call_from(&self.local, call).await } else { self.call_from(&[], call).await }
+    }
+
+    /// Tries the controllers in `first` once each, in order, then the usual rotation from the current one. An
+    /// answer from one of `first` does not move the current controller: the leader stays where writes go.
+    async fn call_from<T, F, Fut>(&self, first: &[usize], mut call: F) -> Result<T, ClientError>
     where
         F: FnMut(DroverServiceClient<Service>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
@@ -202,7 +246,8 @@ impl Client {
         let mut last_said: Option<String> = None;
         let mut attempt = 0usize;
         loop {
-            let index = self.current.load(Ordering::Relaxed) % self.channels.len();
+            let preferred = first.get(attempt).copied();
+            let index = preferred.unwrap_or_else(|| self.current.load(Ordering::Relaxed) % self.channels.len());
             // Fail fast, before any network, when there is no credential to send.
             self.credentials.token()?;
             let client = DroverServiceClient::with_interceptor(self.channels[index].clone(), self.credentials.clone())
@@ -214,7 +259,10 @@ impl Client {
             let result = tokio::time::timeout(attempt_timeout, call(client)).await;
             let status = match result {
                 Ok(Ok(reply)) => {
-                    self.answered(index, reply.metadata());
+                    self.last_answered.store(index, Ordering::Relaxed);
+                    if preferred.is_none() {
+                        self.answered(index, reply.metadata());
+                    }
                     return Ok(reply.into_inner());
                 }
                 Ok(Err(status)) => status,
@@ -239,8 +287,10 @@ impl Client {
                 return Err(ClientError::Unreachable { tried: self.addresses.join(", "), last });
             }
             let hinted = self.hinted(status.metadata());
-            let next = hinted.unwrap_or(index + 1);
-            self.current.store(next % self.channels.len(), Ordering::Relaxed);
+            if preferred.is_none() || hinted.is_some() {
+                let next = hinted.unwrap_or(index + 1);
+                self.current.store(next % self.channels.len(), Ordering::Relaxed);
+            }
             if start.elapsed() >= self.deadline {
                 return Err(ClientError::Unreachable { tried: self.addresses.join(", "), last });
             }
@@ -343,7 +393,8 @@ impl Client {
     /// The registry of accounts (with fair-share figures), QOS and reservations.
     pub async fn registry(&self, stale: bool) -> Result<drover_proto::wire::Registry, ClientError> {
         let consistency = consistency(stale);
-        let reply = self.call(|mut c| async move { c.get_registry(GetRegistryRequest { consistency }).await }).await?;
+        let reply =
+            self.read(stale, |mut c| async move { c.get_registry(GetRegistryRequest { consistency }).await }).await?;
         drover_proto::wire::decode(&reply.json).map_err(ClientError::Protocol)
     }
 
@@ -351,7 +402,7 @@ impl Client {
     pub async fn get_job(&self, id: u64, with_script: bool, stale: bool) -> Result<(Job, String), ClientError> {
         let consistency = consistency(stale);
         let reply = self
-            .call(|mut c| async move { c.get_job(GetJobRequest { job_id: id, consistency, with_script }).await })
+            .read(stale, |mut c| async move { c.get_job(GetJobRequest { job_id: id, consistency, with_script }).await })
             .await
             .map_err(|e| match e {
                 ClientError::Rejected(CommandError::InvalidJobId { .. }) => ClientError::NotFound(id),
@@ -371,7 +422,7 @@ impl Client {
             limit: filter.limit,
         };
         let reply = self
-            .call(|mut c| {
+            .read(filter.stale, |mut c| {
                 let request = request.clone();
                 async move { c.list_jobs(request).await }
             })
@@ -490,7 +541,8 @@ impl Client {
         stale: bool,
     ) -> Result<(Vec<drover_state::Node>, Option<drover_state::ClusterConfig>), ClientError> {
         let consistency = consistency(stale);
-        let reply = self.call(|mut c| async move { c.list_nodes(ListNodesRequest { consistency }).await }).await?;
+        let reply =
+            self.read(stale, |mut c| async move { c.list_nodes(ListNodesRequest { consistency }).await }).await?;
         let nodes = serde_json::from_slice(&reply.nodes_json).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let config = serde_json::from_slice(&reply.config_json).map_err(|e| ClientError::Protocol(e.to_string()))?;
         Ok((nodes, config))
