@@ -24,6 +24,7 @@ impl NodeAgent {
 
     pub(crate) fn launch_batch(&self, a: &Assignment) {
         let key = (a.job.id, a.job.incarnation);
+        let _span = tracing::info_span!("job", id = key.0, incarnation = key.1).entered();
         let dir = self.batch_dir(key);
         let spec = &a.job.spec;
         if let Err(e) = std::fs::create_dir_all(&dir) {

@@ -46,12 +46,7 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     maybe_supervise();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,h2=warn,tower=warn,hyper=warn".into()),
-        )
-        .init();
+    drover_observe::logging::init("info,h2=warn,tower=warn,hyper=warn");
     let args = Args::parse();
     let config = load_config(&args)?;
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(run(config))

@@ -407,6 +407,8 @@ impl NodeAgent {
         let mut to_launch: Vec<&Assignment> = Vec::new();
         for a in assignments.values() {
             let key = (a.job.id, a.job.incarnation);
+            // Every log line about this job carries its id and incarnation (JSON logs list the span).
+            let _span = tracing::info_span!("job", id = key.0, incarnation = key.1).entered();
             live.insert(key);
             let mine: Vec<&TaskDir> = dirs.iter().filter(|d| d.key == key).collect();
             let limit_ms = match (a.job.time_limit_s, a.job.start_time_ms) {

@@ -68,9 +68,50 @@ fn rendered(browser: &str, url: &str, view: &str) -> String {
     })
 }
 
+/// Every `drover_*` series the shipped Grafana dashboard queries is one a controller or an agent exports, so
+/// the dashboard cannot silently go blank after a rename.
+fn dashboard_names_exist(expositions: &[String]) {
+    let mut exported = std::collections::BTreeSet::new();
+    for text in expositions {
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                exported.insert(name.to_string());
+                let suffixes: &[&str] = match kind {
+                    "counter" => &["_total"],
+                    "histogram" => &["_bucket", "_count", "_sum"],
+                    _ => &[],
+                };
+                for suffix in suffixes {
+                    exported.insert(format!("{name}{suffix}"));
+                }
+            }
+        }
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/drover.json");
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut queried = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            let mut rest = expr;
+            while let Some(at) = rest.find("drover_") {
+                let name: String = rest[at..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                assert!(exported.contains(&name), "panel {:?} queries {name}, which nothing exports", panel["title"]);
+                queried += 1;
+                rest = &rest[at + name.len()..];
+            }
+        }
+    }
+    assert!(queried >= 20, "the dashboard queries {queried} series");
+}
+
 #[test]
 fn every_replica_serves_metrics_and_a_web_page_that_a_real_browser_draws_even_with_the_leader_gone() {
     let browser = browser();
+    // Every process of this cluster logs JSON (it inherits the variable), checked at the end.
+    // SAFETY: no other thread of this test process reads the environment yet.
+    unsafe { std::env::set_var("DROVER_LOG_FORMAT", "json") };
     let dir = tempfile::tempdir().unwrap();
     let options = UpOptions { agents: 1, gpus_per_agent: 2, agent_fault_files: true, ..UpOptions::default() };
     let (mut cluster, sh) = setup(dir.path(), options);
@@ -129,6 +170,7 @@ fn every_replica_serves_metrics_and_a_web_page_that_a_real_browser_draws_even_wi
         .collect();
     assert_eq!(allocated.iter().sum::<f64>(), 1.0, "one of the two GPUs is held by the running job: {m}");
     assert_eq!(sample(&m, "drover_agent_connected"), Some(1.0), "{m}");
+    dashboard_names_exist(&[get(&format!("{leader_url}/metrics")), m.clone()]);
     assert!(sample(&m, "drover_agent_heartbeats_sent_total").unwrap() >= 1.0, "{m}");
     assert!(sample(&m, "drover_agent_lease_remaining_seconds").unwrap() > 0.0, "{m}");
 
@@ -167,6 +209,20 @@ fn every_replica_serves_metrics_and_a_web_page_that_a_real_browser_draws_even_wi
     let dom = rendered(&browser, &format!("{survivor_url}/"), "overview");
     assert!(dom.contains(">unreachable</td>"), "{dom}");
     assert!(dom.contains(&format!("as replica {survivor} has applied it")), "{dom}");
+
+    // JSON logs: the agent's line about starting the job is inside the job's span, with its id and incarnation.
+    let agent_log = std::fs::read_to_string(cluster.dir.join("agent-node01").join("agent.log")).unwrap();
+    let started = agent_log
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|event| event["fields"]["message"] == "batch script started" && event["fields"]["job"] == running)
+        .unwrap_or_else(|| panic!("no JSON event for job {running}'s start in the agent's log:\n{agent_log}"));
+    assert_eq!(started["span"]["name"], "job", "{started}");
+    assert_eq!(started["span"]["id"], running, "{started}");
+    assert!(started["span"]["incarnation"].is_u64(), "{started}");
+    let controller_log = std::fs::read_to_string(&cluster.process(leader).unwrap().log_file).unwrap();
+    let first = controller_log.lines().next().unwrap_or_default();
+    assert!(serde_json::from_str::<serde_json::Value>(first).is_ok(), "the controller logs JSON: {first}");
 
     // Only reads: anything else is refused.
     let mut stream = TcpStream::connect(survivor_url.trim_start_matches("http://")).unwrap();

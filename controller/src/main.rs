@@ -16,12 +16,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,openraft=warn,h2=warn,tower=warn".into()),
-        )
-        .init();
+    drover_observe::logging::init("info,openraft=warn,h2=warn,tower=warn");
     let args = Args::parse();
     let config = ControllerConfig::load(&args.config)?;
     let data_dir = config.data_dir.clone();

@@ -4,6 +4,7 @@
 //! network, and it never accepts a change (GET and HEAD only).
 
 pub mod http;
+pub mod logging;
 pub mod metrics;
 
 pub use prometheus_client;

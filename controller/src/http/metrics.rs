@@ -145,9 +145,12 @@ fn state(out: &mut Exposition, api: &Api) {
         "Wall time jobs waited between a failed incarnation and their next start.",
         g.down_after_failures_ms as f64 / 1_000.0,
     );
-    if let Some(ratio) = g.effective_ratio() {
-        out.gauge("goodput_ratio", "Effective training time ratio: (allocated - lost) / allocated GPU time.", ratio);
-    }
+    // NaN until an incarnation has ended: no GPU time yet, so no ratio (the series exists for dashboards).
+    out.gauge(
+        "goodput_ratio",
+        "Effective training time ratio: (allocated - lost) / allocated GPU time; NaN before any incarnation ended.",
+        g.effective_ratio().unwrap_or(f64::NAN),
+    );
 
     let mut nodes_by_state: BTreeMap<&str, f64> = BTreeMap::new();
     let (mut total, mut allocated, mut unavailable) = (0usize, 0usize, 0usize);
