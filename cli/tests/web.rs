@@ -194,6 +194,7 @@ fn every_replica_serves_metrics_and_a_web_page_that_a_real_browser_draws_even_wi
     assert!(dom.contains("recorded by incarnation") && dom.contains("ckpt-7"), "{dom}");
     assert!(dom.contains("data-kind=\"current\""), "{dom}");
     assert!(dom.contains("<dt>Goodput</dt>"), "the job's goodput is shown: {dom}");
+    assert!(dom.contains(&format!("job {running} as replica {follower} has applied it")), "{dom}");
 
     // With the leader killed, a survivor's page still draws, naming the dead replica unreachable.
     cluster.kill(leader).unwrap();

@@ -142,6 +142,7 @@ function event(list, kind, text) {
 }
 
 function renderJob(j) {
+  document.getElementById("source").textContent = "job " + j.id + " as replica " + j.answered_by + " has applied it";
   document.getElementById("job-id").textContent = String(j.id);
   const facts = document.getElementById("job-facts");
   facts.replaceChildren();
