@@ -12,7 +12,8 @@
 # docker-compose (v1, or v2 as `docker compose`), the image (deploy/docker/make-base.sh && deploy/docker/build.sh),
 # and drover + drover-chaos built on the host (cargo build --release -p drover-cli -p drover-chaos).
 # Env: DROVER_IMAGE (drover:latest), STATE (/var/tmp/drover-compose/PROJECT), CARGO_TARGET_DIR (target/),
-# DRILL (the chaos drill file; default chaos/drills/leader-kill.toml), SKIP_CHAOS=1, KEEP=1 (leave the cluster up).
+# DRILL (the chaos drill file; default chaos/drills/leader-kill.toml), SKIP_CHAOS=1, KEEP=1 (leave the cluster up),
+# SITE=a|b|c (3site: the site to lose; default the leader's, or a when the leader is on c, the one-replica site).
 # Everything it measured is printed at the end and kept in STATE/summary.txt.
 set -euo pipefail
 
@@ -172,9 +173,14 @@ if [ "$VARIANT" = 3 ]; then
     victims=("$(ctr "ctl$old")")
     what="leader ctl$old killed (docker kill)"
 else
-    site=$(docker inspect -f '{{index .Config.Labels "org.drover.site"}}' "$(ctr "ctl$old")")
+    # The leader's site when it holds two replicas (the worst case: 2 of 5 replicas and the leader at once);
+    # site a when the leader is on site c (one replica), so that two replicas still go. SITE=a|b|c chooses.
+    lsite=$(docker inspect -f '{{index .Config.Labels "org.drover.site"}}' "$(ctr "ctl$old")")
+    site=${SITE:-$lsite}; [ -n "${SITE:-}" ] || [ "$lsite" != c ] || site=a
     mapfile -t victims < <(docker ps --filter "label=com.docker.compose.project=$PROJECT" --filter "label=org.drover.site=$site" --format '{{.Names}}' | sort)
-    what="site $site lost: ${victims[*]} killed at once (docker kill), the leader ctl$old among them"
+    [ "${#victims[@]}" -gt 0 ] || die "no running container on site $site"
+    if [ "$site" = "$lsite" ]; then lead="the leader ctl$old among them"; else lead="the leader ctl$old (site $lsite) not among them"; fi
+    what="site $site lost: ${victims[*]} killed at once (docker kill), $lead"
 fi
 say "$what"
 t_kill=$(now_ms)
@@ -185,13 +191,15 @@ t_killed=$(now_ms)
 after=$(login sbatch --parsable --gres=gpu:1 -t 5 -J after-fault --wrap 'echo ran on $(hostname)') || die "no submission accepted after the fault"
 t_ack=$(now_ms)
 new=""
-wait_for 30 "a new leader" bash -c "id=\$(DROVER_CONFIG=$DROVER_CONFIG DROVER_AUTH_SOCKET=$DROVER_AUTH_SOCKET $DROVER cluster status 2>/dev/null | awk '\$3 == \"leader\" { print \$1; exit }'); [ -n \"\$id\" ] && [ \"\$id\" != $old ]"
+# A leader again: a new one when the old one was killed, else the old one still leading.
+gone=$old; [[ " ${victims[*]} " == *" $(ctr "ctl$old") "* ]] || gone=none
+wait_for 30 "a leader" bash -c "id=\$(DROVER_CONFIG=$DROVER_CONFIG DROVER_AUTH_SOCKET=$DROVER_AUTH_SOCKET $DROVER cluster status 2>/dev/null | awk '\$3 == \"leader\" { print \$1; exit }'); [ -n \"\$id\" ] && [ \"\$id\" != $gone ]"
 t_leader=$(now_ms)
 new=$(leader_id)
 wait_state "$after" COMPLETED 60
 t_done=$(now_ms)
 summary "fault: $what"
-summary "  kill took $(( t_killed - t_kill )) ms; first submission acknowledged $(( t_ack - t_killed )) ms after it (job $after); new leader ctl$new seen by $(( t_leader - t_killed )) ms; job $after COMPLETED at $(( t_done - t_killed )) ms (node, restarts: $(host_drover sacct -j "$after" -X -n -P -o NodeList,Restarts))"
+summary "  kill took $(( t_killed - t_kill )) ms; first submission acknowledged $(( t_ack - t_killed )) ms after it (job $after); leader ctl$new seen by $(( t_leader - t_killed )) ms; job $after COMPLETED at $(( t_done - t_killed )) ms (node, restarts: $(host_drover sacct -j "$after" -X -n -P -o NodeList,Restarts))"
 for j in "${inflight[@]}"; do wait_state "$j" COMPLETED 90; done
 summary "  in-flight jobs ${inflight[*]}: all COMPLETED; nodes, restarts: $(for j in "${inflight[@]}"; do host_drover sacct -j "$j" -X -n -P -o JobID,NodeList,Restarts; done | tr '\n' ' ')"
 jobs_known > "$STATE/acked-after.txt"
