@@ -161,7 +161,8 @@ fi
 
 # --- a fault watched from a client: what the users see ------------------------------------------------------------
 jobs_known() { host_drover sacct -a -X -n -P -o JobID -S 2000-01-01 2>/dev/null | sort -n; }
-# Work in flight when the fault hits: jobs of 15 s, one per node, requeued if their node goes.
+# Work in flight when the fault hits: 4 one-GPU jobs of 15 s (best-fit packing usually puts them on one node),
+# requeued elsewhere if their node goes.
 say "4 jobs of 15 s in flight (alice), then the fault"
 inflight=()
 for _ in 1 2 3 4; do inflight+=("$(login sbatch --parsable --requeue --gres=gpu:1 -t 5 --wrap 'sleep 15; hostname')")
