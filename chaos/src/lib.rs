@@ -4,11 +4,13 @@
 //! incarnations as the tasks' own logs saw them, checkpoints, faults, replica roles), [`checker`] judges a history
 //! against Drover's promises without any network, clock or disk, and [`report`] turns it into a table and a
 //! timeline; so the same history always gets the same verdict and a broken history can be planted in a test.
-//! At the edges: [`drill`] files, the [`target`] trait with its [`local_target`], the [`workload`] and the
+//! At the edges: [`drill`] files, the [`target`] trait with its [`local_target`] and [`docker_target`] (a compose
+//! project's containers), the [`workload`] and the
 //! [`runner`] that ties them together. [`sim`] runs the real controller code under a seeded simulated network
 //! and clock, where a failing seed replays exactly.
 
 pub mod checker;
+pub mod docker_target;
 pub mod drill;
 pub mod history;
 pub mod local_target;

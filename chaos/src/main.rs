@@ -3,6 +3,9 @@
 //! - `drover-chaos run chaos/drills/leader-kill.toml`: brings up a local cluster, runs the drill, prints the
 //!   report, leaves `history.jsonl`, `report.txt` and `timeline.svg` in the output directory; exits 1 when an
 //!   invariant was broken.
+//! - `drover-chaos run DRILL --docker-target chaos-target.toml`: the same against a running compose cluster
+//!   (`deploy/compose/`): faults are `docker kill/stop/start/pause`, `docker network disconnect` and iptables in
+//!   the containers' namespaces; the drill's `[cluster]` shape is not used, the compose files define the cluster.
 //! - `drover-chaos check HISTORY`: the checker alone, on a saved history.
 //! - `drover-chaos report HISTORY`: the table and the timeline again, from a saved history.
 
@@ -11,6 +14,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use drover_chaos::checker::{Bounds, check};
+use drover_chaos::docker_target::DockerTarget;
 use drover_chaos::drill::{Drill, FaultKind};
 use drover_chaos::history::History;
 use drover_chaos::local_target::LocalTarget;
@@ -32,6 +36,10 @@ enum Command {
         /// Where the cluster and the results go (default: a new directory under /tmp).
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Run against the containers this file describes (`chaos-target.toml`, written by
+        /// deploy/compose/setup.sh) instead of bringing up a local cluster.
+        #[arg(long, value_name = "FILE")]
+        docker_target: Option<PathBuf>,
     },
     /// Judges a recorded history.
     Check {
@@ -56,7 +64,7 @@ fn read_history(path: &PathBuf) -> anyhow::Result<History> {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run { drill, dir } => {
+        Command::Run { drill, dir, docker_target } => {
             let drill = Drill::load(&drill)?;
             let dir = dir.unwrap_or_else(|| {
                 std::env::temp_dir().join(format!(
@@ -65,9 +73,30 @@ fn main() -> anyhow::Result<()> {
                     drover_chaos::recorder::unix_ms() / 1000
                 ))
             });
-            let disk = drill.faults.iter().any(|f| f.kind == FaultKind::DiskFull);
-            println!("drill {}: cluster and results in {}", drill.name, dir.display());
-            let mut target = LocalTarget::up(&dir, &drill.cluster, disk)?;
+            let mut target: Box<dyn Target> = match docker_target {
+                Some(file) => {
+                    let target = DockerTarget::open(&file)?;
+                    if let Some(socket) = target.auth_socket()
+                        && std::env::var_os("DROVER_AUTH_SOCKET").is_none()
+                    {
+                        // SAFETY: no other thread exists yet (the runtime is built below), so nothing reads the
+                        // environment concurrently.
+                        unsafe { std::env::set_var("DROVER_AUTH_SOCKET", socket) };
+                    }
+                    println!(
+                        "drill {}: against the containers of {} (its [cluster] shape is not used); results in {}",
+                        drill.name,
+                        file.display(),
+                        dir.display()
+                    );
+                    Box::new(target)
+                }
+                None => {
+                    let disk = drill.faults.iter().any(|f| f.kind == FaultKind::DiskFull);
+                    println!("drill {}: cluster and results in {}", drill.name, dir.display());
+                    Box::new(LocalTarget::up(&dir, &drill.cluster, disk)?)
+                }
+            };
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             let results = dir.join("results");
             let outcome = runtime.block_on(async {
@@ -75,7 +104,7 @@ fn main() -> anyhow::Result<()> {
                 // stopped: a firewall rule left behind would cut off whatever later uses the address.
                 let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
                 tokio::select! {
-                    outcome = drover_chaos::runner::run(&drill, &mut target, &results) => outcome,
+                    outcome = drover_chaos::runner::run(&drill, target.as_mut(), &results) => outcome,
                     _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted; the faults are undone and the cluster stopped")),
                     _ = term.recv() => Err(anyhow::anyhow!("terminated; the faults are undone and the cluster stopped")),
                 }

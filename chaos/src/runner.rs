@@ -63,7 +63,12 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 pub async fn run(drill: &Drill, target: &mut dyn Target, out_dir: &Path) -> anyhow::Result<Outcome> {
     std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let schedule = drill.schedule()?;
-    let config = ClientConfig::load(&target.client_config())?;
+    let mut config = ClientConfig::load(&target.client_config())?;
+    // As every client does (`ClientConfig::from_environment`): the drill's own clients may get their credentials
+    // from another socket than the jobs' (a container cluster's login node, seen from the host).
+    if let Some(socket) = std::env::var_os("DROVER_AUTH_SOCKET").filter(|s| !s.is_empty()) {
+        config.auth_socket = socket.into();
+    }
     let addresses: Vec<String> = target.replica_addresses().into_iter().map(|(_, a)| a).collect();
     let config = config.with_controllers(&addresses.join(","));
     let client = Arc::new(Client::new(&config)?.with_deadline(Duration::from_millis(workload::SUBMIT_DEADLINE_MS)));
