@@ -441,3 +441,25 @@ fn sacct_lists_the_batch_step_and_each_srun_step_with_its_own_outcome() {
     assert_eq!(one.trim(), format!("{id}.1|FAILED"));
     assert_eq!(sh.ok("sacct", &["-X", "-j", &id.to_string(), "-n", "-P", "-o", "JobID"]).trim(), id.to_string());
 }
+
+/// A one-replica cluster (`local up --controllers 1`, a laptop or a test bed) is its own quorum: its leader must
+/// renew the nodes' leases, or every job is killed when the first lease runs out.
+#[test]
+fn a_single_controller_renews_leases_so_a_job_outlives_the_first_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = UpOptions {
+        controllers: 1,
+        agents: 1,
+        gpus_per_agent: 1,
+        agent_heartbeat_ms: 200,
+        agent_fence_after_ms: 1_000,
+        node_timeout_ms: 1_500,
+        kill_wait_ms: 500,
+        ..UpOptions::default()
+    };
+    let (_cluster, sh) = setup(dir.path(), options);
+    let id = sh.submit(&["--gres=gpu:1", "--wrap", "sleep 3; echo survived > lease.txt"]);
+    assert_eq!(sh.wait_done(id, Duration::from_secs(30)), "COMPLETED", "three leases later, still running");
+    assert_eq!(sh.read("lease.txt").trim(), "survived");
+    assert_eq!(sh.acct(id, "Restarts")[0], "0", "never fenced, never requeued");
+}

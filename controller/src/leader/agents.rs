@@ -95,13 +95,22 @@ impl AgentHub {
 
     /// Whether this replica leads and a quorum acknowledged it within the window: only then may it renew
     /// leases. (The acknowledged time is when the acknowledged request was *sent*, so it errs on the safe side.)
+    /// A single-replica cluster's leader is its own quorum.
     pub fn quorum_is_fresh(&self) -> bool {
         let metrics = self.raft.metrics();
         let m = metrics.borrow_watched();
+        // A leader that is the only voter is its own quorum (openraft records no acknowledgement then): nobody can
+        // be elected beside it without a membership change, which it would have to commit itself.
+        let sole_voter = {
+            let membership = m.membership_config.membership();
+            let mut voters = membership.voter_ids();
+            voters.next() == Some(self.id) && voters.next().is_none()
+        };
         m.current_leader == Some(self.id)
-            && m.last_quorum_acked
-                .as_ref()
-                .is_some_and(|acked| openraft::Instant::elapsed(&**acked) <= self.quorum_window)
+            && (sole_voter
+                || m.last_quorum_acked
+                    .as_ref()
+                    .is_some_and(|acked| openraft::Instant::elapsed(&**acked) <= self.quorum_window))
     }
 
     /// Whether this leader has caught up with its own commit (see the module's comment).
