@@ -124,6 +124,20 @@ host_drover cluster status
 host_drover sinfo
 summary "up: containers healthy in $(( t_healthy - t_up )) ms, leader and all $NODES nodes idle in $(( t_ready - t_up )) ms"
 
+# --- what operators watch: every controller's /healthz, /metrics and web page (http_listen, port 7180) -----------
+metrics_ok() {
+    local ip sessions=0
+    for ip in $(host_drover cluster status 2>/dev/null | awk 'NR > 1 && $2 ~ /:7100$/ { sub(/:7100$/, "", $2); print $2 }'); do
+        curl -sf --max-time 2 "http://$ip:7180/healthz" >/dev/null || return 1
+        curl -sf --max-time 2 "http://$ip:7180/" | grep -q '<title>Drover</title>' || return 1
+        m=$(curl -sf --max-time 2 "http://$ip:7180/metrics") || return 1
+        grep -q '^drover_raft_is_leader 1' <<<"$m" && sessions=$(awk '$1 == "drover_agent_sessions" { print int($2) }' <<<"$m")
+    done
+    [ "$sessions" -eq "$NODES" ]
+}
+wait_for 30 "every controller's /healthz, web page and /metrics (the leader counting $NODES agent sessions)" metrics_ok
+summary "metrics: every controller serves /healthz, / and /metrics on :7180; the leader counts $NODES agent sessions"
+
 # --- a real job: 2 nodes x 1 task, 2 simulated GPUs each, submitted by alice on the login node ----------------------
 wait_state() { # job want seconds: waits for a terminal state, fails unless it is `want`
     local job=$1 want=$2 limit=$3 state deadline=$(( $(date +%s) + $3 ))

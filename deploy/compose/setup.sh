@@ -119,6 +119,7 @@ for c in "${CONTROLLERS[@]}"; do
 # Replica $id of the $PROJECT cluster$([ "$site" = - ] || echo " (site $site)"); written by deploy/compose/setup.sh (see deploy/config/controller-1.toml).
 id = $id
 $listen
+http_listen = "0.0.0.0:7180"          # /metrics, the web page and /healthz (the compose network only)
 data_dir = "/var/lib/drover/controller"
 
 [initial_members]
@@ -157,6 +158,7 @@ controllers = [$controllers]
 listen = "0.0.0.0:6818"
 host = "$ip"                          # MASTER_ADDR when it is a job's first node
 advertise = "$ip:6818"
+metrics_listen = "0.0.0.0:9818"       # /metrics: GPU load and health
 state_dir = "/var/lib/drover-agent/state"
 cpus = 16                             # offered to jobs (simulated nodes; the machine has what it has)
 memory_mb = 65536
