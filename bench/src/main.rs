@@ -193,7 +193,7 @@ async fn failover(kills: usize, clients: usize, dir: PathBuf) -> anyhow::Result<
     cluster.wait_ready(Duration::from_secs(30)).await?;
     let client = Arc::new(cluster.client()?);
     let faults = vec![Fault::Leader; kills];
-    let result = kill_under_load(&mut cluster, client, clients, &faults, Duration::from_millis(700)).await?;
+    let result = kill_under_load(&mut cluster, client, clients, &faults, Duration::from_millis(700), &[]).await?;
     let gaps = result.gaps();
     println!(
         "failover: {kills} kills, {clients} clients: next ack p50={:.0} ms p99={:.0} ms max={:.0} ms; acknowledged={} lost={} duplicate_ids={}",
@@ -248,15 +248,16 @@ pub(crate) fn percentile_ms(values: &[Duration], q: f64) -> f64 {
     sorted[((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1].as_secs_f64() * 1e3
 }
 
-/// `clients` submit loops run while each fault in turn SIGKILLs replicas (after `settle`, once a leader serves),
-/// waits for the first acknowledged submission sent after the kill, and restarts them. At the end every
-/// acknowledged job must still be listed.
+/// `clients` submit loops run while each fault in turn SIGKILLs replicas (after `settle`, once a leader serves,
+/// one of `leaders` when given and it happens within 15 s), waits for the first acknowledged submission sent
+/// after the kill, and restarts them. At the end every acknowledged job must still be listed.
 pub(crate) async fn kill_under_load(
     cluster: &mut LocalCluster,
     client: Arc<Client>,
     clients: usize,
     faults: &[Fault],
     settle: Duration,
+    leaders: &[u64],
 ) -> anyhow::Result<KillResult> {
     let stop = Arc::new(AtomicBool::new(false));
     // (sent, acknowledged) per successful submission.
@@ -280,7 +281,12 @@ pub(crate) async fn kill_under_load(
     let mut rounds = Vec::new();
     for (round, fault) in faults.iter().enumerate() {
         tokio::time::sleep(settle).await;
-        let leader = cluster.wait_ready(Duration::from_secs(30)).await?;
+        let mut leader = cluster.wait_ready(Duration::from_secs(30)).await?;
+        let waiting = Instant::now();
+        while !leaders.is_empty() && !leaders.contains(&leader) && waiting.elapsed() < Duration::from_secs(15) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            leader = cluster.wait_ready(Duration::from_secs(30)).await?;
+        }
         let killed = match fault {
             Fault::Leader => vec![leader],
             Fault::Replicas(ids) => ids.clone(),

@@ -53,20 +53,25 @@ pub struct SitesArgs {
     pub election_min_ms: Option<u64>,
     #[arg(long)]
     pub election_max_ms: Option<u64>,
+    /// Between survivors' campaigns after a leader's crash (ms); default 25 + 2 x RTT (`timing`).
+    #[arg(long)]
+    pub campaign_stagger_ms: Option<u64>,
     #[arg(long)]
     pub dir: Option<PathBuf>,
 }
 
-/// Raft timing for an inter-site RTT: (heartbeat, election min, election max) in ms.
+/// Raft timing for an inter-site RTT: (heartbeat, election min, election max, campaign stagger) in ms.
 ///
 /// openraft gives every AppendEntries and heartbeat RPC `heartbeat_interval` to answer, so a heartbeat must
 /// outlast a round trip plus a follower's fsync with room for a loaded machine: 50 ms + 2 x RTT. The election
 /// timeout keeps at least four heartbeats per election (and the LAN default of 200 ms as a floor), the maximum
-/// half as much again. RTT 0 gives the LAN defaults (50/200/300).
-pub fn timing(rtt_ms: u64) -> (u64, u64, u64) {
+/// half as much again. After a crash, survivors campaign one after the other, 25 ms + 2 x RTT apart, so that a
+/// Pre-Vote and a vote round (two RTTs) settle before the next one starts. RTT 0 gives the LAN defaults
+/// (50/200/300, 25).
+pub fn timing(rtt_ms: u64) -> (u64, u64, u64, u64) {
     let heartbeat = 50 + 2 * rtt_ms;
     let min = (4 * heartbeat).max(200);
-    (heartbeat, min, min * 3 / 2)
+    (heartbeat, min, min * 3 / 2, 25 + 2 * rtt_ms)
 }
 
 fn site_replicas(site: &str) -> Vec<u64> {
@@ -94,9 +99,14 @@ async fn wait_leader_in(cluster: &LocalCluster, preferred: &[u64], timeout: Dura
 }
 
 pub async fn sites(args: SitesArgs, dir: PathBuf) -> anyhow::Result<()> {
-    let (heartbeat, election_min, election_max) = {
-        let (h, min, max) = timing(args.rtt_ms);
-        (args.heartbeat_ms.unwrap_or(h), args.election_min_ms.unwrap_or(min), args.election_max_ms.unwrap_or(max))
+    let (heartbeat, election_min, election_max, stagger) = {
+        let (h, min, max, stagger) = timing(args.rtt_ms);
+        (
+            args.heartbeat_ms.unwrap_or(h),
+            args.election_min_ms.unwrap_or(min),
+            args.election_max_ms.unwrap_or(max),
+            args.campaign_stagger_ms.unwrap_or(stagger),
+        )
     };
     let preferred = site_replicas(&args.leader_site);
     anyhow::ensure!(!preferred.is_empty(), "--leader-site must be a, b or c");
@@ -112,7 +122,7 @@ pub async fn sites(args: SitesArgs, dir: PathBuf) -> anyhow::Result<()> {
         election_min_ms: election_min,
         election_max_ms: election_max,
         extra_toml: format!(
-            "[raft]\npreferred_leaders = {preferred:?}\npreferred_leader_hold_ms = {PREFERRED_HOLD_MS}\n"
+            "[raft]\npreferred_leaders = {preferred:?}\npreferred_leader_hold_ms = {PREFERRED_HOLD_MS}\ncampaign_stagger_ms = {stagger}\n"
         ),
         ..UpOptions::default()
     };
@@ -128,7 +138,7 @@ pub async fn sites(args: SitesArgs, dir: PathBuf) -> anyhow::Result<()> {
     }
     let _wan = Wan::start(&routes, &args.client_site, Duration::from_millis(args.rtt_ms));
     println!(
-        "bench sites: 5 replicas at sites {SITES:?}, RTT {} ms between sites, clients at site {}, preferred leaders {preferred:?} (site {}); raft heartbeat {heartbeat} ms, election timeout {election_min}-{election_max} ms",
+        "bench sites: 5 replicas at sites {SITES:?}, RTT {} ms between sites, clients at site {}, preferred leaders {preferred:?} (site {}); raft heartbeat {heartbeat} ms, election timeout {election_min}-{election_max} ms, campaign stagger {stagger} ms",
         args.rtt_ms, args.client_site, args.leader_site
     );
     cluster.wait_ready(Duration::from_secs(60)).await?;
@@ -173,12 +183,12 @@ pub async fn sites(args: SitesArgs, dir: PathBuf) -> anyhow::Result<()> {
     if args.kills == 0 && lose.is_empty() {
         return Ok(());
     }
-    // Failover and site loss under load. Between rounds: time for a restarted replica to catch up and for
-    // leadership to go back to a preferred replica.
+    // Failover and site loss under load. Between rounds: time for a restarted replica to catch up, then for
+    // leadership to go back to a preferred replica (`kill_under_load` waits for one).
     let mut faults = vec![Fault::Leader; args.kills];
     faults.extend(lose.iter().map(|site| Fault::Replicas(site_replicas(site))));
-    let settle = Duration::from_millis(PREFERRED_HOLD_MS + 1_000);
-    let result = kill_under_load(&mut cluster, client.clone(), args.clients, &faults, settle).await?;
+    let settle = Duration::from_millis(1_500);
+    let result = kill_under_load(&mut cluster, client.clone(), args.clients, &faults, settle, &preferred).await?;
     let (kills, losses) = result.rounds.split_at(args.kills);
     if !kills.is_empty() {
         let gaps: Vec<Duration> = kills.iter().map(|r| r.gap).collect();
@@ -221,9 +231,9 @@ mod tests {
 
     #[test]
     fn timing_is_the_lan_default_at_zero_rtt_and_grows_with_it() {
-        assert_eq!(timing(0), (50, 200, 300));
-        assert_eq!(timing(20), (90, 360, 540));
-        assert_eq!(timing(50), (150, 600, 900));
+        assert_eq!(timing(0), (50, 200, 300, 25));
+        assert_eq!(timing(20), (90, 360, 540, 65));
+        assert_eq!(timing(50), (150, 600, 900, 125));
     }
 
     #[test]
