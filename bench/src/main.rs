@@ -4,6 +4,8 @@
 
 mod agents;
 mod requeue;
+mod sites;
+mod wan;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -82,6 +84,9 @@ enum BenchCmd {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Multi-site (issue 14): 5 replicas over sites a,a,b,b,c behind a userspace WAN emulator (RTT between
+    /// sites); sequential submission latency from a client at one site, leader failover, and the loss of a site.
+    Sites(sites::SitesArgs),
     /// Heartbeat load: N simulated agents heartbeating on one leader; leader CPU and Raft log growth (zero
     /// expected from heartbeats).
     Heartbeats {
@@ -110,6 +115,10 @@ fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             }
             BenchCmd::Requeue { runs, fence_command, dir } => {
                 requeue::requeue(runs, fence_command, bench_dir(dir, "requeue")).await
+            }
+            BenchCmd::Sites(args) => {
+                let dir = bench_dir(args.dir.clone(), "sites");
+                sites::sites(args, dir).await
             }
             BenchCmd::Heartbeats { agents, heartbeat_ms, duration_s, dir } => {
                 bench_agents::heartbeats(agents, heartbeat_ms, duration_s, bench_dir(dir, "heartbeats")).await
@@ -183,6 +192,73 @@ async fn failover(kills: usize, clients: usize, dir: PathBuf) -> anyhow::Result<
     let mut cluster = LocalCluster::up(&dir, UpOptions::default())?;
     cluster.wait_ready(Duration::from_secs(30)).await?;
     let client = Arc::new(cluster.client()?);
+    let faults = vec![Fault::Leader; kills];
+    let result = kill_under_load(&mut cluster, client, clients, &faults, Duration::from_millis(700), &[]).await?;
+    let gaps = result.gaps();
+    println!(
+        "failover: {kills} kills, {clients} clients: next ack p50={:.0} ms p99={:.0} ms max={:.0} ms; acknowledged={} lost={} duplicate_ids={}",
+        percentile_ms(&gaps, 0.5),
+        percentile_ms(&gaps, 0.99),
+        percentile_ms(&gaps, 1.0),
+        result.acknowledged,
+        result.lost,
+        result.duplicates
+    );
+    Ok(())
+}
+
+/// What to SIGKILL in one round of [`kill_under_load`].
+#[derive(Debug, Clone)]
+pub(crate) enum Fault {
+    /// The current leader.
+    Leader,
+    /// These replicas at once (a whole site).
+    Replicas(Vec<u64>),
+}
+
+/// One round: who was killed, who led before and after, and the time from the kill to the first acknowledgement
+/// of a submission sent after it.
+pub(crate) struct Round {
+    pub killed: Vec<u64>,
+    pub leader_before: u64,
+    pub leader_after: u64,
+    pub gap: Duration,
+}
+
+pub(crate) struct KillResult {
+    pub rounds: Vec<Round>,
+    pub acknowledged: usize,
+    pub lost: usize,
+    pub duplicates: usize,
+}
+
+impl KillResult {
+    fn gaps(&self) -> Vec<Duration> {
+        self.rounds.iter().map(|r| r.gap).collect()
+    }
+}
+
+/// The `q` quantile of `values` in ms (1.0: the largest); 0 when empty.
+pub(crate) fn percentile_ms(values: &[Duration], q: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort();
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1].as_secs_f64() * 1e3
+}
+
+/// `clients` submit loops run while each fault in turn SIGKILLs replicas (after `settle`, once a leader serves,
+/// one of `leaders` when given and it happens within 15 s), waits for the first acknowledged submission sent
+/// after the kill, and restarts them. At the end every acknowledged job must still be listed.
+pub(crate) async fn kill_under_load(
+    cluster: &mut LocalCluster,
+    client: Arc<Client>,
+    clients: usize,
+    faults: &[Fault],
+    settle: Duration,
+    leaders: &[u64],
+) -> anyhow::Result<KillResult> {
     let stop = Arc::new(AtomicBool::new(false));
     // (sent, acknowledged) per successful submission.
     let acks = Arc::new(std::sync::Mutex::new(Vec::<(Instant, Instant)>::new()));
@@ -202,13 +278,24 @@ async fn failover(kills: usize, clients: usize, dir: PathBuf) -> anyhow::Result<
             }
         }));
     }
-    let mut gaps = Vec::new();
-    for round in 0..kills {
-        tokio::time::sleep(Duration::from_millis(700)).await;
-        let leader = cluster.wait_ready(Duration::from_secs(30)).await?;
+    let mut rounds = Vec::new();
+    for (round, fault) in faults.iter().enumerate() {
+        tokio::time::sleep(settle).await;
+        let mut leader = cluster.wait_ready(Duration::from_secs(30)).await?;
+        let waiting = Instant::now();
+        while !leaders.is_empty() && !leaders.contains(&leader) && waiting.elapsed() < Duration::from_secs(15) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            leader = cluster.wait_ready(Duration::from_secs(30)).await?;
+        }
+        let killed = match fault {
+            Fault::Leader => vec![leader],
+            Fault::Replicas(ids) => ids.clone(),
+        };
         let killed_at = Instant::now();
-        cluster.kill(leader)?;
-        // Only submissions sent after the old leader is gone count: a reply already in flight proves nothing.
+        for id in &killed {
+            cluster.kill(*id)?;
+        }
+        // Only submissions sent after the replicas are gone count: a reply already in flight proves nothing.
         let dead_at = Instant::now();
         let first = loop {
             let first = acks.lock().unwrap().iter().filter(|(sent, _)| *sent > dead_at).map(|(_, acked)| *acked).min();
@@ -216,17 +303,21 @@ async fn failover(kills: usize, clients: usize, dir: PathBuf) -> anyhow::Result<
                 break t;
             }
             if killed_at.elapsed() > Duration::from_secs(60) {
-                anyhow::bail!("round {round}: nothing acknowledged within 60 s after killing the leader");
+                anyhow::bail!("round {round}: nothing acknowledged within 60 s after killing {killed:?}");
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         };
-        gaps.push(first.duration_since(killed_at));
-        cluster.start(leader)?;
+        let gap = first.duration_since(killed_at);
+        let leader_after = cluster.wait_ready(Duration::from_secs(30)).await?;
+        for id in &killed {
+            cluster.start(*id)?;
+        }
         println!(
-            "kill {:>2}: replica {leader}, next ack after {:>6.0} ms",
+            "kill {:>2}: replica(s) {killed:?} (leader was {leader}), next ack after {:>6.0} ms, leader now {leader_after}",
             round + 1,
-            gaps.last().unwrap().as_secs_f64() * 1e3
+            gap.as_secs_f64() * 1e3
         );
+        rounds.push(Round { killed, leader_before: leader, leader_after, gap });
     }
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
@@ -239,17 +330,7 @@ async fn failover(kills: usize, clients: usize, dir: PathBuf) -> anyhow::Result<
     let mut sorted = acked.clone();
     sorted.sort_unstable();
     sorted.dedup();
-    gaps.sort();
-    let pct = |q: f64| gaps[((gaps.len() as f64 * q).ceil() as usize).clamp(1, gaps.len()) - 1].as_secs_f64() * 1e3;
-    println!(
-        "failover: {kills} kills, {clients} clients: next ack p50={:.0} ms p99={:.0} ms max={:.0} ms; acknowledged={} lost={lost} duplicate_ids={}",
-        pct(0.5),
-        pct(0.99),
-        gaps.last().unwrap().as_secs_f64() * 1e3,
-        acked.len(),
-        acked.len() - sorted.len()
-    );
-    Ok(())
+    Ok(KillResult { rounds, acknowledged: acked.len(), lost, duplicates: acked.len() - sorted.len() })
 }
 
 /// Resident memory of a process, from /proc (0 when it is gone).

@@ -31,6 +31,10 @@ pub struct Process {
     /// only, like the rest of the local cluster).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<String>,
+    /// Controllers with `UpOptions::separate_advertise`: where the replica really listens (`address` is what it
+    /// advertises, e.g. a WAN-emulating proxy in front of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -78,6 +82,10 @@ pub struct UpOptions {
     /// Per agent, in order (`node01` first): top-level TOML lines added to its config, e.g. topology labels
     /// (`topology = { site = "a" }`) or `spare = true`. Agents beyond the list get none.
     pub agent_toml: Vec<String>,
+    /// Each controller listens on a second port of its address and advertises the first (`address` in
+    /// `cluster.json`, `DROVER_CONTROLLERS`, the Raft membership), where something else, such as the benchmarks'
+    /// WAN proxy (`drover-bench sites`), must forward to `Process::listen`. The certificate is unchanged: same IP.
+    pub separate_advertise: bool,
 }
 
 impl Default for UpOptions {
@@ -103,6 +111,7 @@ impl Default for UpOptions {
             // SAFETY: geteuid cannot fail.
             allow_root_jobs: unsafe { libc::geteuid() } == 0,
             agent_toml: Vec::new(),
+            separate_advertise: false,
         }
     }
 }
@@ -204,6 +213,7 @@ impl LocalCluster {
             log_file: dir.join("authd.log"),
             config: pki.cluster_key_path(),
             http: None,
+            listen: None,
         });
         cluster.start(AUTHD_ID)?;
         cluster.write_client_config(&members.values().cloned().collect::<Vec<_>>())?;
@@ -269,6 +279,7 @@ impl LocalCluster {
             log_file: home.join("agent.log"),
             config,
             http: Some(metrics),
+            listen: None,
         };
         self.processes.push(process.clone());
         self.start(id)?;
@@ -385,12 +396,17 @@ impl LocalCluster {
         let pki = self.pki()?;
         let (cert, key) = pki.issue(&format!("controller-{id}"), &drover_auth::Role::Controller(id), &[], &[ip])?;
         let http = format!("{ip}:{}", free_port(&ip.to_string())?);
+        let listen = if o.separate_advertise { Some(format!("{ip}:{}", free_port(&ip.to_string())?)) } else { None };
         let mut toml = String::new();
         writeln!(
             toml,
-            "id = {id}\nlisten = {addr:?}\nhttp_listen = {http:?}\ndata_dir = {:?}\n",
+            "id = {id}\nlisten = {:?}\nhttp_listen = {http:?}\ndata_dir = {:?}\n",
+            listen.as_deref().unwrap_or(addr),
             home.join("data").display().to_string()
         )?;
+        if listen.is_some() {
+            writeln!(toml, "advertise = {addr:?}\n")?;
+        }
         writeln!(toml, "[initial_members]")?;
         for (fid, faddr) in founders {
             writeln!(toml, "{fid} = {faddr:?}")?;
@@ -429,6 +445,7 @@ impl LocalCluster {
             log_file: home.join("controller.log"),
             config,
             http: Some(http),
+            listen,
         })
     }
 

@@ -55,6 +55,10 @@ pub struct RaftTuning {
     /// preferred replica gets the leadership back only once it has shown it stays up, and two replicas whose
     /// lists disagree cannot trade it faster than this.
     pub preferred_leader_hold_ms: u64,
+    /// After a leader's crash, survivors campaign in id order this far apart (`leader_watch`): long enough for one
+    /// Pre-Vote and vote round to settle before the next survivor tries. A LAN needs a few ms; across sites make
+    /// it at least two inter-site RTTs, or campaigns overlap and split the vote.
+    pub campaign_stagger_ms: u64,
 }
 
 impl Default for RaftTuning {
@@ -71,6 +75,7 @@ impl Default for RaftTuning {
             keep_entries_after_snapshot: 2_000,
             preferred_leaders: Vec::new(),
             preferred_leader_hold_ms: 3_000,
+            campaign_stagger_ms: 25,
         }
     }
 }

@@ -28,8 +28,6 @@ const PROBE_TIMEOUT_MS: u64 = 100;
 /// Campaign this long after our own lease on the old leader ran out, so the other followers' leases (renewed by
 /// the same heartbeat, delivered a few ms apart) have run out too.
 const LEASE_MARGIN_MS: u64 = 10;
-/// Between one survivor's campaign and the next one's: a Pre-Vote and a vote round on a LAN take a few ms.
-const STAGGER_MS: u64 = 25;
 
 /// When this replica last accepted entries or a heartbeat from a leader (ms on `runtime::now_ms`'s clock).
 #[derive(Clone, Default)]
@@ -82,7 +80,8 @@ pub async fn watch(raft: Raft, id: u64, heard: LastHeard, tuning: RaftTuning) {
         raft.runtime_config().elect(false);
         // A replica that has not heard from the leader for longer (just restarted, say) holds no lease: it goes now.
         let lease_end = (last + tuning.election_timeout_max_ms + LEASE_MARGIN_MS).max(now_ms());
-        let campaign_at = lease_end + rank * STAGGER_MS;
+        // Between one survivor's campaign and the next one's: a Pre-Vote and a vote round (a few ms on a LAN).
+        let campaign_at = lease_end + rank * tuning.campaign_stagger_ms;
         let give_up_at = campaign_at + tuning.election_timeout_max_ms;
         tracing::info!(leader, %leader_addr, rank, "the leader's port refuses connections: campaigning at its lease's end");
         let mut campaigned = false;
