@@ -4,11 +4,14 @@
 
 use drover_state::goodput::{self, GoodputTotals};
 use drover_state::{
-    AccountUpdate, AdminOp, Allocation, Change, ClusterConfig, Command, GpuInfo, Job, JobEnd, JobSpec, JobState,
-    NodeAllocation, NodeInfo, Reply, Request, State,
+    AccountUpdate, AdminOp, Allocation, Change, ClusterConfig, Command, Job, JobEnd, JobSpec, JobState, NodeAllocation,
+    Reply, Request, State,
 };
 
-const ALICE: u32 = 1001;
+mod common;
+
+use common::{ALICE, alice_job, gpu_node};
+
 const S: u64 = 1_000;
 
 /// Applies `command` at `time_s`, keeping the jobs it archived.
@@ -26,13 +29,7 @@ impl Cluster {
         let mut c = Cluster { state: State::default(), archived: Vec::new() };
         c.apply(0, Command::InitCluster { config });
         for name in ["n1", "n2", "n3", "n4"] {
-            let info = NodeInfo {
-                name: name.into(),
-                cpus: 64,
-                gpus: (0..4).map(|index| GpuInfo { index, ..GpuInfo::default() }).collect(),
-                ..NodeInfo::default()
-            };
-            c.apply(1, Command::RegisterNode { info });
+            c.apply(1, Command::RegisterNode { info: gpu_node(name) });
         }
         for name in ["physics", "bio"] {
             let op = AdminOp::AddAccount(AccountUpdate { name: name.into(), ..AccountUpdate::default() });
@@ -55,21 +52,7 @@ impl Cluster {
 
     /// A job of `gpus` GPUs on each of `nodes` nodes, charging `account`.
     fn submit(&mut self, nodes: u32, gpus: u32, account: &str) -> u64 {
-        let spec = JobSpec {
-            name: "train".into(),
-            user: "alice".into(),
-            uid: ALICE,
-            gid: ALICE,
-            script: "#!/bin/sh\n".into(),
-            min_nodes: nodes,
-            max_nodes: nodes,
-            cpus_per_task: 1,
-            ntasks_per_node: Some(1),
-            gpus_per_node: gpus,
-            account: Some(account.into()),
-            submit_dir: "/home/alice".into(),
-            ..JobSpec::default()
-        };
+        let spec = JobSpec { account: Some(account.into()), ..alice_job(nodes, gpus) };
         let applied = self
             .state
             .apply(&Request { time_ms: 3 * S, command: Command::SubmitJob { spec: Box::new(spec), request_id: None } });

@@ -3,47 +3,26 @@
 //! Through `State::apply` alone.
 
 use drover_state::{
-    Allocation, ClusterConfig, Command, CommandError, GpuInfo, JobEnd, JobSpec, JobState, NodeAllocation, NodeInfo,
-    PendingReason, Reply, Request, State,
+    Allocation, ClusterConfig, Command, CommandError, JobEnd, JobSpec, JobState, NodeAllocation, PendingReason, Reply,
+    State,
 };
 
-const ALICE: u32 = 1001;
+mod common;
 
-fn at(time_ms: u64, command: Command) -> Request {
-    Request { time_ms, command }
-}
+use common::{ALICE, alice_job, at, gpu_node};
 
 fn cluster(max_batch_requeue: u32) -> State {
     let mut state = State::default();
     let config = ClusterConfig { max_batch_requeue, ..ClusterConfig::default() };
     state.apply(&at(0, Command::InitCluster { config }));
     for name in ["n1", "n2", "n3"] {
-        let info = NodeInfo {
-            name: name.into(),
-            cpus: 64,
-            gpus: (0..4).map(|index| GpuInfo { index, ..GpuInfo::default() }).collect(),
-            ..NodeInfo::default()
-        };
-        state.apply(&at(1, Command::RegisterNode { info })).response.unwrap();
+        state.apply(&at(1, Command::RegisterNode { info: gpu_node(name) })).response.unwrap();
     }
     state
 }
 
 fn spec(nodes: u32) -> JobSpec {
-    JobSpec {
-        name: "train".into(),
-        user: "alice".into(),
-        uid: ALICE,
-        gid: ALICE,
-        script: "#!/bin/sh\n".into(),
-        min_nodes: nodes,
-        max_nodes: nodes,
-        cpus_per_task: 1,
-        ntasks_per_node: Some(1),
-        gpus_per_node: 2,
-        submit_dir: "/home/alice".into(),
-        ..JobSpec::default()
-    }
+    alice_job(nodes, 2)
 }
 
 fn submit(state: &mut State, spec: JobSpec) -> u64 {

@@ -3,24 +3,15 @@
 //! a node failure leaves the pool.
 
 use drover_state::{
-    AdminOp, Allocation, ClusterConfig, Command, CommandError, GpuInfo, JobSpec, JobState, NodeAllocation, NodeInfo,
-    Reply, Request, State,
+    AdminOp, Allocation, ClusterConfig, Command, CommandError, JobState, NodeAllocation, NodeInfo, Reply, State,
 };
 
-const ALICE: u32 = 1001;
+mod common;
 
-fn at(time_ms: u64, command: Command) -> Request {
-    Request { time_ms, command }
-}
+use common::{ALICE, alice_job, at, gpu_node};
 
 fn info(name: &str, spare: bool) -> NodeInfo {
-    NodeInfo {
-        name: name.into(),
-        cpus: 64,
-        gpus: (0..4).map(|index| GpuInfo { index, ..GpuInfo::default() }).collect(),
-        spare,
-        ..NodeInfo::default()
-    }
+    NodeInfo { spare, ..gpu_node(name) }
 }
 
 /// n1 and n2 normal, n3 registered as a spare by its agent's config.
@@ -34,18 +25,7 @@ fn cluster() -> State {
 }
 
 fn submit(state: &mut State) -> u64 {
-    let spec = JobSpec {
-        name: "train".into(),
-        user: "alice".into(),
-        uid: ALICE,
-        gid: ALICE,
-        script: "#!/bin/sh\n".into(),
-        min_nodes: 1,
-        max_nodes: 1,
-        cpus_per_task: 1,
-        gpus_per_node: 2,
-        ..JobSpec::default()
-    };
+    let spec = alice_job(1, 2);
     match state.apply(&at(10, Command::SubmitJob { spec: Box::new(spec), request_id: None })).response {
         Ok(Reply::Submitted { job_id, .. }) => job_id,
         other => panic!("{other:?}"),
