@@ -1,5 +1,5 @@
-//! Replica-to-replica transport: openraft's messages over gRPC. Payloads are openraft's own serde types as
-//! JSON; snapshots stream from their files in bounded chunks.
+//! Replica-to-replica transport: openraft's messages over gRPC. Payloads are openraft's own serde types in the
+//! binary `drover_state::codec`; snapshots stream from their files in bounded chunks.
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -67,7 +67,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 }
 
 fn encode<T: Serialize>(value: &T) -> RaftRequest {
-    RaftRequest { data: serde_json::to_vec(value).expect("openraft messages serialize") }
+    RaftRequest { data: drover_state::codec::encode(value).expect("openraft messages serialize") }
 }
 
 impl PeerClient {
@@ -94,7 +94,7 @@ impl PeerClient {
             let message = String::from_utf8_lossy(&reply.error).into_owned();
             return Err(RPCError::Network(NetworkError::from_string(format!("replica {}: {message}", self.target))));
         }
-        serde_json::from_slice(&reply.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+        drover_state::codec::decode(&reply.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))
     }
 
     fn status_error(&mut self, status: tonic::Status) -> RPCError<TypeConfig> {
@@ -113,7 +113,7 @@ impl PeerClient {
         snapshot: openraft::alias::SnapshotOf<TypeConfig, SnapshotFile>,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
         let mut client = self.client().map_err(|e| StreamingError::Unreachable(Unreachable::new(&e)))?;
-        let header = serde_json::to_vec(&SnapshotHeader { vote, meta: snapshot.meta.clone() })
+        let header = drover_state::codec::encode(&SnapshotHeader { vote, meta: snapshot.meta.clone() })
             .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
         let mut file = tokio::fs::File::open(&snapshot.snapshot.path)
             .await

@@ -25,14 +25,17 @@ pub struct RaftServer {
 
 fn reply<T: Serialize, E: Serialize>(result: Result<T, E>) -> Result<Response<RaftReply>, Status> {
     let reply = match result {
-        Ok(v) => RaftReply { data: serde_json::to_vec(&v).expect("openraft messages serialize"), error: vec![] },
+        Ok(v) => {
+            RaftReply { data: drover_state::codec::encode(&v).expect("openraft messages serialize"), error: vec![] }
+        }
+        // Errors stay JSON: the calling replica logs them as text.
         Err(e) => RaftReply { data: vec![], error: serde_json::to_vec(&e).expect("openraft errors serialize") },
     };
     Ok(Response::new(reply))
 }
 
 fn decode<T: for<'de> serde::Deserialize<'de>>(request: Request<RaftRequest>) -> Result<T, Status> {
-    serde_json::from_slice(&request.into_inner().data)
+    drover_state::codec::decode(&request.into_inner().data)
         .map_err(|e| Status::invalid_argument(format!("malformed raft message: {e}")))
 }
 
@@ -92,7 +95,7 @@ impl RaftServer {
         let mut total = 0u64;
         while let Some(chunk) = stream.message().await? {
             if header.is_none() {
-                let parsed: SnapshotHeader = serde_json::from_slice(&chunk.header)
+                let parsed: SnapshotHeader = drover_state::codec::decode(&chunk.header)
                     .map_err(|e| Status::invalid_argument(format!("malformed snapshot header: {e}")))?;
                 header = Some(parsed);
             }

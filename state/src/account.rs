@@ -28,7 +28,7 @@ pub struct Account {
     pub usage_at_s: u64,
     /// GPU time its jobs' incarnations held and lost (not decayed), counted as each incarnation ends; see
     /// `crate::goodput` and `State::account_goodput`.
-    #[serde(skip_serializing_if = "crate::goodput::GoodputTotals::is_zero")]
+    #[serde(default)]
     pub goodput: crate::goodput::GoodputTotals,
 }
 

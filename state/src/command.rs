@@ -99,7 +99,7 @@ pub enum Command {
         job_id: JobId,
         by_uid: u32,
         /// Absent in entries written before steps were recorded.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(default)]
         step: Option<StepStart>,
     },
     /// `srun` saw its step's tasks end: the step's record gets its end (the log's time) and exit status.
@@ -156,7 +156,7 @@ pub enum Command {
         node: String,
         keys: Vec<(JobId, u64)>,
         /// Absent in entries written before usage was measured.
-        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        #[serde(default)]
         usage: Vec<((JobId, u64), MeasuredUsage)>,
     },
     /// An administrative change made outside the state machine (replica membership, through openraft), recorded
@@ -207,7 +207,7 @@ pub struct JobEnd {
     pub oom: bool,
     /// What the job's tasks used on the reporting node, as its cgroup there measured it (`None`: not measured,
     /// or a report from before usage was measured). The other nodes report theirs when they release the job.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub measured: Option<MeasuredUsage>,
 }
 
@@ -296,10 +296,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(end.measured, None);
-        // And what is not measured is not written, so records stay as they were.
-        let json = serde_json::to_string(&JobEnd::default()).unwrap();
-        assert!(!json.contains("measured"), "{json}");
-        let partial = MeasuredUsage { cpu_ms: Some(3), mem_peak_kb: None };
-        assert_eq!(serde_json::to_string(&partial).unwrap(), r#"{"cpu_ms":3}"#);
+        let partial: MeasuredUsage = serde_json::from_str(r#"{"cpu_ms":3}"#).unwrap();
+        assert_eq!(partial, MeasuredUsage { cpu_ms: Some(3), mem_peak_kb: None });
     }
 }

@@ -206,7 +206,7 @@ pub struct IncarnationRecord {
     pub gpus: u32,
     /// When it recorded its own latest checkpoint (the leader's stamp), if it recorded any: the progress after it
     /// was lost with the incarnation (see `goodput`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub last_checkpoint_ms: Option<u64>,
 }
 
@@ -643,14 +643,14 @@ pub struct Job {
     /// What the current (or last) incarnation's tasks used on each node, as the job's cgroup there measured it
     /// (sacct's `TotalCPU`, `MaxRSS`, `TRESUsageIn*`). At most one entry per node of the allocation; a node that
     /// measured nothing (no cgroup there) has none, so the figures stay empty rather than invented.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub node_usage: Vec<NodeUsage>,
     /// The next `srun` step id within the job.
     #[serde(default)]
     pub next_step_id: u32,
     /// The current incarnation's `srun` steps, oldest first (at most [`MAX_STEP_RECORDS`]: the oldest ended ones
     /// give way), for sacct's `123.0` rows.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub steps: Vec<StepRecord>,
     /// Why the last incarnation failed to launch, or what the agent said about the end.
     #[serde(default)]
@@ -687,7 +687,7 @@ pub struct Job {
     pub failures: u32,
     /// The goodput of incarnations that no longer fit in `history` (beyond [`MAX_HISTORY`]), so the job's figures
     /// stay whole (see `goodput::of_job`).
-    #[serde(default, skip_serializing_if = "crate::goodput::GoodputTotals::is_zero")]
+    #[serde(default)]
     pub dropped_goodput: crate::goodput::GoodputTotals,
 }
 
@@ -851,11 +851,11 @@ pub struct Usage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct MeasuredUsage {
     /// User plus system CPU time, in ms (cgroup v2 `cpu.stat` usage_usec, v1 `cpuacct.usage`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub cpu_ms: Option<u64>,
     /// The cgroup's peak memory, in KiB (v2 `memory.peak` or the largest sample of `memory.current`, v1
     /// `memory.max_usage_in_bytes`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub mem_peak_kb: Option<u64>,
 }
 
@@ -885,7 +885,7 @@ pub struct StepRecord {
     pub tasks: u32,
     pub start_ms: u64,
     /// `None` while it runs, or when its `srun` never said (a step of a job that ended under it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub end: Option<StepEnd>,
 }
 

@@ -8,6 +8,7 @@ pub mod account;
 pub mod admin;
 pub mod array;
 pub mod audit;
+pub mod codec;
 pub mod command;
 pub mod config;
 pub mod dependency;
@@ -47,10 +48,13 @@ pub use role::{AdminLevel, RoleGrant};
 pub use state::{Applied, Change, Meta, Records, Resolved, State};
 
 /// The version of the persisted format (records and snapshots). Bumped on any incompatible change; a replica
-/// refuses to open data of a version it does not know. Records are JSON, so a field added with a serde default
-/// (checkpoints and restart history, measured usage, goodput) is no such change and keeps the version.
-pub const FORMAT_VERSION: u32 = 3;
+/// refuses to open data of a version it does not know. A field added at the end of a struct with a serde default
+/// (checkpoints and restart history, measured usage, goodput) is no such change and keeps the version (see
+/// `codec`).
+pub const FORMAT_VERSION: u32 = 4;
 /// Versions this build opens and upgrades in place: version 1 lacks the registry of accounts, QOS and
 /// reservations, which version 2 adds in a family of its own (so version-1 data is valid, empty-registry data);
-/// version 3 adds roles (in the registry family) and the audit log (a family of its own), both empty before.
-pub const READABLE_FORMAT_VERSIONS: [u32; 3] = [1, 2, 3];
+/// version 3 adds roles (in the registry family) and the audit log (a family of its own), both empty before;
+/// version 4 writes log entries, Raft messages and records in the binary `codec` (its reader still takes the
+/// JSON of versions 1 to 3, so older records are valid as they are).
+pub const READABLE_FORMAT_VERSIONS: [u32; 4] = [1, 2, 3, 4];

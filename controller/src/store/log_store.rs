@@ -27,18 +27,27 @@ fn io_err(context: &str, e: impl std::fmt::Display) -> io::Error {
     io::Error::other(format!("{context}: {e}"))
 }
 
+/// Stored entries and metadata in the binary codec (older JSON ones still read).
+pub(super) fn encode<T: serde::Serialize>(value: &T) -> io::Result<Vec<u8>> {
+    drover_state::codec::encode(value).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+pub(super) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> io::Result<T> {
+    drover_state::codec::decode(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
 impl LogStore {
     pub fn new(db: Db) -> LogStore {
         LogStore { db }
     }
 
-    fn get_json<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> io::Result<Option<T>> {
+    fn get<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> io::Result<Option<T>> {
         let raw = self.db.db.get_cf(self.db.cf(CF_RAFT), key).map_err(|e| io_err("reading raft metadata", e))?;
-        raw.map(|b| serde_json::from_slice(&b).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))).transpose()
+        raw.map(|b| decode(&b)).transpose()
     }
 
-    fn put_json<T: serde::Serialize>(&self, key: &[u8], value: &T) -> io::Result<()> {
-        let bytes = serde_json::to_vec(value).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    fn put<T: serde::Serialize>(&self, key: &[u8], value: &T) -> io::Result<()> {
+        let bytes = encode(value)?;
         self.db.db.put_cf(self.db.cf(CF_RAFT), key, bytes).map_err(|e| io_err("writing raft metadata", e))
     }
 
@@ -70,8 +79,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
             if !range.contains(&index) || entries.len() >= MAX_READ_ENTRIES {
                 break;
             }
-            let entry: Entry =
-                serde_json::from_slice(&value).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            let entry: Entry = decode(&value)?;
             assert_eq!(entry.index(), index, "log entry stored under the wrong index");
             entries.push(entry);
         }
@@ -79,7 +87,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
     }
 
     async fn read_vote(&mut self) -> io::Result<Option<Vote>> {
-        self.get_json(VOTE_KEY)
+        self.get(VOTE_KEY)
     }
 }
 
@@ -87,14 +95,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> io::Result<LogState<TypeConfig>> {
-        let last_purged_log_id: Option<LogId> = self.get_json(PURGED_KEY)?;
+        let last_purged_log_id: Option<LogId> = self.get(PURGED_KEY)?;
         let last = self.db.db.iterator_cf(self.db.cf(CF_LOGS), IteratorMode::End).next();
         let last_log_id = match last {
             None => last_purged_log_id,
             Some(item) => {
                 let (_, value) = item.map_err(|e| io_err("reading the log", e))?;
-                let entry: Entry =
-                    serde_json::from_slice(&value).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                let entry: Entry = decode(&value)?;
                 Some(entry.log_id())
             }
         };
@@ -106,7 +113,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
-        self.put_json(VOTE_KEY, vote)?;
+        self.put(VOTE_KEY, vote)?;
         // A vote must be on disk before it is granted: otherwise a restart could vote twice in one term.
         self.sync().await
     }
@@ -118,7 +125,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = WriteBatch::default();
         let cf = self.db.cf(CF_LOGS);
         for entry in entries {
-            let value = serde_json::to_vec(&entry).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            let value = encode(&entry)?;
             batch.put_cf(cf, id_key(entry.index()), value);
         }
         // Written (readable) now; acknowledged to openraft only once fsynced.
@@ -144,7 +151,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId) -> io::Result<()> {
         // Record the purge point first: entries at or before it are ignored even if deletion is cut short.
-        self.put_json(PURGED_KEY, &log_id)?;
+        self.put(PURGED_KEY, &log_id)?;
         self.db
             .db
             .delete_range_cf(self.db.cf(CF_LOGS), id_key(0), id_key(log_id.index() + 1))

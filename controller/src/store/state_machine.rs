@@ -32,13 +32,7 @@ fn io_err(context: &str, e: impl std::fmt::Display) -> io::Error {
     io::Error::other(format!("{context}: {e}"))
 }
 
-fn to_json<T: Serialize>(value: &T) -> io::Result<Vec<u8>> {
-    serde_json::to_vec(value).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
-}
-
-fn from_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> io::Result<T> {
-    serde_json::from_slice(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
-}
+use super::log_store::{decode, encode};
 
 #[derive(Serialize, Deserialize)]
 struct DedupRecord {
@@ -91,7 +85,7 @@ impl StateView {
 
     pub fn history_job(&self, id: JobId) -> io::Result<Option<Job>> {
         let raw = self.db.db.get_cf(self.db.cf(CF_HISTORY), id_key(id)).map_err(|e| io_err("reading history", e))?;
-        raw.map(|b| from_json(&b)).transpose()
+        raw.map(|b| decode(&b)).transpose()
     }
 
     pub fn script(&self, id: JobId) -> io::Result<Option<String>> {
@@ -105,7 +99,7 @@ impl StateView {
         let mut out = Vec::new();
         for item in self.db.db.iterator_cf(self.db.cf(CF_AUDIT), mode).take(limit) {
             let (_, value) = item.map_err(|e| io_err("reading the audit log", e))?;
-            out.push(from_json(&value)?);
+            out.push(decode(&value)?);
         }
         Ok(out)
     }
@@ -119,7 +113,7 @@ impl StateView {
             .iterator_cf(self.db.cf(CF_HISTORY), IteratorMode::From(&id_key(from_id), rocksdb::Direction::Forward));
         for item in iter {
             let (_, value) = item.map_err(|e| io_err("reading history", e))?;
-            let job: Job = from_json(&value)?;
+            let job: Job = decode(&value)?;
             if keep(&job) {
                 out.push(job);
                 if out.len() >= limit {
@@ -142,7 +136,7 @@ impl StateMachineStore {
     pub fn open(db: Db) -> io::Result<StateMachineStore> {
         let raft_cf = db.cf(CF_RAFT);
         if db.db.get_cf(raft_cf, INSTALLING_KEY).map_err(|e| io_err("reading install marker", e))?.is_some() {
-            let current: CurrentSnapshot = from_json(
+            let current: CurrentSnapshot = decode(
                 &db.db
                     .get_cf(raft_cf, CURRENT_SNAPSHOT_KEY)
                     .map_err(|e| io_err("reading current snapshot", e))?
@@ -166,9 +160,9 @@ impl StateMachineStore {
 fn load_applied(db: &Db) -> io::Result<Applied> {
     let sm = db.cf(CF_SM);
     let get = |key: &[u8]| db.db.get_cf(sm, key).map_err(|e| io_err("reading state machine", e));
-    let last_applied: Option<LogId> = get(APPLIED_KEY)?.map(|b| from_json(&b)).transpose()?;
-    let membership: StoredMembership = get(MEMBERSHIP_KEY)?.map(|b| from_json(&b)).transpose()?.unwrap_or_default();
-    let meta: Meta = get(META_KEY)?.map(|b| from_json(&b)).transpose()?.unwrap_or_default();
+    let last_applied: Option<LogId> = get(APPLIED_KEY)?.map(|b| decode(&b)).transpose()?;
+    let membership: StoredMembership = get(MEMBERSHIP_KEY)?.map(|b| decode(&b)).transpose()?.unwrap_or_default();
+    let meta: Meta = get(META_KEY)?.map(|b| decode(&b)).transpose()?.unwrap_or_default();
     if !drover_state::READABLE_FORMAT_VERSIONS.contains(&meta.format_version) {
         return Err(io_err(
             "state machine format",
@@ -178,30 +172,30 @@ fn load_applied(db: &Db) -> io::Result<Applied> {
     let mut jobs = Vec::new();
     for item in db.db.iterator_cf(db.cf(CF_JOBS), IteratorMode::Start) {
         let (_, value) = item.map_err(|e| io_err("reading jobs", e))?;
-        jobs.push(from_json::<Job>(&value)?);
+        jobs.push(decode::<Job>(&value)?);
     }
     let mut nodes = Vec::new();
     for item in db.db.iterator_cf(db.cf(CF_NODES), IteratorMode::Start) {
         let (_, value) = item.map_err(|e| io_err("reading nodes", e))?;
-        nodes.push(from_json::<Node>(&value)?);
+        nodes.push(decode::<Node>(&value)?);
     }
     let mut dedup = Vec::new();
     for item in db.db.iterator_cf(db.cf(CF_DEDUP), IteratorMode::Start) {
         let (key, value) = item.map_err(|e| io_err("reading dedup table", e))?;
-        let record: DedupRecord = from_json(&value)?;
+        let record: DedupRecord = decode(&value)?;
         dedup.push((record.seq, String::from_utf8_lossy(&key).into_owned(), record.job_id));
     }
     dedup.sort_by_key(|(seq, _, _)| *seq);
     let mut objects = Vec::new();
     for item in db.db.iterator_cf(db.cf(CF_OBJECTS), IteratorMode::Start) {
         let (_, value) = item.map_err(|e| io_err("reading accounts, QOS and reservations", e))?;
-        objects.push(from_json::<drover_state::Object>(&value)?);
+        objects.push(decode::<drover_state::Object>(&value)?);
     }
     // The newest finished jobs, for dependencies on jobs that just ended (see drover_state::dependents).
     let mut finished = Vec::new();
     for item in db.db.iterator_cf(db.cf(CF_HISTORY), IteratorMode::End).take(drover_state::dependents::FATE_CAPACITY) {
         let (_, value) = item.map_err(|e| io_err("reading history", e))?;
-        finished.push(from_json::<Job>(&value)?);
+        finished.push(decode::<Job>(&value)?);
     }
     let records = drover_state::Records { meta, jobs, nodes, dedup, objects, finished };
     Ok(Applied { state: State::restore(records), last_applied, membership })
@@ -214,12 +208,12 @@ type PendingHistory = std::collections::HashMap<JobId, Job>;
 /// Adds one state change to the batch.
 fn write_change(db: &Db, batch: &mut WriteBatch, pending: &mut PendingHistory, change: &Change) -> io::Result<()> {
     match change {
-        Change::Meta(meta) => batch.put_cf(db.cf(CF_SM), META_KEY, to_json(meta)?),
-        Change::PutJob(job) => batch.put_cf(db.cf(CF_JOBS), id_key(job.id), to_json(job)?),
+        Change::Meta(meta) => batch.put_cf(db.cf(CF_SM), META_KEY, encode(meta)?),
+        Change::PutJob(job) => batch.put_cf(db.cf(CF_JOBS), id_key(job.id), encode(job)?),
         Change::PutScript { id, script } => batch.put_cf(db.cf(CF_SCRIPTS), id_key(*id), script.as_bytes()),
         Change::ArchiveJob(job) => {
             batch.delete_cf(db.cf(CF_JOBS), id_key(job.id));
-            batch.put_cf(db.cf(CF_HISTORY), id_key(job.id), to_json(job)?);
+            batch.put_cf(db.cf(CF_HISTORY), id_key(job.id), encode(job)?);
             pending.insert(job.id, job.clone());
         }
         Change::AddNodeUsage { job_id, incarnation, usage } => {
@@ -232,24 +226,24 @@ fn write_change(db: &Db, batch: &mut WriteBatch, pending: &mut PendingHistory, c
                     .db
                     .get_cf(db.cf(CF_HISTORY), id_key(*job_id))
                     .map_err(|e| io_err("reading history", e))?
-                    .map(|bytes| from_json::<Job>(&bytes))
+                    .map(|bytes| decode::<Job>(&bytes))
                     .transpose()?,
             };
             if let Some(mut job) = record.filter(|job| job.incarnation == *incarnation)
                 && job.record_node_usage(&usage.node, usage.usage)
             {
-                batch.put_cf(db.cf(CF_HISTORY), id_key(*job_id), to_json(&job)?);
+                batch.put_cf(db.cf(CF_HISTORY), id_key(*job_id), encode(&job)?);
                 pending.insert(*job_id, job);
             }
         }
         Change::PutDedup { request_id, job_id, seq } => {
-            batch.put_cf(db.cf(CF_DEDUP), request_id.as_bytes(), to_json(&DedupRecord { seq: *seq, job_id: *job_id })?)
+            batch.put_cf(db.cf(CF_DEDUP), request_id.as_bytes(), encode(&DedupRecord { seq: *seq, job_id: *job_id })?)
         }
         Change::DeleteDedup { request_id, .. } => batch.delete_cf(db.cf(CF_DEDUP), request_id.as_bytes()),
-        Change::PutNode(node) => batch.put_cf(db.cf(CF_NODES), node.info.name.as_bytes(), to_json(node)?),
-        Change::PutObject(object) => batch.put_cf(db.cf(CF_OBJECTS), object.key().as_bytes(), to_json(object)?),
+        Change::PutNode(node) => batch.put_cf(db.cf(CF_NODES), node.info.name.as_bytes(), encode(node)?),
+        Change::PutObject(object) => batch.put_cf(db.cf(CF_OBJECTS), object.key().as_bytes(), encode(object)?),
         Change::DeleteObject(key) => batch.delete_cf(db.cf(CF_OBJECTS), key.as_bytes()),
-        Change::PutAudit(entry) => batch.put_cf(db.cf(CF_AUDIT), id_key(entry.id), to_json(entry)?),
+        Change::PutAudit(entry) => batch.put_cf(db.cf(CF_AUDIT), id_key(entry.id), encode(entry)?),
         Change::DeleteAudit(id) => batch.delete_cf(db.cf(CF_AUDIT), id_key(*id)),
     }
     Ok(())
@@ -323,15 +317,12 @@ fn build_snapshot_blocking(db: &Db, seq: u64) -> io::Result<Snapshot> {
     db.db.flush_wal(true).map_err(|e| io_err("syncing before snapshot", e))?;
     let snap = db.db.snapshot();
     let sm = db.cf(CF_SM);
-    let last_log_id: Option<LogId> = snap
-        .get_cf(sm, APPLIED_KEY)
-        .map_err(|e| io_err("reading applied id", e))?
-        .map(|b| from_json(&b))
-        .transpose()?;
+    let last_log_id: Option<LogId> =
+        snap.get_cf(sm, APPLIED_KEY).map_err(|e| io_err("reading applied id", e))?.map(|b| decode(&b)).transpose()?;
     let membership: StoredMembership = snap
         .get_cf(sm, MEMBERSHIP_KEY)
         .map_err(|e| io_err("reading membership", e))?
-        .map(|b| from_json(&b))
+        .map(|b| decode(&b))
         .transpose()?
         .unwrap_or_default();
     let file_name = snapshot_file_name(&last_log_id, &format!("b{}-{seq}", std::process::id()));
@@ -349,7 +340,7 @@ fn build_snapshot_blocking(db: &Db, seq: u64) -> io::Result<Snapshot> {
     let meta = SnapshotMeta { last_log_id, last_membership: membership };
     let current = CurrentSnapshot { meta: meta.clone(), file_name: file_name.clone() };
     db.db
-        .put_cf(db.cf(CF_RAFT), CURRENT_SNAPSHOT_KEY, to_json(&current)?)
+        .put_cf(db.cf(CF_RAFT), CURRENT_SNAPSHOT_KEY, encode(&current)?)
         .map_err(|e| io_err("recording snapshot", e))?;
     db.db.flush_wal(true).map_err(|e| io_err("recording snapshot", e))?;
     remove_old_snapshots(db, &file_name);
@@ -406,7 +397,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     }
                     EntryPayload::Membership(membership) => {
                         applied.membership = StoredMembership::new(Some(log_id), membership);
-                        batch.put_cf(self.db.cf(CF_SM), MEMBERSHIP_KEY, to_json(&applied.membership)?);
+                        batch.put_cf(self.db.cf(CF_SM), MEMBERSHIP_KEY, encode(&applied.membership)?);
                         Ok(Reply::Nothing)
                     }
                 };
@@ -415,7 +406,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     answers.push((responder, response));
                 }
             }
-            batch.put_cf(self.db.cf(CF_SM), APPLIED_KEY, to_json(&applied.last_applied)?);
+            batch.put_cf(self.db.cf(CF_SM), APPLIED_KEY, encode(&applied.last_applied)?);
         }
         // A failed write leaves memory ahead of disk; the error makes openraft stop this replica (it must
         // restart from disk), so no answer is sent for state that was not stored.
@@ -447,7 +438,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             }
             // Marker and current snapshot first (synced): a crash mid-install is finished at the next start.
             let raft_cf = db.cf(CF_RAFT);
-            db.db.put_cf(raft_cf, CURRENT_SNAPSHOT_KEY, to_json(&current)?).map_err(|e| io_err("install", e))?;
+            db.db.put_cf(raft_cf, CURRENT_SNAPSHOT_KEY, encode(&current)?).map_err(|e| io_err("install", e))?;
             db.db.put_cf(raft_cf, INSTALLING_KEY, b"1").map_err(|e| io_err("install", e))?;
             db.db.flush_wal(true).map_err(|e| io_err("install", e))?;
             load_snapshot_records(&db, &path)?;
@@ -465,7 +456,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     async fn get_current_snapshot(&mut self) -> io::Result<Option<Snapshot>> {
         let raw = self.db.db.get_cf(self.db.cf(CF_RAFT), CURRENT_SNAPSHOT_KEY).map_err(|e| io_err("snapshot", e))?;
         let Some(raw) = raw else { return Ok(None) };
-        let current: CurrentSnapshot = from_json(&raw)?;
+        let current: CurrentSnapshot = decode(&raw)?;
         let path = self.db.snapshot_dir().join(&current.file_name);
         if !path.exists() {
             return Ok(None);
@@ -486,6 +477,42 @@ mod tests {
         Change::AddNodeUsage { job_id: 7, incarnation: 1, usage }
     }
 
+    /// A data directory written by a format-3 build holds JSON: its state, dedup table and log entries read as
+    /// they are, and what this build writes over them is binary.
+    #[tokio::test]
+    async fn json_records_of_format_3_still_load() {
+        use openraft::RaftLogReader;
+        use openraft::storage::RaftLogStorage;
+        use openraft::vote::RaftLeaderId;
+        let tmp = tempfile::TempDir::new().unwrap();
+        let db = open_db(tmp.path()).unwrap();
+        let meta = Meta { format_version: 3, next_job_id: 8, ..Meta::default() };
+        let job =
+            Job { id: 7, spec: drover_state::JobSpec { name: "old".into(), ..Default::default() }, ..Job::default() };
+        let put = |cf: &str, key: &[u8], value: Vec<u8>| db.db.put_cf(db.cf(cf), key, value).unwrap();
+        put(CF_SM, META_KEY, serde_json::to_vec(&meta).unwrap());
+        put(CF_JOBS, &id_key(7), serde_json::to_vec(&job).unwrap());
+        put(CF_DEDUP, b"req-1", serde_json::to_vec(&DedupRecord { seq: 0, job_id: 7 }).unwrap());
+        let log_id = LogId::new(openraft::vote::leader_id_adv::CommittedLeaderId::new(1, 1), 5);
+        let entry = crate::types::Entry::new_blank(log_id);
+        put(super::super::db::CF_LOGS, &id_key(5), serde_json::to_vec(&entry).unwrap());
+
+        let store = StateMachineStore::open(db.clone()).unwrap();
+        let view = store.view();
+        assert_eq!(view.read().state.job(7).map(|j| j.spec.name.clone()), Some("old".to_string()));
+        assert_eq!(view.read().state.meta.next_job_id, 8);
+        let mut log = super::super::LogStore::new(db.clone());
+        assert_eq!(log.get_log_state().await.unwrap().last_log_id, Some(log_id));
+        assert_eq!(log.try_get_log_entries(5..6).await.unwrap(), vec![entry]);
+
+        let (mut batch, mut pending) = (WriteBatch::default(), PendingHistory::new());
+        write_change(&db, &mut batch, &mut pending, &Change::PutJob(job.clone())).unwrap();
+        db.db.write(batch).unwrap();
+        let raw = db.db.get_cf(db.cf(CF_JOBS), id_key(7)).unwrap().unwrap();
+        assert_eq!(raw[0], drover_state::codec::BINARY_TAG, "rewritten in the binary format");
+        assert_eq!(decode::<Job>(&raw).unwrap(), job);
+    }
+
     /// A node's usage reaches a job already in the history, archived by an earlier batch or earlier in the same
     /// one; figures for another incarnation, a node already counted or a job never archived change nothing.
     #[test]
@@ -500,7 +527,7 @@ mod tests {
             }
             db.db.write(batch).unwrap();
         };
-        let read = || -> Job { from_json(&db.db.get_cf(db.cf(CF_HISTORY), id_key(7)).unwrap().unwrap()).unwrap() };
+        let read = || -> Job { decode(&db.db.get_cf(db.cf(CF_HISTORY), id_key(7)).unwrap().unwrap()).unwrap() };
         write(&[Change::ArchiveJob(job.clone()), usage("n1", 10)]);
         assert_eq!(read().measured_cpu_ms(), Some(10), "amended within the batch that archived it");
         write(&[usage("n2", 20), usage("n2", 999)]);
