@@ -347,7 +347,13 @@ fn rss_kib(pid: u32) -> u64 {
 async fn state(jobs: u64, clients: usize, dir: PathBuf) -> anyhow::Result<()> {
     let mut cluster = LocalCluster::up(
         &dir,
-        UpOptions { snapshot_after_entries: 100_000, keep_entries_after_snapshot: 10_000, ..UpOptions::default() },
+        UpOptions {
+            snapshot_after_entries: 100_000,
+            keep_entries_after_snapshot: 10_000,
+            // One user submits them all: lift MaxSubmitJobs (100,000 by default) above the count.
+            extra_toml: format!("[cluster.limits]\nmax_jobs_per_user = {}\n", jobs.max(100_000)),
+            ..UpOptions::default()
+        },
     )?;
     cluster.wait_ready(Duration::from_secs(30)).await?;
     let client = Arc::new(cluster.client()?);

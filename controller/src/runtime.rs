@@ -58,7 +58,7 @@ pub fn enter_simulation(seed: u64, epoch_ms: u64) -> SimulationGuard {
     SimulationGuard { _not_send: std::marker::PhantomData }
 }
 
-fn is_simulated() -> bool {
+pub(crate) fn is_simulated() -> bool {
     SIMULATED.with(|s| s.borrow().is_some())
 }
 

@@ -23,6 +23,10 @@ pub const CF_AUDIT: &str = "audit"; // audit entry id (u64 BE) -> AuditEntry (fo
 pub const SM_FAMILIES: [&str; 8] = [CF_SM, CF_JOBS, CF_SCRIPTS, CF_HISTORY, CF_DEDUP, CF_NODES, CF_OBJECTS, CF_AUDIT];
 
 const FORMAT_KEY: &[u8] = b"format_version";
+/// The memtables of all families together.
+const DB_WRITE_BUFFER_BYTES: usize = 128 << 20;
+/// The write-ahead log, across all families.
+const MAX_WAL_BYTES: u64 = 256 << 20;
 
 #[derive(Debug, Error)]
 pub enum StoreError {
@@ -64,6 +68,12 @@ pub fn open_db(dir: &Path) -> Result<Db, StoreError> {
     // Two cores: keep background work small and predictable.
     opts.increase_parallelism(2);
     opts.set_max_background_jobs(2);
+    // Bounds on memory and on restart: all families' memtables together stay under DB_WRITE_BUFFER_BYTES (by
+    // default each of the ten could hold 128 MiB), and the write-ahead log is cut at MAX_WAL_BYTES by flushing
+    // the families that still pin old log files (RocksDB's default lets it reach four times all memtables,
+    // several GiB, and all of it is replayed at the next start).
+    opts.set_db_write_buffer_size(DB_WRITE_BUFFER_BYTES);
+    opts.set_max_total_wal_size(MAX_WAL_BYTES);
     let families = [CF_RAFT, CF_LOGS]
         .into_iter()
         .chain(SM_FAMILIES)

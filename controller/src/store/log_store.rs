@@ -18,9 +18,37 @@ const PURGED_KEY: &[u8] = b"last_purged";
 /// The most entries one read returns; openraft asks in bounded ranges, this guards against a huge one.
 const MAX_READ_ENTRIES: usize = 64 * 1024;
 
+/// Appends waiting for the group fsync; beyond this an append syncs on its own (never blocks the runtime).
+const SYNC_QUEUE: usize = 4_096;
+
 #[derive(Clone)]
 pub struct LogStore {
     db: Db,
+    /// Group commit: appends hand their flush callbacks to one syncing thread (see [`start_wal_syncer`]).
+    syncer: std::sync::mpsc::SyncSender<IOFlushed<TypeConfig>>,
+}
+
+/// Starts the thread that makes appends durable. It takes every callback that queued up while its previous fsync
+/// ran and covers them all with one more: an fsync costs the same for one entry or a hundred, so under load the
+/// appends of many concurrent proposals (and, on a follower, many replication batches) share each one, instead
+/// of queueing one fsync each behind RocksDB's WAL lock. It ends when the last `LogStore` clone is gone.
+fn start_wal_syncer(db: std::sync::Arc<rocksdb::DB>) -> std::sync::mpsc::SyncSender<IOFlushed<TypeConfig>> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<IOFlushed<TypeConfig>>(SYNC_QUEUE);
+    std::thread::Builder::new()
+        .name("wal-sync".into())
+        .spawn(move || {
+            while let Ok(first) = rx.recv() {
+                let mut waiting = vec![first];
+                waiting.extend(rx.try_iter().take(SYNC_QUEUE));
+                // Every callback in `waiting` belongs to an append already written: this fsync covers all of them.
+                let result = db.flush_wal(true);
+                for callback in waiting {
+                    callback.io_completed(result.as_ref().map(|_| ()).map_err(|e| io_err("syncing the log", e)));
+                }
+            }
+        })
+        .expect("starting the log sync thread");
+    tx
 }
 
 fn io_err(context: &str, e: impl std::fmt::Display) -> io::Error {
@@ -38,7 +66,8 @@ pub(super) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> io::Result
 
 impl LogStore {
     pub fn new(db: Db) -> LogStore {
-        LogStore { db }
+        let syncer = start_wal_syncer(db.db.clone());
+        LogStore { db, syncer }
     }
 
     fn get<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> io::Result<Option<T>> {
@@ -130,8 +159,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         // Written (readable) now; acknowledged to openraft only once fsynced.
         self.db.db.write(batch).map_err(|e| io_err("appending to the log", e))?;
-        let db = self.db.db.clone();
         // Not awaited: the append returns while the fsync runs, and the callback tells openraft when it is done.
+        // Simulated runs sync inline (deterministic); a full queue falls back to a sync of its own.
+        let callback = if crate::runtime::is_simulated() {
+            callback
+        } else {
+            match self.syncer.try_send(callback) {
+                Ok(()) => return Ok(()),
+                Err(
+                    std::sync::mpsc::TrySendError::Full(callback)
+                    | std::sync::mpsc::TrySendError::Disconnected(callback),
+                ) => callback,
+            }
+        };
+        let db = self.db.db.clone();
         crate::runtime::spawn_blocking_detached(move || {
             let result = db.flush_wal(true).map_err(|e| io_err("syncing the log", e));
             callback.io_completed(result);

@@ -381,6 +381,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let mut pending = PendingHistory::new();
         let mut answers = Vec::new();
         let mut touched = std::collections::BTreeSet::new();
+        let mut meta_changed = false;
         {
             let mut applied = self.view.inner.write().expect("state lock poisoned");
             for (entry, responder) in items {
@@ -390,6 +391,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     EntryPayload::Normal(request) => {
                         let outcome = applied.state.apply(&request);
                         for change in &outcome.changes {
+                            if let Change::Meta(_) = change {
+                                // Nearly every entry changes the meta (a submission takes the next id); it is one
+                                // key, so it is written once per batch, as it stands after the batch, below.
+                                meta_changed = true;
+                                continue;
+                            }
                             write_change(&self.db, &mut batch, &mut pending, change)?;
                             touched_nodes(change, &mut touched);
                         }
@@ -405,6 +412,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 if let Some(responder) = responder {
                     answers.push((responder, response));
                 }
+            }
+            if meta_changed {
+                batch.put_cf(self.db.cf(CF_SM), META_KEY, encode(&applied.state.meta)?);
             }
             batch.put_cf(self.db.cf(CF_SM), APPLIED_KEY, encode(&applied.last_applied)?);
         }
