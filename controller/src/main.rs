@@ -14,8 +14,22 @@ struct Args {
     config: PathBuf,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// glibc's malloc arenas a replica may use. By default every thread that meets contention gets its own arena, up to
+/// 8 per core, and each keeps what it freed: the scheduling passes (which copy the pending queue on blocking
+/// threads) left a leader with 200,000 pending jobs at twice a follower's RSS. Two arenas keep that freed memory
+/// reusable by the next pass.
+const MALLOC_ARENAS: i32 = 2;
+
+fn main() -> anyhow::Result<()> {
+    // Before any thread exists, so that every allocation follows it.
+    // SAFETY: mallopt only sets a tunable of the allocator; called once, before other threads start.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
+    }
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     drover_observe::logging::init("info,openraft=warn,h2=warn,tower=warn");
     let args = Args::parse();
     let config = ControllerConfig::load(&args.config)?;

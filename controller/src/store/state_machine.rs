@@ -25,6 +25,8 @@ const META_KEY: &[u8] = b"meta";
 /// In CF_RAFT (which an install does not wipe): the current snapshot, and a marker while one is being installed.
 const CURRENT_SNAPSHOT_KEY: &[u8] = b"current_snapshot";
 const INSTALLING_KEY: &[u8] = b"installing_snapshot";
+/// The most jobs `load_applied` reserves room for before reading them (the estimate is RocksDB's, not exact).
+const MAX_PRESIZED_JOBS: u64 = 4_000_000;
 /// Records per write batch while installing a snapshot (bounds memory).
 const INSTALL_BATCH_RECORDS: usize = 10_000;
 
@@ -169,7 +171,9 @@ fn load_applied(db: &Db) -> io::Result<Applied> {
             format!("found version {}, this build reads {}", meta.format_version, drover_state::FORMAT_VERSION),
         ));
     }
-    let mut jobs = Vec::new();
+    // Sized up front: growing a vector of a million jobs copies it again at every doubling.
+    let estimate = db.db.property_int_value_cf(db.cf(CF_JOBS), "rocksdb.estimate-num-keys").ok().flatten();
+    let mut jobs = Vec::with_capacity(estimate.unwrap_or(0).min(MAX_PRESIZED_JOBS) as usize);
     for item in db.db.iterator_cf(db.cf(CF_JOBS), IteratorMode::Start) {
         let (_, value) = item.map_err(|e| io_err("reading jobs", e))?;
         jobs.push(decode::<Job>(&value)?);
