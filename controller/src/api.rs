@@ -514,7 +514,7 @@ impl DroverService for Api {
                 .values()
                 .filter(|j| job_matches(j, &message.job_ids, &message.users, &states))
                 .take(limit + 1)
-                .cloned()
+                .map(|job| (**job).clone())
                 .collect()
         };
         if message.include_finished && jobs.len() <= limit {

@@ -72,7 +72,13 @@ impl State {
 
     /// An incarnation ended because its node failed (lost, fenced, faulty GPU): requeued if the job allows it
     /// and has not failed too often, NODE_FAIL otherwise. The allocation is already released.
-    pub(crate) fn fail_incarnation(&mut self, mut job: Job, reason: String, now_ms: u64, changes: &mut Vec<Change>) {
+    pub(crate) fn fail_incarnation(
+        &mut self,
+        mut job: Box<Job>,
+        reason: String,
+        now_ms: u64,
+        changes: &mut Vec<Change>,
+    ) {
         if !job.requeueable() {
             job.message = Some(reason);
             self.archive(job, JobState::NodeFail, now_ms, changes);
@@ -84,7 +90,7 @@ impl State {
 
     /// Puts an ended incarnation's job back in the queue as the next incarnation (or ends it for good when a
     /// failure exceeds the requeue limit). The allocation is already released.
-    pub(crate) fn requeue(&mut self, mut job: Job, order: RequeueOrder, now_ms: u64, changes: &mut Vec<Change>) {
+    pub(crate) fn requeue(&mut self, mut job: Box<Job>, order: RequeueOrder, now_ms: u64, changes: &mut Vec<Change>) {
         let limit = self.config().map_or(crate::requeue::DEFAULT_MAX_BATCH_REQUEUE, |c| c.max_batch_requeue);
         self.record_incarnation(&mut job, order.kind.state(), &order.reason, now_ms, changes);
         if order.kind == RequeueKind::NodeFailure {
@@ -152,7 +158,7 @@ impl State {
 
     /// Ends a job for good: out of the active table, into the accounting history. Its last incarnation's goodput
     /// is counted here, unless `requeue` recorded it already (a failure past the requeue limit).
-    pub(crate) fn archive(&mut self, mut job: Job, state: JobState, now_ms: u64, changes: &mut Vec<Change>) {
+    pub(crate) fn archive(&mut self, mut job: Box<Job>, state: JobState, now_ms: u64, changes: &mut Vec<Change>) {
         job.state = state;
         job.end_time_ms = Some(now_ms);
         if let Some(last) = Incarnation::current(&job) {

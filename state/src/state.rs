@@ -90,14 +90,14 @@ impl Default for Meta {
 pub enum Change {
     Meta(Meta),
     /// An active job, inserted or updated.
-    PutJob(Job),
+    PutJob(Box<Job>),
     /// The script text, stored once per job at submit.
     PutScript {
         id: JobId,
         script: String,
     },
     /// A job that became terminal: remove from the active table, add to the accounting history.
-    ArchiveJob(Job),
+    ArchiveJob(Box<Job>),
     /// A node of a finished job reported what the job's tasks used there (after the job was archived, since a
     /// job ends when its batch node reports): add it to the job's history record, if that record is still of
     /// `incarnation` and has no figure from `usage.node` yet (`Job::record_node_usage`).
@@ -136,7 +136,7 @@ pub struct Applied {
 pub struct State {
     pub meta: Meta,
     /// Active jobs by id (ordered, so listings and snapshots are deterministic).
-    pub jobs: BTreeMap<JobId, Job>,
+    pub jobs: BTreeMap<JobId, Box<Job>>,
     /// Registered nodes by name.
     pub nodes: BTreeMap<String, Node>,
     dedup: HashMap<String, JobId>,
@@ -181,7 +181,7 @@ impl State {
             if job.state == JobState::Pending {
                 state.index_dependencies(&job);
             }
-            state.insert_active(job);
+            state.insert_active(Box::new(job));
         }
         for (seq, request_id, job_id) in dedup {
             state.dedup.insert(request_id.clone(), job_id);
@@ -218,7 +218,7 @@ impl State {
     pub fn records(&self) -> Records {
         Records {
             meta: self.meta.clone(),
-            jobs: self.jobs.values().cloned().collect(),
+            jobs: self.jobs.values().map(|job| (**job).clone()).collect(),
             nodes: self.nodes.values().cloned().collect(),
             dedup: self.dedup_entries().map(|(s, r, j)| (s, r.to_string(), j)).collect(),
             objects: self
@@ -239,7 +239,7 @@ impl State {
     }
 
     pub fn job(&self, id: JobId) -> Option<&Job> {
-        self.jobs.get(&id)
+        self.jobs.get(&id).map(|job| &**job)
     }
 
     /// The whole cluster's goodput: GPU time allocated to incarnations that ended, GPU time they lost to failures
@@ -412,7 +412,9 @@ impl State {
     }
 
     /// Adds an active job, keeping the per-owner count.
-    pub(crate) fn insert_active(&mut self, job: Job) {
+    /// Jobs are boxed in the table: a B-tree leaf then holds 11 pointers rather than 11 whole jobs, which with
+    /// ids arriving in order (every leaf split leaves the old leaf about half full) doubled a pending job's memory.
+    pub(crate) fn insert_active(&mut self, job: Box<Job>) {
         *self.active_per_uid.entry(job.spec.uid).or_default() += 1;
         if let Some(old) = self.jobs.insert(job.id, job) {
             self.forget_owner(old.spec.uid);
@@ -420,7 +422,7 @@ impl State {
     }
 
     /// Removes an active job (it ends, or is replaced), keeping the per-owner count.
-    pub(crate) fn remove_active(&mut self, id: JobId) -> Option<Job> {
+    pub(crate) fn remove_active(&mut self, id: JobId) -> Option<Box<Job>> {
         let job = self.jobs.remove(&id)?;
         self.forget_owner(job.spec.uid);
         Some(job)
@@ -772,7 +774,7 @@ impl State {
         changes.push(Change::PutScript { id: first, script });
         for (offset, array) in tasks.into_iter().enumerate() {
             let id = first + offset as u64;
-            let job = Job {
+            let job = Box::new(Job {
                 id,
                 spec: stored_spec.clone(),
                 partition: resolved.partition.clone(),
@@ -787,7 +789,7 @@ impl State {
                 array,
                 dependency_state: resolved.dependency_state.clone(),
                 ..Job::default()
-            };
+            });
             self.index_dependencies(&job);
             changes.push(Change::PutJob(job.clone()));
             self.insert_active(job);

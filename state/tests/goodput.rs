@@ -44,7 +44,7 @@ impl Cluster {
         self.state.check_invariants();
         for change in &applied.changes {
             if let Change::ArchiveJob(job) = change {
-                self.archived.push(job.clone());
+                self.archived.push((**job).clone());
             }
         }
         applied.changes

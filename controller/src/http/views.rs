@@ -38,7 +38,7 @@ pub async fn overview(api: &Api) -> Response {
         })
         .collect();
     // Running first, then pending in id order, as `squeue` sorts by default.
-    let mut queue: Vec<&Job> = state.jobs.values().filter(|j| !j.state.is_terminal()).collect();
+    let mut queue: Vec<&Job> = state.jobs.values().map(|j| &**j).filter(|j| !j.state.is_terminal()).collect();
     queue.sort_by_key(|j| (j.state != JobState::Running, j.id));
     let gpus: usize = state.nodes.values().map(|n| n.info.gpus.len()).sum();
     let gpus_allocated: usize = state.nodes.values().map(|n| n.allocated_gpus.len()).sum();

@@ -211,7 +211,7 @@ impl AgentHub {
                         .iter()
                         .map(|name| state.nodes.get(name).map(|n| n.info.host.clone()).unwrap_or_default())
                         .collect();
-                    Assignment { job: job.clone(), hosts, node_index, script: None }
+                    Assignment { job: (**job).clone(), hosts, node_index, script: None }
                 })
                 .collect();
             (jobs, index, lingering, allow_root_jobs)

@@ -218,7 +218,7 @@ fn write_change(db: &Db, batch: &mut WriteBatch, pending: &mut PendingHistory, c
         Change::ArchiveJob(job) => {
             batch.delete_cf(db.cf(CF_JOBS), id_key(job.id));
             batch.put_cf(db.cf(CF_HISTORY), id_key(job.id), encode(job)?);
-            pending.insert(job.id, job.clone());
+            pending.insert(job.id, (**job).clone());
         }
         Change::AddNodeUsage { job_id, incarnation, usage } => {
             // Read-modify-write of replicated data only (the history every replica holds), so every replica
@@ -520,7 +520,7 @@ mod tests {
         assert_eq!(log.try_get_log_entries(5..6).await.unwrap(), vec![entry]);
 
         let (mut batch, mut pending) = (WriteBatch::default(), PendingHistory::new());
-        write_change(&db, &mut batch, &mut pending, &Change::PutJob(job.clone())).unwrap();
+        write_change(&db, &mut batch, &mut pending, &Change::PutJob(Box::new(job.clone()))).unwrap();
         db.db.write(batch).unwrap();
         let raw = db.db.get_cf(db.cf(CF_JOBS), id_key(7)).unwrap().unwrap();
         assert_eq!(raw[0], drover_state::codec::BINARY_TAG, "rewritten in the binary format");
@@ -542,7 +542,7 @@ mod tests {
             db.db.write(batch).unwrap();
         };
         let read = || -> Job { decode(&db.db.get_cf(db.cf(CF_HISTORY), id_key(7)).unwrap().unwrap()).unwrap() };
-        write(&[Change::ArchiveJob(job.clone()), usage("n1", 10)]);
+        write(&[Change::ArchiveJob(Box::new(job.clone())), usage("n1", 10)]);
         assert_eq!(read().measured_cpu_ms(), Some(10), "amended within the batch that archived it");
         write(&[usage("n2", 20), usage("n2", 999)]);
         assert_eq!(read().measured_cpu_ms(), Some(30), "a later batch; one figure per node");
