@@ -206,10 +206,6 @@ impl ControllerConfig {
             max_in_snapshot_log_to_keep: r.keep_entries_after_snapshot,
             // Snapshot transfer of a large state must not time out on a slow link.
             install_snapshot_timeout: 60_000,
-            // Followers get new entries as soon as the leader has written them, not once its fsync is done: the
-            // two fsyncs of a commit then overlap instead of running one after the other. Safe: the leader still
-            // counts itself toward the quorum only once its own fsync completes.
-            broadcast_submitted_on_append: Some(true),
             ..Default::default()
         };
         config.validate().map_err(|e| e.to_string())
