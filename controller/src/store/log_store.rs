@@ -24,15 +24,18 @@ const SYNC_QUEUE: usize = 4_096;
 #[derive(Clone)]
 pub struct LogStore {
     db: Db,
-    /// Group commit: appends hand their flush callbacks to one syncing thread (see [`start_wal_syncer`]).
-    syncer: std::sync::mpsc::SyncSender<IOFlushed<TypeConfig>>,
+    /// Group commit: appends hand their flush callbacks to one syncing thread (see [`start_wal_syncer`]); none in
+    /// the simulation, which syncs inline to stay deterministic.
+    syncer: Option<std::sync::mpsc::SyncSender<IOFlushed<TypeConfig>>>,
 }
 
 /// Starts the thread that makes appends durable. It takes every callback that queued up while its previous fsync
 /// ran and covers them all with one more: an fsync costs the same for one entry or a hundred, so under load the
 /// appends of many concurrent proposals (and, on a follower, many replication batches) share each one, instead
-/// of queueing one fsync each behind RocksDB's WAL lock. It ends when the last `LogStore` clone is gone.
-fn start_wal_syncer(db: std::sync::Arc<rocksdb::DB>) -> std::sync::mpsc::SyncSender<IOFlushed<TypeConfig>> {
+/// of queueing one fsync each behind RocksDB's WAL lock. It ends when the last `LogStore` clone is gone. It holds
+/// the database only while it syncs: the replica's owners close it, not this thread (a close racing the
+/// process's exit on this thread crashed the simulation's test binary).
+fn start_wal_syncer(db: std::sync::Weak<rocksdb::DB>) -> std::sync::mpsc::SyncSender<IOFlushed<TypeConfig>> {
     let (tx, rx) = std::sync::mpsc::sync_channel::<IOFlushed<TypeConfig>>(SYNC_QUEUE);
     std::thread::Builder::new()
         .name("wal-sync".into())
@@ -41,9 +44,13 @@ fn start_wal_syncer(db: std::sync::Arc<rocksdb::DB>) -> std::sync::mpsc::SyncSen
                 let mut waiting = vec![first];
                 waiting.extend(rx.try_iter().take(SYNC_QUEUE));
                 // Every callback in `waiting` belongs to an append already written: this fsync covers all of them.
-                let result = db.flush_wal(true);
+                let result = match db.upgrade() {
+                    Some(db) => db.flush_wal(true).map_err(|e| io_err("syncing the log", e)),
+                    None => Err(io_err("syncing the log", "the database is closed")),
+                };
                 for callback in waiting {
-                    callback.io_completed(result.as_ref().map(|_| ()).map_err(|e| io_err("syncing the log", e)));
+                    let result = result.as_ref().map(|_| ()).map_err(|e| io::Error::new(e.kind(), e.to_string()));
+                    callback.io_completed(result);
                 }
             }
         })
@@ -66,7 +73,7 @@ pub(super) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> io::Result
 
 impl LogStore {
     pub fn new(db: Db) -> LogStore {
-        let syncer = start_wal_syncer(db.db.clone());
+        let syncer = (!crate::runtime::is_simulated()).then(|| start_wal_syncer(std::sync::Arc::downgrade(&db.db)));
         LogStore { db, syncer }
     }
 
@@ -161,16 +168,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.db.db.write(batch).map_err(|e| io_err("appending to the log", e))?;
         // Not awaited: the append returns while the fsync runs, and the callback tells openraft when it is done.
         // Simulated runs sync inline (deterministic); a full queue falls back to a sync of its own.
-        let callback = if crate::runtime::is_simulated() {
-            callback
-        } else {
-            match self.syncer.try_send(callback) {
+        let callback = match &self.syncer {
+            None => callback,
+            Some(syncer) => match syncer.try_send(callback) {
                 Ok(()) => return Ok(()),
                 Err(
                     std::sync::mpsc::TrySendError::Full(callback)
                     | std::sync::mpsc::TrySendError::Disconnected(callback),
                 ) => callback,
-            }
+            },
         };
         let db = self.db.db.clone();
         crate::runtime::spawn_blocking_detached(move || {
