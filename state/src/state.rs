@@ -159,7 +159,8 @@ pub struct State {
 #[derive(Debug, Default)]
 pub struct Records {
     pub meta: Meta,
-    pub jobs: Vec<Job>,
+    /// Boxed as the state holds them, so a restart moves each job once.
+    pub jobs: Vec<Box<Job>>,
     pub nodes: Vec<Node>,
     /// Dedup entries in sequence order.
     pub dedup: Vec<(u64, String, JobId)>,
@@ -181,7 +182,7 @@ impl State {
             if job.state == JobState::Pending {
                 state.index_dependencies(&job);
             }
-            state.insert_active(Box::new(job));
+            state.insert_active(job);
         }
         for (seq, request_id, job_id) in dedup {
             state.dedup.insert(request_id.clone(), job_id);
@@ -218,7 +219,7 @@ impl State {
     pub fn records(&self) -> Records {
         Records {
             meta: self.meta.clone(),
-            jobs: self.jobs.values().map(|job| (**job).clone()).collect(),
+            jobs: self.jobs.values().cloned().collect(),
             nodes: self.nodes.values().cloned().collect(),
             dedup: self.dedup_entries().map(|(s, r, j)| (s, r.to_string(), j)).collect(),
             objects: self

@@ -176,7 +176,7 @@ fn load_applied(db: &Db) -> io::Result<Applied> {
     let mut jobs = Vec::with_capacity(estimate.unwrap_or(0).min(MAX_PRESIZED_JOBS) as usize);
     for item in db.db.iterator_cf(db.cf(CF_JOBS), IteratorMode::Start) {
         let (_, value) = item.map_err(|e| io_err("reading jobs", e))?;
-        jobs.push(decode::<Job>(&value)?);
+        jobs.push(Box::new(decode::<Job>(&value)?));
     }
     let mut nodes = Vec::new();
     for item in db.db.iterator_cf(db.cf(CF_NODES), IteratorMode::Start) {
