@@ -158,6 +158,51 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         self.decode(reply.into_inner())
     }
 
+    /// Pipelined: every request goes out as openraft produces it, on one gRPC stream whose order HTTP/2 keeps,
+    /// and the follower answers each once its entries are on disk. The default sends one request and waits for
+    /// its answer before the next, so each commit waited for the previous round trip and follower fsync.
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        _option: RPCOption,
+    ) -> futures::future::BoxFuture<
+        's,
+        Result<
+            futures::stream::BoxStream<
+                's,
+                Result<openraft::raft::StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>,
+            >,
+            RPCError<TypeConfig>,
+        >,
+    >
+    where
+        S: futures::Stream<Item = AppendEntriesRequest<TypeConfig>> + openraft::OptionalSend + Unpin + 'static,
+    {
+        use futures::StreamExt;
+        Box::pin(async move {
+            let mut client = self.client()?;
+            // No deadline on the stream itself: it lives as long as replication does; a dead peer is found by the
+            // connection's keepalive and ends the stream with an error, after which openraft opens a new one.
+            let requests = input.map(|rpc| encode(&rpc));
+            let replies =
+                client.stream_append(tonic::Request::new(requests)).await.map_err(|s| self.status_error(s))?;
+            let (target, addr) = (self.target, self.addr.clone());
+            let results = replies.into_inner().map(move |reply| {
+                let reply = reply.map_err(|status| {
+                    let message = format!("replica {target} at {addr}: {}", status.message());
+                    RPCError::Unreachable(Unreachable::from_string(message))
+                })?;
+                if !reply.error.is_empty() {
+                    let message = String::from_utf8_lossy(&reply.error).into_owned();
+                    return Err(RPCError::Network(NetworkError::from_string(format!("replica {target}: {message}"))));
+                }
+                drover_state::codec::decode(&reply.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+            });
+            let results: futures::stream::BoxStream<'s, _> = Box::pin(results);
+            Ok(results)
+        })
+    }
+
     async fn vote(
         &mut self,
         rpc: VoteRequest<TypeConfig>,

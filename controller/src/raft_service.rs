@@ -50,6 +50,39 @@ impl RaftService for RaftServer {
         reply(result)
     }
 
+    type StreamAppendStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<RaftReply, Status>> + Send>>;
+
+    async fn stream_append(
+        &self,
+        request: Request<Streaming<RaftRequest>>,
+    ) -> Result<Response<Self::StreamAppendStream>, Status> {
+        use futures::StreamExt;
+        // A malformed request ends the input: openraft answers what came before it, then the stream closes.
+        let input = tokio_stream::StreamExt::map_while(request.into_inner(), |item| {
+            let request = item.ok()?;
+            drover_state::codec::decode::<openraft::raft::AppendEntriesRequest<crate::types::TypeConfig>>(&request.data)
+                .ok()
+        });
+        let heard = self.heard.clone();
+        let output = self.raft.stream_append(input).map(move |result| {
+            let data = match result {
+                Ok(appended) => {
+                    // As for a single append: anything but a refusal means a leader this replica accepts is alive.
+                    if !matches!(appended, Err(openraft::raft::StreamAppendError::HigherVote(_))) {
+                        heard.now();
+                    }
+                    appended
+                }
+                Err(fatal) => return Ok(RaftReply { data: vec![], error: fatal.to_string().into_bytes() }),
+            };
+            Ok(RaftReply {
+                data: drover_state::codec::encode(&data).expect("openraft messages serialize"),
+                error: vec![],
+            })
+        });
+        Ok(Response::new(Box::pin(output)))
+    }
+
     async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
         reply(self.raft.vote(decode(request)?).await)
     }
