@@ -158,13 +158,15 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         self.decode(reply.into_inner())
     }
 
-    /// Pipelined: every request goes out as openraft produces it, on one gRPC stream whose order HTTP/2 keeps,
-    /// and the follower answers each once its entries are on disk. The default sends one request and waits for
-    /// its answer before the next, so each commit waited for the previous round trip and follower fsync.
+    /// Pipelined: requests after the first go out as openraft produces them, on one gRPC stream whose order
+    /// HTTP/2 keeps, and the follower answers each once its entries are on disk. openraft's default sends one
+    /// request and waits for its answer before the next, so each commit waited for the previous round trip and
+    /// follower fsync. The first request goes alone as a unary call: a heartbeat is a stream of one request, and
+    /// opening a gRPC stream per heartbeat overran the heartbeat's 50 ms budget on a loaded machine.
     fn stream_append<'s, S>(
         &'s mut self,
         input: S,
-        _option: RPCOption,
+        option: RPCOption,
     ) -> futures::future::BoxFuture<
         's,
         Result<
@@ -180,26 +182,53 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
     {
         use futures::StreamExt;
         Box::pin(async move {
+            let mut input = input;
+            let Some(first) = input.next().await else {
+                return Ok(futures::stream::empty().boxed());
+            };
+            let last = first.entries.last().map(openraft::entry::RaftEntry::log_id).or(first.prev_log_id);
+            let prev = first.prev_log_id;
+            let response = RaftNetworkV2::append_entries(self, first, option).await?;
+            // A partial success ends the stream, as in openraft's own sequential stream.
+            let partial = matches!(&response, AppendEntriesResponse::PartialSuccess(id) if *id != last);
+            let first_result = response.into_stream_result(prev, last);
+            let stop = first_result.is_err() || partial;
+            let head = futures::stream::once(async move { Ok(first_result) });
+            if stop {
+                return Ok(head.boxed());
+            }
             let mut client = self.client()?;
-            // No deadline on the stream itself: it lives as long as replication does; a dead peer is found by the
-            // connection's keepalive and ends the stream with an error, after which openraft opens a new one.
-            let requests = input.map(|rpc| encode(&rpc));
-            let replies =
-                client.stream_append(tonic::Request::new(requests)).await.map_err(|s| self.status_error(s))?;
             let (target, addr) = (self.target, self.addr.clone());
-            let results = replies.into_inner().map(move |reply| {
-                let reply = reply.map_err(|status| {
+            // Opened only when a second request comes: a heartbeat's stream ends here without one. No deadline
+            // on the stream: it lives as long as replication does; a dead peer is found by the connection's
+            // keepalive and ends it with an error, after which openraft opens a new one.
+            let tail = futures::stream::once(async move {
+                let Some(second) = input.next().await else {
+                    return futures::stream::empty().boxed();
+                };
+                let requests = futures::stream::once(async move { second }).chain(input).map(|rpc| encode(&rpc));
+                let unreachable = move |status: tonic::Status| {
                     let message = format!("replica {target} at {addr}: {}", status.message());
                     RPCError::Unreachable(Unreachable::from_string(message))
-                })?;
-                if !reply.error.is_empty() {
-                    let message = String::from_utf8_lossy(&reply.error).into_owned();
-                    return Err(RPCError::Network(NetworkError::from_string(format!("replica {target}: {message}"))));
-                }
-                drover_state::codec::decode(&reply.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))
-            });
-            let results: futures::stream::BoxStream<'s, _> = Box::pin(results);
-            Ok(results)
+                };
+                let replies = match client.stream_append(tonic::Request::new(requests)).await {
+                    Ok(replies) => replies.into_inner(),
+                    Err(status) => return futures::stream::once(async move { Err(unreachable(status)) }).boxed(),
+                };
+                replies
+                    .map(move |reply| {
+                        let reply = reply.map_err(&unreachable)?;
+                        if !reply.error.is_empty() {
+                            let message = String::from_utf8_lossy(&reply.error).into_owned();
+                            let message = format!("replica {target}: {message}");
+                            return Err(RPCError::Network(NetworkError::from_string(message)));
+                        }
+                        drover_state::codec::decode(&reply.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+                    })
+                    .boxed()
+            })
+            .flatten();
+            Ok(head.chain(tail).boxed())
         })
     }
 
