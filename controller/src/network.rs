@@ -70,6 +70,15 @@ fn encode<T: Serialize>(value: &T) -> RaftRequest {
     RaftRequest { data: drover_state::codec::encode(value).expect("openraft messages serialize") }
 }
 
+/// A peer's reply: its refusal as an error naming the peer, or the decoded message.
+fn decode_reply<T: for<'de> Deserialize<'de>>(target: u64, reply: RaftReply) -> Result<T, RPCError<TypeConfig>> {
+    if !reply.error.is_empty() {
+        let message = String::from_utf8_lossy(&reply.error).into_owned();
+        return Err(RPCError::Network(NetworkError::from_string(format!("replica {target}: {message}"))));
+    }
+    drover_state::codec::decode(&reply.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+}
+
 impl PeerClient {
     fn client(&mut self) -> Result<RaftServiceClient<Channel>, RPCError<TypeConfig>> {
         if self.client.is_none() {
@@ -90,11 +99,7 @@ impl PeerClient {
     }
 
     fn decode<T: for<'de> Deserialize<'de>>(&self, reply: RaftReply) -> Result<T, RPCError<TypeConfig>> {
-        if !reply.error.is_empty() {
-            let message = String::from_utf8_lossy(&reply.error).into_owned();
-            return Err(RPCError::Network(NetworkError::from_string(format!("replica {}: {message}", self.target))));
-        }
-        drover_state::codec::decode(&reply.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+        decode_reply(self.target, reply)
     }
 
     fn status_error(&mut self, status: tonic::Status) -> RPCError<TypeConfig> {
@@ -215,17 +220,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
                     Ok(replies) => replies.into_inner(),
                     Err(status) => return futures::stream::once(async move { Err(unreachable(status)) }).boxed(),
                 };
-                replies
-                    .map(move |reply| {
-                        let reply = reply.map_err(&unreachable)?;
-                        if !reply.error.is_empty() {
-                            let message = String::from_utf8_lossy(&reply.error).into_owned();
-                            let message = format!("replica {target}: {message}");
-                            return Err(RPCError::Network(NetworkError::from_string(message)));
-                        }
-                        drover_state::codec::decode(&reply.data).map_err(|e| RPCError::Network(NetworkError::new(&e)))
-                    })
-                    .boxed()
+                replies.map(move |reply| decode_reply(target, reply.map_err(&unreachable)?)).boxed()
             })
             .flatten();
             Ok(head.chain(tail).boxed())
