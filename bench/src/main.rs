@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use anyhow::bail;
 use clap::{Parser, Subcommand};
 use drover_client::{Client, JobFilter};
 use hdrhistogram::Histogram;
@@ -36,6 +37,10 @@ enum BenchCmd {
     Submit {
         #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
         clients: Vec<usize>,
+        /// Connections the clients share, round-robin (like etcd's benchmark `--conns`); at most one per client.
+        /// One connection multiplexes every client over one HTTP/2 stream set; many model separate processes.
+        #[arg(long, default_value_t = 1)]
+        conns: usize,
         #[arg(long, default_value_t = 10)]
         duration_s: u64,
         #[arg(long)]
@@ -105,8 +110,8 @@ fn run(cmd: BenchCmd) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         match cmd {
-            BenchCmd::Submit { clients, duration_s, dir } => {
-                submit(clients, duration_s, bench_dir(dir, "submit")).await
+            BenchCmd::Submit { clients, conns, duration_s, dir } => {
+                submit(clients, conns, duration_s, bench_dir(dir, "submit")).await
             }
             BenchCmd::Failover { kills, clients, dir } => failover(kills, clients, bench_dir(dir, "failover")).await,
             BenchCmd::State { jobs, clients, dir } => state(jobs, clients, bench_dir(dir, "state")).await,
@@ -133,11 +138,16 @@ fn bench_dir(dir: Option<PathBuf>, name: &str) -> PathBuf {
     dir
 }
 
-/// Runs `clients` submit loops until `stop`; returns (acknowledged ids with ack times, latency histogram µs).
-async fn load(client: Arc<Client>, clients: usize, stop: Arc<AtomicBool>) -> (Vec<(u64, Instant)>, Histogram<u64>) {
+/// Runs `clients` submit loops until `stop`, spread round-robin over `connections`; returns (acknowledged ids
+/// with ack times, latency histogram µs).
+async fn load(
+    connections: &[Arc<Client>],
+    clients: usize,
+    stop: Arc<AtomicBool>,
+) -> (Vec<(u64, Instant)>, Histogram<u64>) {
     let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let (client, stop) = (client.clone(), stop.clone());
+    for i in 0..clients {
+        let (client, stop) = (connections[i % connections.len()].clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             let spec = trivial_spec();
             let mut acked = Vec::new();
@@ -163,15 +173,20 @@ async fn load(client: Arc<Client>, clients: usize, stop: Arc<AtomicBool>) -> (Ve
     (acked, hist)
 }
 
-async fn submit(levels: Vec<usize>, duration_s: u64, dir: PathBuf) -> anyhow::Result<()> {
+async fn submit(levels: Vec<usize>, conns: usize, duration_s: u64, dir: PathBuf) -> anyhow::Result<()> {
+    if conns == 0 {
+        bail!("--conns must be at least 1");
+    }
     let cluster = LocalCluster::up(&dir, UpOptions::default())?;
     cluster.wait_ready(Duration::from_secs(30)).await?;
-    let client = Arc::new(cluster.client()?);
-    println!("bench submit: 3 replicas on loopback, {duration_s} s per level");
+    let connections = (0..conns).map(|_| cluster.client().map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
+    println!("bench submit: 3 replicas on loopback, {duration_s} s per level, clients over {conns} connection(s)");
     for clients in levels {
         let stop = Arc::new(AtomicBool::new(false));
         let started = Instant::now();
-        let handle = tokio::spawn(load(client.clone(), clients, stop.clone()));
+        let shared = connections[..conns.min(clients)].to_vec();
+        let load_stop = stop.clone();
+        let handle = tokio::spawn(async move { load(&shared, clients, load_stop).await });
         tokio::time::sleep(Duration::from_secs(duration_s)).await;
         stop.store(true, Ordering::Relaxed);
         let (acked, hist) = handle.await?;

@@ -93,9 +93,11 @@ impl Controller {
             received: AtomicU64::new(0),
             heard: heard.clone(),
         };
+        // One write path per replica: every writer's proposals are batched together.
+        let proposer = crate::propose::Proposer::new(raft.clone());
         let hub = AgentHub::new(
             config.id,
-            raft.clone(),
+            proposer.clone(),
             view.clone(),
             config.agents.clone(),
             config.raft.election_timeout_min_ms,
@@ -103,7 +105,7 @@ impl Controller {
         let insights = crate::leader::scheduling::Insights::default();
         let api = Arc::new(Api::new(
             config.id,
-            raft.clone(),
+            proposer.clone(),
             view.clone(),
             local_ip,
             hub.clone(),
@@ -164,9 +166,11 @@ impl Controller {
             config.raft.preferred_leaders.clone(),
             config.raft.preferred_leader_hold_ms,
         ));
-        tokio::spawn(leader_duties(raft.clone(), view.clone(), config.id, config.cluster.clone()));
+        tokio::spawn(leader_duties(proposer.clone(), view.clone(), config.id, config.cluster.clone()));
         tokio::spawn(crate::leader::agents::leader_loops(hub));
-        tokio::spawn(crate::leader::scheduling::scheduling_loop(raft.clone(), view.clone(), config.id, insights));
+        tokio::spawn(crate::leader::scheduling::scheduling_loop(proposer, view.clone(), config.id, insights));
+        #[cfg(feature = "raft-stats")]
+        tokio::spawn(log_raft_stats(raft.clone(), config.id));
         tracing::info!(id = config.id, %addr, ?http_addr, data_dir = %config.data_dir.display(), "controller replica started");
         Ok(Controller { id: config.id, raft, view, addr, http_addr, shutdown })
     }
@@ -193,6 +197,22 @@ impl Controller {
 /// Initializes a brand-new cluster exactly once: only the lowest-id founder does it, only on an empty data
 /// directory, and only after every founder answered that it holds no data. A restarted or wiped replica finds
 /// initialized peers and waits to be replicated to instead.
+/// The `raft-stats` diagnostic: while this replica leads, openraft's latency histograms per stage of a log
+/// entry, logged every 10 s (a benchmark reads them from the controller's log).
+#[cfg(feature = "raft-stats")]
+async fn log_raft_stats(raft: Raft, id: u64) {
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+        if openraft::async_runtime::WatchReceiver::borrow_watched(&raft.metrics()).current_leader != Some(id) {
+            continue;
+        }
+        match raft.runtime_stats().await {
+            Ok(stats) => tracing::info!("raft runtime stats:\n{}", stats.display().human_readable().multiline()),
+            Err(_) => return,
+        }
+    }
+}
+
 async fn bootstrap(raft: Raft, id: u64, founders: BTreeMap<u64, String>, security: Arc<crate::security::Security>) {
     if founders.keys().next() != Some(&id) {
         return;
