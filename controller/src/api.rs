@@ -52,6 +52,8 @@ pub struct Api {
     /// Verifies callers' credentials; makes the TLS connections to the leader.
     security: std::sync::Arc<Security>,
     pub raft: Raft,
+    /// Writes go through the replica's batching write path.
+    proposer: crate::propose::Proposer,
     pub view: StateView,
     peers: Mutex<HashMap<String, DroverServiceClient<Channel>>>,
 }
@@ -70,14 +72,15 @@ enum Route {
 impl Api {
     pub fn new(
         id: u64,
-        raft: Raft,
+        proposer: crate::propose::Proposer,
         view: StateView,
         local_ip: Option<std::net::IpAddr>,
         hub: std::sync::Arc<crate::leader::agents::AgentHub>,
         insights: crate::leader::scheduling::Insights,
         security: std::sync::Arc<Security>,
     ) -> Api {
-        Api { id, hub, insights, local_ip, security, raft, view, peers: Mutex::new(HashMap::new()) }
+        let raft = proposer.raft().clone();
+        Api { id, hub, insights, local_ip, security, raft, proposer, view, peers: Mutex::new(HashMap::new()) }
     }
 
     /// The scheduling loop's latest view and pass times.
@@ -176,7 +179,7 @@ impl Api {
     }
 
     async fn write(&self, command: Command) -> Result<Reply, Status> {
-        propose(&self.raft, command).await
+        propose(&self.proposer, command).await
     }
 
     /// Refuses a command that the current state would refuse, without a log entry (`apply` decides again on the

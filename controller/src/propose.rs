@@ -2,12 +2,20 @@
 //! commands here, and gets back the state machine's reply or a typed status a client can act on.
 //!
 //! The leader's clock stamps each entry here, once, so `apply` never reads one (replicas apply the same time).
+//!
+//! Proposals are committed in batches (group commit): while [`PIPELINE_DEPTH`] batches are on their way through
+//! Raft, new proposals wait in a queue and then go together as one batch, so one log append, one replication
+//! message per follower, one fsync on each replica and one state write cover all of them. A lone proposal meets
+//! a free slot and goes at once: batching costs no latency when the cluster is idle, and needs no timer.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use drover_proto::LEADER_HINT_KEY;
 use drover_state::{Command, CommandError, Reply, Request};
+use futures::StreamExt;
 use openraft::error::{ClientWriteError, RaftError};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tonic::Status;
 
 use crate::runtime::now_ms;
@@ -15,22 +23,117 @@ use crate::types::{Raft, TypeConfig};
 
 /// How long a write may wait for a quorum before the caller is told to retry.
 pub const WRITE_TIMEOUT_MS: u64 = 3_000;
+/// Batches submitted to Raft and not yet applied. Two keep every stage busy (one batch is being persisted and
+/// replicated while the one before it is applied); more would only make the batches smaller.
+pub const PIPELINE_DEPTH: usize = 2;
+/// The most proposals in one batch (one log append; the replication payload is bounded separately by openraft).
+pub const MAX_BATCH: usize = 1_024;
+/// Proposals waiting for a batch; a writer that finds the queue full waits (within its write timeout).
+pub const QUEUE_CAPACITY: usize = 16_384;
+
+/// What a writer gets back: the reply or the typed refusal from `apply`, or a status when nothing committed.
+type Outcome = Result<Result<Reply, CommandError>, Status>;
+type Proposal = (Request, oneshot::Sender<Outcome>);
+
+/// This replica's write path: cheap to clone, every clone feeds the same batcher.
+#[derive(Clone)]
+pub struct Proposer {
+    raft: Raft,
+    queue: mpsc::Sender<Proposal>,
+}
+
+impl Proposer {
+    /// Starts the batcher for `raft` (on the current runtime); it stops when every clone is dropped.
+    pub fn new(raft: Raft) -> Proposer {
+        let (queue, proposals) = mpsc::channel(QUEUE_CAPACITY);
+        tokio::spawn(batcher(raft.clone(), proposals));
+        Proposer { raft, queue }
+    }
+
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+}
 
 /// Commits one command on this replica (which must lead) and returns its reply; a refusal from `apply` becomes
 /// a status carrying the typed [`CommandError`] in its details (see [`command_error_status`]).
-pub async fn propose(raft: &Raft, command: Command) -> Result<Reply, Status> {
-    propose_checked(raft, command).await?.map_err(|e| command_error_status(&e))
+pub async fn propose(proposer: &Proposer, command: Command) -> Result<Reply, Status> {
+    propose_checked(proposer, command).await?.map_err(|e| command_error_status(&e))
 }
 
 /// Like [`propose`], but keeps a refusal from `apply` apart from a failure to commit at all.
-pub async fn propose_checked(raft: &Raft, command: Command) -> Result<Result<Reply, CommandError>, Status> {
-    let write = raft.client_write(Request { time_ms: now_ms(), command });
-    let result = tokio::time::timeout(Duration::from_millis(WRITE_TIMEOUT_MS), write).await.map_err(|_| {
+pub async fn propose_checked(proposer: &Proposer, command: Command) -> Result<Result<Reply, CommandError>, Status> {
+    let (answer, answered) = oneshot::channel();
+    let write = async {
+        proposer
+            .queue
+            .send((Request { time_ms: now_ms(), command }, answer))
+            .await
+            .map_err(|_| Status::unavailable("this controller replica is shutting down; retry"))?;
+        answered.await.map_err(|_| Status::unavailable("this controller replica is shutting down; retry"))?
+    };
+    tokio::time::timeout(Duration::from_millis(WRITE_TIMEOUT_MS), write).await.map_err(|_| {
         Status::unavailable(format!(
             "the write was not committed within {WRITE_TIMEOUT_MS} ms: this replica cannot reach a quorum; retry or try another controller"
         ))
-    })?;
-    result.map(|response| response.data).map_err(write_error)
+    })?
+}
+
+/// Takes the first waiting proposal, waits for a free pipeline slot (more proposals queue meanwhile), and sends
+/// everything queued by then to Raft as one batch.
+async fn batcher(raft: Raft, mut proposals: mpsc::Receiver<Proposal>) {
+    let slots = Arc::new(Semaphore::new(PIPELINE_DEPTH));
+    while let Some(first) = proposals.recv().await {
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match proposals.try_recv() {
+                Ok(proposal) => batch.push(proposal),
+                Err(_) => break,
+            }
+        }
+        let raft = raft.clone();
+        tokio::spawn(async move {
+            commit_batch(&raft, batch).await;
+            drop(slot);
+        });
+    }
+}
+
+/// Commits one batch and answers each proposer in order. A batch that is not applied within the write timeout
+/// (no quorum) frees its slot anyway: its proposers are told to retry. As with any write that timed out, the
+/// entries may still commit later; a retried submission finds its job by request id.
+async fn commit_batch(raft: &Raft, batch: Vec<Proposal>) {
+    let (requests, answers): (Vec<Request>, Vec<oneshot::Sender<Outcome>>) = batch.into_iter().unzip();
+    let mut answers = answers.into_iter();
+    let answer_all = async {
+        let mut results = match raft.client_write_many(requests).await {
+            Ok(results) => results,
+            Err(fatal) => {
+                let status = write_error(RaftError::Fatal(fatal));
+                for answer in answers.by_ref() {
+                    let _ = answer.send(Err(status.clone()));
+                }
+                return;
+            }
+        };
+        while let Some(result) = results.next().await {
+            let Some(answer) = answers.next() else { break };
+            let outcome = match result {
+                Ok(Ok(written)) => Ok(written.response),
+                Ok(Err(refused)) => Err(write_error(RaftError::APIError(refused))),
+                Err(fatal) => Err(write_error(RaftError::Fatal(fatal))),
+            };
+            let _ = answer.send(outcome);
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_millis(WRITE_TIMEOUT_MS), answer_all).await;
+    // Anyone not answered by now (the stream ended early, or the timeout) hears "retry", not silence.
+    for answer in answers {
+        let _ = answer.send(Err(Status::unavailable(
+            "the write's outcome is unknown (leadership changed or no quorum); retry, which is safe",
+        )));
+    }
 }
 
 /// A refused command as a gRPC status: the code says what kind of refusal it is, the message says it in words,

@@ -53,6 +53,7 @@ use drover_controller::config::AgentTiming;
 use drover_controller::leader::agents::AgentHub;
 use drover_controller::leader::leader_duties;
 use drover_controller::leader::scheduling::{Insights, scheduling_loop};
+use drover_controller::propose::Proposer;
 use drover_controller::runtime::enter_simulation;
 use drover_controller::store::{LogStore, StateMachineStore, open_db};
 use drover_controller::types::{Raft, ReplicaNode};
@@ -310,15 +311,16 @@ async fn start_replica(net: &Net, id: u64) -> Result<(), String> {
         .await
         .map_err(|e| format!("replica {id}: raft: {e}"))?;
     let timing = AgentTiming::default();
-    let hub = AgentHub::new(id, raft.clone(), view.clone(), timing, raft_config().election_timeout_min);
+    let proposer = Proposer::new(raft.clone());
+    let hub = AgentHub::new(id, proposer.clone(), view.clone(), timing, raft_config().election_timeout_min);
     let tasks = vec![
-        tokio::spawn(leader_duties(raft.clone(), view.clone(), id, ClusterConfig::default())),
-        tokio::spawn(scheduling_loop(raft.clone(), view.clone(), id, Insights::default())),
+        tokio::spawn(leader_duties(proposer.clone(), view.clone(), id, ClusterConfig::default())),
+        tokio::spawn(scheduling_loop(proposer.clone(), view.clone(), id, Insights::default())),
         tokio::spawn(drover_controller::leader::agents::leader_loops(hub.clone())),
     ];
     let mut net = lock(net);
     net.trace.record(format_args!("replica {id} started"), &[]);
-    net.replicas.insert(id, Replica { raft, view, hub, tasks });
+    net.replicas.insert(id, Replica { raft, proposer, view, hub, tasks });
     Ok(())
 }
 

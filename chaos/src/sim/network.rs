@@ -25,6 +25,8 @@ use crate::history::{Event, EventKind};
 /// A live replica as the network and the drivers reach it.
 pub struct Replica {
     pub raft: Raft,
+    /// The replica's write path (batches proposals), as the real controller's.
+    pub proposer: drover_controller::propose::Proposer,
     pub view: StateView,
     /// The leader's side of the agent protocol: heartbeats, leases, silent nodes declared down.
     pub hub: Arc<drover_controller::leader::agents::AgentHub>,

@@ -9,9 +9,8 @@ use std::sync::Arc;
 
 use drover_controller::config::AgentTiming;
 use drover_controller::leader::agents::AgentHub;
-use drover_controller::propose::propose_checked;
+use drover_controller::propose::{Proposer, propose_checked};
 use drover_controller::store::StateView;
-use drover_controller::types::Raft;
 use drover_state::{Command, GpuInfo, JobEnd, JobSpec, JobState, NodeHealth, NodeInfo, Reply};
 use openraft::async_runtime::WatchReceiver;
 use rand::rngs::SmallRng;
@@ -40,12 +39,12 @@ pub fn leader(net: &Net) -> Option<Leader> {
             (m.current_leader == Some(*id)).then_some((m.current_term, *id, r))
         })
         .max_by_key(|(term, id, _)| (*term, *id))
-        .map(|(_, _, r)| Leader { raft: r.raft.clone(), view: r.view.clone(), hub: r.hub.clone() })
+        .map(|(_, _, r)| Leader { proposer: r.proposer.clone(), view: r.view.clone(), hub: r.hub.clone() })
 }
 
 /// Handles on the replica that believes it leads.
 pub struct Leader {
-    pub raft: Raft,
+    pub proposer: Proposer,
     pub view: StateView,
     pub hub: Arc<AgentHub>,
 }
@@ -70,11 +69,11 @@ async fn write_as(net: &Net, agent: Option<&str>, command: Command) -> Outcome {
     for _ in 0..MAX_WRITE_ATTEMPTS {
         let cut = agent.is_some_and(|name| lock(net).conditions.agents_cut.contains(name));
         let leader = if cut { None } else { leader(net) };
-        let Some(Leader { raft, .. }) = leader else {
+        let Some(Leader { proposer, .. }) = leader else {
             tokio::time::sleep(Duration::from_millis(RETRY_MS)).await;
             continue;
         };
-        match propose_checked(&raft, command.clone()).await {
+        match propose_checked(&proposer, command.clone()).await {
             Ok(Ok(reply)) => return Outcome::Committed(reply),
             Ok(Err(refusal)) => return Outcome::Refused(refusal.to_string()),
             Err(status) => {
@@ -380,8 +379,8 @@ async fn write_once(net: &Net, agent: &str, command: Command) -> Outcome {
     if lock(net).conditions.agents_cut.contains(agent) {
         return Outcome::GaveUp("cut off".into());
     }
-    let Some(Leader { raft, .. }) = leader(net) else { return Outcome::GaveUp("no leader".into()) };
-    match propose_checked(&raft, command).await {
+    let Some(Leader { proposer, .. }) = leader(net) else { return Outcome::GaveUp("no leader".into()) };
+    match propose_checked(&proposer, command).await {
         Ok(Ok(reply)) => Outcome::Committed(reply),
         Ok(Err(refusal)) => Outcome::Refused(refusal.to_string()),
         Err(status) => Outcome::GaveUp(status.message().to_string()),

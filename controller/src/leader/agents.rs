@@ -30,7 +30,7 @@ use tokio::sync::{Notify, mpsc};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::config::AgentTiming;
-use crate::propose::{not_leader, propose, propose_checked};
+use crate::propose::{Proposer, not_leader, propose, propose_checked};
 use crate::store::StateView;
 use crate::types::Raft;
 
@@ -56,6 +56,7 @@ struct Session {
 pub struct AgentHub {
     id: u64,
     raft: Raft,
+    proposer: Proposer,
     view: StateView,
     pub timing: AgentTiming,
     /// A lease is granted only while the last quorum acknowledgement is at most this old (Raft's election
@@ -76,10 +77,17 @@ pub struct AgentHub {
 }
 
 impl AgentHub {
-    pub fn new(id: u64, raft: Raft, view: StateView, timing: AgentTiming, quorum_window_ms: u64) -> Arc<AgentHub> {
+    pub fn new(
+        id: u64,
+        proposer: Proposer,
+        view: StateView,
+        timing: AgentTiming,
+        quorum_window_ms: u64,
+    ) -> Arc<AgentHub> {
         Arc::new(AgentHub {
             id,
-            raft,
+            raft: proposer.raft().clone(),
+            proposer,
             view,
             timing,
             quorum_window: Duration::from_millis(quorum_window_ms),
@@ -240,7 +248,8 @@ impl AgentHub {
         let mut seen = std::collections::HashSet::new();
         let usage: Vec<((JobId, u64), MeasuredUsage)> =
             usage.into_iter().filter(|(key, u)| keys.contains(key) && !u.is_empty() && seen.insert(*key)).collect();
-        if let Err(e) = propose(&self.raft, Command::ReleaseLingering { node: node.to_string(), keys, usage }).await {
+        if let Err(e) = propose(&self.proposer, Command::ReleaseLingering { node: node.to_string(), keys, usage }).await
+        {
             tracing::info!(node, "releasing lingering holds failed: {}", e.message());
         }
     }
@@ -253,7 +262,7 @@ impl AgentHub {
             return;
         }
         let command = Command::RecordCheckpoint { job_id, incarnation, path, step, by_uid: 0 };
-        match propose_checked(&self.raft, command).await {
+        match propose_checked(&self.proposer, command).await {
             Ok(Ok(_)) => {}
             Ok(Err(refused)) => tracing::info!(node, job_id, incarnation, "checkpoint record refused: {refused}"),
             Err(status) => tracing::info!(node, job_id, "checkpoint record not committed: {}", status.message()),
@@ -270,7 +279,7 @@ impl AgentHub {
         incarnation: u64,
         end: drover_state::JobEnd,
     ) {
-        let done = match propose_checked(&self.raft, Command::JobEnded { job_id, incarnation, end }).await {
+        let done = match propose_checked(&self.proposer, Command::JobEnded { job_id, incarnation, end }).await {
             Ok(Ok(_)) => true,
             Ok(Err(refused)) => {
                 tracing::info!(node, job_id, incarnation, "job end report refused: {refused}");
@@ -298,7 +307,7 @@ impl AgentHub {
             applied.state.nodes.get(&info.name).is_none_or(|n| n.info != *info || n.health == NodeHealth::Down)
         };
         if needed {
-            propose(&self.raft, Command::RegisterNode { info: info.clone() }).await?;
+            propose(&self.proposer, Command::RegisterNode { info: info.clone() }).await?;
         }
         Ok(())
     }
@@ -504,7 +513,7 @@ fn drain_for_problems(hub: &Arc<AgentHub>, node: &str, problems: &[String]) {
     let hub = hub.clone();
     let node = node.to_string();
     tokio::spawn(async move {
-        if let Err(e) = propose(&hub.raft, command).await {
+        if let Err(e) = propose(&hub.proposer, command).await {
             tracing::warn!(node, "draining for GPU health failed: {}", e.message());
         }
     });
@@ -600,7 +609,7 @@ async fn declare_silent_nodes_down(hub: &Arc<AgentHub>, leading_since: Instant) 
         async move {
             tracing::warn!(node = %name, "no heartbeat for {} ms: declaring the node DOWN", hub.timing.node_timeout_ms);
             let reason = "Not responding".to_string();
-            if let Err(e) = propose(&hub.raft, Command::NodeDown { name: name.clone(), reason }).await {
+            if let Err(e) = propose(&hub.proposer, Command::NodeDown { name: name.clone(), reason }).await {
                 tracing::warn!(node = %name, "declaring the node down failed: {}", e.message());
             }
         }
@@ -636,7 +645,7 @@ fn fence_suspects(hub: &Arc<AgentHub>, leading_since: Instant) {
             let fenced = run_fence_command(&hub, &node, &host).await;
             if fenced {
                 let reason = "Not responding; fenced by the fence command".to_string();
-                match propose(&hub.raft, Command::NodeDown { name: node.clone(), reason }).await {
+                match propose(&hub.proposer, Command::NodeDown { name: node.clone(), reason }).await {
                     Ok(_) => tracing::warn!(node = %node, "node fenced and declared DOWN; its jobs are requeued"),
                     Err(e) => tracing::warn!(node = %node, "declaring the fenced node down failed: {}", e.message()),
                 }

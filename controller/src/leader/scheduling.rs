@@ -11,14 +11,18 @@ use drover_scheduler::SchedulerConfig;
 use openraft::async_runtime::WatchReceiver;
 
 use super::planner;
-use crate::propose::propose;
+use crate::propose::{Proposer, propose};
 use crate::store::StateView;
-use crate::types::Raft;
 
-/// Passes run at most this often; bursts of submissions and ends share a pass. After a long pass the loop also
-/// waits as long as the pass took, so scheduling a huge queue takes at most half of one core from the leader's
-/// other work (commits, reads, agent sessions).
+/// Passes run at most this often; bursts of submissions and ends share a pass.
 const MIN_PASS_INTERVAL_MS: u64 = 2;
+/// After a long pass the loop also waits this many times as long as the pass took, so scheduling a huge queue
+/// takes at most a quarter of one core from the leader's other work (commits, reads, agent sessions). At half a
+/// core (waiting once the pass time), 64 clients submitting into a queue of tens of thousands of pending jobs
+/// committed 3,650/s, against 6,570/s with no passes at all: the passes' CPU, and `apply` waiting for the state
+/// lock while a pass copies its view, were what held the write path back. A pass over a small queue takes well
+/// under a millisecond, so jobs still start within a few milliseconds of a change.
+const PAUSE_PER_PASS_TIME: u32 = 3;
 /// A pass runs at least this often, even without changes (time moves reservations and ages priorities).
 const IDLE_PASS_INTERVAL_MS: u64 = 1_000;
 
@@ -80,8 +84,8 @@ fn insights(plan: &drover_scheduler::Plan, config: &SchedulerConfig) -> HashMap<
     out
 }
 
-pub async fn scheduling_loop(raft: Raft, view: StateView, id: u64, latest: Insights) {
-    let mut metrics = raft.metrics();
+pub async fn scheduling_loop(proposer: Proposer, view: StateView, id: u64, latest: Insights) {
+    let mut metrics = proposer.raft().metrics();
     let mut planned_at: Option<u64> = None;
     loop {
         let (leading, applied) = {
@@ -118,11 +122,11 @@ pub async fn scheduling_loop(raft: Raft, view: StateView, id: u64, latest: Insig
             let pass_took = pass_started.elapsed();
             latest.pass_seconds.observe(pass_took.as_secs_f64());
             for command in command.unwrap_or_default() {
-                if let Err(e) = propose(&raft, command).await {
+                if let Err(e) = propose(&proposer, command).await {
                     tracing::warn!("committing a plan failed: {}", e.message());
                 }
             }
-            let pause = pass_took.max(Duration::from_millis(MIN_PASS_INTERVAL_MS));
+            let pause = (pass_took * PAUSE_PER_PASS_TIME).max(Duration::from_millis(MIN_PASS_INTERVAL_MS));
             tokio::time::sleep(pause).await;
             continue;
         }
