@@ -42,6 +42,47 @@ pub fn scheduler_config(state: &State) -> sched::SchedulerConfig {
 
 /// The scheduler's view of `state` at `now_ms`.
 pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
+    let (mut view, singletons) = view_without_jobs(state, now_ms);
+    for job in state.jobs.values() {
+        add_job(&mut view, job, &singletons, now_ms);
+    }
+    view
+}
+
+/// The same view, and the pass settings, copied out of the live state `jobs_per_lock` jobs at a time:
+/// `with_state` takes the state lock for one call each time, so the lock is released in between. Copying a million pending jobs takes about a second, and `apply` waits for
+/// the lock: held for the whole copy, every pass over a large queue stalled all commits (60 ms at p99 with
+/// 40,000 pending jobs). Jobs copied at different moments may disagree slightly (a job that ended after its
+/// node was copied still looks busy there); the plan is a proposal that `apply` re-validates, so a stale part
+/// costs at most a refused start, never a double booking.
+pub fn view_in_chunks(
+    with_state: impl Fn(&mut dyn FnMut(&State)),
+    now_ms: u64,
+    jobs_per_lock: usize,
+) -> (sched::ClusterView, sched::SchedulerConfig) {
+    let jobs_per_lock = jobs_per_lock.max(1);
+    let mut base = None;
+    with_state(&mut |state| base = Some((view_without_jobs(state, now_ms), scheduler_config(state))));
+    let ((mut view, singletons), config) = base.expect("with_state calls back once");
+    let mut next_id = 0;
+    loop {
+        let mut copied = 0;
+        with_state(&mut |state| {
+            for (id, job) in state.jobs.range(next_id..).take(jobs_per_lock) {
+                add_job(&mut view, job, &singletons, now_ms);
+                next_id = id + 1;
+                copied += 1;
+            }
+        });
+        if copied < jobs_per_lock {
+            return (view, config);
+        }
+    }
+}
+
+/// Everything in the view but the active jobs (nodes, lingering releases, reservations, QOS, partitions,
+/// accounts), and the `singleton` blockers the jobs are judged against.
+fn view_without_jobs(state: &State, now_ms: u64) -> (sched::ClusterView, Singletons) {
     let config = state.config().cloned().unwrap_or_default();
     let nodes = state
         .nodes
@@ -75,71 +116,6 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
             }
         })
         .collect();
-    let singleton_blocked = singleton_blockers(state);
-    let mut running = lingering(state, now_ms);
-    let mut pending = Vec::new();
-    for job in state.jobs.values() {
-        if !job.allocation.is_empty() {
-            running.push(sched::RunningJob {
-                id: job.id,
-                user: job.spec.user.clone(),
-                account: job.account_name().to_string(),
-                qos: job.qos_name().to_string(),
-                alloc: job.allocation.iter().map(|a| (a.node.clone(), a.gpus.clone())).collect(),
-                start_s: job.start_time_ms.unwrap_or(now_ms) / 1_000,
-                time_limit_s: job.time_limit_s.unwrap_or(UNLIMITED_S),
-                exclusive: job.spec.exclusive,
-                reservation: job.spec.reservation.clone(),
-                array_id: job.array.map(|a| a.array_job_id),
-                partition: job.partition.clone(),
-                // Only requeue-able jobs are ever preempted: they come back, from their checkpoints.
-                requeueable: job.requeueable() && !job.stopping(),
-                priority: 0,
-                // A job already told to end (preempted, requeued, cancelled) frees its GPUs within KillWait.
-                preempting: job.stopping(),
-                preempted_for: job.requeue.as_ref().and_then(|r| r.preempted_for),
-            });
-        } else if job.state == JobState::Pending {
-            let spec = &job.spec;
-            let per_node_tasks = spec.max_tasks_per_node(spec.min_nodes);
-            pending.push(sched::PendingJob {
-                id: job.id,
-                submit_s: job.submit_time_ms / 1_000,
-                user: spec.user.clone(),
-                account: job.account_name().to_string(),
-                partition: job.partition.clone(),
-                qos: job.qos_name().to_string(),
-                nodes: spec.min_nodes,
-                gpus_per_node: spec.gpus_per_node,
-                cpus_per_node: per_node_tasks.saturating_mul(spec.cpus_per_task),
-                mem_per_node_mb: match spec.mem_request() {
-                    None => 0,
-                    Some(MemRequest::PerNode(0)) => sched::ALL_MEMORY,
-                    Some(request) => {
-                        request.on_node(per_node_tasks.saturating_mul(spec.cpus_per_task), spec.gpus_per_node, 0)
-                    }
-                },
-                gpu_type: spec.gpu_type.clone(),
-                time_limit_s: job.time_limit_s.unwrap_or(UNLIMITED_S),
-                exclusive: spec.exclusive,
-                constraint: spec.constraint.clone(),
-                nodelist: spec.nodelist.clone(),
-                exclude: spec.exclude.clone(),
-                reservation: spec.reservation.clone(),
-                held: job.held,
-                dependency: dependency_of(job, &singleton_blocked),
-                allow_multi_site: spec.multi_site,
-                nice: spec.nice,
-                top_rank: job.top_rank,
-                array: job.array.and_then(|a| {
-                    a.max_running.map(|max_running| sched::ArrayLimit { array_id: a.array_job_id, max_running })
-                }),
-                // Rounded up: a job never starts before the second it asked for.
-                begin_s: spec.begin_ms.map_or(0, |ms| ms.div_ceil(1_000)),
-                may_use_spares: job.may_use_spares(),
-            });
-        }
-    }
     let reservations = state
         .reservations
         .values()
@@ -179,15 +155,80 @@ pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
             },
         })
         .collect();
-    sched::ClusterView {
+    let view = sched::ClusterView {
         now_s: now_ms / 1_000,
         nodes,
-        running,
-        pending,
+        running: lingering(state, now_ms),
+        pending: Vec::new(),
         partitions,
         accounts: account_tree(state, now_ms),
         reservations,
         qos,
+    };
+    (view, singleton_blockers(state))
+}
+
+/// One active job into the view: running (it holds an allocation) or pending; others are not the scheduler's.
+fn add_job(view: &mut sched::ClusterView, job: &drover_state::Job, singleton_blocked: &Singletons, now_ms: u64) {
+    if !job.allocation.is_empty() {
+        view.running.push(sched::RunningJob {
+            id: job.id,
+            user: job.spec.user.clone(),
+            account: job.account_name().to_string(),
+            qos: job.qos_name().to_string(),
+            alloc: job.allocation.iter().map(|a| (a.node.clone(), a.gpus.clone())).collect(),
+            start_s: job.start_time_ms.unwrap_or(now_ms) / 1_000,
+            time_limit_s: job.time_limit_s.unwrap_or(UNLIMITED_S),
+            exclusive: job.spec.exclusive,
+            reservation: job.spec.reservation.clone(),
+            array_id: job.array.map(|a| a.array_job_id),
+            partition: job.partition.clone(),
+            // Only requeue-able jobs are ever preempted: they come back, from their checkpoints.
+            requeueable: job.requeueable() && !job.stopping(),
+            priority: 0,
+            // A job already told to end (preempted, requeued, cancelled) frees its GPUs within KillWait.
+            preempting: job.stopping(),
+            preempted_for: job.requeue.as_ref().and_then(|r| r.preempted_for),
+        });
+    } else if job.state == JobState::Pending {
+        let spec = &job.spec;
+        let per_node_tasks = spec.max_tasks_per_node(spec.min_nodes);
+        view.pending.push(sched::PendingJob {
+            id: job.id,
+            submit_s: job.submit_time_ms / 1_000,
+            user: spec.user.clone(),
+            account: job.account_name().to_string(),
+            partition: job.partition.clone(),
+            qos: job.qos_name().to_string(),
+            nodes: spec.min_nodes,
+            gpus_per_node: spec.gpus_per_node,
+            cpus_per_node: per_node_tasks.saturating_mul(spec.cpus_per_task),
+            mem_per_node_mb: match spec.mem_request() {
+                None => 0,
+                Some(MemRequest::PerNode(0)) => sched::ALL_MEMORY,
+                Some(request) => {
+                    request.on_node(per_node_tasks.saturating_mul(spec.cpus_per_task), spec.gpus_per_node, 0)
+                }
+            },
+            gpu_type: spec.gpu_type.clone(),
+            time_limit_s: job.time_limit_s.unwrap_or(UNLIMITED_S),
+            exclusive: spec.exclusive,
+            constraint: spec.constraint.clone(),
+            nodelist: spec.nodelist.clone(),
+            exclude: spec.exclude.clone(),
+            reservation: spec.reservation.clone(),
+            held: job.held,
+            dependency: dependency_of(job, singleton_blocked),
+            allow_multi_site: spec.multi_site,
+            nice: spec.nice,
+            top_rank: job.top_rank,
+            array: job.array.and_then(|a| {
+                a.max_running.map(|max_running| sched::ArrayLimit { array_id: a.array_job_id, max_running })
+            }),
+            // Rounded up: a job never starts before the second it asked for.
+            begin_s: spec.begin_ms.map_or(0, |ms| ms.div_ceil(1_000)),
+            may_use_spares: job.may_use_spares(),
+        });
     }
 }
 
@@ -306,13 +347,15 @@ pub fn share_rows(state: &State, now_ms: u64) -> Vec<drover_proto::wire::ShareRo
 }
 
 /// Per (user, job name): the lowest id of a pending job and whether one has started, for `singleton`.
-fn singleton_blockers(state: &State) -> HashMap<(&str, &str), (u64, bool)> {
-    let mut out: HashMap<(&str, &str), (u64, bool)> = HashMap::new();
+type Singletons = HashMap<(String, String), (u64, bool)>;
+
+fn singleton_blockers(state: &State) -> Singletons {
+    let mut out = Singletons::new();
     if !state.jobs.values().any(|j| j.spec.dependency.iter().any(|d| d.kind == DependencyKind::Singleton)) {
         return out;
     }
     for job in state.jobs.values() {
-        let entry = out.entry((job.spec.user.as_str(), job.spec.name.as_str())).or_insert((u64::MAX, false));
+        let entry = out.entry((job.spec.user.clone(), job.spec.name.clone())).or_insert((u64::MAX, false));
         if job.state == JobState::Pending {
             entry.0 = entry.0.min(job.id);
         } else {
@@ -324,7 +367,7 @@ fn singleton_blockers(state: &State) -> HashMap<(&str, &str), (u64, bool)> {
 
 /// The job's `--dependency` verdict: the stored ones, with `singleton` judged against the queue now (blocked
 /// while another job of the same user and name runs or waits ahead of it).
-fn dependency_of(job: &drover_state::Job, singletons: &HashMap<(&str, &str), (u64, bool)>) -> sched::DependencyState {
+fn dependency_of(job: &drover_state::Job, singletons: &Singletons) -> sched::DependencyState {
     if job.spec.dependency.is_empty() {
         return sched::DependencyState::Satisfied;
     }
@@ -337,8 +380,8 @@ fn dependency_of(job: &drover_state::Job, singletons: &HashMap<(&str, &str), (u6
             if dep.kind != DependencyKind::Singleton {
                 return *stored;
             }
-            let (first_pending, started) =
-                singletons.get(&(job.spec.user.as_str(), job.spec.name.as_str())).copied().unwrap_or((u64::MAX, false));
+            let key = (job.spec.user.clone(), job.spec.name.clone());
+            let (first_pending, started) = singletons.get(&key).copied().unwrap_or((u64::MAX, false));
             if started || first_pending < job.id { DepState::Waiting } else { DepState::Satisfied }
         })
         .collect();
@@ -490,6 +533,39 @@ mod tests {
         match state.apply(&at(time_ms, Command::SubmitJob { spec: Box::new(spec), request_id: None })).response {
             Ok(Reply::Submitted { job_id, .. }) => job_id,
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_view_copied_in_chunks_is_the_view_copied_at_once_and_releases_the_lock_between_chunks() {
+        let mut state = cluster();
+        for i in 0..23 {
+            let mut spec = job(1, 1 + i % 4, 600);
+            if i % 5 == 0 {
+                // `singleton` is judged against the whole queue, whichever chunk a job lands in.
+                spec.dependency =
+                    vec![drover_state::Dependency { kind: DependencyKind::Singleton, job: 0, task: None }];
+            }
+            submit(&mut state, spec, 1_000 + i as u64);
+        }
+        schedule(&mut state, 2_000);
+        assert!(state.jobs.values().any(|j| !j.allocation.is_empty()), "some jobs run");
+        assert!(state.jobs.values().any(|j| j.state == JobState::Pending), "some jobs wait");
+        let whole = view(&state, 3_000);
+        for per_lock in [1, 4, 22, 23, 24, 1_000] {
+            let holds = std::cell::Cell::new(0);
+            let (chunked, config) = view_in_chunks(
+                |copy| {
+                    holds.set(holds.get() + 1);
+                    copy(&state)
+                },
+                3_000,
+                per_lock,
+            );
+            assert_eq!(chunked, whole, "{per_lock} jobs per lock");
+            assert_eq!(config, scheduler_config(&state));
+            // One hold for everything but the jobs, then one per chunk (the last one short or empty).
+            assert_eq!(holds.get(), 1 + 23 / per_lock + 1, "{per_lock} jobs per lock");
         }
     }
 

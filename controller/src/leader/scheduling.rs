@@ -23,6 +23,8 @@ const MIN_PASS_INTERVAL_MS: u64 = 2;
 /// lock while a pass copies its view, were what held the write path back. A pass over a small queue takes well
 /// under a millisecond, so jobs still start within a few milliseconds of a change.
 const PAUSE_PER_PASS_TIME: u32 = 3;
+/// Jobs copied into a pass's view per hold of the state lock (a few milliseconds of copying at most).
+const JOBS_PER_LOCK: usize = 4_096;
 /// A pass runs at least this often, even without changes (time moves reservations and ages priorities).
 const IDLE_PASS_INTERVAL_MS: u64 = 1_000;
 
@@ -102,11 +104,10 @@ pub async fn scheduling_loop(proposer: Proposer, view: StateView, id: u64, lates
             let now_ms = crate::runtime::now_ms();
             // A pass over a large queue takes milliseconds to a few hundred: keep it off the async workers.
             let command = crate::runtime::run_blocking(move || {
-                // The state lock is held only to copy the view out: the pass itself must not stall `apply`.
-                let (cluster, config) = {
-                    let applied = pass_view.read();
-                    (planner::view(&applied.state, now_ms), planner::scheduler_config(&applied.state))
-                };
+                // The state lock is held only to copy the view out, a bounded number of jobs at a time: neither
+                // the copy nor the pass itself may stall `apply`.
+                let (cluster, config) =
+                    planner::view_in_chunks(|copy| copy(&pass_view.read().state), now_ms, JOBS_PER_LOCK);
                 match drover_scheduler::schedule(&cluster, &config) {
                     Ok(plan) => {
                         pass_latest.replace(insights(&plan, &config));
