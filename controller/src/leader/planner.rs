@@ -418,7 +418,30 @@ fn reason(r: sched::Reason) -> PendingReason {
 /// that changed (at most `MAX_REASON_UPDATES`, in the plan's priority order). `None` when nothing changes.
 /// The plan as commands: one `ApplyPlan` (starts and reasons), and one `PreemptJobs` per job that preempts.
 pub fn commands(state: &State, plan: &sched::Plan) -> Vec<Command> {
-    let mut out: Vec<Command> = command(state, plan).into_iter().collect();
+    commands_in_chunks(|translate| translate(state), plan, usize::MAX)
+}
+
+/// [`commands`] over the live state, `per_lock` of the plan's pending reasons per call of `with_state` (one hold
+/// of the state lock each): a plan over a million pending jobs lists a reason for each, and checking them all
+/// under one hold stalled `apply` as the view's copy did.
+pub fn commands_in_chunks(
+    with_state: impl Fn(&mut dyn FnMut(&State)),
+    plan: &sched::Plan,
+    per_lock: usize,
+) -> Vec<Command> {
+    let mut allocations = Vec::new();
+    with_state(&mut |state| allocations = allocations_of(state, plan));
+    let mut reasons = Vec::new();
+    for chunk in plan.reasons.chunks(per_lock.max(1)) {
+        if reasons.len() >= MAX_REASON_UPDATES {
+            break;
+        }
+        with_state(&mut |state| changed_reasons(state, chunk, &mut reasons));
+    }
+    let mut out = Vec::new();
+    if !allocations.is_empty() || !reasons.is_empty() {
+        out.push(Command::ApplyPlan { allocations, reasons });
+    }
     let mut by_preemptor: std::collections::BTreeMap<u64, Vec<u64>> = std::collections::BTreeMap::new();
     for p in &plan.preemptions {
         by_preemptor.entry(p.for_job).or_default().push(p.victim);
@@ -427,9 +450,34 @@ pub fn commands(state: &State, plan: &sched::Plan) -> Vec<Command> {
     out
 }
 
+/// The reasons in `planned` that differ from the jobs' current ones, appended to `out` until it holds
+/// `MAX_REASON_UPDATES`.
+fn changed_reasons(state: &State, planned: &[(u64, sched::Reason)], out: &mut Vec<(u64, PendingReason)>) {
+    for (id, r) in planned {
+        if out.len() >= MAX_REASON_UPDATES {
+            return;
+        }
+        let Some(job) = state.jobs.get(id) else { continue };
+        let r = reason(*r);
+        if job.state == JobState::Pending && !job.held && job.reason != r {
+            out.push((*id, r));
+        }
+    }
+}
+
 pub fn command(state: &State, plan: &sched::Plan) -> Option<Command> {
-    let allocations: Vec<Allocation> = plan
-        .starts
+    let allocations = allocations_of(state, plan);
+    let mut reasons = Vec::new();
+    changed_reasons(state, &plan.reasons, &mut reasons);
+    if allocations.is_empty() && reasons.is_empty() {
+        return None;
+    }
+    Some(Command::ApplyPlan { allocations, reasons })
+}
+
+/// The plan's starts (at most `MAX_PLAN_ALLOCATIONS`) with their tasks, CPUs and memory per node.
+fn allocations_of(state: &State, plan: &sched::Plan) -> Vec<Allocation> {
+    plan.starts
         .iter()
         .take(MAX_PLAN_ALLOCATIONS)
         .filter_map(|(id, nodes)| {
@@ -453,21 +501,7 @@ pub fn command(state: &State, plan: &sched::Plan) -> Option<Command> {
                 .collect();
             Some(Allocation { job_id: *id, nodes: shares })
         })
-        .collect();
-    let reasons: Vec<(u64, PendingReason)> = plan
-        .reasons
-        .iter()
-        .filter_map(|(id, r)| {
-            let job = state.jobs.get(id)?;
-            let r = reason(*r);
-            (job.state == JobState::Pending && !job.held && job.reason != r).then_some((*id, r))
-        })
-        .take(MAX_REASON_UPDATES)
-        .collect();
-    if allocations.is_empty() && reasons.is_empty() {
-        return None;
-    }
-    Some(Command::ApplyPlan { allocations, reasons })
+        .collect()
 }
 
 #[cfg(test)]
@@ -566,6 +600,14 @@ mod tests {
             assert_eq!(config, scheduler_config(&state));
             // One hold for everything but the jobs, then one per chunk (the last one short or empty).
             assert_eq!(holds.get(), 1 + 23 / per_lock + 1, "{per_lock} jobs per lock");
+        }
+        // The plan's translation into commands, checked a chunk of reasons per hold, is the same as at once.
+        let plan = sched::schedule(&whole, &scheduler_config(&state)).unwrap();
+        assert!(!plan.reasons.is_empty());
+        let at_once = commands(&state, &plan);
+        assert!(!at_once.is_empty(), "the waiting jobs' reasons change");
+        for per_lock in [1, 4, 1_000] {
+            assert_eq!(commands_in_chunks(|translate| translate(&state), &plan, per_lock), at_once, "{per_lock}");
         }
     }
 

@@ -111,7 +111,11 @@ pub async fn scheduling_loop(proposer: Proposer, view: StateView, id: u64, lates
                 match drover_scheduler::schedule(&cluster, &config) {
                     Ok(plan) => {
                         pass_latest.replace(insights(&plan, &config));
-                        planner::commands(&pass_view.read().state, &plan)
+                        planner::commands_in_chunks(
+                            |translate| translate(&pass_view.read().state),
+                            &plan,
+                            JOBS_PER_LOCK,
+                        )
                     }
                     Err(e) => {
                         tracing::error!("scheduling pass failed: {e}");
