@@ -131,7 +131,7 @@ async fn commit_batch(raft: &Raft, batch: Vec<Proposal>) {
     // Anyone not answered by now (the stream ended early, or the timeout) hears "retry", not silence.
     for answer in answers {
         let _ = answer.send(Err(Status::unavailable(
-            "the write's outcome is unknown (leadership changed or no quorum); retry, which is safe",
+            "the write's outcome is unknown (leadership changed or no quorum): it may still commit; retry (a retried submission finds its job)",
         )));
     }
 }
