@@ -414,8 +414,6 @@ fn reason(r: sched::Reason) -> PendingReason {
     }
 }
 
-/// Turns a plan into the command to commit: starts with their tasks and CPUs per node, and the pending reasons
-/// that changed (at most `MAX_REASON_UPDATES`, in the plan's priority order). `None` when nothing changes.
 /// The plan as commands: one `ApplyPlan` (starts and reasons), and one `PreemptJobs` per job that preempts.
 pub fn commands(state: &State, plan: &sched::Plan) -> Vec<Command> {
     commands_in_chunks(|translate| translate(state), plan, usize::MAX)
@@ -465,6 +463,8 @@ fn changed_reasons(state: &State, planned: &[(u64, sched::Reason)], out: &mut Ve
     }
 }
 
+/// Turns a plan into the command to commit: starts with their tasks and CPUs per node, and the pending reasons
+/// that changed (at most `MAX_REASON_UPDATES`, in the plan's priority order). `None` when nothing changes.
 pub fn command(state: &State, plan: &sched::Plan) -> Option<Command> {
     let allocations = allocations_of(state, plan);
     let mut reasons = Vec::new();

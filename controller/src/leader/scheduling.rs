@@ -23,7 +23,8 @@ const MIN_PASS_INTERVAL_MS: u64 = 2;
 /// lock while a pass copies its view, were what held the write path back. A pass over a small queue takes well
 /// under a millisecond, so jobs still start within a few milliseconds of a change.
 const PAUSE_PER_PASS_TIME: u32 = 3;
-/// Jobs copied into a pass's view per hold of the state lock (a few milliseconds of copying at most).
+/// Jobs copied into a pass's view, and pending reasons checked against the state, per hold of the state lock
+/// (a few milliseconds at most).
 const JOBS_PER_LOCK: usize = 4_096;
 /// A pass runs at least this often, even without changes (time moves reservations and ages priorities).
 const IDLE_PASS_INTERVAL_MS: u64 = 1_000;
