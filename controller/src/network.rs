@@ -1,7 +1,8 @@
 //! Replica-to-replica transport: openraft's messages over gRPC. Payloads are openraft's own serde types in the
-//! binary `drover_state::codec`; snapshots stream from their files in bounded chunks.
+//! binary `drover_state::codec`; snapshots stream out of their checkpoints in bounded chunks.
 
 use std::future::Future;
+use std::io::Write;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -15,7 +16,6 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use serde::{Deserialize, Serialize};
-use tokio::io::AsyncReadExt;
 use tonic::transport::Channel;
 
 use crate::store::SnapshotFile;
@@ -50,6 +50,36 @@ pub struct PeerClient {
     client: Option<RaftServiceClient<Channel>>,
     local_ip: Option<IpAddr>,
     security: std::sync::Arc<crate::security::Security>,
+}
+
+/// Cuts the snapshot stream into chunks of at most `SNAPSHOT_CHUNK_BYTES` (gRPC messages are limited), the
+/// header in the first, and hands them to the sending task. Runs on a blocking thread.
+struct ChunkSink {
+    tx: tokio::sync::mpsc::Sender<SnapshotChunk>,
+    header: Option<Vec<u8>>,
+    buf: Vec<u8>,
+}
+
+impl Write for ChunkSink {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let n = data.len().min(SNAPSHOT_CHUNK_BYTES - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == SNAPSHOT_CHUNK_BYTES {
+            self.flush()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() && self.header.is_none() {
+            return Ok(());
+        }
+        let data = std::mem::replace(&mut self.buf, Vec::with_capacity(SNAPSHOT_CHUNK_BYTES));
+        let chunk = SnapshotChunk { header: self.header.take().unwrap_or_default(), data };
+        self.tx
+            .blocking_send(chunk)
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the snapshot transfer ended"))
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -120,27 +150,21 @@ impl PeerClient {
         let mut client = self.client().map_err(|e| StreamingError::Unreachable(Unreachable::new(&e)))?;
         let header = drover_state::codec::encode(&SnapshotHeader { vote, meta: snapshot.meta.clone() })
             .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
-        let mut file = tokio::fs::File::open(&snapshot.snapshot.path)
-            .await
-            .map_err(|e| StreamingError::Network(NetworkError::new(&e)))?;
-        // A bounded channel: the reader stays at most a few chunks ahead of the network.
+        // A bounded channel: the reader (a blocking thread walking the checkpoint) stays at most a few chunks
+        // ahead of the network, and stops when the transfer ends and the receiver is dropped.
         let (tx, rx) = tokio::sync::mpsc::channel::<SnapshotChunk>(4);
-        let reader = tokio::spawn(async move {
-            let mut first = Some(header);
-            loop {
-                let mut buf = vec![0u8; SNAPSHOT_CHUNK_BYTES];
-                let n = file.read(&mut buf).await?;
-                buf.truncate(n);
-                let chunk = SnapshotChunk { header: first.take().unwrap_or_default(), data: buf };
-                if tx.send(chunk).await.is_err() || n == 0 {
-                    return Ok::<(), std::io::Error>(());
-                }
+        let data = snapshot.snapshot.clone();
+        let reader = tokio::task::spawn_blocking(move || {
+            let mut sink = ChunkSink { tx, header: Some(header), buf: Vec::with_capacity(SNAPSHOT_CHUNK_BYTES) };
+            let result = data.write_to(&mut sink).and_then(|_| sink.flush());
+            if let Err(e) = &result {
+                tracing::warn!(snapshot = %data.path.display(), "reading snapshot for transfer: {e}");
             }
         });
         let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
         request.set_timeout(Duration::from_millis(SNAPSHOT_TIMEOUT_MS));
         let reply = client.install_snapshot(request).await;
-        reader.abort();
+        drop(reader);
         let reply = reply.map_err(|s| match self.status_error(s) {
             RPCError::Unreachable(u) => StreamingError::Unreachable(u),
             other => StreamingError::Network(NetworkError::new(&other)),

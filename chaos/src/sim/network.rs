@@ -216,7 +216,8 @@ impl SimPeer {
         let network = |e: &dyn std::fmt::Display| StreamingError::Network(NetworkError::from_string(e.to_string()));
         let header = SnapshotHeader { vote, meta: snapshot.meta.clone() };
         let header = serde_json::to_vec(&header).expect("snapshot headers serialize");
-        let data = std::fs::read(&snapshot.snapshot.path).map_err(|e| network(&e))?;
+        let mut data = Vec::new();
+        snapshot.snapshot.write_to(&mut data).map_err(|e| network(&e))?;
         let ttl = Duration::from_millis(SNAPSHOT_TIMEOUT_MS);
         let target = self.hop(self.from, self.to, "snapshot", &data, ttl).await.map_err(|e| network(&e))?;
         let header: SnapshotHeader = serde_json::from_slice(&header).expect("snapshot headers round-trip");

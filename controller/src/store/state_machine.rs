@@ -1,5 +1,6 @@
 //! The state machine: `drover_state::State` in memory, its records in RocksDB, snapshots as files.
 
+use std::fs::File;
 use std::io;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 
@@ -14,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::db::{
     CF_AUDIT, CF_DEDUP, CF_HISTORY, CF_JOBS, CF_NODES, CF_OBJECTS, CF_RAFT, CF_SCRIPTS, CF_SM, Db, SM_FAMILIES, id_key,
 };
-use super::snapshot::{SnapshotFile, SnapshotReader, SnapshotWriter};
+use super::snapshot::{CHECKPOINT_SUFFIX, RECEIVED_SUFFIX, SnapshotFile, SnapshotReader, open_checkpoint};
 use crate::types::{LogId, SnapshotMeta, StoredMembership, TypeConfig};
 
 type Snapshot = openraft::alias::SnapshotOf<TypeConfig, SnapshotFile>;
@@ -147,6 +148,7 @@ impl StateMachineStore {
             tracing::warn!(snapshot = %current.file_name, "finishing a snapshot install interrupted by a crash");
             load_snapshot_records(&db, &db.snapshot_dir().join(&current.file_name))?;
         }
+        remove_unfinished_builds(&db);
         let applied = load_applied(&db)?;
         let (node_changes, _) = tokio::sync::broadcast::channel(NODE_CHANGES_CAPACITY);
         let view = StateView { inner: Arc::new(RwLock::new(applied)), db: db.clone(), node_changes };
@@ -288,16 +290,35 @@ fn load_snapshot_records(db: &Db, path: &std::path::Path) -> io::Result<()> {
     db.db.flush_wal(true).map_err(|e| io_err("syncing installed snapshot", e))
 }
 
-/// Keeps only the newest snapshot file (and none of the half-received ones older than it).
+/// Keeps only the newest snapshot (and none of the half-received ones older than it).
 fn remove_old_snapshots(db: &Db, keep: &str) {
     let Ok(entries) = std::fs::read_dir(db.snapshot_dir()) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name != keep && name.ends_with(".snap") {
+        if name == keep {
+            continue;
+        }
+        if name.ends_with(RECEIVED_SUFFIX) {
             let _ = std::fs::remove_file(entry.path());
+        } else if name.ends_with(CHECKPOINT_SUFFIX) {
+            let _ = std::fs::remove_dir_all(entry.path());
         }
     }
 }
+
+/// Checkpoints a crash left half-built (`BUILDING_PREFIX`); only called at open, when no build runs.
+fn remove_unfinished_builds(db: &Db) {
+    let Ok(entries) = std::fs::read_dir(db.snapshot_dir()) else { return };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(BUILDING_PREFIX) {
+            tracing::warn!(path = %entry.path().display(), "removing a snapshot a crash left half-built");
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// The name of a checkpoint while it is built (RocksDB itself builds it in `<name>.tmp` first).
+const BUILDING_PREFIX: &str = "building-";
 
 pub struct SnapshotBuilder {
     db: Db,
@@ -319,28 +340,25 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
 fn build_snapshot_blocking(db: &Db, seq: u64) -> io::Result<Snapshot> {
     // Everything applied so far becomes durable before the log that produced it may be purged.
     db.db.flush_wal(true).map_err(|e| io_err("syncing before snapshot", e))?;
-    let snap = db.db.snapshot();
-    let sm = db.cf(CF_SM);
-    let last_log_id: Option<LogId> =
-        snap.get_cf(sm, APPLIED_KEY).map_err(|e| io_err("reading applied id", e))?.map(|b| decode(&b)).transpose()?;
-    let membership: StoredMembership = snap
-        .get_cf(sm, MEMBERSHIP_KEY)
-        .map_err(|e| io_err("reading membership", e))?
-        .map(|b| decode(&b))
-        .transpose()?
-        .unwrap_or_default();
-    let file_name = snapshot_file_name(&last_log_id, &format!("b{}-{seq}", std::process::id()));
-    let tmp = db.snapshot_dir().join(format!("{file_name}.tmp"));
-    let mut writer = SnapshotWriter::create(&tmp)?;
-    for (family, name) in SM_FAMILIES.iter().enumerate() {
-        for item in snap.iterator_cf(db.cf(name), IteratorMode::Start) {
-            let (key, value) = item.map_err(|e| io_err("reading state for snapshot", e))?;
-            writer.record(family as u8, &key, &value)?;
-        }
-    }
-    let records = writer.finish()?;
+    let tag = format!("b{}-{seq}", std::process::id());
+    let building = db.snapshot_dir().join(format!("{BUILDING_PREFIX}{tag}"));
+    // One atomic point in time across all families; applies go on meanwhile, and the checkpoint holds exactly
+    // the batches written before it (each apply is one batch, so it also holds the applied id that goes with them).
+    rocksdb::checkpoint::Checkpoint::new(&db.db)
+        .and_then(|c| c.create_checkpoint(&building))
+        .map_err(|e| io_err(&format!("creating checkpoint {}", building.display()), e))?;
+    let (last_log_id, membership) = {
+        let checkpoint = open_checkpoint(&building)?;
+        let sm = checkpoint.cf_handle(CF_SM).ok_or_else(|| io_err("checkpoint", "no state machine family"))?;
+        let get = |key: &[u8]| checkpoint.get_cf(sm, key).map_err(|e| io_err("reading checkpoint", e));
+        let last_log_id: Option<LogId> = get(APPLIED_KEY)?.map(|b| decode(&b)).transpose()?;
+        let membership: StoredMembership = get(MEMBERSHIP_KEY)?.map(|b| decode(&b)).transpose()?.unwrap_or_default();
+        (last_log_id, membership)
+    };
+    let file_name = snapshot_file_name(&last_log_id, &tag, CHECKPOINT_SUFFIX);
     let path = db.snapshot_dir().join(&file_name);
-    std::fs::rename(&tmp, &path)?;
+    std::fs::rename(&building, &path)?;
+    File::open(db.snapshot_dir())?.sync_all()?;
     let meta = SnapshotMeta { last_log_id, last_membership: membership };
     let current = CurrentSnapshot { meta: meta.clone(), file_name: file_name.clone() };
     db.db
@@ -348,18 +366,18 @@ fn build_snapshot_blocking(db: &Db, seq: u64) -> io::Result<Snapshot> {
         .map_err(|e| io_err("recording snapshot", e))?;
     db.db.flush_wal(true).map_err(|e| io_err("recording snapshot", e))?;
     remove_old_snapshots(db, &file_name);
-    tracing::info!(snapshot = %file_name, records, "built snapshot");
+    tracing::info!(snapshot = %file_name, "built snapshot");
     Ok(Snapshot { meta, snapshot: SnapshotFile { path } })
 }
 
-/// `snap-<term>-<node>-<index>-<tag>.snap`: sortable by position, unique per build or receipt.
-fn snapshot_file_name(last_log_id: &Option<LogId>, tag: &str) -> String {
+/// `snap-<term>-<node>-<index>-<tag><suffix>`: sortable by position, unique per build or receipt.
+fn snapshot_file_name(last_log_id: &Option<LogId>, tag: &str, suffix: &str) -> String {
     let position = match last_log_id {
         Some(id) => format!("{}-{}", id.committed_leader_id(), id.index()),
         None => "empty".to_string(),
     };
     let clean: String = position.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
-    format!("snap-{clean}-{tag}.snap")
+    format!("snap-{clean}-{tag}{suffix}")
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
@@ -442,12 +460,21 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: SnapshotFile) -> io::Result<()> {
         let db = self.db.clone();
         self.snapshot_seq += 1;
-        let file_name =
-            snapshot_file_name(&meta.last_log_id, &format!("i{}-{}", std::process::id(), self.snapshot_seq));
+        let file_name = snapshot_file_name(
+            &meta.last_log_id,
+            &format!("i{}-{}", std::process::id(), self.snapshot_seq),
+            RECEIVED_SUFFIX,
+        );
         let current = CurrentSnapshot { meta: meta.clone(), file_name: file_name.clone() };
         let loaded = crate::runtime::run_blocking(move || -> io::Result<Applied> {
             let path = db.snapshot_dir().join(&file_name);
-            if snapshot.path != path {
+            if snapshot.path.is_dir() {
+                // Another replica's checkpoint handed over in-process (openraft's storage suite does this): its
+                // records, in the transfer format.
+                let mut out = std::io::BufWriter::new(File::create(&path)?);
+                snapshot.write_to(&mut out)?;
+                out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+            } else if snapshot.path != path {
                 std::fs::rename(&snapshot.path, &path)?;
             }
             // Marker and current snapshot first (synced): a crash mid-install is finished at the next start.
@@ -462,6 +489,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         .await
         .map_err(|e| io_err("install task", e))??;
         assert_eq!(loaded.last_applied, meta.last_log_id, "installed snapshot disagrees with its metadata");
+        tracing::info!(last_log_id = ?meta.last_log_id, "installed snapshot");
         *self.view.inner.write().expect("state lock poisoned") = loaded;
         let _ = self.view.node_changes.send("*".to_string());
         Ok(())
@@ -489,6 +517,97 @@ mod tests {
     fn usage(node: &str, cpu_ms: u64) -> Change {
         let usage = NodeUsage { node: node.into(), usage: MeasuredUsage { cpu_ms: Some(cpu_ms), mem_peak_kb: None } };
         Change::AddNodeUsage { job_id: 7, incarnation: 1, usage }
+    }
+
+    /// Fills a database with `n` jobs (with scripts) in batches, the way applies write them.
+    fn fill(db: &Db, ids: std::ops::Range<u64>) {
+        for chunk in ids.collect::<Vec<_>>().chunks(500) {
+            let mut batch = WriteBatch::default();
+            for &id in chunk {
+                let job = Job {
+                    id,
+                    spec: drover_state::JobSpec { name: format!("job-{id}"), ..Default::default() },
+                    ..Job::default()
+                };
+                batch.put_cf(db.cf(CF_JOBS), id_key(id), encode(&job).unwrap());
+                batch.put_cf(db.cf(CF_SCRIPTS), id_key(id), format!("#!/bin/sh\necho {id}\n{}", "x".repeat(400)));
+            }
+            db.db.write(batch).unwrap();
+        }
+    }
+
+    fn records(db: &Db, family: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+        db.db
+            .iterator_cf(db.cf(family), IteratorMode::Start)
+            .map(|r| {
+                let (k, v) = r.unwrap();
+                (k.to_vec(), v.to_vec())
+            })
+            .collect()
+    }
+
+    /// Building a snapshot must not copy the state: at a million jobs a copy wrote more than a GiB per replica
+    /// every 100,000 entries, and the leader's heartbeats timed out behind it (false elections under load). The
+    /// snapshot's data files are the database's own, hard-linked.
+    #[test]
+    fn a_snapshot_shares_the_databases_files_instead_of_copying_the_state() {
+        let tmp = tempfile::TempDir::new().unwrap();
+        let db = open_db(tmp.path()).unwrap();
+        fill(&db, 1..20_001);
+        db.db.flush_cf(db.cf(CF_JOBS)).unwrap();
+        db.db.flush_cf(db.cf(CF_SCRIPTS)).unwrap();
+        let state_bytes: u64 = records(&db, CF_JOBS)
+            .iter()
+            .chain(&records(&db, CF_SCRIPTS))
+            .map(|(k, v)| (k.len() + v.len()) as u64)
+            .sum();
+
+        let snapshot = build_snapshot_blocking(&db, 1).unwrap();
+        let mut copied = 0;
+        let mut shared = 0;
+        for entry in walk(&snapshot.snapshot.path) {
+            use std::os::unix::fs::MetadataExt;
+            let meta = std::fs::metadata(&entry).unwrap();
+            if meta.nlink() > 1 { shared += meta.len() } else { copied += meta.len() }
+        }
+        // The records compress in the database's files, so the links hold fewer bytes than the records.
+        assert!(shared > 0, "the snapshot links none of the database's files");
+        assert!(copied * 10 < state_bytes, "the snapshot copied {copied} bytes of a {state_bytes}-byte state");
+    }
+
+    fn walk(path: &std::path::Path) -> Vec<std::path::PathBuf> {
+        if !path.is_dir() {
+            return vec![path.to_path_buf()];
+        }
+        std::fs::read_dir(path).unwrap().flat_map(|e| walk(&e.unwrap().path())).collect()
+    }
+
+    /// A snapshot holds the state as of its point in time, whatever is written after it; streamed out of the
+    /// checkpoint and installed on another replica, it gives that replica the same records, and a later build
+    /// replaces the older snapshot on disk.
+    #[test]
+    fn a_snapshot_streams_its_point_in_time_and_installs_elsewhere() {
+        let (a, b) = (tempfile::TempDir::new().unwrap(), tempfile::TempDir::new().unwrap());
+        let (src, dst) = (open_db(a.path()).unwrap(), open_db(b.path()).unwrap());
+        fill(&src, 1..3_001);
+        let snapshot = build_snapshot_blocking(&src, 1).unwrap();
+        let expected = (records(&src, CF_JOBS), records(&src, CF_SCRIPTS));
+        fill(&src, 3_001..3_101);
+        src.db.delete_cf(src.cf(CF_JOBS), id_key(1)).unwrap();
+
+        let received = b.path().join("received.snap");
+        let mut out = std::io::BufWriter::new(File::create(&received).unwrap());
+        assert!(snapshot.snapshot.write_to(&mut out).unwrap() >= 6_000);
+        std::io::Write::flush(&mut out).unwrap();
+        drop(out);
+        fill(&dst, 5_000..5_010);
+        load_snapshot_records(&dst, &received).unwrap();
+        assert_eq!((records(&dst, CF_JOBS), records(&dst, CF_SCRIPTS)), expected);
+
+        let second = build_snapshot_blocking(&src, 2).unwrap();
+        assert!(!snapshot.snapshot.path.exists(), "the older snapshot is removed");
+        assert!(second.snapshot.path.is_dir());
+        assert_eq!(records(&src, CF_JOBS).len(), 3_099);
     }
 
     /// A data directory written by a format-3 build holds JSON: its state, dedup table and log entries read as
