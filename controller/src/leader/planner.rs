@@ -42,47 +42,75 @@ pub fn scheduler_config(state: &State) -> sched::SchedulerConfig {
 
 /// The scheduler's view of `state` at `now_ms`.
 pub fn view(state: &State, now_ms: u64) -> sched::ClusterView {
-    let (mut view, singletons) = view_without_jobs(state, now_ms);
-    for job in state.jobs.values() {
-        add_job(&mut view, job, &singletons, now_ms);
-    }
-    view
+    view_in_chunks(|_, copy| copy(state), now_ms, usize::MAX).0
+}
+
+/// What one hold of the state lock in a chunked copy is for: a bounded run of jobs, or everything else (before the
+/// jobs and after them), which must not walk the jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    Jobs,
+    Other,
 }
 
 /// The same view, and the pass settings, copied out of the live state `jobs_per_lock` jobs at a time:
-/// `with_state` takes the state lock for one call each time, so the lock is released in between. Copying a million pending jobs takes about a second, and `apply` waits for
-/// the lock: held for the whole copy, every pass over a large queue stalled all commits (60 ms at p99 with
-/// 40,000 pending jobs). Jobs copied at different moments may disagree slightly (a job that ended after its
-/// node was copied still looks busy there); the plan is a proposal that `apply` re-validates, so a stale part
-/// costs at most a refused start, never a double booking.
+/// `with_state` takes the state lock for one call each time, so the lock is released in between. Copying a million
+/// pending jobs takes about a second, and `apply` waits for the lock: held for the whole copy, every pass over a
+/// large queue stalled all commits (60 ms at p99 with 40,000 pending jobs). Whatever is summed over all jobs (the
+/// accounts' running usage, the names jobs charge, the `singleton` table) is gathered chunk by chunk too: walked
+/// in one hold, those sums held the lock for a third of a second at a million jobs, and with `apply` waiting for
+/// it every reader queued behind (the lock favours writers), both async workers stopped, and the leader's
+/// heartbeats with them: followers elected a new leader.
+///
+/// Jobs copied at different moments may disagree slightly (a job that ended after its node was copied still looks
+/// busy there); the plan is a proposal that `apply` re-validates, so a stale part costs at most a refused start,
+/// never a double booking.
 pub fn view_in_chunks(
-    with_state: impl Fn(&mut dyn FnMut(&State)),
+    with_state: impl Fn(Hold, &mut dyn FnMut(&State)),
     now_ms: u64,
     jobs_per_lock: usize,
 ) -> (sched::ClusterView, sched::SchedulerConfig) {
     let jobs_per_lock = jobs_per_lock.max(1);
     let mut base = None;
-    with_state(&mut |state| base = Some((view_without_jobs(state, now_ms), scheduler_config(state))));
-    let ((mut view, singletons), config) = base.expect("with_state calls back once");
+    with_state(Hold::Other, &mut |state| {
+        base = Some((view_without_jobs(state, now_ms), scheduler_config(state), half_life_s(state)))
+    });
+    let (mut view, config, half_life_s) = base.expect("with_state calls back once");
+    let singletons = singletons_in_chunks(&with_state, jobs_per_lock);
+    let mut totals = AccountTotals::default();
+    for_each_job_in_chunks(&with_state, jobs_per_lock, |job| {
+        add_job(&mut view, job, &singletons, now_ms);
+        totals.add(job, now_ms, half_life_s);
+    });
+    with_state(Hold::Other, &mut |state| view.accounts = account_tree_from(state, now_ms, &totals));
+    (view, config)
+}
+
+/// Calls `f` on every active job in id order, `per_lock` jobs per hold of the state lock.
+fn for_each_job_in_chunks(
+    with_state: &impl Fn(Hold, &mut dyn FnMut(&State)),
+    per_lock: usize,
+    mut f: impl FnMut(&drover_state::Job),
+) {
     let mut next_id = 0;
     loop {
-        let mut copied = 0;
-        with_state(&mut |state| {
-            for (id, job) in state.jobs.range(next_id..).take(jobs_per_lock) {
-                add_job(&mut view, job, &singletons, now_ms);
+        let mut visited = 0;
+        with_state(Hold::Jobs, &mut |state| {
+            for (id, job) in state.jobs.range(next_id..).take(per_lock) {
+                f(job);
                 next_id = id + 1;
-                copied += 1;
+                visited += 1;
             }
         });
-        if copied < jobs_per_lock {
-            return (view, config);
+        if visited < per_lock {
+            return;
         }
     }
 }
 
-/// Everything in the view but the active jobs (nodes, lingering releases, reservations, QOS, partitions,
-/// accounts), and the `singleton` blockers the jobs are judged against.
-fn view_without_jobs(state: &State, now_ms: u64) -> (sched::ClusterView, Singletons) {
+/// Everything in the view but the active jobs and what is summed over them (nodes, lingering releases,
+/// reservations, QOS, partitions).
+fn view_without_jobs(state: &State, now_ms: u64) -> sched::ClusterView {
     let config = state.config().cloned().unwrap_or_default();
     let nodes = state
         .nodes
@@ -155,17 +183,17 @@ fn view_without_jobs(state: &State, now_ms: u64) -> (sched::ClusterView, Singlet
             },
         })
         .collect();
-    let view = sched::ClusterView {
+    sched::ClusterView {
         now_s: now_ms / 1_000,
         nodes,
         running: lingering(state, now_ms),
         pending: Vec::new(),
         partitions,
-        accounts: account_tree(state, now_ms),
+        // From the jobs: see `view_in_chunks`.
+        accounts: Vec::new(),
         reservations,
         qos,
-    };
-    (view, singleton_blockers(state))
+    }
 }
 
 /// One active job into the view: running (it holds an allocation) or pending; others are not the scheduler's.
@@ -295,26 +323,59 @@ fn sched_qos(q: &drover_state::Qos) -> sched::Qos {
 /// plus what its running jobs used so far (also decayed), so a long job weighs on its account while it runs.
 /// Without a defined tree, every account jobs name is an equal child of root with no usage.
 pub fn account_tree(state: &State, now_ms: u64) -> Vec<sched::Account> {
+    let (mut totals, half_life_s) = (AccountTotals::default(), half_life_s(state));
+    for job in state.jobs.values() {
+        totals.add(job, now_ms, half_life_s);
+    }
+    account_tree_from(state, now_ms, &totals)
+}
+
+fn half_life_s(state: &State) -> u64 {
+    state.config().map_or(0, |c| c.fairshare_half_life_s)
+}
+
+/// What the fair-share tree needs from the active jobs: the accounts they charge (the implicit flat tree, when no
+/// account is defined) and the decayed usage of the running ones, per account.
+#[derive(Default)]
+struct AccountTotals {
+    names: BTreeSet<String>,
+    running_gpu_s: HashMap<String, f64>,
+}
+
+impl AccountTotals {
+    fn add(&mut self, job: &drover_state::Job, now_ms: u64, half_life_s: u64) {
+        let name = job.account_name();
+        if !self.names.contains(name) {
+            self.names.insert(name.to_string());
+        }
+        if job.allocation.is_empty() {
+            return;
+        }
+        let now_s = now_ms / 1_000;
+        let start_s = job.start_time_ms.unwrap_or(now_ms) / 1_000;
+        let usage = sched::fairshare::decayed_usage(job.allocated_gpus() as u32, start_s, now_s, now_s, half_life_s);
+        match self.running_gpu_s.get_mut(name) {
+            Some(sum) => *sum += usage,
+            None => drop(self.running_gpu_s.insert(name.to_string(), usage)),
+        }
+    }
+}
+
+/// The fair-share tree: the defined accounts with their decayed usage plus their running jobs', or without any
+/// defined, a flat tree of the accounts the jobs charge.
+fn account_tree_from(state: &State, now_ms: u64, totals: &AccountTotals) -> Vec<sched::Account> {
     let now_s = now_ms / 1_000;
     if state.accounts.is_empty() {
-        let names: BTreeSet<String> = state.jobs.values().map(|j| j.account_name().to_string()).collect();
         let mut tree = vec![sched::Account { name: ROOT_ACCOUNT.into(), parent: None, shares: 1, usage_gpu_s: 0.0 }];
-        tree.extend(names.into_iter().filter(|a| a != ROOT_ACCOUNT).map(|name| sched::Account {
-            name,
+        tree.extend(totals.names.iter().filter(|a| *a != ROOT_ACCOUNT).map(|name| sched::Account {
+            name: name.clone(),
             parent: Some(ROOT_ACCOUNT.into()),
             shares: 1,
             usage_gpu_s: 0.0,
         }));
         return tree;
     }
-    let half_life_s = state.config().map_or(0, |c| c.fairshare_half_life_s);
-    let mut running: HashMap<&str, f64> = HashMap::new();
-    for job in state.jobs.values().filter(|j| !j.allocation.is_empty()) {
-        let start_s = job.start_time_ms.unwrap_or(now_ms) / 1_000;
-        let gpus = job.allocated_gpus() as u32;
-        *running.entry(job.account_name()).or_default() +=
-            sched::fairshare::decayed_usage(gpus, start_s, now_s, now_s, half_life_s);
-    }
+    let half_life_s = half_life_s(state);
     state
         .accounts
         .values()
@@ -323,7 +384,7 @@ pub fn account_tree(state: &State, now_ms: u64) -> Vec<sched::Account> {
             parent: a.parent.clone(),
             shares: a.shares,
             usage_gpu_s: sched::fairshare::decay(a.usage_gpu_s, now_s.saturating_sub(a.usage_at_s), half_life_s)
-                + running.get(a.name.as_str()).copied().unwrap_or(0.0),
+                + totals.running_gpu_s.get(a.name.as_str()).copied().unwrap_or(0.0),
         })
         .collect()
 }
@@ -349,18 +410,23 @@ pub fn share_rows(state: &State, now_ms: u64) -> Vec<drover_proto::wire::ShareRo
 /// Per (user, job name): the lowest id of a pending job and whether one has started, for `singleton`.
 type Singletons = HashMap<(String, String), (u64, bool)>;
 
-fn singleton_blockers(state: &State) -> Singletons {
+/// The `singleton` table, walked chunk by chunk: only when some job asks for `singleton` (one cheap sweep finds
+/// out), since the table holds an entry per user and job name in the queue.
+fn singletons_in_chunks(with_state: &impl Fn(Hold, &mut dyn FnMut(&State)), per_lock: usize) -> Singletons {
     let mut out = Singletons::new();
-    if !state.jobs.values().any(|j| j.spec.dependency.iter().any(|d| d.kind == DependencyKind::Singleton)) {
-        return out;
-    }
-    for job in state.jobs.values() {
-        let entry = out.entry((job.spec.user.clone(), job.spec.name.clone())).or_insert((u64::MAX, false));
-        if job.state == JobState::Pending {
-            entry.0 = entry.0.min(job.id);
-        } else {
-            entry.1 = true;
-        }
+    let mut wanted = false;
+    for_each_job_in_chunks(with_state, per_lock, |job| {
+        wanted |= job.spec.dependency.iter().any(|d| d.kind == DependencyKind::Singleton)
+    });
+    if wanted {
+        for_each_job_in_chunks(with_state, per_lock, |job| {
+            let entry = out.entry((job.spec.user.clone(), job.spec.name.clone())).or_insert((u64::MAX, false));
+            if job.state == JobState::Pending {
+                entry.0 = entry.0.min(job.id);
+            } else {
+                entry.1 = true;
+            }
+        });
     }
     out
 }
@@ -570,6 +636,26 @@ mod tests {
         }
     }
 
+    /// Copies the view with `per_lock` jobs per hold. Holds that are not for jobs get `jobless`, the state with its
+    /// jobs removed: whatever they compute must not need the jobs (a walk over all of them in one hold stalled
+    /// the leader at a million jobs). Returns the view, the config and the count of holds.
+    fn chunked_view(
+        state: &State,
+        jobless: &State,
+        per_lock: usize,
+    ) -> (sched::ClusterView, sched::SchedulerConfig, usize) {
+        let holds = std::cell::Cell::new(0);
+        let (view, config) = view_in_chunks(
+            |hold, copy| {
+                holds.set(holds.get() + 1);
+                copy(if hold == Hold::Jobs { state } else { jobless })
+            },
+            3_000,
+            per_lock,
+        );
+        (view, config, holds.get())
+    }
+
     #[test]
     fn a_view_copied_in_chunks_is_the_view_copied_at_once_and_releases_the_lock_between_chunks() {
         let mut state = cluster();
@@ -586,21 +672,36 @@ mod tests {
         assert!(state.jobs.values().any(|j| !j.allocation.is_empty()), "some jobs run");
         assert!(state.jobs.values().any(|j| j.state == JobState::Pending), "some jobs wait");
         let whole = view(&state, 3_000);
+        assert_eq!(whole.accounts, account_tree(&state, 3_000), "the tree, summed over the jobs at once");
+        assert!(whole.pending.iter().any(|j| j.dependency == sched::DependencyState::Waiting), "a singleton waits");
+        let mut jobless = state.clone();
+        jobless.jobs.clear();
         for per_lock in [1, 4, 22, 23, 24, 1_000] {
-            let holds = std::cell::Cell::new(0);
-            let (chunked, config) = view_in_chunks(
-                |copy| {
-                    holds.set(holds.get() + 1);
-                    copy(&state)
-                },
-                3_000,
-                per_lock,
-            );
+            let (chunked, config, holds) = chunked_view(&state, &jobless, per_lock);
             assert_eq!(chunked, whole, "{per_lock} jobs per lock");
             assert_eq!(config, scheduler_config(&state));
-            // One hold for everything but the jobs, then one per chunk (the last one short or empty).
-            assert_eq!(holds.get(), 1 + 23 / per_lock + 1, "{per_lock} jobs per lock");
+            // Two holds for everything but the jobs; the jobs, a chunk per hold (the last one short or empty),
+            // swept twice with a `singleton` in the queue (once to find out, once for the table), then once more.
+            assert_eq!(holds, 2 + 3 * (23 / per_lock + 1), "{per_lock} jobs per lock");
         }
+        // With accounts defined, running jobs' usage is summed per account, chunk by chunk, the same way.
+        for name in ["root", "physics"] {
+            let parent = (name != "root").then(|| "root".to_string());
+            let account = drover_state::Account { name: name.into(), parent, shares: 1, ..Default::default() };
+            state.accounts.insert(name.into(), account.clone());
+            jobless.accounts.insert(name.into(), account);
+        }
+        for job in state.jobs.values_mut().filter(|j| j.id % 2 == 0) {
+            job.account = "physics".into();
+        }
+        let whole = view(&state, 3_000);
+        assert_eq!(whole.accounts, account_tree(&state, 3_000));
+        assert!(
+            whole.accounts.iter().all(|a| a.usage_gpu_s > 0.0),
+            "both accounts have running jobs: {:?}",
+            whole.accounts
+        );
+        assert_eq!(chunked_view(&state, &jobless, 4).0, whole);
         // The plan's translation into commands, checked a chunk of reasons per hold, is the same as at once.
         let plan = sched::schedule(&whole, &scheduler_config(&state)).unwrap();
         assert!(!plan.reasons.is_empty());

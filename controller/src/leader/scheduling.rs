@@ -108,7 +108,7 @@ pub async fn scheduling_loop(proposer: Proposer, view: StateView, id: u64, lates
                 // The state lock is held only to copy the view out, a bounded number of jobs at a time: neither
                 // the copy nor the pass itself may stall `apply`.
                 let (cluster, config) =
-                    planner::view_in_chunks(|copy| copy(&pass_view.read().state), now_ms, JOBS_PER_LOCK);
+                    planner::view_in_chunks(|_, copy| copy(&pass_view.read().state), now_ms, JOBS_PER_LOCK);
                 match drover_scheduler::schedule(&cluster, &config) {
                     Ok(plan) => {
                         pass_latest.replace(insights(&plan, &config));
