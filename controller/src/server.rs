@@ -59,12 +59,20 @@ pub struct Controller {
 
 impl Controller {
     pub async fn start(config: ControllerConfig) -> Result<Controller, StartError> {
+        let started = std::time::Instant::now();
         let db = open_db(&config.data_dir)?;
+        let opened_ms = started.elapsed().as_millis();
         let sm = StateMachineStore::open(db.clone()).map_err(|e| StartError::StateMachine {
             path: config.data_dir.display().to_string(),
             message: e.to_string(),
         })?;
         let view = sm.view();
+        tracing::info!(
+            opened_ms,
+            loaded_ms = started.elapsed().as_millis() - opened_ms,
+            active_jobs = view.read().state.jobs.len(),
+            "data directory opened and the state loaded"
+        );
         // After the data directory (whose problems are the more urgent to report), before anything listens.
         let security = crate::security::Security::load(&config.security)?;
         let raft_config = Arc::new(config.openraft_config().map_err(StartError::RaftConfig)?);
