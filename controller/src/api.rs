@@ -546,12 +546,12 @@ impl DroverService for Api {
         if !self.security.peer_is_controller(&request) {
             self.security.caller(&request)?;
         }
-        let (pending, running, next_job_id) = {
-            let applied = self.view.read();
-            let jobs = &applied.state.jobs;
-            let running = jobs.values().filter(|j| j.state == JobState::Running).count() as u64;
-            (jobs.len() as u64 - running, running, applied.state.meta.next_job_id)
-        };
+        let (mut active, mut running) = (0u64, 0u64);
+        self.view.for_each_job(|job| {
+            active += 1;
+            running += u64::from(job.state == JobState::Running);
+        });
+        let (pending, next_job_id) = (active - running, self.view.read().state.meta.next_job_id);
         let replicas = self.replica_statuses(request.get_ref().local_only).await;
         Ok(Response::new(ClusterStatusReply {
             answered_by: self.id,

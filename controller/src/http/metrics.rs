@@ -75,13 +75,11 @@ fn raft(out: &mut Exposition, api: &Api, leader_changes: u64) {
 
 fn state(out: &mut Exposition, api: &Api) {
     let now_ms = crate::runtime::now_ms();
-    let applied = api.view.read();
-    let state = &applied.state;
-
     let mut by_state: BTreeMap<&str, f64> = BTreeMap::new();
     let mut pending_by_reason: BTreeMap<&str, f64> = BTreeMap::new();
     let (mut restarts, mut without_checkpoint, mut oldest_checkpoint_s) = (0u64, 0u64, 0.0f64);
-    for job in state.jobs.values() {
+    // A chunk of jobs per hold of the state lock: a scrape must not hold off `apply` for a walk over every job.
+    api.view.for_each_job(|job| {
         *by_state.entry(job.state.name()).or_default() += 1.0;
         if job.state == JobState::Pending {
             *pending_by_reason.entry(job.reason.name()).or_default() += 1.0;
@@ -96,7 +94,9 @@ fn state(out: &mut Exposition, api: &Api) {
                 None => without_checkpoint += 1,
             }
         }
-    }
+    });
+    let applied = api.view.read();
+    let state = &applied.state;
     out.labelled(
         "jobs",
         "Jobs in the controller's memory by state (finished jobs move to the accounting history).",

@@ -24,6 +24,23 @@ pub async fn overview(api: &Api) -> Response {
             })
         })
         .collect();
+    // Running first, then pending, each in id order, as `squeue` sorts by default: gathered a chunk of jobs per
+    // hold of the state lock, so a page view never holds off `apply` for a walk over every job.
+    let (mut running, mut waiting) = (Vec::new(), Vec::new());
+    let (mut running_total, mut waiting_total, mut pending_total) = (0usize, 0usize, 0usize);
+    api.view.for_each_job(|job| {
+        pending_total += usize::from(job.state == JobState::Pending);
+        let (rows, total) = match job.state {
+            JobState::Running => (&mut running, &mut running_total),
+            _ if job.state.is_terminal() => return,
+            _ => (&mut waiting, &mut waiting_total),
+        };
+        *total += 1;
+        if rows.len() < MAX_QUEUE_ROWS {
+            rows.push(queue_row(job));
+        }
+    });
+    let queue: Vec<Value> = running.into_iter().chain(waiting).take(MAX_QUEUE_ROWS).collect();
     let applied = api.view.read();
     let state = &applied.state;
     let nodes: Vec<Value> = state
@@ -37,9 +54,6 @@ pub async fn overview(api: &Api) -> Response {
             })
         })
         .collect();
-    // Running first, then pending in id order, as `squeue` sorts by default.
-    let mut queue: Vec<&Job> = state.jobs.values().map(|j| &**j).filter(|j| !j.state.is_terminal()).collect();
-    queue.sort_by_key(|j| (j.state != JobState::Running, j.id));
     let gpus: usize = state.nodes.values().map(|n| n.info.gpus.len()).sum();
     let gpus_allocated: usize = state.nodes.values().map(|n| n.allocated_gpus.len()).sum();
     let body = json!({
@@ -49,8 +63,8 @@ pub async fn overview(api: &Api) -> Response {
         "replicas": replicas,
         "nodes": nodes,
         "summary": {
-            "pending": queue.iter().filter(|j| j.state == JobState::Pending).count(),
-            "running": queue.iter().filter(|j| j.state == JobState::Running).count(),
+            "pending": pending_total,
+            "running": running_total,
             "gpus": gpus, "gpus_allocated": gpus_allocated,
         },
         "goodput": goodput_json(state.goodput_totals()),
@@ -59,8 +73,8 @@ pub async fn overview(api: &Api) -> Response {
             .filter(|(_, g)| !g.is_zero())
             .map(|(account, g)| { let mut row = goodput_json(g); row["account"] = json!(account); row })
             .collect::<Vec<_>>(),
-        "queue_total": queue.len(),
-        "queue": queue.iter().take(MAX_QUEUE_ROWS).map(|j| queue_row(j)).collect::<Vec<_>>(),
+        "queue_total": running_total + waiting_total,
+        "queue": queue,
     });
     Response::json(body.to_string())
 }

@@ -86,26 +86,13 @@ pub fn view_in_chunks(
     (view, config)
 }
 
-/// Calls `f` on every active job in id order, `per_lock` jobs per hold of the state lock.
+/// Every active job in id order, `per_lock` per hold of the state lock, each hold marked as one for jobs.
 fn for_each_job_in_chunks(
     with_state: &impl Fn(Hold, &mut dyn FnMut(&State)),
     per_lock: usize,
-    mut f: impl FnMut(&drover_state::Job),
+    f: impl FnMut(&drover_state::Job),
 ) {
-    let mut next_id = 0;
-    loop {
-        let mut visited = 0;
-        with_state(Hold::Jobs, &mut |state| {
-            for (id, job) in state.jobs.range(next_id..).take(per_lock) {
-                f(job);
-                next_id = id + 1;
-                visited += 1;
-            }
-        });
-        if visited < per_lock {
-            return;
-        }
-    }
+    crate::store::for_each_job_in_chunks(|walk| with_state(Hold::Jobs, walk), per_lock, f)
 }
 
 /// Everything in the view but the active jobs and what is summed over them (nodes, lingering releases,

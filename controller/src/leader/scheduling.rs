@@ -25,7 +25,7 @@ const MIN_PASS_INTERVAL_MS: u64 = 2;
 const PAUSE_PER_PASS_TIME: u32 = 3;
 /// Jobs copied into a pass's view, and pending reasons checked against the state, per hold of the state lock
 /// (a few milliseconds at most).
-const JOBS_PER_LOCK: usize = 4_096;
+const JOBS_PER_LOCK: usize = crate::store::JOBS_PER_READ;
 /// A pass runs at least this often, even without changes (time moves reservations and ages priorities).
 const IDLE_PASS_INTERVAL_MS: u64 = 1_000;
 

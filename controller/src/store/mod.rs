@@ -14,4 +14,4 @@ mod state_machine;
 pub use db::{Db, StoreError, open_db};
 pub use log_store::LogStore;
 pub use snapshot::SnapshotFile;
-pub use state_machine::{StateMachineStore, StateView};
+pub use state_machine::{JOBS_PER_READ, StateMachineStore, StateView, for_each_job_in_chunks};

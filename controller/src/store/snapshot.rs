@@ -1,8 +1,9 @@
 //! Snapshots. A replica builds one as a RocksDB checkpoint: hard links to the database's immutable files at one
-//! point in time. Building one costs a memtable flush, not a copy of the state. (A copy, at a million jobs, wrote
-//! more than a GiB on every replica every 100,000 entries, and the leader's heartbeats timed out behind it until
-//! followers elected a new leader.) Only a replica that fell behind the purged log needs the records themselves:
-//! the sender then streams them out of the checkpoint, and the receiver keeps them as a file until it installs it.
+//! point in time. Building one costs a memtable flush (0.4 s at 900,000 jobs, 100 KB copied), not a copy of the
+//! state: the copy it replaces read and wrote about 250 MB on every replica at 900,000 jobs, all three at once,
+//! every `snapshot_after_entries`, and grew with the state. Only a replica that fell behind the purged log needs
+//! the records themselves: the sender then streams them out of the checkpoint, and the receiver keeps them as a
+//! file until it installs it.
 //!
 //! Transfer format: `MAGIC`, then records `[family u8][key len u32 BE][key][value len u32 BE][value]`, then a
 //! trailer `[0xFF][record count u64 BE]`, so that a truncated file is detected instead of installed.

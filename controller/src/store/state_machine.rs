@@ -69,9 +69,39 @@ pub struct StateView {
 /// Node-change notices buffered per listener; a listener that falls further behind re-checks every node.
 const NODE_CHANGES_CAPACITY: usize = 16_384;
 
+/// Active jobs per hold of the state lock when a reader walks all of them (a few milliseconds).
+pub const JOBS_PER_READ: usize = 4_096;
+
+/// Calls `f` on every active job in id order, `per_call` jobs per call of `with_state` (which takes the state lock
+/// for that call). A walk over a million jobs in one hold held the lock for a third of a second: `apply` waited
+/// for it, every other reader queued behind `apply` (the lock favours writers), both async workers stopped, and
+/// the leader's heartbeats with them. Jobs seen in different calls may be a moment apart.
+pub fn for_each_job_in_chunks(with_state: impl Fn(&mut dyn FnMut(&State)), per_call: usize, mut f: impl FnMut(&Job)) {
+    let per_call = per_call.max(1);
+    let mut next_id = 0;
+    loop {
+        let mut visited = 0;
+        with_state(&mut |state| {
+            for (id, job) in state.jobs.range(next_id..).take(per_call) {
+                f(job);
+                next_id = id + 1;
+                visited += 1;
+            }
+        });
+        if visited < per_call {
+            return;
+        }
+    }
+}
+
 impl StateView {
     pub fn read(&self) -> RwLockReadGuard<'_, Applied> {
         self.inner.read().expect("state lock poisoned")
+    }
+
+    /// Every active job, in id order, `JOBS_PER_READ` per hold of the state lock (see `for_each_job_in_chunks`).
+    pub fn for_each_job(&self, f: impl FnMut(&Job)) {
+        for_each_job_in_chunks(|walk| walk(&self.read().state), JOBS_PER_READ, f)
     }
 
     pub fn node_changes(&self) -> tokio::sync::broadcast::Receiver<String> {
@@ -176,10 +206,14 @@ fn load_applied(db: &Db) -> io::Result<Applied> {
     // Sized up front: growing a vector of a million jobs copies it again at every doubling.
     let estimate = db.db.property_int_value_cf(db.cf(CF_JOBS), "rocksdb.estimate-num-keys").ok().flatten();
     let mut jobs = Vec::with_capacity(estimate.unwrap_or(0).min(MAX_PRESIZED_JOBS) as usize);
-    for item in db.db.iterator_cf(db.cf(CF_JOBS), IteratorMode::Start) {
-        let (_, value) = item.map_err(|e| io_err("reading jobs", e))?;
-        jobs.push(Box::new(decode::<Job>(&value)?));
+    // The raw iterator lends each value instead of copying it into a new allocation: a million fewer copies.
+    let mut records = db.db.raw_iterator_cf(db.cf(CF_JOBS));
+    records.seek_to_first();
+    while let Some(value) = records.value() {
+        jobs.push(Box::new(decode::<Job>(value)?));
+        records.next();
     }
+    records.status().map_err(|e| io_err("reading jobs", e))?;
     let mut nodes = Vec::new();
     for item in db.db.iterator_cf(db.cf(CF_NODES), IteratorMode::Start) {
         let (_, value) = item.map_err(|e| io_err("reading nodes", e))?;
@@ -519,6 +553,35 @@ mod tests {
         Change::AddNodeUsage { job_id: 7, incarnation: 1, usage }
     }
 
+    /// A walk over all jobs holds the lock for a bounded chunk at a time, visits every job once, in id order.
+    #[test]
+    fn a_walk_over_the_jobs_takes_the_lock_a_chunk_at_a_time() {
+        let mut state = State::default();
+        for id in (1..=10).chain([1_000, u64::from(u32::MAX)]) {
+            state.jobs.insert(id, Box::new(Job { id, ..Job::default() }));
+        }
+        for per_call in [1, 3, 12, 4_096] {
+            let (holds, in_hold, most) = (std::cell::Cell::new(0), std::cell::Cell::new(0), std::cell::Cell::new(0));
+            let mut seen = Vec::new();
+            for_each_job_in_chunks(
+                |walk| {
+                    holds.set(holds.get() + 1);
+                    in_hold.set(0);
+                    walk(&state);
+                },
+                per_call,
+                |job| {
+                    in_hold.set(in_hold.get() + 1);
+                    most.set(most.get().max(in_hold.get()));
+                    seen.push(job.id);
+                },
+            );
+            assert_eq!(seen, state.jobs.keys().copied().collect::<Vec<_>>(), "{per_call} per hold");
+            assert!(most.get() <= per_call, "{} jobs in one hold, {per_call} allowed", most.get());
+            assert_eq!(holds.get(), 12 / per_call + 1, "{per_call} per hold");
+        }
+    }
+
     /// Fills a database with `n` jobs (with scripts) in batches, the way applies write them.
     fn fill(db: &Db, ids: std::ops::Range<u64>) {
         for chunk in ids.collect::<Vec<_>>().chunks(500) {
@@ -546,9 +609,8 @@ mod tests {
             .collect()
     }
 
-    /// Building a snapshot must not copy the state: at a million jobs a copy wrote more than a GiB per replica
-    /// every 100,000 entries, and the leader's heartbeats timed out behind it (false elections under load). The
-    /// snapshot's data files are the database's own, hard-linked.
+    /// Building a snapshot must not copy the state (about 250 MB per replica at 900,000 jobs, on every replica at
+    /// once, every `snapshot_after_entries`): the snapshot's data files are the database's own, hard-linked.
     #[test]
     fn a_snapshot_shares_the_databases_files_instead_of_copying_the_state() {
         let tmp = tempfile::TempDir::new().unwrap();
