@@ -56,6 +56,16 @@ impl Db {
     pub fn snapshot_dir(&self) -> PathBuf {
         self.dir.join("snapshots")
     }
+
+    /// Writes every family's memtable to its files and syncs them, so that the next start has no write-ahead log
+    /// to replay (up to `MAX_WAL_BYTES`: more than a second at a million jobs). For a clean shutdown, after the
+    /// last write; a crash still recovers from the log.
+    pub fn flush_all(&self) -> Result<(), rocksdb::Error> {
+        for name in [CF_RAFT, CF_LOGS].into_iter().chain(SM_FAMILIES) {
+            self.db.flush_cf(self.cf(name))?;
+        }
+        Ok(())
+    }
 }
 
 /// Opens (or creates) the database under `dir/db`, checking the format version.
