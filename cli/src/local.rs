@@ -523,6 +523,12 @@ impl LocalCluster {
                 wait_gone(pid, Duration::from_secs(10));
             }
         }
+        if signal == libc::SIGSTOP
+            && let Some(pid) = process.pid
+        {
+            // kill(2) returns before every thread has stopped: a request sent right after could still be answered.
+            wait_stopped(pid, Duration::from_secs(5));
+        }
         Ok(())
     }
 
@@ -727,6 +733,23 @@ fn remove_cgroup_tree(dir: &Path) {
 }
 
 /// Whether `pid` exited within `timeout`.
+/// Waits until every thread of `pid` is stopped (state `T` in /proc), or `timeout`.
+fn wait_stopped(pid: u32, timeout: Duration) -> bool {
+    let stopped = |stat: &str| stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with(['T', 't']));
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+        let all = tasks
+            .flatten()
+            .all(|task| std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| stopped(&stat)));
+        if all {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
 fn wait_gone(pid: u32, timeout: Duration) -> bool {
     let start = Instant::now();
     while start.elapsed() < timeout {
