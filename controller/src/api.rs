@@ -760,6 +760,9 @@ impl DroverService for Api {
         linearizable_read!(self, request, get_registry);
         self.security.caller(&request)?;
         let now_ms = now_ms();
+        let view = &self.view;
+        let shares =
+            crate::leader::planner::share_rows(|_, walk| walk(&view.read().state), now_ms, crate::store::JOBS_PER_READ);
         let registry = {
             let applied = self.view.read();
             let state = &applied.state;
@@ -767,7 +770,7 @@ impl DroverService for Api {
                 accounts: state.accounts.values().cloned().collect(),
                 qos: state.all_qos(),
                 reservations: state.reservations.values().filter(|r| !r.ended_at(now_ms)).cloned().collect(),
-                shares: crate::leader::planner::share_rows(state, now_ms),
+                shares,
                 roles: state.roles.values().cloned().collect(),
                 now_ms,
             }

@@ -310,11 +310,22 @@ fn sched_qos(q: &drover_state::Qos) -> sched::Qos {
 /// plus what its running jobs used so far (also decayed), so a long job weighs on its account while it runs.
 /// Without a defined tree, every account jobs name is an equal child of root with no usage.
 pub fn account_tree(state: &State, now_ms: u64) -> Vec<sched::Account> {
-    let (mut totals, half_life_s) = (AccountTotals::default(), half_life_s(state));
-    for job in state.jobs.values() {
-        totals.add(job, now_ms, half_life_s);
-    }
-    account_tree_from(state, now_ms, &totals)
+    account_tree_in_chunks(|_, walk| walk(state), now_ms, usize::MAX)
+}
+
+/// The same tree with the jobs walked `per_lock` per hold of the state lock (see `view_in_chunks`).
+fn account_tree_in_chunks(
+    with_state: impl Fn(Hold, &mut dyn FnMut(&State)),
+    now_ms: u64,
+    per_lock: usize,
+) -> Vec<sched::Account> {
+    let mut half_life = 0;
+    with_state(Hold::Other, &mut |state| half_life = half_life_s(state));
+    let mut totals = AccountTotals::default();
+    for_each_job_in_chunks(&with_state, per_lock, |job| totals.add(job, now_ms, half_life));
+    let mut tree = Vec::new();
+    with_state(Hold::Other, &mut |state| tree = account_tree_from(state, now_ms, &totals));
+    tree
 }
 
 fn half_life_s(state: &State) -> u64 {
@@ -376,9 +387,15 @@ fn account_tree_from(state: &State, now_ms: u64, totals: &AccountTotals) -> Vec<
         .collect()
 }
 
-/// `sshare`'s rows, from the same tree and the same arithmetic the scheduler uses.
-pub fn share_rows(state: &State, now_ms: u64) -> Vec<drover_proto::wire::ShareRow> {
-    let rows = sched::fairshare::share_report(&account_tree(state, now_ms));
+/// `sshare`'s rows, from the same tree and the same arithmetic the scheduler uses, the jobs walked `per_lock` per
+/// hold of the state lock: `sinfo` and `sshare` ask for them, and must not hold off `apply` for a walk over every
+/// job.
+pub fn share_rows(
+    with_state: impl Fn(Hold, &mut dyn FnMut(&State)),
+    now_ms: u64,
+    per_lock: usize,
+) -> Vec<drover_proto::wire::ShareRow> {
+    let rows = sched::fairshare::share_report(&account_tree_in_chunks(with_state, now_ms, per_lock));
     rows.into_iter()
         .map(|r| drover_proto::wire::ShareRow {
             account: r.account,
@@ -689,6 +706,9 @@ mod tests {
             whole.accounts
         );
         assert_eq!(chunked_view(&state, &jobless, 4).0, whole);
+        let at_once = share_rows(|_, walk| walk(&state), 3_000, usize::MAX);
+        let chunked = share_rows(|hold, walk| walk(if hold == Hold::Jobs { &state } else { &jobless }), 3_000, 4);
+        assert_eq!(chunked, at_once, "sshare's rows, the jobs walked in chunks");
         // The plan's translation into commands, checked a chunk of reasons per hold, is the same as at once.
         let plan = sched::schedule(&whole, &scheduler_config(&state)).unwrap();
         assert!(!plan.reasons.is_empty());
