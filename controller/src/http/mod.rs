@@ -70,14 +70,17 @@ fn health(api: &Api) -> Response {
     }
 }
 
-/// A change is a new (vote, leader) pair with a leader: the same replica re-elected in a later term counts too.
+/// A change is a new (term's leader id, leader) pair with a leader: the same replica re-elected in a later term
+/// counts too.
 async fn count_leader_changes(raft: crate::types::Raft, changes: Arc<AtomicU64>) {
     let mut metrics = raft.server_metrics();
     let mut last = None;
     loop {
+        // The term's leader id, not the whole vote: a leader's vote becomes committed after it is elected, and
+        // a watcher that sees both states would count one leader twice.
         let (vote, leader) = {
             let m = metrics.borrow_watched();
-            (m.vote, m.current_leader)
+            (*m.vote.leader_id(), m.current_leader)
         };
         if let Some(leader) = leader
             && last.as_ref() != Some(&(vote, leader))
