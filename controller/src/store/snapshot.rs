@@ -49,7 +49,7 @@ impl SnapshotFile {
                 writer.record(family as u8, &key, &value)?;
             }
         }
-        Ok(writer.finish()?.0)
+        writer.finish()
     }
 }
 
@@ -82,12 +82,12 @@ impl<W: Write> SnapshotWriter<W> {
         Ok(())
     }
 
-    /// Writes the trailer and flushes; returns the record count and the output.
-    pub fn finish(mut self) -> io::Result<(u64, W)> {
+    /// Writes the trailer and flushes; returns the record count.
+    pub fn finish(mut self) -> io::Result<u64> {
         self.out.write_all(&[TRAILER])?;
         self.out.write_all(&self.count.to_be_bytes())?;
         self.out.flush()?;
-        Ok((self.count, self.out))
+        Ok(self.count)
     }
 }
 
@@ -174,7 +174,7 @@ mod tests {
             let mut w = SnapshotWriter::new(out)?;
             w.record(0, b"k1", b"v1")?;
             w.record(3, &7u64.to_be_bytes(), b"{}")?;
-            assert_eq!(w.finish()?.0, 2);
+            assert_eq!(w.finish()?, 2);
             Ok(())
         })
         .unwrap();

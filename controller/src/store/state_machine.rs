@@ -1,4 +1,4 @@
-//! The state machine: `drover_state::State` in memory, its records in RocksDB, snapshots as files.
+//! The state machine: `drover_state::State` in memory, its records in RocksDB, snapshots as RocksDB checkpoints.
 
 use std::fs::File;
 use std::io;
