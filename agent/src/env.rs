@@ -69,15 +69,15 @@ pub fn task_environment(p: &Placement, base: Vec<(String, String)>) -> Vec<(Stri
     let gpus = p.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
     set("SLURM_JOB_ID", job.id.to_string());
     set("SLURM_JOBID", job.id.to_string());
-    set("SLURM_JOB_NAME", spec.name.clone());
-    set("SLURM_JOB_USER", spec.user.clone());
+    set("SLURM_JOB_NAME", spec.name.to_string());
+    set("SLURM_JOB_USER", spec.user.to_string());
     set("SLURM_JOB_UID", spec.uid.to_string());
     set("SLURM_JOB_GID", spec.gid.to_string());
-    set("SLURM_JOB_PARTITION", job.partition.clone());
+    set("SLURM_JOB_PARTITION", job.partition.to_string());
     set("SLURM_JOB_ACCOUNT", job.account_name().to_string());
     set("SLURM_JOB_QOS", job.qos_name().to_string());
     if let Some(r) = &spec.reservation {
-        set("SLURM_JOB_RESERVATION", r.clone());
+        set("SLURM_JOB_RESERVATION", r.to_string());
     }
     if let Some(g) = spec.gpus_per_task {
         set("SLURM_GPUS_PER_TASK", g.to_string());
@@ -130,7 +130,7 @@ pub fn task_environment(p: &Placement, base: Vec<(String, String)>) -> Vec<(Stri
         set("SLURM_STEP_GPUS", gpus.clone());
         set("CUDA_VISIBLE_DEVICES", gpus);
     }
-    set("SLURM_SUBMIT_DIR", spec.submit_dir.clone());
+    set("SLURM_SUBMIT_DIR", spec.submit_dir.to_string());
     set("SLURM_RESTART_COUNT", job.restart_count.to_string());
     // Checkpoints: where this incarnation writes them, and the latest an earlier one recorded (resume from it).
     set("DROVER_CHECKPOINT_DIR", job.checkpoint_dir());
@@ -198,7 +198,8 @@ mod tests {
                 ntasks_per_node: Some(4),
                 cpus_per_task: 1,
                 submit_dir: "/home/alice".into(),
-                environment: vec![("HOME".into(), "/home/alice".into()), ("SLURM_JOB_ID".into(), "stale".into())],
+                environment: vec![("HOME".into(), "/home/alice".into()), ("SLURM_JOB_ID".into(), "stale".into())]
+                    .into(),
                 ..JobSpec::default()
             },
             partition: "gpu".into(),
@@ -213,9 +214,9 @@ mod tests {
             incarnation: 1,
             exit_code: 0,
             exit_signal: 0,
-            nodes: vec!["gpu01".into(), "gpu02".into()],
+            nodes: vec!["gpu01".into(), "gpu02".into()].into(),
             cancelled_by: None,
-            allocation: vec![share("gpu01", vec![0, 1, 2, 3]), share("gpu02", vec![4, 5, 6, 7])],
+            allocation: vec![share("gpu01", vec![0, 1, 2, 3]), share("gpu02", vec![4, 5, 6, 7])].into(),
             ending: None,
             usage: Usage::default(),
             next_step_id: 1,
@@ -298,7 +299,7 @@ mod tests {
         let mut job = job();
         job.spec.export = ExportPolicy::None;
         assert!(job.spec.exported_environment().is_empty());
-        job.spec.export = ExportPolicy::Vars { all: false, names: vec!["HOME".into(), "X=1".into()] };
+        job.spec.export = ExportPolicy::Vars { all: false, names: vec!["HOME".into(), "X=1".into()].into() };
         assert_eq!(
             job.spec.exported_environment(),
             vec![("HOME".into(), "/home/alice".into()), ("X".into(), "1".into())]

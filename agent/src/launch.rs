@@ -58,7 +58,7 @@ impl NodeAgent {
             array_job_id: a.job.array.map(|x| x.array_job_id),
             array_task_id: a.job.array.map(|x| x.task_id),
         };
-        let work_dir = if spec.work_dir.is_empty() { "/".to_string() } else { spec.work_dir.clone() };
+        let work_dir = if spec.work_dir.is_empty() { "/".to_string() } else { spec.work_dir.to_string() };
         // Slurm's default names array tasks' output by array and task.
         let default_out = if a.job.array.is_some() { "slurm-%A_%a.out" } else { "slurm-%j.out" };
         let stdout = expand_output_path(spec.stdout.as_deref().unwrap_or(default_out), &ctx, &work_dir);
@@ -82,7 +82,7 @@ impl NodeAgent {
             cwd: work_dir,
             uid: spec.uid,
             gid: spec.gid,
-            user: spec.user.clone(),
+            user: spec.user.to_string(),
             stdout,
             stderr,
             append: spec.open_append,
@@ -132,7 +132,7 @@ impl NodeAgent {
             array_job_id: a.job.array.map(|x| x.array_job_id),
             array_task_id: a.job.array.map(|x| x.task_id),
         };
-        let cwd = if launch.cwd.is_empty() { spec.work_dir.clone() } else { launch.cwd.clone() };
+        let cwd = if launch.cwd.is_empty() { spec.work_dir.to_string() } else { launch.cwd.clone() };
         let (stdout, stderr, streamed_out, streamed_err) = match (&launch.output, &launch.error) {
             (Some(out), err) => {
                 let stdout = expand_output_path(out, &ctx, &cwd);
@@ -177,7 +177,7 @@ impl NodeAgent {
             cwd,
             uid: spec.uid,
             gid: spec.gid,
-            user: spec.user.clone(),
+            user: spec.user.to_string(),
             stdout,
             stderr,
             append: spec.open_append,

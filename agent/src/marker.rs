@@ -69,7 +69,8 @@ mod tests {
     fn job(root: &std::path::Path) -> Job {
         // SAFETY: geteuid cannot fail.
         let uid = unsafe { libc::geteuid() };
-        let mut job = Job { id: 7, incarnation: 2, checkpoint_root: root.display().to_string(), ..Job::default() };
+        let mut job =
+            Job { id: 7, incarnation: 2, checkpoint_root: root.display().to_string().into(), ..Job::default() };
         job.spec.uid = uid;
         job
     }

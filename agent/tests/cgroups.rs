@@ -28,7 +28,7 @@ fn agent(dir: &Path, subdir: &str) -> Arc<NodeAgent> {
 fn assignment(id: u64, cpus: u32) -> Assignment {
     let spec = JobSpec { uid: NOBODY, gid: NOBODY, interactive: true, work_dir: "/tmp".into(), ..JobSpec::default() };
     let share = NodeAllocation { node: "n1".into(), gpus: Vec::new(), cpus, tasks: 1, mem_mb: 64 };
-    let job = Job { id, spec, nodes: vec!["n1".into()], allocation: vec![share], ..Job::default() };
+    let job = Job { id, spec, nodes: vec!["n1".into()].into(), allocation: vec![share].into(), ..Job::default() };
     Assignment { job, hosts: vec!["127.0.0.1".into()], node_index: 0, script: None }
 }
 

@@ -46,12 +46,12 @@ fn true_job(work_dir: &Path) -> JobSpec {
     let dir = work_dir.display().to_string();
     JobSpec {
         name: "wrap".into(),
-        user,
+        user: user.into(),
         uid,
         gid,
         script: drover_cli::sbatch_args::wrap_script("true"),
-        work_dir: dir.clone(),
-        submit_dir: dir,
+        work_dir: dir.clone().into(),
+        submit_dir: dir.into(),
         stdout: Some("/dev/null".into()),
         min_nodes: 1,
         max_nodes: 1,

@@ -52,15 +52,15 @@ pub fn job_spec(workload: &Workload, n: u64, logs: &Path, client_config: &Path, 
     let path = format!("{drover_dir}:{}", std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()));
     let dir = logs.display().to_string();
     JobSpec {
-        name: format!("drill-{n}"),
-        user,
+        name: format!("drill-{n}").into(),
+        user: user.into(),
         uid,
         gid,
         script: JOB_SCRIPT.to_string(),
-        work_dir: dir.clone(),
-        submit_dir: dir,
+        work_dir: dir.clone().into(),
+        submit_dir: dir.into(),
         stdout: Some("/dev/null".into()),
-        stderr: Some(logs.join("%j.err").display().to_string()),
+        stderr: Some(logs.join("%j.err").display().to_string().into()),
         min_nodes: 1,
         max_nodes: 1,
         cpus_per_task: 1,
@@ -74,7 +74,8 @@ pub fn job_spec(workload: &Workload, n: u64, logs: &Path, client_config: &Path, 
             ("DRILL_STEPS".into(), workload.steps.to_string()),
             ("DRILL_STEP_S".into(), format!("{:.3}", workload.step_ms as f64 / 1e3)),
             ("DRILL_EVERY".into(), workload.checkpoint_every.to_string()),
-        ],
+        ]
+        .into(),
         ..Default::default()
     }
 }

@@ -543,13 +543,13 @@ impl Col {
 
     fn value(self, job: &Job, now_ms: u64) -> String {
         let spec = &job.spec;
-        let or_null = |v: &Option<String>| v.clone().unwrap_or_else(|| "(null)".into());
+        let or_null = |v: &Option<Box<str>>| v.as_deref().unwrap_or("(null)").to_string();
         match self {
             Col::Account => job.account_name().to_string(),
             Col::ArrayJobId => job.array.map_or_else(|| job.id.to_string(), |a| a.array_job_id.to_string()),
             Col::ArrayTaskId => job.array.map_or_else(|| "N/A".to_string(), |a| a.task_id.to_string()),
             Col::BatchHost => job.nodes.first().cloned().unwrap_or_else(|| "n/a".into()),
-            Col::Command => spec.name.clone(),
+            Col::Command => spec.name.to_string(),
             Col::Comment => or_null(&spec.comment),
             Col::Contiguous => "0".into(),
             Col::CpusPerTask => spec.cpus_per_task.to_string(),
@@ -576,7 +576,7 @@ impl Col {
             Col::MinCpus => (spec.cpus_per_task.max(1) * spec.ntasks_per_node.unwrap_or(1).max(1)).to_string(),
             Col::MinMemory => mem_mb(min_memory_mb(job).0),
             Col::MinTime => spec.time_min_s.map_or_else(|| "N/A".into(), format_duration),
-            Col::Name => spec.name.clone(),
+            Col::Name => spec.name.to_string(),
             Col::Nice => spec.nice.to_string(),
             Col::NodeList => compress_hostlist(&job.nodes),
             Col::NumCpus => Tres::current(job).cpu.to_string(),
@@ -589,7 +589,7 @@ impl Col {
             }
             Col::NumTasks => spec.total_tasks().to_string(),
             Col::OverSubscribe => if spec.exclusive { "NO" } else { "OK" }.into(),
-            Col::Partition => job.partition.clone(),
+            Col::Partition => job.partition.to_string(),
             // Drover keeps no priority number on the job: held jobs are 0, as in Slurm, others 1 (and `%p` is that
             // over 2^32 - 1, as Slurm normalizes it).
             Col::Priority => if job.held { "0.00000000000" } else { "0.00000000023" }.into(),
@@ -604,9 +604,9 @@ impl Col {
             Col::StartTime => format_timestamp(job.start_time_ms),
             Col::State => job.state.name().to_string(),
             Col::StateCompact => job.state.short().to_string(),
-            Col::StdErr => std_path(job, spec.stderr.as_ref().or(spec.stdout.as_ref())),
+            Col::StdErr => std_path(job, spec.stderr.as_deref().or(spec.stdout.as_deref())),
             Col::StdIn => "/dev/null".into(),
-            Col::StdOut => std_path(job, spec.stdout.as_ref()),
+            Col::StdOut => std_path(job, spec.stdout.as_deref()),
             Col::SubmitTime => format_timestamp(Some(job.submit_time_ms)),
             Col::TimeLeft => match job.time_limit_s {
                 Some(limit) => format_duration(limit.saturating_sub(elapsed_s(job, now_ms))),
@@ -619,9 +619,9 @@ impl Col {
             Col::TresPerNode => tres_per_node(job).unwrap_or_else(|| "N/A".into()),
             Col::TresPerTask => tres_per_task(job).unwrap_or_else(|| "N/A".into()),
             Col::UserId => spec.uid.to_string(),
-            Col::UserName => spec.user.clone(),
+            Col::UserName => spec.user.to_string(),
             Col::WcKey => or_null(&spec.wckey),
-            Col::WorkDir => spec.work_dir.clone(),
+            Col::WorkDir => spec.work_dir.to_string(),
             Col::Unset("SCHEDNODES" | "NETWORK") => "(null)".into(),
             Col::Unset(_) => "N/A".into(),
         }
@@ -633,9 +633,9 @@ fn list_or_empty(list: &[String]) -> String {
 }
 
 /// Where a job's output goes, `%j` and `%x` filled in (`scontrol show job`'s `StdOut=`).
-pub fn std_path(job: &Job, path: Option<&String>) -> String {
+pub fn std_path(job: &Job, path: Option<&str>) -> String {
     let spec = &job.spec;
-    let path = path.cloned().unwrap_or_else(|| match job.array {
+    let path = path.map(str::to_string).unwrap_or_else(|| match job.array {
         Some(_) => format!("{}/slurm-%A_%a.out", spec.work_dir),
         None => format!("{}/slurm-%j.out", spec.work_dir),
     });
@@ -923,8 +923,9 @@ mod tests {
         assert_eq!(req.by_name(), "billing=16,cpu=16,gres/gpu=8,mem=8G,node=2");
         assert_eq!(req.by_id(), "cpu=16,mem=8G,node=2,gres/gpu=8");
         assert_eq!(Tres::allocated(&j), None, "nothing is held while pending");
-        j.nodes = vec!["n1".into()];
-        j.allocation = vec![NodeAllocation { node: "n1".into(), gpus: vec![0, 1], cpus: 3, tasks: 1, mem_mb: 1536 }];
+        j.nodes = vec!["n1".into()].into();
+        j.allocation =
+            vec![NodeAllocation { node: "n1".into(), gpus: vec![0, 1], cpus: 3, tasks: 1, mem_mb: 1536 }].into();
         assert_eq!(Tres::allocated(&j).unwrap().by_name(), "billing=3,cpu=3,gres/gpu=2,mem=1.50G,node=1");
         j.spec.mem = Some(MemRequest::PerCpu(1000));
         assert_eq!(Tres::requested(&j).mem_mb, 16_000, "per CPU, times every CPU of the job");

@@ -130,7 +130,7 @@ pub fn trivial_spec() -> drover_state::JobSpec {
     let (user, uid, gid) = crate::identity::current_user();
     drover_state::JobSpec {
         name: "wrap".into(),
-        user,
+        user: user.into(),
         uid,
         gid,
         script: crate::sbatch_args::wrap_script("true"),

@@ -1583,7 +1583,7 @@ fn parse_export(flag: &str, value: &str) -> Result<SbatchOption, OptionError> {
             }
         }
     }
-    Ok(SbatchOption::Export { policy: ExportPolicy::Vars { all, names }, set })
+    Ok(SbatchOption::Export { policy: ExportPolicy::Vars { all, names: names.into() }, set })
 }
 
 /// Parses `sbatch`'s arguments (without `argv[0]`).
@@ -2016,12 +2016,12 @@ pub fn build_spec(
     let environment = if ctx.sbatch_env { environment_options(&ctx.env)? } else { Vec::new() };
 
     let mut spec = JobSpec {
-        name: String::new(),
-        user: ctx.user.clone(),
+        name: Default::default(),
+        user: ctx.user.as_str().into(),
         uid: ctx.uid,
         gid: ctx.gid,
-        script_args: cmd.script_args.clone(),
-        submit_dir: ctx.cwd.clone(),
+        script_args: cmd.script_args.clone().into(),
+        submit_dir: ctx.cwd.as_str().into(),
         min_nodes: 1,
         max_nodes: 1,
         cpus_per_task: 1,
@@ -2048,8 +2048,8 @@ pub fn build_spec(
     for (source, option) in sources {
         match option {
             SbatchOption::JobName(v) => name = Some(v.clone()),
-            SbatchOption::Partition(v) => spec.partition = Some(v.clone()),
-            SbatchOption::Account(v) => spec.account = Some(v.clone()),
+            SbatchOption::Partition(v) => spec.partition = Some(v.clone().into()),
+            SbatchOption::Account(v) => spec.account = Some(v.clone().into()),
             SbatchOption::Nodes { min, max } => {
                 spec.min_nodes = *min;
                 spec.max_nodes = *max;
@@ -2063,15 +2063,15 @@ pub fn build_spec(
             }
             SbatchOption::Gpus { per_node, gpu_type } => {
                 gpus = Some(GpuRequest::PerNode(*per_node));
-                spec.gpu_type = gpu_type.clone();
+                spec.gpu_type = gpu_type.as_deref().map(Into::into);
             }
             SbatchOption::GpusTotal { count, gpu_type } => {
                 gpus = Some(GpuRequest::Total(*count));
-                spec.gpu_type = gpu_type.clone();
+                spec.gpu_type = gpu_type.as_deref().map(Into::into);
             }
             SbatchOption::GpusPerTask { count, gpu_type } => {
                 gpus = Some(GpuRequest::PerTask(*count));
-                spec.gpu_type = gpu_type.clone();
+                spec.gpu_type = gpu_type.as_deref().map(Into::into);
                 gpus_per_task_given = true;
             }
             SbatchOption::CpusPerGpu(n) => cpus_per_gpu = Some(*n),
@@ -2080,18 +2080,18 @@ pub fn build_spec(
             SbatchOption::Mem(mem) => mem_set.push(*mem),
             SbatchOption::Array(v) => spec.array = Some(v.clone()),
             SbatchOption::Dependency { deps, any } => {
-                spec.dependency = deps.clone();
+                spec.dependency = deps.clone().into();
                 spec.dependency_any = *any;
             }
-            SbatchOption::Qos(v) => spec.qos = Some(v.clone()),
-            SbatchOption::Reservation(v) => spec.reservation = Some(v.clone()),
+            SbatchOption::Qos(v) => spec.qos = Some(v.clone().into()),
+            SbatchOption::Reservation(v) => spec.reservation = Some(v.clone().into()),
             SbatchOption::Nice(v) => spec.nice = *v,
             SbatchOption::TimeLimit(limit) => spec.time_limit_s = *limit,
             SbatchOption::TimeMin(limit) => spec.time_min_s = *limit,
             SbatchOption::Begin(at) => begin = Some(at),
             SbatchOption::Deadline(at) => deadline = Some(at),
-            SbatchOption::Output(v) => spec.stdout = Some(v.clone()),
-            SbatchOption::Error(v) => spec.stderr = Some(v.clone()),
+            SbatchOption::Output(v) => spec.stdout = Some(v.clone().into()),
+            SbatchOption::Error(v) => spec.stderr = Some(v.clone().into()),
             SbatchOption::Chdir(v) => chdir = Some(v.clone()),
             SbatchOption::Export { policy, set } => {
                 spec.export = policy.clone();
@@ -2119,11 +2119,11 @@ pub fn build_spec(
                 };
                 warnings.extend(warning.map(str::to_string));
             }
-            SbatchOption::Constraint(v) => spec.constraint = v.clone(),
-            SbatchOption::Nodelist(v) => spec.nodelist = v.clone(),
-            SbatchOption::Exclude(v) => spec.exclude = v.clone(),
-            SbatchOption::Wckey(v) => spec.wckey = Some(v.clone()),
-            SbatchOption::Comment(v) => spec.comment = Some(v.clone()),
+            SbatchOption::Constraint(v) => spec.constraint = v.clone().into(),
+            SbatchOption::Nodelist(v) => spec.nodelist = v.clone().into(),
+            SbatchOption::Exclude(v) => spec.exclude = v.clone().into(),
+            SbatchOption::Wckey(v) => spec.wckey = Some(v.clone().into()),
+            SbatchOption::Comment(v) => spec.comment = Some(v.clone().into()),
             SbatchOption::Parsable => parsable = true,
             // Slurm reads --quiet in its first pass over the command line only; elsewhere it does nothing.
             SbatchOption::Quiet if source == Source::Script => {
@@ -2178,12 +2178,12 @@ pub fn build_spec(
             "Incompatible begin and deadline time specification: --deadline is before --begin".into(),
         ));
     }
-    spec.name = name.unwrap_or(default_name);
+    spec.name = name.unwrap_or(default_name).into();
     spec.work_dir = match &chdir {
-        Some(dir) => resolve_dir(&ctx.cwd, dir),
-        None => ctx.cwd.clone(),
+        Some(dir) => resolve_dir(&ctx.cwd, dir).into(),
+        None => ctx.cwd.as_str().into(),
     };
-    spec.environment = export_environment(&spec.export, &export_set, &ctx.env);
+    spec.environment = export_environment(&spec.export, &export_set, &ctx.env).into();
     spec.script = script;
     let mut unique: Vec<String> = Vec::with_capacity(warnings.len());
     for warning in warnings {
@@ -2285,7 +2285,7 @@ mod tests {
         assert_eq!(s.export, ExportPolicy::All);
         assert_eq!(s.environment, ctx().env);
         assert_eq!((s.qos, s.reservation, s.nice), (None, None, 0));
-        assert_eq!((s.dependency, s.dependency_any), (vec![], false));
+        assert_eq!((s.dependency.to_vec(), s.dependency_any), (vec![], false));
         assert_eq!(s.array, None);
         assert_eq!((s.gpus_total, s.gpus_per_task), (None, None));
     }
@@ -2333,7 +2333,7 @@ mod tests {
             ("chdir", Some("D"), "/scratch", |s| s.work_dir == "/scratch"),
             ("export", None, "NONE", |s| s.export == ExportPolicy::None && s.environment.is_empty()),
             ("array", Some("a"), "1-3%2", |s| {
-                s.array == Some(ArraySpec { task_ids: vec![1, 2, 3], max_running: Some(2) })
+                s.array == Some(ArraySpec { task_ids: vec![1, 2, 3].into(), max_running: Some(2) })
             }),
             ("dependency", Some("d"), "afterok:12_3", |s| {
                 s.dependency == [Dependency { kind: DependencyKind::AfterOk, job: 12, task: Some(3) }]
@@ -2548,7 +2548,7 @@ mod tests {
         let mut full = list.to_vec();
         full.push("job.sh");
         let s = spec(&full, SCRIPT);
-        (s.gpus_per_node, s.gpu_type, s.gpus_total, s.gpus_per_task)
+        (s.gpus_per_node, s.gpu_type.map(String::from), s.gpus_total, s.gpus_per_task)
     }
 
     fn build_err(list: &[&str], script: &str) -> SbatchError {
@@ -2662,7 +2662,7 @@ mod tests {
     #[test]
     fn array_values_and_errors() {
         let s = spec(&["--array=0-15:4%2", "job.sh"], SCRIPT);
-        assert_eq!(s.array, Some(ArraySpec { task_ids: vec![0, 4, 8, 12], max_running: Some(2) }));
+        assert_eq!(s.array, Some(ArraySpec { task_ids: vec![0, 4, 8, 12].into(), max_running: Some(2) }));
         let s = spec(&["-a", "7,1-2,2", "job.sh"], SCRIPT);
         assert_eq!(s.array.unwrap().task_ids, vec![1, 2, 7]);
         assert_eq!(spec(&["-a1000", "job.sh"], SCRIPT).array.unwrap().task_ids, vec![1000]);
@@ -2679,7 +2679,7 @@ mod tests {
         assert_eq!(s.array.unwrap().task_ids, vec![1, 2, 3]);
         // Later wins entirely.
         let s = spec(&["--array=1-3%1", "--array=5", "job.sh"], SCRIPT);
-        assert_eq!(s.array, Some(ArraySpec { task_ids: vec![5], max_running: None }));
+        assert_eq!(s.array, Some(ArraySpec { task_ids: vec![5].into(), max_running: None }));
         let err = script_err("#!/bin/sh\n#SBATCH -a 3-2\n");
         assert_eq!(
             err.to_string(),
@@ -2698,10 +2698,13 @@ mod tests {
         );
         assert!(!s.dependency_any);
         let s = spec(&["-d", "afterok:1?afternotok:2", "job.sh"], SCRIPT);
-        assert_eq!((s.dependency, s.dependency_any), (vec![d(AfterOk, 1, None), d(AfterNotOk, 2, None)], true));
+        assert_eq!(
+            (s.dependency.to_vec(), s.dependency_any),
+            (vec![d(AfterOk, 1, None), d(AfterNotOk, 2, None)], true)
+        );
         // Later wins entirely, the any flag included.
         let s = spec(&["-d", "after:1?after:2", "-d", "after:3", "job.sh"], SCRIPT);
-        assert_eq!((s.dependency, s.dependency_any), (vec![d(After, 3, None)], false));
+        assert_eq!((s.dependency.to_vec(), s.dependency_any), (vec![d(After, 3, None)], false));
         let s = spec(&["job.sh"], "#!/bin/sh\n#SBATCH --dependency=singleton\n");
         assert_eq!(s.dependency, vec![d(Singleton, 0, None)]);
         let msg = cmd_err(&["-d", "aftercorr:5"]);
@@ -2806,7 +2809,7 @@ mod tests {
     #[test]
     fn export_named_variables() {
         let s = spec(&["--export=HOME,PATH,MISSING", "job.sh"], SCRIPT);
-        assert_eq!(s.export, ExportPolicy::Vars { all: false, names: args(&["HOME", "PATH", "MISSING"]) });
+        assert_eq!(s.export, ExportPolicy::Vars { all: false, names: args(&["HOME", "PATH", "MISSING"]).into() });
         // In the submit environment's order; absent names are skipped.
         assert_eq!(s.environment, vec![("PATH".into(), "/usr/bin:/bin".into()), ("HOME".into(), "/home/alice".into())]);
     }
@@ -2814,7 +2817,7 @@ mod tests {
     #[test]
     fn export_all_with_assignments() {
         let s = spec(&["--export=ALL,HOME=/tmp,NEW=1,LANG", "job.sh"], SCRIPT);
-        assert_eq!(s.export, ExportPolicy::Vars { all: true, names: args(&["HOME", "NEW", "LANG"]) });
+        assert_eq!(s.export, ExportPolicy::Vars { all: true, names: args(&["HOME", "NEW", "LANG"]).into() });
         assert_eq!(
             s.environment,
             vec![
@@ -2829,7 +2832,7 @@ mod tests {
     #[test]
     fn export_list_with_assignments() {
         let s = spec(&["--export=PATH,FOO=bar,EMPTY=", "job.sh"], SCRIPT);
-        assert_eq!(s.export, ExportPolicy::Vars { all: false, names: args(&["PATH", "FOO", "EMPTY"]) });
+        assert_eq!(s.export, ExportPolicy::Vars { all: false, names: args(&["PATH", "FOO", "EMPTY"]).into() });
         assert_eq!(
             s.environment,
             vec![("PATH".into(), "/usr/bin:/bin".into()), ("FOO".into(), "bar".into()), ("EMPTY".into(), "".into()),]
@@ -3757,7 +3760,7 @@ mod tests {
             (Some("high"), Some("r1"), Some("wk"))
         );
         assert_eq!(s.constraint, ["ib"]);
-        assert_eq!(s.array, Some(ArraySpec { task_ids: vec![0, 1, 2, 3], max_running: Some(2) }));
+        assert_eq!(s.array, Some(ArraySpec { task_ids: vec![0, 1, 2, 3].into(), max_running: Some(2) }));
         assert_eq!((s.stdout.as_deref(), s.stderr.as_deref(), s.open_append), (Some("out-%j"), Some("err-%j"), true));
         assert_eq!(s.signal.map(|w| w.before_s), Some(120));
         assert_eq!((s.requeue, s.no_kill, s.exclusive), (Some(true), true, true));

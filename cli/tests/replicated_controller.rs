@@ -116,7 +116,7 @@ async fn stopping_every_replica_and_starting_again_keeps_all_state() {
     client.admin(&drover_state::AdminOp::PutQos { qos, create: true }).await.unwrap();
     let dep = drover_state::Dependency { kind: drover_state::DependencyKind::AfterOk, job: ids[0], task: None };
     let mut waiting = trivial_spec();
-    waiting.dependency = vec![dep];
+    waiting.dependency = vec![dep].into();
     let waiting = client.submit(&waiting).await.unwrap();
     // Let the scheduler settle the new job's reason first, so the comparison below sees no pass in between.
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -93,7 +93,7 @@ fn spec_json(uid: u32, user: &str, environment: Vec<(String, String)>) -> Vec<u8
         max_nodes: 1,
         cpus_per_task: 1,
         work_dir: "/tmp".into(),
-        environment,
+        environment: environment.into(),
         ..drover_state::JobSpec::default()
     };
     serde_json::to_vec(&spec).unwrap()

@@ -405,7 +405,7 @@ fn parse_consistency(value: i32) -> ReadConsistency {
 fn job_matches(job: &Job, ids: &[u64], users: &[String], states: &[JobState]) -> bool {
     // An array's id names all of its tasks (`scancel 123`, `squeue -j 123`), as in Slurm.
     (ids.is_empty() || ids.contains(&job.id) || job.array.is_some_and(|a| ids.contains(&a.array_job_id)))
-        && (users.is_empty() || users.contains(&job.spec.user))
+        && (users.is_empty() || users.iter().any(|u| *u == job.spec.user))
         && (states.is_empty() || states.contains(&job.state))
 }
 
@@ -439,7 +439,7 @@ impl DroverService for Api {
         // The job runs as whoever the credential says submitted it, whatever the spec claims.
         spec.uid = caller.uid;
         spec.gid = caller.gid;
-        spec.user = caller.user.clone();
+        spec.user = caller.user.as_str().into();
         let rid = message.request_id;
         if rid.len() > MAX_REQUEST_ID_BYTES || !rid.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(Status::invalid_argument(format!(

@@ -80,7 +80,7 @@ async fn one_replica(dir: &std::path::Path) -> (Raft, Proposer, StateView) {
 
 fn spec(name: String) -> Box<JobSpec> {
     Box::new(JobSpec {
-        name,
+        name: name.into(),
         user: "alice".into(),
         uid: 1000,
         gid: 1000,

@@ -942,8 +942,8 @@ impl<'a> Pass<'a> {
                     };
                     let r = &self.resvs[ri];
                     let allowed = (r.users.is_empty() && r.accounts.is_empty())
-                        || r.users.contains(&job.user)
-                        || r.accounts.contains(&job.account);
+                        || r.users.iter().any(|u| *u == job.user)
+                        || r.accounts.iter().any(|a| *a == job.account);
                     if !allowed || now_s < r.start_s || now_s >= r.end_s {
                         break 'job Reason::Reservation;
                     }

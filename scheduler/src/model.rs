@@ -3,6 +3,7 @@
 //! Everything here is serde-serializable so the leader can log or ship the exact view a plan was computed from,
 //! and a test can replay it. Time is always an input (`now_s`), never read from a clock.
 
+use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
 /// Job ids come from the replicated job-id counter.
@@ -52,9 +53,9 @@ pub struct Node {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunningJob {
     pub id: JobId,
-    pub user: String,
-    pub account: String,
-    pub qos: String,
+    pub user: CompactString,
+    pub account: CompactString,
+    pub qos: CompactString,
     /// (node name, GPU indices held there).
     pub alloc: Vec<(String, Vec<u32>)>,
     pub start_s: u64,
@@ -62,13 +63,13 @@ pub struct RunningJob {
     /// An exclusive job owns its whole nodes, GPUs it did not ask for included.
     pub exclusive: bool,
     /// The advance reservation it runs in, if any: it consumes that reservation's capacity.
-    pub reservation: Option<String>,
+    pub reservation: Option<CompactString>,
     /// The job array it is a task of, if any: it counts against that array's [`ArrayLimit`].
     #[serde(default)]
     pub array_id: Option<JobId>,
     /// The partition it runs in (for partition-tier preemption, Slurm's `preempt/partition_prio`).
     #[serde(default)]
-    pub partition: String,
+    pub partition: CompactString,
     /// Whether it may be preempted and requeued (it checkpoints and can restart). Only requeue-able jobs are
     /// ever chosen as preemption victims.
     #[serde(default)]
@@ -131,10 +132,10 @@ pub fn mem_needed(per_node: u64, total: u64) -> u64 {
 pub struct PendingJob {
     pub id: JobId,
     pub submit_s: u64,
-    pub user: String,
-    pub account: String,
-    pub partition: String,
-    pub qos: String,
+    pub user: CompactString,
+    pub account: CompactString,
+    pub partition: CompactString,
+    pub qos: CompactString,
     /// Number of nodes (`--nodes`), at least 1.
     pub nodes: u32,
     /// GPUs on each node (`--gres=gpu:N`), may be 0 for CPU-only work.
@@ -143,7 +144,7 @@ pub struct PendingJob {
     /// Memory on each node in MiB ([`ALL_MEMORY`]: the node's whole memory, Slurm's `--mem=0`).
     #[serde(default)]
     pub mem_per_node_mb: u64,
-    pub gpu_type: Option<String>,
+    pub gpu_type: Option<CompactString>,
     pub time_limit_s: u64,
     pub exclusive: bool,
     /// `--constraint`: every listed feature must be present on each node.
@@ -153,7 +154,7 @@ pub struct PendingJob {
     /// `--exclude`.
     pub exclude: Vec<String>,
     /// `--reservation`: the job runs only inside it.
-    pub reservation: Option<String>,
+    pub reservation: Option<CompactString>,
     pub held: bool,
     pub dependency: DependencyState,
     /// Multi-node jobs stay within one site unless they set this.

@@ -121,7 +121,7 @@ pub fn bench_view(nodes: usize, pending: usize, seed: u64) -> ClusterView {
         };
         let mut job = PendingJob::simple(id, view.now_s - rng.below(86_400), n, g, 600 * (1 + rng.below(48)));
         job.account = accounts[k % accounts.len()].into();
-        job.user = format!("u{}", k % 97);
+        job.user = format!("u{}", k % 97).into();
         view.pending.push(job);
         id += 1;
     }

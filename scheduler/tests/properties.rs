@@ -79,7 +79,7 @@ fn limits_view(seed: u64) -> ClusterView {
     }
     for j in 0..(1 + rng.below(60)) {
         let mut job = PendingJob::simple(j + 1, rng.below(10_000), 1, rng.below(3) as u32, 10 + rng.below(3_000));
-        job.user = format!("u{}", rng.below(4));
+        job.user = format!("u{}", rng.below(4)).into();
         job.account = accounts[rng.below(3) as usize].into();
         job.nice = rng.below(200) as i32 - 50;
         if rng.below(5) == 0 {
@@ -457,7 +457,7 @@ fn preempt_view(seed: u64, ending: bool) -> ClusterView {
 
 /// Whether `job` may preempt `r` by the QOS or partition-tier rules (ignoring requeue-ability and exemption).
 fn may_preempt(v: &ClusterView, job: &PendingJob, r: &RunningJob) -> bool {
-    let by_qos = job.qos != r.qos && v.qos.iter().any(|q| q.name == job.qos && q.preempt.contains(&r.qos));
+    let by_qos = job.qos != r.qos && v.qos.iter().any(|q| q.name == job.qos && q.preempt.iter().any(|p| *p == r.qos));
     let part = |name: &str| v.partitions.iter().find(|p| p.name == name);
     let by_tier = match (part(&job.partition), part(&r.partition)) {
         (Some(jp), Some(rp)) => jp.preempt_mode == PreemptMode::Requeue && rp.priority_tier < jp.priority_tier,
@@ -535,7 +535,7 @@ proptest! {
             // A victim holds GPUs on a node the preemptor may use.
             let usable = r.alloc.iter().any(|(n, _)| {
                 let node = v.nodes.iter().find(|x| &x.name == n).unwrap();
-                node.partitions.contains(&job.partition)
+                node.partitions.iter().any(|p| *p == job.partition)
             });
             prop_assert!(usable);
         }

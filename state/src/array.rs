@@ -47,7 +47,7 @@ pub fn parse_array_value(text: &str, max_tasks: u32) -> Result<ArraySpec, String
         return Err(format!("no task ids before %{}", limit.unwrap_or_default()));
     }
     let task_ids = parse_ranges(body, "task id", max_tasks, "MaxArraySize")?;
-    Ok(ArraySpec { task_ids, max_running })
+    Ok(ArraySpec { task_ids: task_ids.into(), max_running })
 }
 
 /// Slurm's compressed form of a task list, as `squeue` prints a pending array's tasks: `[0-3,7,9-10%2]`. The
@@ -132,7 +132,7 @@ mod tests {
     use super::*;
 
     fn ids(text: &str) -> Vec<u32> {
-        parse_array_spec(text, 1001).unwrap_or_else(|e| panic!("{text:?}: {e}")).task_ids
+        parse_array_spec(text, 1001).unwrap_or_else(|e| panic!("{text:?}: {e}")).task_ids.to_vec()
     }
 
     fn err(text: &str) -> String {

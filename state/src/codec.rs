@@ -60,7 +60,7 @@ mod tests {
             name: "train".into(),
             user: "alice".into(),
             uid: 1000,
-            environment: vec![("PATH".into(), "/usr/bin".into())],
+            environment: vec![("PATH".into(), "/usr/bin".into())].into(),
             stdout: Some("/tmp/o".into()),
             time_limit_s: Some(60),
             ..JobSpec::default()
@@ -69,8 +69,8 @@ mod tests {
             id: 42,
             spec,
             state: JobState::Running,
-            nodes: vec!["n1".into(), "n2".into()],
-            checkpoint: Some(Checkpoint { path: "/ck/1".into(), step: Some(3), incarnation: 1, time_ms: 5 }),
+            nodes: vec!["n1".into(), "n2".into()].into(),
+            checkpoint: Some(Box::new(Checkpoint { path: "/ck/1".into(), step: Some(3), incarnation: 1, time_ms: 5 })),
             history: vec![IncarnationRecord {
                 incarnation: 0,
                 start_ms: Some(1),
@@ -81,11 +81,13 @@ mod tests {
                 resumed_from: None,
                 gpus: 8,
                 last_checkpoint_ms: None,
-            }],
+            }]
+            .into(),
             node_usage: vec![NodeUsage {
                 node: "n1".into(),
                 usage: MeasuredUsage { cpu_ms: None, mem_peak_kb: Some(7) },
-            }],
+            }]
+            .into(),
             ..Job::default()
         }
     }
@@ -106,6 +108,27 @@ mod tests {
         assert_eq!(back, request);
         let json = serde_json::to_vec(&job).unwrap();
         assert!(bytes.len() * 3 < json.len(), "binary {} bytes, JSON {} bytes", bytes.len(), json.len());
+    }
+
+    /// `busy_job` as the build before the compact job (3715b26: `String`s, `Vec`s, the checkpoint inline, the
+    /// dropped goodput always present) encoded it.
+    const BUSY_JOB_BEFORE_COMPACT: &str = "c1dc00222adc0031a5747261696ec0c0a5616c696365cd03e800a090a0a0a62f746d702f6fc00000c0c00000c03cc0c2a3416c6c9192a450415448a82f7573722f62696ec2c2c2909090c0c00090c2c0c0c0c0c2c0c0c0c0c0c0c0c0c2a0c0a752756e6e696e67a44e6f6e65c200c0c00000000092a26e31a26e32c090c09200009192a26e3192c0070090c0a0a0c09000c094a52f636b2f31030105a09199000102a66e5b312d325da84e6f64654661696cac6e6f6465206e322064696564c008c0009700000000000000";
+
+    /// The compact in-memory job (inline short strings, one-word lists, rarely set parts boxed) changed the types,
+    /// not the record: a record from the build before decodes to the same job, and the job encodes back to the
+    /// same bytes. Only the dropped goodput, now optional, differs: old records carry it (zeros), and it decodes
+    /// as present.
+    #[test]
+    fn records_of_the_build_before_the_compact_job_decode_and_encode_alike() {
+        let old: Vec<u8> = (0..BUSY_JOB_BEFORE_COMPACT.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&BUSY_JOB_BEFORE_COMPACT[i..i + 2], 16).unwrap())
+            .collect();
+        let expected = Job { dropped_goodput: Some(Box::default()), ..busy_job() };
+        assert_eq!(decode::<Job>(&old).unwrap(), expected);
+        assert_eq!(encode(&expected).unwrap(), old);
+        // A job that never overflowed its history now stores one byte (nil) for it instead of seven zeros.
+        assert_eq!(encode(&busy_job()).unwrap().len() + 7, old.len());
     }
 
     /// Records written by builds before the binary format (JSON) still read.

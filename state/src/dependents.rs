@@ -190,9 +190,9 @@ impl State {
                 .zip(&job.dependency_state)
                 .map(|(dep, old)| self.judge(dep).unwrap_or(*old))
                 .collect();
-            if verdicts != job.dependency_state {
+            if verdicts[..] != job.dependency_state[..] {
                 let job = self.jobs.get_mut(&id).expect("listed above");
-                job.dependency_state = verdicts;
+                job.dependency_state = verdicts.into();
                 changes.push(Change::PutJob(job.clone()));
             }
         }

@@ -218,7 +218,10 @@ pub fn incarnations(job: &Job) -> Vec<Incarnation> {
 /// incarnations dropped from a long history are included (`Job::dropped_goodput`); a narrower window cannot
 /// place them in time and leaves them out.
 pub fn of_job_in(job: &Job, window: Window, now_ms: u64) -> GoodputTotals {
-    let mut totals = if window == ALL_TIME { job.dropped_goodput } else { GoodputTotals::default() };
+    let mut totals = match &job.dropped_goodput {
+        Some(dropped) if window == ALL_TIME => **dropped,
+        _ => GoodputTotals::default(),
+    };
     let all = incarnations(job);
     for (i, inc) in all.iter().enumerate() {
         totals.add(&inc.totals(window, now_ms));
@@ -271,8 +274,9 @@ mod tests {
             restart_count: history.len() as u32,
             start_time_ms: Some(start_s * S),
             end_time_ms: Some(end_s * S),
-            allocation: vec![NodeAllocation { node: "gpu01".into(), gpus: (0..gpus).collect(), ..Default::default() }],
-            history,
+            allocation: vec![NodeAllocation { node: "gpu01".into(), gpus: (0..gpus).collect(), ..Default::default() }]
+                .into(),
+            history: history.into(),
             ..Job::default()
         }
     }
@@ -306,12 +310,12 @@ mod tests {
         // The job's latest checkpoint is incarnation 0's: incarnation 1 recorded none, so it loses everything.
         let first = record(0, 2, 0, 100, JobState::NodeFail, Some(50));
         let mut job = finished(2, 110, 160, JobState::NodeFail, vec![first]);
-        job.checkpoint = Some(Checkpoint { path: "/c".into(), step: None, incarnation: 0, time_ms: 50 * S });
+        job.checkpoint = Some(Box::new(Checkpoint { path: "/c".into(), step: None, incarnation: 0, time_ms: 50 * S }));
         let g = of_job(&job, 0);
         assert_eq!(g.lost_to_failures_gpu_ms, 2 * (50 + 50) * S);
         assert_eq!(g.failed_incarnations, 2);
         // Once incarnation 1 records its own, only the time since counts.
-        job.checkpoint = Some(Checkpoint { path: "/d".into(), step: None, incarnation: 1, time_ms: 150 * S });
+        job.checkpoint = Some(Box::new(Checkpoint { path: "/d".into(), step: None, incarnation: 1, time_ms: 150 * S }));
         assert_eq!(of_job(&job, 0).lost_to_failures_gpu_ms, 2 * (50 + 10) * S);
     }
 

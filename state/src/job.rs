@@ -1,6 +1,8 @@
 //! Jobs as the replicated state knows them: what the user asked for (`JobSpec`) and what became of it (`Job`).
 
+use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
+use thin_vec::ThinVec;
 
 /// A job id, as Slurm numbers them: sequential from the state's counter, never reused.
 pub type JobId = u64;
@@ -14,7 +16,7 @@ pub enum ExportPolicy {
     /// `--export=NONE`: only what Slurm itself sets.
     None,
     /// `--export=ALL,VAR=x` or `--export=VAR1,VAR2`: named variables (and `ALL` if listed).
-    Vars { all: bool, names: Vec<String> },
+    Vars { all: bool, names: ThinVec<String> },
 }
 
 /// Everything a user asked for at submit time. Stored whole (the script text included), so the job can run
@@ -23,26 +25,26 @@ pub enum ExportPolicy {
 #[serde(default)]
 pub struct JobSpec {
     /// `--job-name/-J`; Slurm's default is the script's file name, or `wrap` for `--wrap`.
-    pub name: String,
+    pub name: CompactString,
     /// `--partition/-p`; `None` means the cluster's default partition, resolved in `apply`.
-    pub partition: Option<String>,
+    pub partition: Option<Box<str>>,
     /// `--account/-A`.
-    pub account: Option<String>,
+    pub account: Option<Box<str>>,
     /// The submitting user's name, uid and gid (the agent runs the job as them).
-    pub user: String,
+    pub user: CompactString,
     pub uid: u32,
     pub gid: u32,
     /// The batch script's full text (for `--wrap`, a generated `#!/bin/sh` script).
     pub script: String,
     /// Arguments after the script name on the `sbatch` command line.
-    pub script_args: Vec<String>,
+    pub script_args: ThinVec<String>,
     /// Where the job runs: `--chdir`, else the submit directory.
-    pub work_dir: String,
+    pub work_dir: CompactString,
     /// The directory `sbatch` was run from (`SLURM_SUBMIT_DIR`).
-    pub submit_dir: String,
+    pub submit_dir: CompactString,
     /// `--output/-o` and `--error/-e` patterns (`%j`, `%x`, ...); `None` means Slurm's `slurm-%j.out`.
-    pub stdout: Option<String>,
-    pub stderr: Option<String>,
+    pub stdout: Option<Box<str>>,
+    pub stderr: Option<Box<str>>,
     /// `--nodes/-N`: minimum and maximum node count (`-N 2-4`).
     pub min_nodes: u32,
     pub max_nodes: u32,
@@ -53,7 +55,7 @@ pub struct JobSpec {
     pub cpus_per_task: u32,
     /// GPUs on every allocated node (`--gres=gpu:N`, `--gpus-per-node`), and an optional type (`gpu:h100:8`).
     pub gpus_per_node: u32,
-    pub gpu_type: Option<String>,
+    pub gpu_type: Option<Box<str>>,
     /// `--time/-t` in seconds; `None` takes the partition's default.
     pub time_limit_s: Option<u64>,
     /// `--requeue` / `--no-requeue`; `None` takes the cluster default (requeue allowed).
@@ -62,7 +64,7 @@ pub struct JobSpec {
     pub hold: bool,
     /// `--export` and the captured environment it selects from.
     pub export: ExportPolicy,
-    pub environment: Vec<(String, String)>,
+    pub environment: ThinVec<(String, String)>,
     /// `--open-mode=append` (else output files are truncated when the job starts).
     pub open_append: bool,
     /// An allocation without a batch script (`srun` outside a job, `salloc`): the agents run nothing until a
@@ -71,19 +73,19 @@ pub struct JobSpec {
     /// `--exclusive`: whole nodes, shared with no other job.
     pub exclusive: bool,
     /// `--constraint/-C`: features every allocated node must have (Slurm's `a&b`).
-    pub constraint: Vec<String>,
+    pub constraint: ThinVec<String>,
     /// `--nodelist/-w`: the job runs only on these nodes (expanded hostlist); empty = any.
-    pub nodelist: Vec<String>,
+    pub nodelist: ThinVec<String>,
     /// `--exclude/-x`: never on these nodes.
-    pub exclude: Vec<String>,
+    pub exclude: ThinVec<String>,
     /// `--qos/-q`; `None` takes the cluster's default QOS (`normal`).
-    pub qos: Option<String>,
+    pub qos: Option<Box<str>>,
     /// `--reservation`: run only inside this advance reservation.
-    pub reservation: Option<String>,
+    pub reservation: Option<Box<str>>,
     /// `--nice`: subtracted from the job's priority (only root may give a negative value).
     pub nice: i32,
     /// `--dependency`: all must hold (Slurm's `,`), or any one (Slurm's `?`) when `dependency_any`.
-    pub dependency: Vec<Dependency>,
+    pub dependency: ThinVec<Dependency>,
     pub dependency_any: bool,
     /// `--array`: the task ids and the `%N` limit on tasks running at once. Each task becomes its own job.
     pub array: Option<ArraySpec>,
@@ -111,8 +113,8 @@ pub struct JobSpec {
     pub cpus_per_gpu: Option<u32>,
     pub ntasks_per_gpu: Option<u32>,
     /// `--wckey` and `--comment`: recorded and shown (`sacct -o WCKey,Comment`).
-    pub wckey: Option<String>,
-    pub comment: Option<String>,
+    pub wckey: Option<Box<str>>,
+    pub comment: Option<Box<str>>,
     /// `--multi-site` (Drover): a multi-node job may span sites (topology label `site`); by default all its
     /// nodes are on one site.
     pub multi_site: bool,
@@ -286,7 +288,7 @@ pub struct Dependency {
 /// `--array=0-99:2%8`: the task ids (sorted, unique) and how many may run at once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ArraySpec {
-    pub task_ids: Vec<u32>,
+    pub task_ids: ThinVec<u32>,
     pub max_running: Option<u32>,
 }
 
@@ -324,8 +326,9 @@ impl JobSpec {
             }
             Ok(())
         };
-        let opt =
-            |field: &str, value: &Option<String>, max: usize| value.as_deref().map_or(Ok(()), |v| text(field, v, max));
+        let opt = |field: &str, value: &Option<Box<str>>, max: usize| {
+            value.as_deref().map_or(Ok(()), |v| text(field, v, max))
+        };
         text("--job-name", &self.name, MAX_NAME_BYTES)?;
         text("user", &self.user, MAX_NAME_BYTES)?;
         text("--chdir", &self.work_dir, MAX_PATH_BYTES)?;
@@ -399,10 +402,10 @@ impl JobSpec {
     /// set a value of their own).
     pub fn exported_environment(&self) -> Vec<(String, String)> {
         match &self.export {
-            ExportPolicy::All => self.environment.clone(),
+            ExportPolicy::All => self.environment.to_vec(),
             ExportPolicy::None => Vec::new(),
             ExportPolicy::Vars { all, names } => {
-                let mut vars: Vec<(String, String)> = if *all { self.environment.clone() } else { Vec::new() };
+                let mut vars: Vec<(String, String)> = if *all { self.environment.to_vec() } else { Vec::new() };
                 for name in names {
                     match name.split_once('=') {
                         Some((k, v)) => vars.push((k.to_string(), v.to_string())),
@@ -610,7 +613,7 @@ pub struct Job {
     /// The spec with `script` emptied (kept in the script table).
     pub spec: JobSpec,
     /// The partition resolved at submit time (the spec's, or the default).
-    pub partition: String,
+    pub partition: CompactString,
     /// The time limit resolved at submit time (the spec's, or the partition default); `None` = UNLIMITED.
     pub time_limit_s: Option<u64>,
     pub state: JobState,
@@ -628,12 +631,12 @@ pub struct Job {
     pub exit_code: i32,
     pub exit_signal: i32,
     /// The nodes the current incarnation runs on (empty while pending).
-    pub nodes: Vec<String>,
+    pub nodes: ThinVec<String>,
     /// Who cancelled it, for `scontrol show job`'s reason line.
     pub cancelled_by: Option<u32>,
     /// Per node: the GPUs, CPUs and tasks of the current incarnation (empty while pending).
     #[serde(default)]
-    pub allocation: Vec<NodeAllocation>,
+    pub allocation: ThinVec<NodeAllocation>,
     /// Set when the job was told to end (cancel) while its tasks still run; the final state once they are gone.
     #[serde(default)]
     pub ending: Option<JobState>,
@@ -644,51 +647,53 @@ pub struct Job {
     /// (sacct's `TotalCPU`, `MaxRSS`, `TRESUsageIn*`). At most one entry per node of the allocation; a node that
     /// measured nothing (no cgroup there) has none, so the figures stay empty rather than invented.
     #[serde(default)]
-    pub node_usage: Vec<NodeUsage>,
+    pub node_usage: ThinVec<NodeUsage>,
     /// The next `srun` step id within the job.
     #[serde(default)]
     pub next_step_id: u32,
     /// The current incarnation's `srun` steps, oldest first (at most [`MAX_STEP_RECORDS`]: the oldest ended ones
     /// give way), for sacct's `123.0` rows.
     #[serde(default)]
-    pub steps: Vec<StepRecord>,
+    pub steps: ThinVec<StepRecord>,
     /// Why the last incarnation failed to launch, or what the agent said about the end.
     #[serde(default)]
     pub message: Option<String>,
     /// The account charged (the spec's, else the user's default) and the QOS, resolved at submit.
     #[serde(default)]
-    pub account: String,
+    pub account: CompactString,
     #[serde(default)]
-    pub qos: String,
+    pub qos: CompactString,
     /// Set for a task of a job array.
     #[serde(default)]
     pub array: Option<ArrayTask>,
     /// Per entry of `spec.dependency`, as far as `apply` knows (singletons are judged by the scheduler).
     #[serde(default)]
-    pub dependency_state: Vec<DepState>,
+    pub dependency_state: ThinVec<DepState>,
     /// `scontrol top`: the latest top wins among the owner's jobs (0 = never topped).
     #[serde(default)]
     pub top_rank: u64,
     /// Set while a running job is being stopped to be requeued (requeue, preemption, GPU fault).
     #[serde(default)]
-    pub requeue: Option<RequeueOrder>,
+    pub requeue: Option<Box<RequeueOrder>>,
     /// The latest checkpoint recorded, by any incarnation.
     #[serde(default)]
-    pub checkpoint: Option<Checkpoint>,
+    pub checkpoint: Option<Box<Checkpoint>>,
     /// Where incarnations keep their checkpoints (`DROVER_CHECKPOINT_DIR` is `ROOT/JOBID/INCARNATION`), resolved
     /// at submit from the partition's or the cluster's `checkpoint_dir`.
     #[serde(default)]
-    pub checkpoint_root: String,
+    pub checkpoint_root: CompactString,
     /// How earlier incarnations ended (the newest last).
     #[serde(default)]
-    pub history: Vec<IncarnationRecord>,
+    pub history: ThinVec<IncarnationRecord>,
     /// Requeues caused by failures (node loss, fences, GPU faults), checked against `max_batch_requeue`.
     #[serde(default)]
     pub failures: u32,
     /// The goodput of incarnations that no longer fit in `history` (beyond [`MAX_HISTORY`]), so the job's figures
-    /// stay whole (see `goodput::of_job`).
+    /// stay whole (see `goodput::of_job`). `None` until a job's history first overflows, which few ever do: boxed,
+    /// the field costs every other job one word instead of seven. (Records written before it was optional hold the
+    /// sums inline, which decode as `Some`.)
     #[serde(default)]
-    pub dropped_goodput: crate::goodput::GoodputTotals,
+    pub dropped_goodput: Option<Box<crate::goodput::GoodputTotals>>,
 }
 
 /// One task of a job array. The tasks of array `A` hold the consecutive job ids `A .. A + task_count`.
@@ -772,7 +777,7 @@ impl Job {
 
     /// The checkpoint this incarnation resumes from: the latest one an earlier incarnation recorded.
     pub fn resume_from(&self) -> Option<&Checkpoint> {
-        self.checkpoint.as_ref().filter(|c| c.incarnation < self.incarnation)
+        self.checkpoint.as_deref().filter(|c| c.incarnation < self.incarnation)
     }
 
     /// When the current incarnation recorded its latest checkpoint, if it recorded one itself.
@@ -908,6 +913,33 @@ impl StepRecord {
             Some(_) => JobState::Completed,
             None if matches!(job_state, JobState::Running | JobState::Completing) => JobState::Running,
             None => JobState::Cancelled,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A replica holds every active job in memory, a million of them at the scale we promise (< 1 GiB each): the
+    /// job's inline size is the bulk of that. Short names live inline (no heap block each), lists and rarely set
+    /// parts take one word each. A field added inline should be a decision, not an accident: this fails first.
+    #[test]
+    fn the_in_memory_job_stays_compact() {
+        assert!(std::mem::size_of::<Job>() <= 872, "Job is {} bytes", std::mem::size_of::<Job>());
+        assert!(std::mem::size_of::<JobSpec>() <= 536, "JobSpec is {} bytes", std::mem::size_of::<JobSpec>());
+        // A trivial job's names need no heap block of their own.
+        let job = Job {
+            spec: JobSpec { name: "wrap".into(), user: "alice".into(), work_dir: "/tmp".into(), ..JobSpec::default() },
+            partition: "gpu".into(),
+            account: "root".into(),
+            qos: "normal".into(),
+            checkpoint_root: "/shared/checkpoints".into(),
+            ..Job::default()
+        };
+        for name in [&job.spec.name, &job.spec.user, &job.spec.work_dir, &job.partition, &job.qos, &job.checkpoint_root]
+        {
+            assert!(!name.is_heap_allocated(), "{name} is on the heap");
         }
     }
 }

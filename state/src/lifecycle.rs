@@ -131,7 +131,7 @@ impl State {
     fn charge_usage(&mut self, job: &Job, now_ms: u64, changes: &mut Vec<Change>) {
         let Some(start_ms) = job.start_time_ms else { return };
         let half_life_s = self.config().map_or(0, |c| c.fairshare_half_life_s);
-        let Some(account) = self.accounts.get_mut(&job.account) else { return };
+        let Some(account) = self.accounts.get_mut(job.account.as_str()) else { return };
         let gpus = job.allocated_gpus() as u32;
         let gpu_s = crate::account::decayed_gpu_seconds(gpus, start_ms / 1_000, now_ms / 1_000, half_life_s);
         account.charge(gpu_s, now_ms / 1_000, half_life_s);
@@ -295,7 +295,7 @@ impl State {
         job.state = JobState::Running;
         job.reason = PendingReason::None;
         job.start_time_ms = Some(now_ms);
-        job.allocation = allocation.nodes.clone();
+        job.allocation = allocation.nodes.clone().into();
         job.nodes = allocation.nodes.iter().map(|n| n.node.clone()).collect();
         job.next_step_id = 0;
         job.steps.clear();
@@ -348,7 +348,7 @@ impl State {
             return Ok(Reply::Nothing);
         }
         if let Some(order) = job.requeue.take() {
-            self.requeue(job, order, now_ms, changes);
+            self.requeue(job, *order, now_ms, changes);
             return Ok(Reply::Nothing);
         }
         let state = match () {
@@ -809,7 +809,7 @@ mod tests {
     fn apply_refuses_plans_that_break_nodelist_exclude_or_exclusive() {
         let mut state = cluster(&[("gpu01", 4), ("gpu02", 4)]);
         let mut pinned = job(1, 1, 1);
-        pinned.exclude = vec!["gpu01".into()];
+        pinned.exclude = vec!["gpu01".into()].into();
         let pinned = submit(&mut state, pinned);
         let share =
             |node: &str, gpus: Vec<u32>| NodeAllocation { node: node.into(), gpus, cpus: 1, tasks: 1, mem_mb: 0 };
@@ -901,7 +901,7 @@ mod tests {
                         if let Some((pick, kind)) = dep && state.meta.next_job_id > 1 {
                             let kinds = [DependencyKind::After, DependencyKind::AfterOk, DependencyKind::AfterAny, DependencyKind::AfterNotOk];
                             let target = 1 + (pick as u64 % (state.meta.next_job_id - 1));
-                            spec.dependency = vec![Dependency { kind: kinds[kind as usize], job: target, task: None }];
+                            spec.dependency = vec![Dependency { kind: kinds[kind as usize], job: target, task: None }].into();
                         }
                         if tasks > 0 {
                             spec.array = Some(crate::job::ArraySpec { task_ids: (0..=tasks).collect(), max_running: None });

@@ -147,9 +147,10 @@ impl State {
         if job.history.len() >= MAX_HISTORY {
             let dropped = job.history.remove(0);
             if let Some(inc) = Incarnation::of_record(&dropped) {
-                job.dropped_goodput.add(&inc.totals(ALL_TIME, now_ms));
                 let next_start_ms = job.history.first().unwrap_or(&record).start_ms.unwrap_or(dropped.end_ms);
-                job.dropped_goodput.down_after_failures_ms +=
+                let totals = job.dropped_goodput.get_or_insert_default();
+                totals.add(&inc.totals(ALL_TIME, now_ms));
+                totals.down_after_failures_ms +=
                     goodput::down_ms(dropped.state, dropped.end_ms, next_start_ms, ALL_TIME);
             }
         }
@@ -223,7 +224,7 @@ impl State {
             return false;
         }
         job.state = JobState::Completing;
-        job.requeue = Some(order);
+        job.requeue = Some(Box::new(order));
         changes.push(Change::PutJob(job.clone()));
         true
     }
@@ -280,7 +281,7 @@ impl State {
             )));
         }
         let job = self.jobs.get_mut(&id).expect("checked by active_job");
-        job.checkpoint = Some(checkpoint);
+        job.checkpoint = Some(Box::new(checkpoint));
         changes.push(Change::PutJob(job.clone()));
         Ok(Reply::Nothing)
     }

@@ -583,7 +583,7 @@ impl State {
         let active = self.active_jobs_of(spec.uid);
         if active + tasks > limits.max_jobs_per_user {
             return Err(CommandError::TooManyUserJobs {
-                user: spec.user.clone(),
+                user: spec.user.to_string(),
                 active,
                 limit: limits.max_jobs_per_user,
             });
@@ -594,7 +594,7 @@ impl State {
         }
         let partition = match &spec.partition {
             Some(name) => config.partition(name).ok_or_else(|| CommandError::InvalidPartition {
-                name: name.clone(),
+                name: name.to_string(),
                 known: config.partitions.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(","),
             })?,
             None => config.default_partition(),
@@ -634,8 +634,8 @@ impl State {
         let account = self.resolve_account(spec, partition)?;
         let qos = self.resolve_qos(spec, partition, time_limit_s)?;
         if let Some(name) = &spec.reservation {
-            let invalid = |why: String| CommandError::InvalidReservation { name: name.clone(), why };
-            let r = self.reservations.get(name).ok_or_else(|| invalid("no such reservation".to_string()))?;
+            let invalid = |why: String| CommandError::InvalidReservation { name: name.to_string(), why };
+            let r = self.reservations.get(&**name).ok_or_else(|| invalid("no such reservation".to_string()))?;
             if !r.admits(&spec.user, &account) {
                 return Err(invalid(format!(
                     "Access denied: neither user {} nor account {account} may use it",
@@ -691,10 +691,11 @@ impl State {
     /// accounts are defined, the account must exist and admit the user, and the partition must allow it.
     fn resolve_account(&self, spec: &JobSpec, partition: &crate::config::Partition) -> Result<String, CommandError> {
         let default = || {
-            let listed = self.accounts.values().find(|a| a.name != ROOT_ACCOUNT && a.users.contains(&spec.user));
+            let listed =
+                self.accounts.values().find(|a| a.name != ROOT_ACCOUNT && a.users.iter().any(|u| *u == spec.user));
             listed.map_or_else(|| ROOT_ACCOUNT.to_string(), |a| a.name.clone())
         };
-        let account = spec.account.clone().unwrap_or_else(default);
+        let account = spec.account.as_deref().map_or_else(default, str::to_string);
         let invalid = |why: String| CommandError::InvalidAccount { name: account.clone(), why };
         if !self.accounts.is_empty() {
             match self.accounts.get(&account) {
@@ -721,7 +722,7 @@ impl State {
         partition: &crate::config::Partition,
         time_limit_s: Option<u64>,
     ) -> Result<String, CommandError> {
-        let name = spec.qos.clone().unwrap_or_else(|| DEFAULT_QOS.to_string());
+        let name = spec.qos.as_deref().unwrap_or(DEFAULT_QOS).to_string();
         let invalid = |why: String| CommandError::InvalidQos { name: name.clone(), why };
         let qos = self.qos_named(&name).ok_or_else(|| invalid("no such QOS".to_string()))?;
         if !partition.allow_qos.is_empty() && !partition.allow_qos.contains(&name) {
@@ -778,17 +779,17 @@ impl State {
             let job = Box::new(Job {
                 id,
                 spec: stored_spec.clone(),
-                partition: resolved.partition.clone(),
+                partition: resolved.partition.as_str().into(),
                 time_limit_s: resolved.time_limit_s,
                 state: JobState::Pending,
                 reason: if spec.hold { PendingReason::JobHeldUser } else { PendingReason::None },
                 held: spec.hold,
                 submit_time_ms: now_ms,
-                account: resolved.account.clone(),
-                qos: resolved.qos.clone(),
-                checkpoint_root: resolved.checkpoint_root.clone(),
+                account: resolved.account.as_str().into(),
+                qos: resolved.qos.as_str().into(),
+                checkpoint_root: resolved.checkpoint_root.as_str().into(),
                 array,
-                dependency_state: resolved.dependency_state.clone(),
+                dependency_state: resolved.dependency_state.clone().into(),
                 ..Job::default()
             });
             self.index_dependencies(&job);
@@ -894,13 +895,13 @@ impl State {
             spec.nice = nice;
         }
         if let Some(qos) = &update.qos {
-            spec.qos = Some(qos.clone());
+            spec.qos = Some(qos.clone().into());
         }
         if let Some((deps, any)) = &update.dependency {
             if deps.iter().any(|d| d.job == id) {
                 return Err(CommandError::DependencyProblem(format!("job {id} cannot depend on itself")));
             }
-            spec.dependency = deps.clone();
+            spec.dependency = deps.clone().into();
             spec.dependency_any = *any;
         }
         // The checks see one job fewer: this one is being replaced, not added.
@@ -929,8 +930,8 @@ impl State {
         let job = self.jobs.get_mut(&id).expect("checked by active_job");
         job.spec = spec;
         job.time_limit_s = resolved.time_limit_s;
-        job.qos = resolved.qos;
-        job.dependency_state = resolved.dependency_state;
+        job.qos = resolved.qos.into();
+        job.dependency_state = resolved.dependency_state.into();
         let job = job.clone();
         self.index_dependencies(&job);
         changes.push(Change::PutJob(job));

@@ -41,7 +41,7 @@ fn grant(state: &mut State, by_uid: u32, uid: u32, level: AdminLevel) -> Result<
 fn spec(uid: u32) -> JobSpec {
     JobSpec {
         name: "train".into(),
-        user: format!("u{uid}"),
+        user: format!("u{uid}").into(),
         uid,
         gid: uid,
         script: "#!/bin/sh\n".into(),
@@ -238,10 +238,10 @@ fn one_user_cannot_fill_the_queue() {
 fn oversized_or_malformed_fields_are_refused_by_name() {
     let mut state = cluster(ClusterConfig::default());
     let mut long = spec(ALICE);
-    long.work_dir = "/".repeat(5_000);
+    long.work_dir = "/".repeat(5_000).into();
     assert!(submit(&mut state, long).unwrap_err().to_string().contains("--chdir"));
     let mut bad_env = spec(ALICE);
-    bad_env.environment = vec![("A=B".into(), "x".into())];
+    bad_env.environment = vec![("A=B".into(), "x".into())].into();
     assert!(submit(&mut state, bad_env).unwrap_err().to_string().contains("environment"));
     let mut many = spec(ALICE);
     many.exclude = (0..5_000).map(|i| format!("n{i}")).collect();

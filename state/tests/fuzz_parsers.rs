@@ -360,7 +360,7 @@ proptest! {
     ) {
         let printed = format_task_ids(&ids, max_running);
         let inner = &printed[1..printed.len() - 1];
-        prop_assert_eq!(parse_array_spec(inner, max), Ok(ArraySpec { task_ids: ids, max_running }), "{:?}", printed);
+        prop_assert_eq!(parse_array_spec(inner, max), Ok(ArraySpec { task_ids: ids.into(), max_running }), "{:?}", printed);
     }
 
     #[test]

@@ -210,5 +210,5 @@ fn records_written_before_goodput_was_kept_still_decode() {
         serde_json::from_str(r#"{"format_version":3,"next_job_id":7,"config":null,"next_dedup_seq":0}"#).unwrap();
     assert_eq!((meta.goodput, meta.goodput_since_ms), (GoodputTotals::default(), None));
     let job: Job = serde_json::from_str(&serde_json::to_string(&Job::default()).unwrap()).unwrap();
-    assert!(job.dropped_goodput.is_zero());
+    assert!(job.dropped_goodput.is_none());
 }

@@ -183,7 +183,7 @@ fn reservations_are_validated_and_admit_only_their_users() {
 #[test]
 fn an_array_becomes_one_job_per_task_with_consecutive_ids() {
     let mut state = cluster();
-    let array = ArraySpec { task_ids: vec![0, 2, 4, 6], max_running: Some(2) };
+    let array = ArraySpec { task_ids: vec![0, 2, 4, 6].into(), max_running: Some(2) };
     let first = submit(&mut state, JobSpec { array: Some(array), ..spec("alice") }).unwrap();
     let tasks: Vec<_> = (first..first + 4).map(|id| state.job(id).unwrap().clone()).collect();
     assert_eq!(
@@ -193,7 +193,7 @@ fn an_array_becomes_one_job_per_task_with_consecutive_ids() {
     assert!(tasks.iter().all(|j| j.script_id() == first && j.spec.array.is_none()));
     assert_eq!(tasks[3].array.unwrap().max_running, Some(2));
     assert_eq!(submit(&mut state, spec("alice")).unwrap(), first + 4, "the next job follows the array's ids");
-    let too_big = ArraySpec { task_ids: vec![5_000], max_running: None };
+    let too_big = ArraySpec { task_ids: vec![5_000].into(), max_running: None };
     let err = submit(&mut state, JobSpec { array: Some(too_big), ..spec("alice") }).unwrap_err();
     assert!(err.to_string().contains("MaxArraySize of 1001"), "{err}");
 }
@@ -203,12 +203,13 @@ fn dependencies_are_judged_when_their_targets_start_and_end() {
     let mut state = cluster();
     let a = submit(&mut state, spec("alice")).unwrap();
     let dep = |kind, job| Dependency { kind, job, task: None };
-    let ok =
-        submit(&mut state, JobSpec { dependency: vec![dep(DependencyKind::AfterOk, a)], ..spec("alice") }).unwrap();
+    let ok = submit(&mut state, JobSpec { dependency: vec![dep(DependencyKind::AfterOk, a)].into(), ..spec("alice") })
+        .unwrap();
     let not_ok =
-        submit(&mut state, JobSpec { dependency: vec![dep(DependencyKind::AfterNotOk, a)], ..spec("alice") }).unwrap();
-    let after =
-        submit(&mut state, JobSpec { dependency: vec![dep(DependencyKind::After, a)], ..spec("alice") }).unwrap();
+        submit(&mut state, JobSpec { dependency: vec![dep(DependencyKind::AfterNotOk, a)].into(), ..spec("alice") })
+            .unwrap();
+    let after = submit(&mut state, JobSpec { dependency: vec![dep(DependencyKind::After, a)].into(), ..spec("alice") })
+        .unwrap();
     assert_eq!(state.job(ok).unwrap().dependency_state, vec![DepState::Waiting]);
     start(&mut state, a, "n1", 0, 1_000);
     assert_eq!(state.job(after).unwrap().dependency_state, vec![DepState::Satisfied], "after: the target started");
@@ -217,9 +218,11 @@ fn dependencies_are_judged_when_their_targets_start_and_end() {
     assert_eq!(state.job(ok).unwrap().dependency_state, vec![DepState::Never], "afterok on a failed job");
     assert_eq!(state.job(not_ok).unwrap().dependency_state, vec![DepState::Satisfied]);
     // A dependency on a job that already ended is judged from the remembered fate.
-    let late = submit(&mut state, JobSpec { dependency: vec![dep(DependencyKind::AfterAny, a)], ..spec("alice") });
+    let late =
+        submit(&mut state, JobSpec { dependency: vec![dep(DependencyKind::AfterAny, a)].into(), ..spec("alice") });
     assert_eq!(state.job(late.unwrap()).unwrap().dependency_state, vec![DepState::Satisfied]);
-    let err = submit(&mut state, JobSpec { dependency: vec![dep(DependencyKind::AfterOk, 999)], ..spec("alice") });
+    let err =
+        submit(&mut state, JobSpec { dependency: vec![dep(DependencyKind::AfterOk, 999)].into(), ..spec("alice") });
     assert_eq!(err.unwrap_err().to_string(), "Job dependency problem: job 999 does not exist");
     // The verdicts survive a restart: the fate table is rebuilt from the finished jobs.
     let mut records = state.records();
@@ -231,12 +234,12 @@ fn dependencies_are_judged_when_their_targets_start_and_end() {
 #[test]
 fn afterok_on_an_array_waits_for_every_task() {
     let mut state = cluster();
-    let array = ArraySpec { task_ids: vec![0, 1], max_running: None };
+    let array = ArraySpec { task_ids: vec![0, 1].into(), max_running: None };
     let first = submit(&mut state, JobSpec { array: Some(array), ..spec("alice") }).unwrap();
     let dep = Dependency { kind: DependencyKind::AfterOk, job: first, task: None };
-    let waiting = submit(&mut state, JobSpec { dependency: vec![dep], ..spec("alice") }).unwrap();
+    let waiting = submit(&mut state, JobSpec { dependency: vec![dep].into(), ..spec("alice") }).unwrap();
     let one = Dependency { kind: DependencyKind::AfterOk, job: first, task: Some(1) };
-    let on_task = submit(&mut state, JobSpec { dependency: vec![one], ..spec("alice") }).unwrap();
+    let on_task = submit(&mut state, JobSpec { dependency: vec![one].into(), ..spec("alice") }).unwrap();
     start(&mut state, first, "n1", 0, 1_000);
     start(&mut state, first + 1, "n1", 1, 1_000);
     end(&mut state, first + 1, 0, 2_000);

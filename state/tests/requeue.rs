@@ -174,7 +174,7 @@ fn gpus_on_surviving_nodes_stay_held_until_their_agent_confirms_the_old_tasks_ar
     assert_eq!(n2.lingering.len(), 1);
     assert_eq!((n2.lingering[0].job, n2.lingering[0].incarnation, n2.lingering[0].gpus.clone()), (id, 0, vec![0, 1]));
     assert_eq!(n2.free_gpus().collect::<Vec<_>>(), vec![2, 3]);
-    let other = submit(&mut state, JobSpec { nodelist: vec!["n2".into()], ..spec(1) });
+    let other = submit(&mut state, JobSpec { nodelist: vec!["n2".into()].into(), ..spec(1) });
     let plan = Command::ApplyPlan {
         allocations: vec![Allocation {
             job_id: other,
@@ -209,7 +209,10 @@ fn no_kill_keeps_a_job_on_its_remaining_nodes_unless_its_first_node_fails() {
     state.apply(&at(30, Command::NodeDown { name: "n3".into(), reason: "lost".into() })).response.unwrap();
     state.check_invariants();
     let job = state.job(id).unwrap();
-    assert_eq!((job.state, job.nodes.clone(), job.incarnation), (JobState::Running, vec!["n1".into(), "n2".into()], 0));
+    assert_eq!(
+        (job.state, job.nodes.to_vec(), job.incarnation),
+        (JobState::Running, vec!["n1".into(), "n2".into()], 0)
+    );
     state.apply(&at(40, Command::NodeDown { name: "n1".into(), reason: "lost".into() })).response.unwrap();
     state.check_invariants();
     assert_eq!(state.job(id).unwrap().state, JobState::Pending, "its first node (the batch script's) failed");

@@ -89,7 +89,7 @@ fn spec(rng: &mut SmallRng, op: u64, gpus_per_node: u32) -> JobSpec {
     // One job in five spans two nodes: its second node's share lingers until that node's agent lets it go.
     let nodes = if rng.random_range(0..5) == 0 { 2 } else { 1 };
     JobSpec {
-        name: format!("sim-{op}"),
+        name: format!("sim-{op}").into(),
         user: "sim".into(),
         uid: SIM_UID,
         gid: SIM_UID,

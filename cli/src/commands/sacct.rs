@@ -459,7 +459,7 @@ impl Query {
             && (self.accounts.is_empty() || self.accounts.iter().any(|a| a.eq_ignore_ascii_case(job.account_name())))
             && (self.qos.is_empty() || self.qos.iter().any(|q| q.eq_ignore_ascii_case(job.qos_name())))
             && (self.nodes.is_empty() || job.nodes.iter().any(|n| self.nodes.contains(n)))
-            && (self.wckeys.is_empty() || job.spec.wckey.as_ref().is_some_and(|w| self.wckeys.contains(w)))
+            && (self.wckeys.is_empty() || job.spec.wckey.as_deref().is_some_and(|w| self.wckeys.iter().any(|k| k == w)))
             && self.in_window(job)
     }
 
@@ -587,8 +587,8 @@ fn batch_step(job: &Job) -> Job {
     step.nodes.truncate(1);
     step.allocation.truncate(1);
     step.node_usage.retain(|u| step.nodes.contains(&u.node));
-    step.spec.name = "batch".to_string();
-    step.partition = String::new();
+    step.spec.name = "batch".into();
+    step.partition = Default::default();
     step
 }
 
@@ -818,7 +818,7 @@ fn value(field: &str, job: &Job, cx: &Context) -> String {
         "AllocNodes" => job.nodes.len().to_string(),
         "AllocTRES" => Tres::allocated(job).map(|t| alloc_tres(job, t)).unwrap_or_default(),
         "Cluster" => cx.cluster.clone(),
-        "Comment" => spec.comment.clone().unwrap_or_default(),
+        "Comment" => spec.comment.as_deref().unwrap_or_default().to_string(),
         "Constraints" => spec.constraint.join("&"),
         "ConsumedEnergy" | "ConsumedEnergyRaw" => "0".into(),
         "CPUTime" => clock(elapsed * Tres::current(job).cpu),
@@ -832,7 +832,7 @@ fn value(field: &str, job: &Job, cx: &Context) -> String {
         "GID" | "Group" => spec.gid.to_string(),
         "JobID" => job.display_id(),
         "JobIDRaw" => job.id.to_string(),
-        "JobName" => spec.name.clone(),
+        "JobName" => spec.name.to_string(),
         // Usage as the job's cgroups measured it, empty where nothing was measured (see `Job::node_usage`).
         "AveRSS" => job.measured_ave_rss_kb().map(kib).unwrap_or_default(),
         "MaxRSS" => job.measured_max_rss_kb().map(kib).unwrap_or_default(),
@@ -842,7 +842,7 @@ fn value(field: &str, job: &Job, cx: &Context) -> String {
         "NNodes" => Tres::current(job).node.to_string(),
         "NodeList" if job.nodes.is_empty() => "None assigned".into(),
         "NodeList" => compress_hostlist(&job.nodes),
-        "Partition" => job.partition.clone(),
+        "Partition" => job.partition.to_string(),
         "Priority" => if job.held || job.state.is_terminal() { "0" } else { "1" }.into(),
         "QOS" => job.qos_name().to_string(),
         "Reason" => job.message.clone().unwrap_or_else(|| match job.state {
@@ -853,7 +853,7 @@ fn value(field: &str, job: &Job, cx: &Context) -> String {
         "ReqMem" => mem_mb(req.mem_mb),
         "ReqNodes" => req.node.to_string(),
         "ReqTRES" => req.by_name(),
-        "Reservation" => spec.reservation.clone().unwrap_or_default(),
+        "Reservation" => spec.reservation.as_deref().unwrap_or_default().to_string(),
         "Reserved" | "ResvCPU" => clock(0),
         "ResvCPURAW" => "0".into(),
         "Start" => timestamp_or_unknown(job.start_time_ms),
@@ -867,9 +867,9 @@ fn value(field: &str, job: &Job, cx: &Context) -> String {
         "TimelimitRaw" => job.time_limit_s.map_or_else(|| "UNLIMITED".into(), |s| (s / 60).to_string()),
         "TotalCPU" => job.measured_cpu_ms().map(format_cpu).unwrap_or_default(),
         "UID" => spec.uid.to_string(),
-        "User" => spec.user.clone(),
-        "WCKey" => spec.wckey.clone().unwrap_or_default(),
-        "WorkDir" => spec.work_dir.clone(),
+        "User" => spec.user.to_string(),
+        "WCKey" => spec.wckey.as_deref().unwrap_or_default().to_string(),
+        "WorkDir" => spec.work_dir.to_string(),
         "Restarts" => job.restart_count.to_string(),
         "Incarnation" => job.incarnation.to_string(),
         "Checkpoint" => job.checkpoint.as_ref().map(|c| c.path.clone()).unwrap_or_default(),
@@ -913,18 +913,18 @@ fn earlier_incarnations(job: &Job) -> Vec<Job> {
             state: h.state,
             start_time_ms: h.start_ms,
             end_time_ms: Some(h.end_ms),
-            nodes: expand_hostlist(&h.nodes).unwrap_or_default(),
+            nodes: expand_hostlist(&h.nodes).unwrap_or_default().into(),
             incarnation: h.incarnation,
             message: Some(h.reason.clone()),
-            allocation: Vec::new(),
-            history: vec![h.clone()],
-            dropped_goodput: drover_state::GoodputTotals::default(),
+            allocation: Default::default(),
+            history: vec![h.clone()].into(),
+            dropped_goodput: None,
             checkpoint: None,
             exit_code: 0,
             exit_signal: 0,
             cancelled_by: None,
             // Measured usage is the last incarnation's.
-            node_usage: Vec::new(),
+            node_usage: Default::default(),
             ..job.clone()
         })
         .collect()
@@ -1281,7 +1281,7 @@ mod tests {
         assert_eq!((v("WCKey", &job).as_str(), v("Comment", &job).as_str()), ("proj", "nightly"));
         assert_eq!(v("Timelimit", &job), "00:05:00");
         assert_eq!(v("TimelimitRaw", &job), "5");
-        job.nodes = vec!["n1".into(), "n2".into()];
+        job.nodes = vec!["n1".into(), "n2".into()].into();
         job.allocation = ["n1", "n2"]
             .iter()
             .map(|n| NodeAllocation { node: n.to_string(), gpus: vec![0, 1, 2, 3], cpus: 2, tasks: 1, mem_mb: 4096 })
@@ -1293,7 +1293,8 @@ mod tests {
         job.node_usage = vec![drover_state::NodeUsage {
             node: "n1".into(),
             usage: drover_state::MeasuredUsage { cpu_ms: None, mem_peak_kb: Some(2048) },
-        }];
+        }]
+        .into();
         assert_eq!(v("MaxRSS", &job), "2M");
     }
 
@@ -1319,9 +1320,9 @@ mod tests {
             restart_count: 1,
             start_time_ms: Some(180_000),
             end_time_ms: Some(630_000),
-            nodes: vec!["n2".into()],
-            allocation: vec![NodeAllocation { node: "n2".into(), gpus: (0..8).collect(), ..Default::default() }],
-            history: vec![failed],
+            nodes: vec!["n2".into()].into(),
+            allocation: vec![NodeAllocation { node: "n2".into(), gpus: (0..8).collect(), ..Default::default() }].into(),
+            history: vec![failed].into(),
             ..Job::default()
         };
         let cx = Context { now_ms: 700_000, cluster: String::new() };
@@ -1340,7 +1341,7 @@ mod tests {
     fn measured_usage_shows_as_slurm_prints_it_and_stays_empty_when_unmeasured() {
         use drover_state::{MeasuredUsage, NodeUsage};
         let cx = Context { now_ms: 10_000, cluster: "c".into() };
-        let mut job = Job { id: 3, nodes: vec!["n1".into(), "n2".into()], ..Job::default() };
+        let mut job = Job { id: 3, nodes: vec!["n1".into(), "n2".into()].into(), ..Job::default() };
         let fields = ["TotalCPU", "MaxRSS", "MaxRSSNode", "AveRSS", "TRESUsageInTot", "TRESUsageInMax"];
         for field in fields {
             assert_eq!(value(field, &job, &cx), "", "{field}: no cgroup, no figure");
@@ -1349,7 +1350,7 @@ mod tests {
             node: node.into(),
             usage: MeasuredUsage { cpu_ms: Some(cpu_ms), mem_peak_kb: Some(kb) },
         };
-        job.node_usage = vec![measured("n1", 61_500, 123_456), measured("n2", 3_725_250, 1_000)];
+        job.node_usage = vec![measured("n1", 61_500, 123_456), measured("n2", 3_725_250, 1_000)].into();
         let v = |f: &str| value(f, &job, &cx);
         assert_eq!(v("TotalCPU"), "01:03:06", "CPU summed over the nodes: 3786.75 s");
         assert_eq!(v("MaxRSS"), "123456K", "the largest node's peak");
@@ -1359,7 +1360,8 @@ mod tests {
         assert_eq!(v("TRESUsageInMax"), "cpu=01:02:05,mem=123456K");
         // A node that measured memory but not CPU time (a v1 host without cpuacct).
         job.node_usage =
-            vec![NodeUsage { node: "n1".into(), usage: MeasuredUsage { cpu_ms: None, mem_peak_kb: Some(2048) } }];
+            vec![NodeUsage { node: "n1".into(), usage: MeasuredUsage { cpu_ms: None, mem_peak_kb: Some(2048) } }]
+                .into();
         assert_eq!(
             (value("TotalCPU", &job, &cx).as_str(), value("TRESUsageInTot", &job, &cx).as_str()),
             ("", "mem=2M")
@@ -1387,7 +1389,7 @@ mod tests {
             id: 5,
             state: JobState::Timeout,
             start_time_ms: Some(1_000),
-            nodes: vec!["n1".into(), "n2".into()],
+            nodes: vec!["n1".into(), "n2".into()].into(),
             partition: "gpu".into(),
             ..Job::default()
         };
@@ -1433,12 +1435,13 @@ mod tests {
             id: 5,
             state: JobState::Running,
             start_time_ms: Some(1_000),
-            nodes: vec!["n1".into(), "n2".into()],
+            nodes: vec!["n1".into(), "n2".into()].into(),
             allocation: vec![
                 NodeAllocation { node: "n1".into(), gpus: vec![], cpus: 8, tasks: 4, mem_mb: 0 },
                 NodeAllocation { node: "n2".into(), gpus: vec![], cpus: 8, tasks: 4, mem_mb: 0 },
-            ],
-            steps: vec![step(0, Some(failed)), step(1, None)],
+            ]
+            .into(),
+            steps: vec![step(0, Some(failed)), step(1, None)].into(),
             ..Job::default()
         };
         let rows = |jobs: &[&str], x: bool| {

@@ -173,7 +173,7 @@ async fn salloc(args: &[String]) -> anyhow::Result<i32> {
     spec.stdout = None;
     spec.stderr = None;
     if !cmd.options.iter().any(|o| matches!(o, SbatchOption::JobName(_))) {
-        spec.name = if flags.no_shell { "no-shell" } else { "interactive" }.to_string();
+        spec.name = if flags.no_shell { "no-shell" } else { "interactive" }.into();
     }
     let client = crate::connect::client(controllers.as_deref())?;
     // Signals are caught from here on: before the grant they withdraw the request, after it they release it.
@@ -329,16 +329,16 @@ fn allocation_environment(job: &Job, options: &[SbatchOption], cwd: &str, cluste
     let cpus: Vec<u32> = job.allocation.iter().map(|a| a.cpus).collect();
     set("SLURM_JOB_ID", job.id.to_string());
     set("SLURM_JOBID", job.id.to_string());
-    set("SLURM_JOB_NAME", spec.name.clone());
+    set("SLURM_JOB_NAME", spec.name.to_string());
     set("SLURM_JOB_NODELIST", nodelist.clone());
     set("SLURM_NODELIST", nodelist);
     set("SLURM_JOB_NUM_NODES", job.nodes.len().to_string());
     set("SLURM_NNODES", job.nodes.len().to_string());
-    set("SLURM_JOB_PARTITION", job.partition.clone());
+    set("SLURM_JOB_PARTITION", job.partition.to_string());
     set("SLURM_JOB_ACCOUNT", job.account_name().to_string());
     set("SLURM_JOB_QOS", job.qos_name().to_string());
     if let Some(r) = &spec.reservation {
-        set("SLURM_JOB_RESERVATION", r.clone());
+        set("SLURM_JOB_RESERVATION", r.to_string());
     }
     set("SLURM_JOB_CPUS_PER_NODE", counts_per_node(&cpus));
     set("SLURM_TASKS_PER_NODE", counts_per_node(&tasks));
@@ -624,8 +624,8 @@ mod tests {
             id: 42,
             spec: JobSpec { name: "interactive".into(), ntasks: Some(3), gpus_per_node: 1, ..JobSpec::default() },
             partition: "gpu".into(),
-            nodes: vec!["node01".into(), "node02".into()],
-            allocation: vec![share("node01", 2), share("node02", 1)],
+            nodes: vec!["node01".into(), "node02".into()].into(),
+            allocation: vec![share("node01", 2), share("node02", 1)].into(),
             ..Job::default()
         };
         let env = allocation_environment(&job, &[], "/home/ada", "test");

@@ -742,7 +742,7 @@ fn job_reason(job: &Job) -> String {
 
 fn job_lines(job: &Job, now_ms: u64, details: bool) -> Vec<String> {
     let s = &job.spec;
-    let or_null = |v: &Option<String>| v.clone().unwrap_or_else(|| "(null)".into());
+    let or_null = |v: &Option<Box<str>>| v.as_deref().unwrap_or("(null)").to_string();
     let list_or_null = |v: &[String]| if v.is_empty() { "(null)".to_string() } else { compress_hostlist(v) };
     let nodes = list_or_null(&job.nodes);
     let first = match job.array {
@@ -860,9 +860,9 @@ fn job_lines(job: &Job, now_ms: u64, details: bool) -> Vec<String> {
         lines.push(format!("Comment={comment} "));
     }
     lines.extend([
-        format!("StdErr={}", crate::format::std_path(job, s.stderr.as_ref().or(s.stdout.as_ref()))),
+        format!("StdErr={}", crate::format::std_path(job, s.stderr.as_deref().or(s.stdout.as_deref()))),
         "StdIn=/dev/null".to_string(),
-        format!("StdOut={}", crate::format::std_path(job, s.stdout.as_ref())),
+        format!("StdOut={}", crate::format::std_path(job, s.stdout.as_deref())),
         "Power=".to_string(),
     ]);
     if let Some(n) = s.cpus_per_gpu {

@@ -145,11 +145,11 @@ impl Selection {
             && (self.users.is_empty()
                 || self.users.iter().any(|u| *u == job.spec.user || *u == job.spec.uid.to_string()))
             && list_has(&self.names, &job.spec.name)
-            && (self.partitions.is_empty() || self.partitions.contains(&job.partition))
+            && (self.partitions.is_empty() || self.partitions.iter().any(|p| *p == job.partition))
             && (self.nodes.is_empty() || job.nodes.iter().any(|n| self.nodes.contains(n)))
             && list_has(&self.accounts, job.account_name())
             && list_has(&self.qos, job.qos_name())
-            && self.reservation.as_ref().is_none_or(|r| job.spec.reservation.as_ref() == Some(r))
+            && self.reservation.as_deref().is_none_or(|r| job.spec.reservation.as_deref() == Some(r))
     }
 }
 
@@ -482,7 +482,7 @@ mod tests {
     fn sort_keys_order_with_a_direction_each() {
         let mut jobs: Vec<Job> = [(1, "b"), (2, "a"), (3, "b")]
             .iter()
-            .map(|(id, p)| Job { id: *id, partition: p.to_string(), ..Job::default() })
+            .map(|(id, p)| Job { id: *id, partition: p.to_string().into(), ..Job::default() })
             .collect();
         sort_jobs(&mut jobs, "P,-i", 0);
         assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), [2, 3, 1]);

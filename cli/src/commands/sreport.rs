@@ -290,8 +290,8 @@ mod tests {
             incarnation: 1,
             start_time_ms: Some((base_s + 660) * 1_000),
             end_time_ms: Some((base_s + 1_260) * 1_000),
-            allocation: vec![NodeAllocation { node: "n2".into(), gpus: vec![0, 1, 2, 3], ..Default::default() }],
-            history: vec![failed],
+            allocation: vec![NodeAllocation { node: "n2".into(), gpus: vec![0, 1, 2, 3], ..Default::default() }].into(),
+            history: vec![failed].into(),
             ..Job::default()
         }
     }

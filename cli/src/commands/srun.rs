@@ -228,7 +228,7 @@ async fn srun(args: &[String]) -> anyhow::Result<i32> {
     spec.stdout = None;
     spec.stderr = None;
     if spec.name == "sbatch" || spec.name.is_empty() {
-        spec.name = argv[0].rsplit('/').next().unwrap_or(&argv[0]).to_string();
+        spec.name = argv[0].rsplit('/').next().unwrap_or(&argv[0]).into();
     }
     let job_id = client.submit(spec).await?;
     let job = match wait_for_allocation(&client, job_id).await {

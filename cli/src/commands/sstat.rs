@@ -279,7 +279,7 @@ mod tests {
             id: 12,
             state: JobState::Running,
             spec: JobSpec { interactive, ..JobSpec::default() },
-            nodes: vec!["node01".into(), "node02".into()],
+            nodes: vec!["node01".into(), "node02".into()].into(),
             next_step_id: 2,
             ..Job::default()
         }
@@ -302,7 +302,7 @@ mod tests {
         let record =
             |id, end| StepRecord { id, name: "app".into(), nodes: vec!["node02".into()], tasks: 4, start_ms: 0, end };
         let ended = StepEnd { end_ms: 5, exit_code: 0, signal: 0, cancelled: false };
-        let job = Job { steps: vec![record(0, Some(ended)), record(1, None)], ..running(false) };
+        let job = Job { steps: vec![record(0, Some(ended)), record(1, None)].into(), ..running(false) };
         assert_eq!(ids(running_steps(&job, &whole, false).unwrap()), ["1"]);
         assert_eq!(ids(running_steps(&job, &whole, true).unwrap()), ["batch", "1"]);
         let one = running_steps(&job, &StepRef { job: 12, step: Some("1".into()) }, false).unwrap();

@@ -79,7 +79,11 @@ pub fn view_in_chunks(
     let singletons = singletons_in_chunks(&with_state, jobs_per_lock);
     let mut totals = AccountTotals::default();
     for_each_job_in_chunks(&with_state, jobs_per_lock, |job| {
-        add_job(&mut view, job, &singletons, now_ms);
+        if let Some(running) = running_job(job, now_ms) {
+            view.running.push(running);
+        } else if let Some(pending) = pending_job(job, &singletons) {
+            view.pending.push(pending);
+        }
         totals.add(job, now_ms, half_life_s);
     });
     with_state(Hold::Other, &mut |state| view.accounts = account_tree_from(state, now_ms, &totals));
@@ -183,68 +187,74 @@ fn view_without_jobs(state: &State, now_ms: u64) -> sched::ClusterView {
     }
 }
 
-/// One active job into the view: running (it holds an allocation) or pending; others are not the scheduler's.
-fn add_job(view: &mut sched::ClusterView, job: &drover_state::Job, singleton_blocked: &Singletons, now_ms: u64) {
-    if !job.allocation.is_empty() {
-        view.running.push(sched::RunningJob {
-            id: job.id,
-            user: job.spec.user.clone(),
-            account: job.account_name().to_string(),
-            qos: job.qos_name().to_string(),
-            alloc: job.allocation.iter().map(|a| (a.node.clone(), a.gpus.clone())).collect(),
-            start_s: job.start_time_ms.unwrap_or(now_ms) / 1_000,
-            time_limit_s: job.time_limit_s.unwrap_or(UNLIMITED_S),
-            exclusive: job.spec.exclusive,
-            reservation: job.spec.reservation.clone(),
-            array_id: job.array.map(|a| a.array_job_id),
-            partition: job.partition.clone(),
-            // Only requeue-able jobs are ever preempted: they come back, from their checkpoints.
-            requeueable: job.requeueable() && !job.stopping(),
-            priority: 0,
-            // A job already told to end (preempted, requeued, cancelled) frees its GPUs within KillWait.
-            preempting: job.stopping(),
-            preempted_for: job.requeue.as_ref().and_then(|r| r.preempted_for),
-        });
-    } else if job.state == JobState::Pending {
-        let spec = &job.spec;
-        let per_node_tasks = spec.max_tasks_per_node(spec.min_nodes);
-        view.pending.push(sched::PendingJob {
-            id: job.id,
-            submit_s: job.submit_time_ms / 1_000,
-            user: spec.user.clone(),
-            account: job.account_name().to_string(),
-            partition: job.partition.clone(),
-            qos: job.qos_name().to_string(),
-            nodes: spec.min_nodes,
-            gpus_per_node: spec.gpus_per_node,
-            cpus_per_node: per_node_tasks.saturating_mul(spec.cpus_per_task),
-            mem_per_node_mb: match spec.mem_request() {
-                None => 0,
-                Some(MemRequest::PerNode(0)) => sched::ALL_MEMORY,
-                Some(request) => {
-                    request.on_node(per_node_tasks.saturating_mul(spec.cpus_per_task), spec.gpus_per_node, 0)
-                }
-            },
-            gpu_type: spec.gpu_type.clone(),
-            time_limit_s: job.time_limit_s.unwrap_or(UNLIMITED_S),
-            exclusive: spec.exclusive,
-            constraint: spec.constraint.clone(),
-            nodelist: spec.nodelist.clone(),
-            exclude: spec.exclude.clone(),
-            reservation: spec.reservation.clone(),
-            held: job.held,
-            dependency: dependency_of(job, singleton_blocked),
-            allow_multi_site: spec.multi_site,
-            nice: spec.nice,
-            top_rank: job.top_rank,
-            array: job.array.and_then(|a| {
-                a.max_running.map(|max_running| sched::ArrayLimit { array_id: a.array_job_id, max_running })
-            }),
-            // Rounded up: a job never starts before the second it asked for.
-            begin_s: spec.begin_ms.map_or(0, |ms| ms.div_ceil(1_000)),
-            may_use_spares: job.may_use_spares(),
-        });
+/// An active job as the view's running job, if it holds an allocation.
+fn running_job(job: &drover_state::Job, now_ms: u64) -> Option<sched::RunningJob> {
+    if job.allocation.is_empty() {
+        return None;
     }
+    Some(sched::RunningJob {
+        id: job.id,
+        user: job.spec.user.clone(),
+        account: job.account_name().into(),
+        qos: job.qos_name().into(),
+        alloc: job.allocation.iter().map(|a| (a.node.clone(), a.gpus.clone())).collect(),
+        start_s: job.start_time_ms.unwrap_or(now_ms) / 1_000,
+        time_limit_s: job.time_limit_s.unwrap_or(UNLIMITED_S),
+        exclusive: job.spec.exclusive,
+        reservation: job.spec.reservation.as_deref().map(Into::into),
+        array_id: job.array.map(|a| a.array_job_id),
+        partition: job.partition.clone(),
+        // Only requeue-able jobs are ever preempted: they come back, from their checkpoints.
+        requeueable: job.requeueable() && !job.stopping(),
+        priority: 0,
+        // A job already told to end (preempted, requeued, cancelled) frees its GPUs within KillWait.
+        preempting: job.stopping(),
+        preempted_for: job.requeue.as_ref().and_then(|r| r.preempted_for),
+    })
+}
+
+/// An active job as the view's pending job, if it is pending (and holds nothing: a job being requeued is not
+/// pending yet). Others are not the scheduler's.
+fn pending_job(job: &drover_state::Job, singleton_blocked: &Singletons) -> Option<sched::PendingJob> {
+    if job.state != JobState::Pending || !job.allocation.is_empty() {
+        return None;
+    }
+    let spec = &job.spec;
+    let per_node_tasks = spec.max_tasks_per_node(spec.min_nodes);
+    Some(sched::PendingJob {
+        id: job.id,
+        submit_s: job.submit_time_ms / 1_000,
+        user: spec.user.clone(),
+        account: job.account_name().into(),
+        partition: job.partition.clone(),
+        qos: job.qos_name().into(),
+        nodes: spec.min_nodes,
+        gpus_per_node: spec.gpus_per_node,
+        cpus_per_node: per_node_tasks.saturating_mul(spec.cpus_per_task),
+        mem_per_node_mb: match spec.mem_request() {
+            None => 0,
+            Some(MemRequest::PerNode(0)) => sched::ALL_MEMORY,
+            Some(request) => request.on_node(per_node_tasks.saturating_mul(spec.cpus_per_task), spec.gpus_per_node, 0),
+        },
+        gpu_type: spec.gpu_type.as_deref().map(Into::into),
+        time_limit_s: job.time_limit_s.unwrap_or(UNLIMITED_S),
+        exclusive: spec.exclusive,
+        constraint: spec.constraint.to_vec(),
+        nodelist: spec.nodelist.to_vec(),
+        exclude: spec.exclude.to_vec(),
+        reservation: spec.reservation.as_deref().map(Into::into),
+        held: job.held,
+        dependency: dependency_of(job, singleton_blocked),
+        allow_multi_site: spec.multi_site,
+        nice: spec.nice,
+        top_rank: job.top_rank,
+        array: job
+            .array
+            .and_then(|a| a.max_running.map(|max_running| sched::ArrayLimit { array_id: a.array_job_id, max_running })),
+        // Rounded up: a job never starts before the second it asked for.
+        begin_s: spec.begin_ms.map_or(0, |ms| ms.div_ceil(1_000)),
+        may_use_spares: job.may_use_spares(),
+    })
 }
 
 /// GPUs of ended incarnations still being released on their nodes, as running work the scheduler expects gone
@@ -273,16 +283,16 @@ fn lingering(state: &State, now_ms: u64) -> Vec<sched::RunningJob> {
             }
             out.push(sched::RunningJob {
                 id: l.job,
-                user: String::new(),
-                account: String::new(),
-                qos: String::new(),
+                user: String::new().into(),
+                account: String::new().into(),
+                qos: String::new().into(),
                 alloc: vec![(node.info.name.clone(), gpus)],
                 start_s: now_ms / 1_000,
                 time_limit_s: 0,
                 exclusive: false,
                 reservation: None,
                 array_id: None,
-                partition: String::new(),
+                partition: String::new().into(),
                 requeueable: false,
                 priority: 0,
                 preempting: false,
@@ -412,7 +422,7 @@ pub fn share_rows(
 }
 
 /// Per (user, job name): the lowest id of a pending job and whether one has started, for `singleton`.
-type Singletons = HashMap<(String, String), (u64, bool)>;
+type Singletons = HashMap<(compact_str::CompactString, compact_str::CompactString), (u64, bool)>;
 
 /// The `singleton` table, walked chunk by chunk: only when some job asks for `singleton` (one cheap sweep finds
 /// out), since the table holds an entry per user and job name in the queue.
@@ -668,7 +678,7 @@ mod tests {
             if i % 5 == 0 {
                 // `singleton` is judged against the whole queue, whichever chunk a job lands in.
                 spec.dependency =
-                    vec![drover_state::Dependency { kind: DependencyKind::Singleton, job: 0, task: None }];
+                    vec![drover_state::Dependency { kind: DependencyKind::Singleton, job: 0, task: None }].into();
             }
             submit(&mut state, spec, 1_000 + i as u64);
         }
@@ -867,7 +877,7 @@ mod tests {
                 started_at.insert(id, now);
                 // Count the second half only, after the start-up transient.
                 if step >= steps / 2 {
-                    *gpu_s.entry(state.job(id).unwrap().account.clone()).or_default() += run_ms / 1_000;
+                    *gpu_s.entry(state.job(id).unwrap().account.to_string()).or_default() += run_ms / 1_000;
                 }
             }
         }

@@ -589,7 +589,7 @@ mod tests {
             for &id in chunk {
                 let job = Job {
                     id,
-                    spec: drover_state::JobSpec { name: format!("job-{id}"), ..Default::default() },
+                    spec: drover_state::JobSpec { name: format!("job-{id}").into(), ..Default::default() },
                     ..Job::default()
                 };
                 batch.put_cf(db.cf(CF_JOBS), id_key(id), encode(&job).unwrap());
@@ -694,7 +694,7 @@ mod tests {
 
         let store = StateMachineStore::open(db.clone()).unwrap();
         let view = store.view();
-        assert_eq!(view.read().state.job(7).map(|j| j.spec.name.clone()), Some("old".to_string()));
+        assert_eq!(view.read().state.job(7).map(|j| j.spec.name.to_string()), Some("old".to_string()));
         assert_eq!(view.read().state.meta.next_job_id, 8);
         let mut log = super::super::LogStore::new(db.clone());
         assert_eq!(log.get_log_state().await.unwrap().last_log_id, Some(log_id));
@@ -714,7 +714,8 @@ mod tests {
     fn node_usage_amends_the_history_record_of_its_incarnation() {
         let tmp = tempfile::TempDir::new().unwrap();
         let db = open_db(tmp.path()).unwrap();
-        let job = Job { id: 7, incarnation: 1, nodes: vec!["n1".into(), "n2".into(), "n3".into()], ..Job::default() };
+        let job =
+            Job { id: 7, incarnation: 1, nodes: vec!["n1".into(), "n2".into(), "n3".into()].into(), ..Job::default() };
         let write = |changes: &[Change]| {
             let (mut batch, mut pending) = (WriteBatch::default(), PendingHistory::new());
             for change in changes {
