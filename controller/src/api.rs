@@ -489,6 +489,7 @@ impl DroverService for Api {
             String::new()
         };
         let mut jobs = [job];
+        self.view.with_environment(&mut jobs[0]).map_err(|e| internal("reading the job's environment", e))?;
         self.redact(&caller, &mut jobs);
         let job_json = serde_json::to_vec(&jobs[0]).map_err(|e| internal("encoding job", e))?;
         Ok(Response::new(GetJobReply { job_json, script }))

@@ -51,10 +51,12 @@ pub use state::{Applied, Change, Meta, Records, Resolved, State};
 /// refuses to open data of a version it does not know. A field added at the end of a struct with a serde default
 /// (checkpoints and restart history, measured usage, goodput) is no such change and keeps the version (see
 /// `codec`).
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 /// Versions this build opens and upgrades in place: version 1 lacks the registry of accounts, QOS and
 /// reservations, which version 2 adds in a family of its own (so version-1 data is valid, empty-registry data);
 /// version 3 adds roles (in the registry family) and the audit log (a family of its own), both empty before;
 /// version 4 writes log entries, Raft messages and records in the binary `codec` (its reader still takes the
-/// JSON of versions 1 to 3, so older records are valid as they are).
-pub const READABLE_FORMAT_VERSIONS: [u32; 4] = [1, 2, 3, 4];
+/// JSON of versions 1 to 3, so older records are valid as they are); version 5 stores a job's submit environment
+/// once, in a family of its own, instead of in the job (older jobs keep theirs inline, which the launch still
+/// reads).
+pub const READABLE_FORMAT_VERSIONS: [u32; 5] = [1, 2, 3, 4, 5];

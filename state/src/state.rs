@@ -96,6 +96,13 @@ pub enum Change {
         id: JobId,
         script: String,
     },
+    /// The captured submit environment (`--export`), stored once per job at submit beside the script and, like
+    /// it, kept out of the in-memory job: under `--export=ALL` it is the submitting shell's whole environment,
+    /// often several KiB, which would be most of a pending job's memory. Only the launch reads it.
+    PutEnvironment {
+        id: JobId,
+        environment: Vec<(String, String)>,
+    },
     /// A job that became terminal: remove from the active table, add to the accounting history.
     ArchiveJob(Box<Job>),
     /// A node of a finished job reported what the job's tasks used there (after the job was archived, since a
@@ -754,6 +761,7 @@ impl State {
         let first = self.meta.next_job_id;
         let mut stored_spec = spec.clone();
         let script = std::mem::take(&mut stored_spec.script);
+        let environment = std::mem::take(&mut stored_spec.environment);
         stored_spec.min_nodes = resolved.min_nodes;
         stored_spec.max_nodes = resolved.max_nodes;
         stored_spec.gpus_per_node = resolved.gpus_per_node;
@@ -774,6 +782,9 @@ impl State {
             }
         };
         changes.push(Change::PutScript { id: first, script });
+        if !environment.is_empty() {
+            changes.push(Change::PutEnvironment { id: first, environment: environment.to_vec() });
+        }
         for (offset, array) in tasks.into_iter().enumerate() {
             let id = first + offset as u64;
             let job = Box::new(Job {
@@ -1058,6 +1069,28 @@ mod tests {
         assert_eq!(job.partition, "gpu");
         assert_eq!(job.time_limit_s, Some(3600), "no --time takes the partition's limit");
         assert!(job.spec.script.is_empty(), "the script is stored apart from the in-memory job");
+    }
+
+    #[test]
+    fn the_submit_environment_is_stored_once_beside_the_script_not_in_the_job() {
+        let mut state = initialized();
+        let environment: Vec<(String, String)> = vec![("PATH".into(), "/usr/bin".into()), ("HOME".into(), "/h".into())];
+        let mut job_spec = spec(1000);
+        job_spec.environment = environment.clone().into();
+        job_spec.array = Some(crate::job::ArraySpec { task_ids: vec![0, 1, 2].into(), max_running: None });
+        let applied = state.apply(&request(5, Command::SubmitJob { spec: job_spec, request_id: None }));
+        assert_eq!(applied.response, Ok(Reply::Submitted { job_id: 1, duplicate: false }));
+        let stored: Vec<&Change> =
+            applied.changes.iter().filter(|c| matches!(c, Change::PutEnvironment { .. })).collect();
+        assert_eq!(stored, [&Change::PutEnvironment { id: 1, environment }], "once per array, under its id");
+        for id in 1..=3 {
+            let job = state.job(id).unwrap();
+            assert!(job.spec.environment.is_empty(), "job {id} holds no copy of the environment");
+            assert_eq!(job.script_id(), 1);
+        }
+        // A job submitted with no environment (`--export=NONE` captures none) stores nothing.
+        let applied = state.apply(&request(6, Command::SubmitJob { spec: spec(1000), request_id: None }));
+        assert!(!applied.changes.iter().any(|c| matches!(c, Change::PutEnvironment { .. })));
     }
 
     #[test]

@@ -224,10 +224,15 @@ impl AgentHub {
                 .collect();
             (jobs, index, lingering, allow_root_jobs)
         };
-        for a in out.iter_mut().filter(|a| a.node_index == 0 && !a.job.spec.interactive) {
-            match self.view.script(a.job.script_id()) {
-                Ok(script) => a.script = script,
-                Err(e) => tracing::error!(job = a.job.id, "cannot read the batch script: {e}"),
+        for a in out.iter_mut() {
+            if let Err(e) = self.view.with_environment(&mut a.job) {
+                tracing::error!(job = a.job.id, "cannot read the job's environment: {e}");
+            }
+            if a.node_index == 0 && !a.job.spec.interactive {
+                match self.view.script(a.job.script_id()) {
+                    Ok(script) => a.script = script,
+                    Err(e) => tracing::error!(job = a.job.id, "cannot read the batch script: {e}"),
+                }
             }
         }
         ControllerMessage::Assignments { jobs: out, applied_index, lingering, allow_root_jobs }

@@ -17,10 +17,15 @@ pub const CF_DEDUP: &str = "dedup"; // client request id -> (seq, job id)
 pub const CF_NODES: &str = "nodes"; // node name -> Node
 pub const CF_OBJECTS: &str = "objects"; // "account/NAME", "qos/NAME", "reservation/NAME", "role/UID" -> Object
 pub const CF_AUDIT: &str = "audit"; // audit entry id (u64 BE) -> AuditEntry (format 3)
+pub const CF_ENVIRONMENTS: &str = "environments"; // job id -> submit environment, [(name, value)] (format 5)
 
 /// The state machine's column families, in snapshot order (new families go last, so older snapshots still
 /// number theirs the same way).
-pub const SM_FAMILIES: [&str; 8] = [CF_SM, CF_JOBS, CF_SCRIPTS, CF_HISTORY, CF_DEDUP, CF_NODES, CF_OBJECTS, CF_AUDIT];
+pub const SM_FAMILIES: [&str; 9] =
+    [CF_SM, CF_JOBS, CF_SCRIPTS, CF_HISTORY, CF_DEDUP, CF_NODES, CF_OBJECTS, CF_AUDIT, CF_ENVIRONMENTS];
+/// Families a snapshot checkpointed by an older build may lack (it was built before they existed): they are
+/// empty there.
+pub const FAMILIES_SINCE_FORMAT_5: [&str; 1] = [CF_ENVIRONMENTS];
 
 const FORMAT_KEY: &[u8] = b"format_version";
 /// The memtables of all families together.

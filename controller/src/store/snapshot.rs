@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use rocksdb::{DB, IteratorMode, Options};
 
-use super::db::SM_FAMILIES;
+use super::db::{FAMILIES_SINCE_FORMAT_5, SM_FAMILIES};
 
 const MAGIC: &[u8; 12] = b"DROVERSNAP1\n";
 const TRAILER: u8 = 0xFF;
@@ -41,9 +41,12 @@ impl SnapshotFile {
         let checkpoint = open_checkpoint(&self.path)?;
         let mut writer = SnapshotWriter::new(out)?;
         for (family, name) in SM_FAMILIES.iter().enumerate() {
-            let cf = checkpoint
-                .cf_handle(name)
-                .ok_or_else(|| invalid(&self.path, &format!("checkpoint lacks the {name} family")))?;
+            let Some(cf) = checkpoint.cf_handle(name) else {
+                if FAMILIES_SINCE_FORMAT_5.contains(name) {
+                    continue;
+                }
+                return Err(invalid(&self.path, &format!("checkpoint lacks the {name} family")));
+            };
             for item in checkpoint.iterator_cf(cf, IteratorMode::Start) {
                 let (key, value) = item.map_err(|e| invalid(&self.path, e.as_ref()))?;
                 writer.record(family as u8, &key, &value)?;
@@ -53,9 +56,13 @@ impl SnapshotFile {
     }
 }
 
-/// Opens a checkpoint directory read-only, with the state machine's families.
+/// Opens a checkpoint directory read-only, with the state machine's families it has (one checkpointed by an
+/// older build lacks the families added since).
 pub fn open_checkpoint(dir: &Path) -> io::Result<DB> {
-    DB::open_cf_for_read_only(&Options::default(), dir, SM_FAMILIES, false)
+    let present =
+        DB::list_cf(&Options::default(), dir).map_err(|e| invalid(dir, &format!("cannot open checkpoint: {e}")))?;
+    let families = SM_FAMILIES.iter().filter(|name| present.iter().any(|p| p == *name));
+    DB::open_cf_for_read_only(&Options::default(), dir, families, false)
         .map_err(|e| invalid(dir, &format!("cannot open checkpoint: {e}")))
 }
 

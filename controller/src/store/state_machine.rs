@@ -13,7 +13,8 @@ use rocksdb::{IteratorMode, WriteBatch};
 use serde::{Deserialize, Serialize};
 
 use super::db::{
-    CF_AUDIT, CF_DEDUP, CF_HISTORY, CF_JOBS, CF_NODES, CF_OBJECTS, CF_RAFT, CF_SCRIPTS, CF_SM, Db, SM_FAMILIES, id_key,
+    CF_AUDIT, CF_DEDUP, CF_ENVIRONMENTS, CF_HISTORY, CF_JOBS, CF_NODES, CF_OBJECTS, CF_RAFT, CF_SCRIPTS, CF_SM, Db,
+    SM_FAMILIES, id_key,
 };
 use super::snapshot::{CHECKPOINT_SUFFIX, RECEIVED_SUFFIX, SnapshotFile, SnapshotReader, open_checkpoint};
 use crate::types::{LogId, SnapshotMeta, StoredMembership, TypeConfig};
@@ -124,6 +125,21 @@ impl StateView {
     pub fn script(&self, id: JobId) -> io::Result<Option<String>> {
         let raw = self.db.db.get_cf(self.db.cf(CF_SCRIPTS), id_key(id)).map_err(|e| io_err("reading scripts", e))?;
         Ok(raw.map(|b| String::from_utf8_lossy(&b).into_owned()))
+    }
+
+    /// Puts back the submit environment that `apply` stored apart from the job (`Change::PutEnvironment`), for
+    /// the launch and for its owner's `get_job`. A job with one inline (written by a build before format 5, or
+    /// submitted with none) is left as it is.
+    pub fn with_environment(&self, job: &mut Job) -> io::Result<()> {
+        if !job.spec.environment.is_empty() {
+            return Ok(());
+        }
+        let key = id_key(job.script_id());
+        let raw = self.db.db.get_cf(self.db.cf(CF_ENVIRONMENTS), key).map_err(|e| io_err("reading environments", e))?;
+        if let Some(bytes) = raw {
+            job.spec.environment = decode::<Vec<(String, String)>>(&bytes)?.into();
+        }
+        Ok(())
     }
 
     /// Audit entries in id order from `from_id`, at most `limit`.
@@ -251,6 +267,9 @@ fn write_change(db: &Db, batch: &mut WriteBatch, pending: &mut PendingHistory, c
         Change::Meta(meta) => batch.put_cf(db.cf(CF_SM), META_KEY, encode(meta)?),
         Change::PutJob(job) => batch.put_cf(db.cf(CF_JOBS), id_key(job.id), encode(job)?),
         Change::PutScript { id, script } => batch.put_cf(db.cf(CF_SCRIPTS), id_key(*id), script.as_bytes()),
+        Change::PutEnvironment { id, environment } => {
+            batch.put_cf(db.cf(CF_ENVIRONMENTS), id_key(*id), encode(environment)?)
+        }
         Change::ArchiveJob(job) => {
             batch.delete_cf(db.cf(CF_JOBS), id_key(job.id));
             batch.put_cf(db.cf(CF_HISTORY), id_key(job.id), encode(job)?);
@@ -706,6 +725,61 @@ mod tests {
         let raw = db.db.get_cf(db.cf(CF_JOBS), id_key(7)).unwrap().unwrap();
         assert_eq!(raw[0], drover_state::codec::BINARY_TAG, "rewritten in the binary format");
         assert_eq!(decode::<Job>(&raw).unwrap(), job);
+    }
+
+    /// The submit environment is written apart from the job; a reader that needs it (the launch, its owner's
+    /// `get_job`) gets it back by the job's script id, every task of an array from the one copy. A job written
+    /// by a build before format 5 holds its own, which is kept.
+    #[tokio::test]
+    async fn the_environment_stored_apart_is_put_back_for_the_launch() {
+        let tmp = tempfile::TempDir::new().unwrap();
+        let db = open_db(tmp.path()).unwrap();
+        let store = StateMachineStore::open(db.clone()).unwrap();
+        let environment = vec![("PATH".to_string(), "/usr/bin".to_string()), ("LR".to_string(), "3e-4".to_string())];
+        let (mut batch, mut pending) = (WriteBatch::default(), PendingHistory::new());
+        let change = Change::PutEnvironment { id: 10, environment: environment.clone() };
+        write_change(&db, &mut batch, &mut pending, &change).unwrap();
+        db.db.write(batch).unwrap();
+        let view = store.view();
+
+        let array = drover_state::ArrayTask {
+            array_job_id: 10,
+            task_id: 1,
+            task_count: 2,
+            task_min: 0,
+            task_max: 1,
+            max_running: None,
+        };
+        let mut task = Job { id: 11, array: Some(array), ..Job::default() };
+        view.with_environment(&mut task).unwrap();
+        assert_eq!(task.spec.environment.to_vec(), environment, "the array's copy, under its first id");
+        let mut alone = Job { id: 12, ..Job::default() };
+        view.with_environment(&mut alone).unwrap();
+        assert!(alone.spec.environment.is_empty(), "a job submitted without one has none");
+        let inline = vec![("OLD".to_string(), "1".to_string())];
+        let mut old = Job { id: 10, ..Job::default() };
+        old.spec.environment = inline.clone().into();
+        view.with_environment(&mut old).unwrap();
+        assert_eq!(old.spec.environment.to_vec(), inline, "an older job's own environment is kept");
+    }
+
+    /// A snapshot checkpointed by a build before format 5 has no environments family: it still streams, as a
+    /// snapshot with none.
+    #[test]
+    fn a_checkpoint_from_before_the_environments_family_still_streams() {
+        let (a, b) = (tempfile::TempDir::new().unwrap(), tempfile::TempDir::new().unwrap());
+        let mut opts = rocksdb::Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        let before = SM_FAMILIES.iter().filter(|f| !super::super::db::FAMILIES_SINCE_FORMAT_5.contains(f));
+        let raw = rocksdb::DB::open_cf(&opts, a.path().join("db"), before).unwrap();
+        let db = Db { db: std::sync::Arc::new(raw), dir: a.path().to_path_buf() };
+        fill(&db, 1..11);
+        let old = b.path().join("old.ckpt");
+        rocksdb::checkpoint::Checkpoint::new(&db.db).unwrap().create_checkpoint(&old).unwrap();
+        let mut out = Vec::new();
+        let count = SnapshotFile { path: old }.write_to(&mut out).unwrap();
+        assert_eq!(count, 20, "ten jobs and their scripts");
     }
 
     /// A node's usage reaches a job already in the history, archived by an earlier batch or earlier in the same
