@@ -725,9 +725,9 @@ impl DroverService for Api {
         let mut list: Vec<drover_proto::wire::JobInsight> = {
             let latest = self.insights.latest();
             if ids.is_empty() {
-                latest.values().take(MAX_LIST_JOBS).cloned().collect()
+                latest.first(MAX_LIST_JOBS)
             } else {
-                ids.iter().filter_map(|id| latest.get(id).cloned()).collect()
+                ids.iter().filter_map(|id| latest.get(*id)).collect()
             }
         };
         list.sort_by_key(|i| i.job_id);
