@@ -5,6 +5,7 @@
 
 pub mod backfill;
 pub mod dependency;
+pub mod depth;
 pub mod error;
 pub mod fairshare;
 mod fxhash;

@@ -252,7 +252,7 @@ fn config_pairs(
         ("PriorityWeightPartition", s.weight_partition.to_string()),
         ("PriorityWeightQOS", s.weight_qos.to_string()),
         ("ProctrackType", "proctrack/pgid".to_string()),
-        ("SchedulerParameters", format!("bf_max_job_test={}", s.reservation_depth)),
+        ("SchedulerParameters", format!("bf_max_job_test={},bf_resv_depth={}", s.queue_depth, s.reservation_depth)),
         ("SchedulerType", "sched/backfill".to_string()),
         ("SelectType", "select/cons_tres".to_string()),
         ("SelectTypeParameters", "CR_CPU_MEMORY".to_string()),

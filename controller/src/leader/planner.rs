@@ -73,20 +73,43 @@ pub fn view_in_chunks(
     let jobs_per_lock = jobs_per_lock.max(1);
     let mut base = None;
     with_state(Hold::Other, &mut |state| {
-        base = Some((view_without_jobs(state, now_ms), scheduler_config(state), half_life_s(state)))
+        let depth = state.config().map_or(drover_state::config::DEFAULT_QUEUE_DEPTH, |c| c.scheduler.queue_depth);
+        let over_depth = state.jobs.len() > depth as usize;
+        base = Some((view_without_jobs(state, now_ms), scheduler_config(state), half_life_s(state), depth, over_depth))
     });
-    let (mut view, config, half_life_s) = base.expect("with_state calls back once");
+    let (mut view, config, half_life_s, depth, over_depth) = base.expect("with_state calls back once");
     let singletons = singletons_in_chunks(&with_state, jobs_per_lock);
     let mut totals = AccountTotals::default();
-    for_each_job_in_chunks(&with_state, jobs_per_lock, |job| {
-        if let Some(running) = running_job(job, now_ms) {
-            view.running.push(running);
-        } else if let Some(pending) = pending_job(job, &singletons) {
-            view.pending.push(pending);
-        }
-        totals.add(job, now_ms, half_life_s);
-    });
+    if !over_depth {
+        for_each_job_in_chunks(&with_state, jobs_per_lock, |job| {
+            if let Some(running) = running_job(job, now_ms) {
+                view.running.push(running);
+            } else if let Some(pending) = pending_job(job, &singletons) {
+                view.pending.push(pending);
+            }
+            totals.add(job, now_ms, half_life_s);
+        });
+        with_state(Hold::Other, &mut |state| view.accounts = account_tree_from(state, now_ms, &totals));
+        return (view, config);
+    }
+    // More active jobs than the depth: the fair-share tree ranks the pending ones, so it comes first (one walk for
+    // the accounts' usage), then only the `depth` best pending jobs are kept while copying.
+    for_each_job_in_chunks(&with_state, jobs_per_lock, |job| totals.add(job, now_ms, half_life_s));
     with_state(Hold::Other, &mut |state| view.accounts = account_tree_from(state, now_ms, &totals));
+    match sched::depth::TopPending::new(&view, &config, depth as usize) {
+        Ok(mut top) => {
+            for_each_job_in_chunks(&with_state, jobs_per_lock, |job| {
+                if let Some(running) = running_job(job, now_ms) {
+                    view.running.push(running);
+                } else if let Some(pending) = pending_job(job, &singletons) {
+                    top.offer(pending);
+                }
+            });
+            view.pending = top.into_jobs();
+        }
+        // A tree the pass would refuse too (it reports why); the view is left without pending jobs.
+        Err(e) => tracing::warn!("cannot rank the pending jobs for this pass: {e}"),
+    }
     (view, config)
 }
 
@@ -727,6 +750,36 @@ mod tests {
         for per_lock in [1, 4, 1_000] {
             assert_eq!(commands_in_chunks(|translate| translate(&state), &plan, per_lock), at_once, "{per_lock}");
         }
+    }
+
+    /// Past the queue depth, a pass sees only the pending jobs it would rank first (here the two oldest, and a
+    /// newer one whose negative nice lifts it above them), while running jobs are all in the view; a queue within
+    /// the depth is copied whole.
+    #[test]
+    fn past_the_queue_depth_a_pass_sees_only_the_best_ranked_pending_jobs() {
+        let mut state = State::default();
+        let mut config = ClusterConfig { allow_root_jobs: true, ..ClusterConfig::default() };
+        config.scheduler.queue_depth = 4;
+        state.apply(&at(0, Command::InitCluster { config }));
+        for (name, switch) in [("n1", "s1"), ("n2", "s2"), ("n3", "s1"), ("n4", "s2")] {
+            state.apply(&at(1, Command::RegisterNode { info: node(name, 8, switch) })).response.unwrap();
+        }
+        let running = submit(&mut state, job(1, 8, 600), 1_000);
+        assert_eq!(schedule(&mut state, 1_500), [running]);
+        // Each needs all four nodes, so none starts while `running` runs.
+        let waiting: Vec<u64> = (0..10).map(|i| submit(&mut state, job(4, 8, 600), 2_000 + i * 1_000)).collect();
+        let favoured = submit(&mut state, JobSpec { nice: -1_000, ..job(4, 8, 600) }, 20_000);
+        let whole = view(&state, 30_000);
+        let pending: Vec<u64> = whole.pending.iter().map(|j| j.id).collect();
+        assert_eq!(pending, [waiting[0], waiting[1], waiting[2], favoured]);
+        assert_eq!(whole.running.iter().map(|j| j.id).collect::<Vec<_>>(), [running], "every running job");
+        // The count of active jobs (not a walk over them) is what an `Other` hold reads to choose the path.
+        let chunked = view_in_chunks(|_, copy| copy(&state), 30_000, 3);
+        assert_eq!(chunked.0, whole, "the same, copied a chunk per hold");
+        // Within the depth, the queue is copied whole.
+        state.apply(&at(31_000, Command::CancelJobs { ids: waiting[2..].to_vec(), by_uid: 0 })).response.unwrap();
+        let pending: Vec<u64> = view(&state, 32_000).pending.iter().map(|j| j.id).collect();
+        assert_eq!(pending, [waiting[0], waiting[1], favoured]);
     }
 
     #[test]
