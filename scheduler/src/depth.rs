@@ -109,7 +109,9 @@ impl TopPending {
 
     /// The kept jobs, in id order (the order the view lists pending jobs in).
     pub fn into_jobs(self) -> Vec<PendingJob> {
-        let mut jobs: Vec<PendingJob> = self.kept.into_iter().map(|Reverse(r)| r.job).collect();
+        // Into the heap's own buffer where the layouts allow (std collects in place): the kept jobs are most of the
+        // view's memory, and a second copy of them would double the pass's peak.
+        let mut jobs: Vec<PendingJob> = self.kept.into_vec().into_iter().map(|Reverse(r)| r.job).collect();
         jobs.sort_unstable_by_key(|j| j.id);
         jobs
     }
