@@ -82,7 +82,7 @@ pub fn task_environment(p: &Placement, base: Vec<(String, String)>) -> Vec<(Stri
     if let Some(g) = spec.gpus_per_task {
         set("SLURM_GPUS_PER_TASK", g.to_string());
     }
-    if let Some(a) = job.array {
+    if let Some(a) = job.array.as_deref() {
         set("SLURM_ARRAY_JOB_ID", a.array_job_id.to_string());
         set("SLURM_ARRAY_TASK_ID", a.task_id.to_string());
         set("SLURM_ARRAY_TASK_COUNT", a.task_count.to_string());

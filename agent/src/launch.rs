@@ -55,8 +55,8 @@ impl NodeAgent {
             task_id: None,
             step: Some("batch".to_string()),
             restart_count: a.job.restart_count,
-            array_job_id: a.job.array.map(|x| x.array_job_id),
-            array_task_id: a.job.array.map(|x| x.task_id),
+            array_job_id: a.job.array.as_deref().map(|x| x.array_job_id),
+            array_task_id: a.job.array.as_deref().map(|x| x.task_id),
         };
         let work_dir = if spec.work_dir.is_empty() { "/".to_string() } else { spec.work_dir.to_string() };
         // Slurm's default names array tasks' output by array and task.
@@ -129,8 +129,8 @@ impl NodeAgent {
             task_id: Some(rank),
             step: Some(launch.step_id.to_string()),
             restart_count: a.job.restart_count,
-            array_job_id: a.job.array.map(|x| x.array_job_id),
-            array_task_id: a.job.array.map(|x| x.task_id),
+            array_job_id: a.job.array.as_deref().map(|x| x.array_job_id),
+            array_task_id: a.job.array.as_deref().map(|x| x.task_id),
         };
         let cwd = if launch.cwd.is_empty() { spec.work_dir.to_string() } else { launch.cwd.clone() };
         let (stdout, stderr, streamed_out, streamed_err) = match (&launch.output, &launch.error) {

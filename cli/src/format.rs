@@ -546,8 +546,8 @@ impl Col {
         let or_null = |v: &Option<Box<str>>| v.as_deref().unwrap_or("(null)").to_string();
         match self {
             Col::Account => job.account_name().to_string(),
-            Col::ArrayJobId => job.array.map_or_else(|| job.id.to_string(), |a| a.array_job_id.to_string()),
-            Col::ArrayTaskId => job.array.map_or_else(|| "N/A".to_string(), |a| a.task_id.to_string()),
+            Col::ArrayJobId => job.array.as_deref().map_or_else(|| job.id.to_string(), |a| a.array_job_id.to_string()),
+            Col::ArrayTaskId => job.array.as_deref().map_or_else(|| "N/A".to_string(), |a| a.task_id.to_string()),
             Col::BatchHost => job.nodes.first().cloned().unwrap_or_else(|| "n/a".into()),
             Col::Command => spec.name.to_string(),
             Col::Comment => or_null(&spec.comment),
@@ -639,7 +639,7 @@ pub fn std_path(job: &Job, path: Option<&str>) -> String {
         Some(_) => format!("{}/slurm-%A_%a.out", spec.work_dir),
         None => format!("{}/slurm-%j.out", spec.work_dir),
     });
-    let (array_id, task) = match job.array {
+    let (array_id, task) = match job.array.as_deref() {
         Some(a) => (a.array_job_id.to_string(), a.task_id.to_string()),
         None => (job.id.to_string(), "4294967294".to_string()),
     };

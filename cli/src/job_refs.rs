@@ -64,7 +64,7 @@ pub fn select(refs: &[JobRef], jobs: &[Job]) -> Result<Vec<u64>, String> {
             JobRef::Tasks(id, ts) => (*id, Some(ts.clone())),
         };
         for job in jobs {
-            let hit = match (&tasks, job.array) {
+            let hit = match (&tasks, job.array.as_deref().copied()) {
                 (None, None) => job.id == base,
                 (None, Some(a)) => a.array_job_id == base,
                 (Some(ts), Some(a)) => a.array_job_id == base && ts.contains(&a.task_id),
@@ -115,7 +115,7 @@ mod tests {
             task_max: 4,
             max_running: None,
         });
-        Job { id, array, ..Job::default() }
+        Job { id, array: array.map(Box::new), ..Job::default() }
     }
 
     #[test]

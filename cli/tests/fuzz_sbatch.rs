@@ -402,13 +402,15 @@ fn jobs() -> impl Strategy<Value = Vec<Job>> {
         jobs.into_iter()
             .map(|(id, array)| Job {
                 id,
-                array: array.map(|(array_job_id, task_id)| ArrayTask {
-                    array_job_id,
-                    task_id,
-                    task_count: 10,
-                    task_min: 0,
-                    task_max: 9,
-                    max_running: None,
+                array: array.map(|(array_job_id, task_id)| {
+                    Box::new(ArrayTask {
+                        array_job_id,
+                        task_id,
+                        task_count: 10,
+                        task_min: 0,
+                        task_max: 9,
+                        max_running: None,
+                    })
                 }),
                 ..Job::default()
             })

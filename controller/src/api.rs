@@ -404,7 +404,7 @@ fn parse_consistency(value: i32) -> ReadConsistency {
 /// Whether a job passes `squeue`/`sacct` style filters.
 fn job_matches(job: &Job, ids: &[u64], users: &[String], states: &[JobState]) -> bool {
     // An array's id names all of its tasks (`scancel 123`, `squeue -j 123`), as in Slurm.
-    (ids.is_empty() || ids.contains(&job.id) || job.array.is_some_and(|a| ids.contains(&a.array_job_id)))
+    (ids.is_empty() || ids.contains(&job.id) || job.array.as_deref().is_some_and(|a| ids.contains(&a.array_job_id)))
         && (users.is_empty() || users.iter().any(|u| *u == job.spec.user))
         && (states.is_empty() || states.contains(&job.state))
 }

@@ -26,7 +26,7 @@ pub struct Fate {
 
 impl Fate {
     pub fn of(job: &Job) -> Fate {
-        Fate { succeeded: job.succeeded(), array: job.array }
+        Fate { succeeded: job.succeeded(), array: job.array.as_deref().copied() }
     }
 }
 
@@ -45,7 +45,7 @@ pub(crate) type Dependents = BTreeMap<JobId, BTreeSet<JobId>>;
 impl State {
     /// The array's task count, from any of its tasks still known (active or in the fate table).
     fn array_task_count(&self, array_id: JobId) -> Option<u32> {
-        let active = self.jobs.range(array_id..).next().and_then(|(_, j)| j.array);
+        let active = self.jobs.range(array_id..).next().and_then(|(_, j)| j.array.as_deref().copied());
         let finished = self.fates.range(array_id..).next().and_then(|(_, f)| f.array);
         [active, finished].into_iter().flatten().find(|a| a.array_job_id == array_id).map(|a| a.task_count)
     }
@@ -53,7 +53,7 @@ impl State {
     fn fact(&self, id: JobId) -> Option<(Fact, Option<ArrayTask>)> {
         if let Some(job) = self.jobs.get(&id) {
             let fact = if job.state == JobState::Pending { Fact::Pending } else { Fact::Started };
-            return Some((fact, job.array));
+            return Some((fact, job.array.as_deref().copied()));
         }
         self.fates.get(&id).map(|f| (Fact::Ended { ok: f.succeeded }, f.array))
     }
@@ -166,7 +166,7 @@ impl State {
                 left_queue.push((job.id, job.spec.dependency.iter().map(|d| d.job).collect::<Vec<_>>()));
             }
             keys.insert(job.id);
-            if let Some(a) = job.array {
+            if let Some(a) = job.array.as_deref() {
                 keys.insert(a.array_job_id);
             }
         }

@@ -767,7 +767,7 @@ impl State {
         stored_spec.gpus_per_node = resolved.gpus_per_node;
         // Each task is its own job; the task list itself is not copied into every one of them.
         let array = stored_spec.array.take();
-        let tasks: Vec<Option<ArrayTask>> = match &array {
+        let tasks: Vec<Option<Box<ArrayTask>>> = match &array {
             None => vec![None],
             Some(a) => {
                 let (task_min, task_max) = (a.task_ids[0], *a.task_ids.last().expect("checked non-empty"));
@@ -776,7 +776,14 @@ impl State {
                     .iter()
                     .map(|&task_id| {
                         let max_running = a.max_running;
-                        Some(ArrayTask { array_job_id: first, task_id, task_count, task_min, task_max, max_running })
+                        Some(Box::new(ArrayTask {
+                            array_job_id: first,
+                            task_id,
+                            task_count,
+                            task_min,
+                            task_max,
+                            max_running,
+                        }))
                     })
                     .collect()
             }

@@ -191,7 +191,7 @@ fn an_array_becomes_one_job_per_task_with_consecutive_ids() {
         vec![format!("{first}_0"), format!("{first}_2"), format!("{first}_4"), format!("{first}_6")]
     );
     assert!(tasks.iter().all(|j| j.script_id() == first && j.spec.array.is_none()));
-    assert_eq!(tasks[3].array.unwrap().max_running, Some(2));
+    assert_eq!(tasks[3].array.as_deref().unwrap().max_running, Some(2));
     assert_eq!(submit(&mut state, spec("alice")).unwrap(), first + 4, "the next job follows the array's ids");
     let too_big = ArraySpec { task_ids: vec![5_000].into(), max_running: None };
     let err = submit(&mut state, JobSpec { array: Some(too_big), ..spec("alice") }).unwrap_err();

@@ -745,7 +745,7 @@ fn job_lines(job: &Job, now_ms: u64, details: bool) -> Vec<String> {
     let or_null = |v: &Option<Box<str>>| v.as_deref().unwrap_or("(null)").to_string();
     let list_or_null = |v: &[String]| if v.is_empty() { "(null)".to_string() } else { compress_hostlist(v) };
     let nodes = list_or_null(&job.nodes);
-    let first = match job.array {
+    let first = match job.array.as_deref() {
         Some(a) => {
             let throttle = a.max_running.map(|m| format!(" ArrayTaskThrottle={m}")).unwrap_or_default();
             format!(

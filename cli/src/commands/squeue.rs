@@ -336,7 +336,7 @@ async fn report(
         match row {
             Row::Job(job) => out.push_str(&formatter.line(job, now)),
             Row::Group { first, task_ids } => {
-                let a = first.array.expect("groups hold array tasks");
+                let a = first.array.as_deref().copied().expect("groups hold array tasks");
                 let tasks = drover_state::array::format_task_ids(&task_ids, a.max_running);
                 let id = format!("{}_{tasks}", a.array_job_id);
                 out.push_str(&formatter.group_line(first, now, &id, tasks.trim_matches(['[', ']'])));
@@ -421,13 +421,13 @@ fn rows(jobs: &[Job], one_per_task: bool) -> Vec<Row<'_>> {
         let groupable = !one_per_task && job.state == JobState::Pending && job.array.is_some();
         if groupable
             && let Some(Row::Group { first, task_ids }) = rows.last_mut()
-            && first.array.map(|a| a.array_job_id) == job.array.map(|a| a.array_job_id)
+            && first.array.as_deref().map(|a| a.array_job_id) == job.array.as_deref().map(|a| a.array_job_id)
             && first.reason == job.reason
         {
-            task_ids.push(job.array.expect("checked").task_id);
+            task_ids.push(job.array.as_deref().expect("checked").task_id);
             continue;
         }
-        rows.push(match (groupable, job.array) {
+        rows.push(match (groupable, job.array.as_deref().copied()) {
             (true, Some(a)) => Row::Group { first: job, task_ids: vec![a.task_id] },
             _ => Row::Job(job),
         });

@@ -225,7 +225,7 @@ fn running_job(job: &drover_state::Job, now_ms: u64) -> Option<sched::RunningJob
         time_limit_s: job.time_limit_s.unwrap_or(UNLIMITED_S),
         exclusive: job.spec.exclusive,
         reservation: job.spec.reservation.as_deref().map(Into::into),
-        array_id: job.array.map(|a| a.array_job_id),
+        array_id: job.array.as_deref().map(|a| a.array_job_id),
         partition: job.partition.clone(),
         // Only requeue-able jobs are ever preempted: they come back, from their checkpoints.
         requeueable: job.requeueable() && !job.stopping(),
@@ -273,6 +273,7 @@ fn pending_job(job: &drover_state::Job, singleton_blocked: &Singletons) -> Optio
         top_rank: job.top_rank,
         array: job
             .array
+            .as_deref()
             .and_then(|a| a.max_running.map(|max_running| sched::ArrayLimit { array_id: a.array_job_id, max_running })),
         // Rounded up: a job never starts before the second it asked for.
         begin_s: spec.begin_ms.map_or(0, |ms| ms.div_ceil(1_000)),

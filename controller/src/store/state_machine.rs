@@ -750,7 +750,7 @@ mod tests {
             task_max: 1,
             max_running: None,
         };
-        let mut task = Job { id: 11, array: Some(array), ..Job::default() };
+        let mut task = Job { id: 11, array: Some(Box::new(array)), ..Job::default() };
         view.with_environment(&mut task).unwrap();
         assert_eq!(task.spec.environment.to_vec(), environment, "the array's copy, under its first id");
         let mut alone = Job { id: 12, ..Job::default() };
