@@ -49,7 +49,7 @@ fn true_job(work_dir: &Path) -> JobSpec {
         user: user.into(),
         uid,
         gid,
-        script: drover_cli::sbatch_args::wrap_script("true"),
+        script: drover_cli::sbatch_args::wrap_script("true").into(),
         work_dir: dir.clone().into(),
         submit_dir: dir.into(),
         stdout: Some("/dev/null".into()),

@@ -543,7 +543,7 @@ impl Col {
 
     fn value(self, job: &Job, now_ms: u64) -> String {
         let spec = &job.spec;
-        let or_null = |v: &Option<Box<str>>| v.as_deref().unwrap_or("(null)").to_string();
+        let or_null = |v: &Option<drover_state::ThinStr>| v.as_deref().unwrap_or("(null)").to_string();
         match self {
             Col::Account => job.account_name().to_string(),
             Col::ArrayJobId => job.array.as_deref().map_or_else(|| job.id.to_string(), |a| a.array_job_id.to_string()),

@@ -133,7 +133,7 @@ pub fn trivial_spec() -> drover_state::JobSpec {
         user: user.into(),
         uid,
         gid,
-        script: crate::sbatch_args::wrap_script("true"),
+        script: crate::sbatch_args::wrap_script("true").into(),
         work_dir: "/tmp".into(),
         submit_dir: "/tmp".into(),
         min_nodes: 1,

@@ -2184,7 +2184,7 @@ pub fn build_spec(
         None => ctx.cwd.as_str().into(),
     };
     spec.environment = export_environment(&spec.export, &export_set, &ctx.env).into();
-    spec.script = script;
+    spec.script = script.into();
     let mut unique: Vec<String> = Vec::with_capacity(warnings.len());
     for warning in warnings {
         if !unique.contains(&warning) {

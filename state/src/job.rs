@@ -4,6 +4,8 @@ use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use thin_vec::ThinVec;
 
+use crate::thin_str::ThinStr;
+
 /// A job id, as Slurm numbers them: sequential from the state's counter, never reused.
 pub type JobId = u64;
 
@@ -27,15 +29,15 @@ pub struct JobSpec {
     /// `--job-name/-J`; Slurm's default is the script's file name, or `wrap` for `--wrap`.
     pub name: CompactString,
     /// `--partition/-p`; `None` means the cluster's default partition, resolved in `apply`.
-    pub partition: Option<Box<str>>,
+    pub partition: Option<ThinStr>,
     /// `--account/-A`.
-    pub account: Option<Box<str>>,
+    pub account: Option<ThinStr>,
     /// The submitting user's name, uid and gid (the agent runs the job as them).
     pub user: CompactString,
     pub uid: u32,
     pub gid: u32,
     /// The batch script's full text (for `--wrap`, a generated `#!/bin/sh` script).
-    pub script: String,
+    pub script: ThinStr,
     /// Arguments after the script name on the `sbatch` command line.
     pub script_args: ThinVec<String>,
     /// Where the job runs: `--chdir`, else the submit directory.
@@ -43,8 +45,8 @@ pub struct JobSpec {
     /// The directory `sbatch` was run from (`SLURM_SUBMIT_DIR`).
     pub submit_dir: CompactString,
     /// `--output/-o` and `--error/-e` patterns (`%j`, `%x`, ...); `None` means Slurm's `slurm-%j.out`.
-    pub stdout: Option<Box<str>>,
-    pub stderr: Option<Box<str>>,
+    pub stdout: Option<ThinStr>,
+    pub stderr: Option<ThinStr>,
     /// `--nodes/-N`: minimum and maximum node count (`-N 2-4`).
     pub min_nodes: u32,
     pub max_nodes: u32,
@@ -55,7 +57,7 @@ pub struct JobSpec {
     pub cpus_per_task: u32,
     /// GPUs on every allocated node (`--gres=gpu:N`, `--gpus-per-node`), and an optional type (`gpu:h100:8`).
     pub gpus_per_node: u32,
-    pub gpu_type: Option<Box<str>>,
+    pub gpu_type: Option<ThinStr>,
     /// `--time/-t` in seconds; `None` takes the partition's default.
     pub time_limit_s: Option<u64>,
     /// `--requeue` / `--no-requeue`; `None` takes the cluster default (requeue allowed).
@@ -79,9 +81,9 @@ pub struct JobSpec {
     /// `--exclude/-x`: never on these nodes.
     pub exclude: ThinVec<String>,
     /// `--qos/-q`; `None` takes the cluster's default QOS (`normal`).
-    pub qos: Option<Box<str>>,
+    pub qos: Option<ThinStr>,
     /// `--reservation`: run only inside this advance reservation.
-    pub reservation: Option<Box<str>>,
+    pub reservation: Option<ThinStr>,
     /// `--nice`: subtracted from the job's priority (only root may give a negative value).
     pub nice: i32,
     /// `--dependency`: all must hold (Slurm's `,`), or any one (Slurm's `?`) when `dependency_any`.
@@ -113,8 +115,8 @@ pub struct JobSpec {
     pub cpus_per_gpu: Option<u32>,
     pub ntasks_per_gpu: Option<u32>,
     /// `--wckey` and `--comment`: recorded and shown (`sacct -o WCKey,Comment`).
-    pub wckey: Option<Box<str>>,
-    pub comment: Option<Box<str>>,
+    pub wckey: Option<ThinStr>,
+    pub comment: Option<ThinStr>,
     /// `--multi-site` (Drover): a multi-node job may span sites (topology label `site`); by default all its
     /// nodes are on one site.
     pub multi_site: bool,
@@ -326,9 +328,8 @@ impl JobSpec {
             }
             Ok(())
         };
-        let opt = |field: &str, value: &Option<Box<str>>, max: usize| {
-            value.as_deref().map_or(Ok(()), |v| text(field, v, max))
-        };
+        let opt =
+            |field: &str, value: &Option<ThinStr>, max: usize| value.as_deref().map_or(Ok(()), |v| text(field, v, max));
         text("--job-name", &self.name, MAX_NAME_BYTES)?;
         text("user", &self.user, MAX_NAME_BYTES)?;
         text("--chdir", &self.work_dir, MAX_PATH_BYTES)?;
@@ -657,7 +658,7 @@ pub struct Job {
     pub steps: ThinVec<StepRecord>,
     /// Why the last incarnation failed to launch, or what the agent said about the end.
     #[serde(default)]
-    pub message: Option<String>,
+    pub message: Option<ThinStr>,
     /// The account charged (the spec's, else the user's default) and the QOS, resolved at submit.
     #[serde(default)]
     pub account: CompactString,
@@ -922,12 +923,12 @@ mod tests {
     use super::*;
 
     /// A replica holds every active job in memory, a million of them at the scale we promise (< 1 GiB each): the
-    /// job's inline size is the bulk of that. Short names live inline (no heap block each), lists and rarely set
-    /// parts take one word each. A field added inline should be a decision, not an accident: this fails first.
+    /// job's inline size is the bulk of that. Short names live inline (no heap block each); lists, optional strings
+    /// and rarely set parts take one word each. A field added inline should be a decision, not an accident: this fails first.
     #[test]
     fn the_in_memory_job_stays_compact() {
-        assert!(std::mem::size_of::<Job>() <= 848, "Job is {} bytes", std::mem::size_of::<Job>());
-        assert!(std::mem::size_of::<JobSpec>() <= 536, "JobSpec is {} bytes", std::mem::size_of::<JobSpec>());
+        assert!(std::mem::size_of::<Job>() <= 744, "Job is {} bytes", std::mem::size_of::<Job>());
+        assert!(std::mem::size_of::<JobSpec>() <= 432, "JobSpec is {} bytes", std::mem::size_of::<JobSpec>());
         // A trivial job's names need no heap block of their own.
         let job = Job {
             spec: JobSpec { name: "wrap".into(), user: "alice".into(), work_dir: "/tmp".into(), ..JobSpec::default() },

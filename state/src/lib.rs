@@ -28,6 +28,7 @@ pub mod signal;
 pub mod spare;
 pub use drover_common::slurm_time;
 pub mod state;
+pub mod thin_str;
 
 pub use account::{Account, AccountUpdate};
 pub use admin::{AdminOp, Object};
@@ -46,6 +47,7 @@ pub use qos::Qos;
 pub use reservation::{Reservation, ReservationFlag, ReservationUpdate};
 pub use role::{AdminLevel, RoleGrant};
 pub use state::{Applied, Change, Meta, Records, Resolved, State};
+pub use thin_str::ThinStr;
 
 /// The version of the persisted format (records and snapshots). Bumped on any incompatible change; a replica
 /// refuses to open data of a version it does not know. A field added at the end of a struct with a serde default

@@ -14,6 +14,7 @@ use crate::job::{
 };
 use crate::node::{Lingering, Node, NodeHealth, NodeInfo};
 use crate::state::{Change, State};
+use crate::thin_str::ThinStr;
 
 impl State {
     pub(crate) fn register_node(&mut self, info: &NodeInfo, now_ms: u64, changes: &mut Vec<Change>) -> Response {
@@ -329,7 +330,7 @@ impl State {
         job.exit_code = end.exit_code;
         job.exit_signal = end.signal;
         job.usage = end.usage;
-        job.message = end.message.clone();
+        job.message = end.message.as_deref().map(ThinStr::from);
         // The batch node's figures; the other nodes' follow as they release the job (`release_lingering`).
         job.node_usage.clear();
         if let (Some(measured), Some(node)) = (end.measured, reporter) {

@@ -42,7 +42,7 @@ impl State {
         }
         let mut job = self.remove_active(id).expect("checked above");
         self.release_allocation(&job, Some(node), now_ms, changes);
-        job.message = Some(format!("node {node} failed"));
+        job.message = Some(format!("node {node} failed").into());
         if let Some(state) = job.ending.take() {
             job.requeue = None;
             self.archive(job, state, now_ms, changes);
@@ -56,7 +56,7 @@ impl State {
         let job = self.jobs.get_mut(&id).expect("checked by the caller");
         let share = job.allocation.iter().position(|a| a.node == node).map(|i| job.allocation.remove(i));
         job.nodes.retain(|n| n != node);
-        job.message = Some(format!("node {node} failed; --no-kill: running on {} node(s)", job.nodes.len()));
+        job.message = Some(format!("node {node} failed; --no-kill: running on {} node(s)", job.nodes.len()).into());
         let job = job.clone();
         changes.push(Change::PutJob(job.clone()));
         if let Some(share) = share {
@@ -80,7 +80,7 @@ impl State {
         changes: &mut Vec<Change>,
     ) {
         if !job.requeueable() {
-            job.message = Some(reason);
+            job.message = Some(reason.into());
             self.archive(job, JobState::NodeFail, now_ms, changes);
             return;
         }
@@ -96,10 +96,13 @@ impl State {
         if order.kind == RequeueKind::NodeFailure {
             job.failures += 1;
             if job.failures > limit {
-                job.message = Some(format!(
-                    "{}; not requeued: it failed {} times, over the cluster's max_batch_requeue of {limit}",
-                    order.reason, job.failures
-                ));
+                job.message = Some(
+                    format!(
+                        "{}; not requeued: it failed {} times, over the cluster's max_batch_requeue of {limit}",
+                        order.reason, job.failures
+                    )
+                    .into(),
+                );
                 self.archive(job, JobState::NodeFail, now_ms, changes);
                 return;
             }
@@ -115,7 +118,7 @@ impl State {
         job.requeue = None;
         job.next_step_id = 0;
         job.steps.clear();
-        job.message = Some(order.reason);
+        job.message = Some(order.reason.into());
         changes.push(Change::PutJob(job.clone()));
         self.insert_active(job);
     }

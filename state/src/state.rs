@@ -14,6 +14,7 @@ use crate::job::{ArrayTask, DepState};
 use crate::qos::{DEFAULT_QOS, Qos};
 use crate::reservation::Reservation;
 use crate::role::{AdminLevel, RoleGrant};
+use crate::thin_str::ThinStr;
 
 use serde::{Deserialize, Serialize};
 
@@ -94,7 +95,7 @@ pub enum Change {
     /// The script text, stored once per job at submit.
     PutScript {
         id: JobId,
-        script: String,
+        script: ThinStr,
     },
     /// The captured submit environment (`--export`), stored once per job at submit beside the script and, like
     /// it, kept out of the in-memory job: under `--export=ALL` it is the submitting shell's whole environment,
@@ -1135,7 +1136,7 @@ mod tests {
         closed.partition = Some("closed".into());
         assert!(matches!(submit(&mut state, 1, closed, None), Err(CommandError::PartitionClosed { .. })));
         let mut huge = spec(1);
-        huge.script = "#".repeat(5 * 1024 * 1024);
+        huge.script = "#".repeat(5 * 1024 * 1024).into();
         assert!(matches!(submit(&mut state, 1, huge, None), Err(CommandError::ScriptTooLarge { .. })));
         assert_eq!(state, before);
     }

@@ -742,7 +742,7 @@ fn job_reason(job: &Job) -> String {
 
 fn job_lines(job: &Job, now_ms: u64, details: bool) -> Vec<String> {
     let s = &job.spec;
-    let or_null = |v: &Option<Box<str>>| v.as_deref().unwrap_or("(null)").to_string();
+    let or_null = |v: &Option<drover_state::ThinStr>| v.as_deref().unwrap_or("(null)").to_string();
     let list_or_null = |v: &[String]| if v.is_empty() { "(null)".to_string() } else { compress_hostlist(v) };
     let nodes = list_or_null(&job.nodes);
     let first = match job.array.as_deref() {
