@@ -319,11 +319,12 @@ impl Client {
 
     /// Submits a job; returns its id once the submission is committed on a quorum.
     pub async fn submit(&self, spec: &JobSpec) -> Result<u64, ClientError> {
-        let spec_json = serde_json::to_vec(spec).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        // The compact binary codec, not JSON: the leader decodes every submission on its hot path.
+        let spec_bytes = drover_state::codec::encode(spec).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let request_id = self.new_request_id();
         let reply = self
             .call(|mut c| {
-                let request = SubmitJobRequest { spec_json: spec_json.clone(), request_id: request_id.clone() };
+                let request = SubmitJobRequest { spec: spec_bytes.clone(), request_id: request_id.clone() };
                 async move { c.submit_job(request).await }
             })
             .await?;

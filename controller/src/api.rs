@@ -434,7 +434,7 @@ impl DroverService for Api {
         forward_if_follower!(self, request, submit_job);
         let caller = self.security.caller(&request)?;
         let message = request.into_inner();
-        let mut spec: JobSpec = serde_json::from_slice(&message.spec_json)
+        let mut spec: JobSpec = drover_state::codec::decode(&message.spec)
             .map_err(|e| Status::invalid_argument(format!("malformed job spec: {e}")))?;
         // The job runs as whoever the credential says submitted it, whatever the spec claims.
         spec.uid = caller.uid;
