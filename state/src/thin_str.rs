@@ -17,7 +17,9 @@ use thin_vec::ThinVec;
 
 /// An immutable UTF-8 string stored as one pointer to `[len, capacity, bytes]` (the empty string allocates
 /// nothing). Reads deref to `&str`.
-#[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+// Eq and Ord on the bytes agree with `str`'s; Hash is written by hand below, since a byte slice hashes differently
+// from a `str` and `Borrow<str>` promises they agree.
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ThinStr(ThinVec<u8>);
 
 impl ThinStr {
@@ -32,6 +34,12 @@ impl Deref for ThinStr {
     type Target = str;
     fn deref(&self) -> &str {
         self.as_str()
+    }
+}
+
+impl std::hash::Hash for ThinStr {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state)
     }
 }
 
@@ -144,6 +152,17 @@ mod tests {
         assert_eq!(s, "/scratch/out-%j.log");
         assert_eq!(format!("{s:?}"), format!("{:?}", "/scratch/out-%j.log"));
         assert!(ThinStr::default().is_empty());
+    }
+
+    #[test]
+    fn a_map_keyed_by_it_is_found_by_a_plain_str() {
+        let mut users = std::collections::HashMap::new();
+        users.insert(ThinStr::from("alice"), 1000);
+        assert_eq!(users.get("alice"), Some(&1000));
+        let mut sorted = std::collections::BTreeSet::new();
+        sorted.extend([ThinStr::from("b"), ThinStr::from("a")]);
+        assert!(sorted.contains("a"));
+        assert_eq!(sorted.iter().map(|s| s.as_str()).collect::<Vec<_>>(), ["a", "b"]);
     }
 
     #[test]
