@@ -28,7 +28,9 @@ loop() { # $1 = sbatch binary
 }
 
 drover_rate=$(loop "$WORK/bin/sbatch")
-echo "drover: $N sequential sbatch: $drover_rate submits/s"
+echo "drover: $N sequential sbatch: $drover_rate submits/s (through the host's drover-relayd, as \`local up\` runs it)"
+direct_rate=$(DROVER_RELAY_SOCKET= loop "$WORK/bin/sbatch")
+echo "drover: $N sequential sbatch: $direct_rate submits/s (no relay: each sbatch connects to the leader itself)"
 if command -v scontrol >/dev/null && scontrol ping 2>/dev/null | grep -q UP; then
   (cd "$WORK/out" && slurm_rate=$(loop /usr/bin/sbatch) && echo "slurm:  $N sequential sbatch: $slurm_rate submits/s" &&
     python3 -c "print(f'ratio drover/slurm: {$drover_rate/$slurm_rate:.1f}x')")

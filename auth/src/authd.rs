@@ -39,6 +39,14 @@ pub fn socket_path_from_env() -> PathBuf {
 /// Creates the parent directory; replaces a socket file left by a dead authd, but refuses (AddrInUse) when a live
 /// one answers on it; makes the socket mode 0666 so every local user can ask for their own credential.
 pub fn bind(path: &Path) -> io::Result<UnixListener> {
+    bind_public_socket(path, "drover-authd")
+}
+
+/// Binds a host daemon's Unix socket open to every local user (mode 0666), replacing a stale socket file a
+/// dead predecessor left, and refusing when `daemon` (its name, for the messages) still serves it or the path is
+/// not a socket. For daemons whose callers prove who they are some other way (the kernel's peer credentials,
+/// a signed credential), never by the file mode.
+pub fn bind_public_socket(path: &Path, daemon: &str) -> io::Result<UnixListener> {
     let with_path =
         |err: io::Error, what: &str| io::Error::new(err.kind(), format!("{what} {}: {err}", path.display()));
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -56,17 +64,17 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
                 return Err(io::Error::new(
                     io::ErrorKind::AddrInUse,
                     format!(
-                        "another drover-authd is serving {}: stop it first, or choose another --socket",
+                        "another {daemon} is serving {}: stop it first, or choose another --socket",
                         path.display()
                     ),
                 ));
             }
             // Nobody listens: a previous authd died without cleaning up. Its file would make bind fail.
             Err(err) if err.kind() == io::ErrorKind::ConnectionRefused => {
-                tracing::info!(socket = %path.display(), "removing a stale socket left by a previous drover-authd");
+                tracing::info!(socket = %path.display(), "removing a stale socket left by a previous {daemon}");
                 std::fs::remove_file(path).map_err(|e| with_path(e, "cannot remove the stale socket"))?;
             }
-            Err(err) => return Err(with_path(err, "cannot check whether another drover-authd serves")),
+            Err(err) => return Err(with_path(err, &format!("cannot check whether another {daemon} serves"))),
         },
         Err(err) if err.kind() == io::ErrorKind::NotFound => {}
         Err(err) => return Err(with_path(err, "cannot inspect")),

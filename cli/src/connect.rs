@@ -1,7 +1,9 @@
 //! Finding the cluster and proving who we are: the client configuration (`DROVER_CONFIG`, else
 //! /etc/drover/client.toml), with the controllers from `--controllers` or `DROVER_CONTROLLERS` when given.
 
-use drover_client::{Client, ClientConfig};
+use drover_client::relay::{self, RelayAttempt};
+use drover_client::{Client, ClientConfig, Credentials};
+use drover_state::JobSpec;
 
 /// Builds a client from this process's configuration. Its connections live on `runtime()`.
 pub fn client(flag: Option<&str>) -> anyhow::Result<Client> {
@@ -15,4 +17,25 @@ pub fn client(flag: Option<&str>) -> anyhow::Result<Client> {
 pub fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
     RUNTIME.get_or_init(|| tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime"))
+}
+
+/// Submits one job as a short-lived command should: through the host's relay (`drover-relayd`) when the
+/// configuration names one for this cluster and it answers, else directly. One request id covers both, so
+/// falling back after a relay that died mid-call never submits twice.
+pub fn submit(flag: Option<&str>, spec: &JobSpec) -> anyhow::Result<u64> {
+    let _context = runtime().enter();
+    let config = ClientConfig::from_environment(flag)?;
+    let spec = drover_client::encode_spec(spec)?;
+    let request_id = drover_client::one_off_request_id();
+    if let Some(socket) = config.relay_socket.as_deref().filter(|s| s.exists()) {
+        let credentials = Credentials::from_socket(&config.auth_socket);
+        match runtime().block_on(relay::submit(socket, &credentials, spec.clone(), &request_id)) {
+            RelayAttempt::Submitted(job_id) => return Ok(job_id),
+            RelayAttempt::Refused(e) => return Err(e.into()),
+            // Not running, or gone mid-call: the direct path below, under the same request id.
+            RelayAttempt::Unavailable(_) => {}
+        }
+    }
+    let client = Client::new(&config)?.remembering_leader();
+    Ok(runtime().block_on(client.submit_encoded(spec, request_id))?)
 }

@@ -3,7 +3,8 @@
 //! they can also kill, restart, wipe and add replicas.
 //!
 //! Security is on, as in production, with throwaway material: a CA, a cluster key and a certificate per process
-//! under `DIR/pki`, a `drover-authd` on `DIR/auth.sock` issuing user credentials, and `DIR/client.toml` for
+//! under `DIR/pki`, a `drover-authd` on `DIR/auth.sock` issuing user credentials, a `drover-relayd` on
+//! `DIR/relay.sock` relaying submissions, and `DIR/client.toml` for
 //! clients (`export DROVER_CONFIG=DIR/client.toml`).
 
 use std::collections::BTreeMap;
@@ -224,6 +225,19 @@ impl LocalCluster {
         for id in members.keys() {
             cluster.start(*id)?;
         }
+        // The host's submission relay, as a production host runs it beside its authd (`sbatch` uses it when up).
+        cluster.processes.push(Process {
+            role: "relayd".into(),
+            id: RELAY_ID,
+            address: dir.join("relay.sock").display().to_string(),
+            pid: None,
+            data_dir: dir.clone(),
+            log_file: dir.join("relayd.log"),
+            config: dir.join("client.toml"),
+            http: None,
+            listen: None,
+        });
+        cluster.start(RELAY_ID)?;
         for _ in 0..cluster.options.agents {
             cluster.add_agent()?;
         }
@@ -364,6 +378,7 @@ impl LocalCluster {
             key: pki.dir.join("client.key"),
             auth_socket: self.dir.join("auth.sock"),
             local_controllers: Vec::new(),
+            relay_socket: Some(self.dir.join("relay.sock")),
         };
         let path = self.dir.join("client.toml");
         std::fs::write(&path, toml::to_string(&config)?)?;
@@ -480,6 +495,8 @@ impl LocalCluster {
         let mut cmd = Command::new(bin);
         if role == "authd" {
             cmd.arg("--key").arg(&process.config).arg("--socket").arg(&process.address);
+        } else if role == "relayd" {
+            cmd.arg("--config").arg(&process.config).arg("--socket").arg(&process.address);
         } else {
             cmd.arg("--config").arg(&process.config);
         }
@@ -494,7 +511,7 @@ impl LocalCluster {
         }
         let child = cmd.spawn().with_context(|| format!("cannot start {}", bin_name(&role)))?;
         process.pid = Some(child.id());
-        if role == "authd" {
+        if role == "authd" || role == "relayd" {
             // Clients need its socket from the first moment; it binds within milliseconds.
             let socket = PathBuf::from(&process.address);
             let start = Instant::now();
@@ -628,6 +645,7 @@ fn bin_name(role: &str) -> &'static str {
     match role {
         "agent" => "drover-agent",
         "authd" => "drover-authd",
+        "relayd" => "drover-relayd",
         _ => "drover-controller",
     }
 }
@@ -645,6 +663,8 @@ fn random_ip_base() -> String {
 const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 /// The authd's entry in `cluster.json`.
 const AUTHD_ID: u64 = 90;
+/// The relay's entry in `cluster.json`.
+const RELAY_ID: u64 = 91;
 
 /// `[security]` for a controller's or an agent's configuration.
 fn security_section(pki: &crate::pki::Pki, cert: &Path, key: &Path) -> String {

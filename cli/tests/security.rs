@@ -14,8 +14,11 @@ use std::time::{Duration, Instant};
 use drover_auth::credential::{CREDENTIAL_METADATA_KEY, Identity, now_ms, sign};
 use drover_auth::{ClusterKey, RoleKind};
 use drover_cli::local::{LocalCluster, UpOptions};
+use drover_client::Credentials;
+use drover_client::relay::{self, RelayAttempt};
 use drover_proto::v1::agent_gateway_client::AgentGatewayClient;
 use drover_proto::v1::agent_service_client::AgentServiceClient;
+use drover_proto::v1::drover_relay_client::DroverRelayClient;
 use drover_proto::v1::drover_service_client::DroverServiceClient;
 use drover_proto::v1::raft_service_client::RaftServiceClient;
 use drover_proto::v1::{
@@ -287,4 +290,97 @@ async fn every_port_refuses_a_client_without_a_cluster_certificate_and_services_
     // ... while the client API serves it (with a credential).
     let mut api = DroverServiceClient::new(channel);
     assert!(api.cluster_status(with_token(ClusterStatusRequest::default(), &root)).await.is_ok());
+}
+
+/// The host's relay forwards each caller's own credential and has none of its own to lend. A call without one is
+/// refused by the relay itself; a forged one is refused by the controllers, and the caller hears why; and a
+/// retry under the same request id, through the relay or directly, is the same job, so a command that falls back
+/// after a relay died mid-call never submits twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_forwards_each_callers_own_credential_and_lends_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::up(&dir.path().join("c"), UpOptions::default()).unwrap();
+    cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
+    let key = cluster_key(&cluster);
+    let socket = cluster.dir.join("relay.sock");
+    let spec = drover_client::encode_spec(&drover_cli::local::trivial_spec()).unwrap();
+    let alice = token(&key, ALICE);
+
+    // Alice's submission through the relay is Alice's job.
+    let attempt = relay::submit(&socket, &Credentials::given(alice.parse().unwrap()), spec.clone(), "alice-1").await;
+    let RelayAttempt::Submitted(id) = attempt else { panic!("the relay did not submit: {attempt:?}") };
+    let leader = leader_addr_async(&cluster).await;
+    let mut api = DroverServiceClient::new(client_channel(&cluster, &leader, RoleKind::Controller));
+    let reply = api.get_job(with_token(GetJobRequest { job_id: id, ..Default::default() }, &alice)).await.unwrap();
+    let job: drover_state::Job = serde_json::from_slice(&reply.into_inner().job_json).unwrap();
+    assert_eq!(job.spec.uid, ALICE, "the relay's caller owns the job, not the relay");
+
+    // The same request id again, through the relay and then directly: the first job, not a second.
+    let again = relay::submit(&socket, &Credentials::given(alice.parse().unwrap()), spec.clone(), "alice-1").await;
+    assert!(matches!(again, RelayAttempt::Submitted(same) if same == id), "{again:?}");
+    let direct = SubmitJobRequest { spec: spec.clone(), request_id: "alice-1".into() };
+    let reply = api.submit_job(with_token(direct, &alice)).await.unwrap().into_inner();
+    assert_eq!((reply.job_id, reply.duplicate), (id, true));
+
+    // No credential: the relay refuses before sending anything (it must not lend its host's identity).
+    let channel = relay::connect(&socket).await.unwrap();
+    let anonymous = SubmitJobRequest { spec: spec.clone(), request_id: "anonymous".into() };
+    let refused = DroverRelayClient::new(channel).submit_job(anonymous).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    assert!(refused.message().contains("none of its own"), "{}", refused.message());
+
+    // A credential signed with another key: the controllers refuse it, and the caller hears why.
+    let forged =
+        sign(&ClusterKey::generate(), &Identity { uid: 0, gid: 0, user: "root".into() }, "x", now_ms(), 60_000);
+    let attempt = relay::submit(&socket, &Credentials::given(forged.parse().unwrap()), spec, "forged").await;
+    let RelayAttempt::Refused(e) = attempt else { panic!("a forged credential went through: {attempt:?}") };
+    assert!(e.to_string().contains("not signed with this cluster's key"), "{e}");
+
+    // One job in all.
+    let list = ListJobsRequest::default();
+    let reply = api.list_jobs(with_token(list, &alice)).await.unwrap().into_inner();
+    let jobs: Vec<drover_state::Job> = serde_json::from_slice(&reply.jobs_json).unwrap();
+    assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), [id]);
+    drop(cluster);
+}
+
+/// `sbatch` hands its submission to the host's relay and needs no TLS of its own for it; without the relay it
+/// submits straight to the leader.
+#[test]
+fn sbatch_submits_through_the_hosts_relay_and_directly_when_it_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut cluster, sh) = setup(dir.path(), UpOptions::default());
+    // A configuration whose TLS files do not exist: only through the relay (which has its own) can it submit.
+    let real = std::fs::read_to_string(cluster.dir.join("client.toml")).unwrap();
+    let no_tls: String = real
+        .lines()
+        .map(
+            |l| if l.starts_with("cert = ") { "cert = \"/nonexistent/client.pem\"".to_string() } else { l.to_string() },
+        )
+        .collect::<Vec<_>>()
+        .join("\n");
+    let no_tls_path = dir.path().join("no-tls.toml");
+    std::fs::write(&no_tls_path, no_tls).unwrap();
+    let through_relay =
+        sh.command("sbatch", &["--parsable", "--wrap=true"]).env("DROVER_CONFIG", &no_tls_path).output().unwrap();
+    assert!(through_relay.status.success(), "{}", String::from_utf8_lossy(&through_relay.stderr));
+    // The same configuration told there is no relay must load its own TLS files, and cannot.
+    let direct = sh
+        .command("sbatch", &["--parsable", "--wrap=true"])
+        .env("DROVER_CONFIG", &no_tls_path)
+        .env(drover_client::RELAY_SOCKET_ENV, "")
+        .output()
+        .unwrap();
+    assert!(!direct.status.success());
+    assert!(String::from_utf8_lossy(&direct.stderr).contains("/nonexistent/client.pem"));
+    // A typed refusal reads the same through the relay as directly.
+    let relayed = sh.err("sbatch", &["-p", "nope", "--wrap=true"]);
+    assert!(relayed.contains("invalid partition name specified: \"nope\""), "{relayed}");
+
+    // The relay stops (and removes its socket): sbatch goes to the leader itself.
+    let relay_id = cluster.processes.iter().find(|p| p.role == "relayd").unwrap().id;
+    cluster.signal(relay_id, libc::SIGTERM).unwrap();
+    assert!(!cluster.dir.join("relay.sock").exists(), "a stopped relay leaves no socket to try");
+    let id = sh.submit(&["--wrap=true"]);
+    assert!(sh.ok("squeue", &["-h", "-o", "%i"]).lines().any(|l| l.trim() == id.to_string()));
 }

@@ -31,7 +31,16 @@ pub struct ClientConfig {
     /// leader. Writes and linearizable reads still go to the leader. `DROVER_LOCAL_CONTROLLERS` overrides it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub local_controllers: Vec<String>,
+    /// The host's `drover-relayd` socket, if it runs one: `sbatch` submits through it (no TLS handshake of its
+    /// own) and submits directly when it is not there. The relay serves the controllers of this file, so a
+    /// command aimed at others (`--controllers`, `DROVER_CONTROLLERS`) does not use it. `DROVER_RELAY_SOCKET`
+    /// overrides it; empty means none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay_socket: Option<PathBuf>,
 }
+
+/// Names the relay socket over the configuration file's (empty: no relay).
+pub const RELAY_SOCKET_ENV: &str = "DROVER_RELAY_SOCKET";
 
 fn default_socket() -> PathBuf {
     PathBuf::from(drover_auth::authd::DEFAULT_SOCKET)
@@ -61,7 +70,10 @@ impl ClientConfig {
             .map(str::to_string)
             .or_else(|| std::env::var("DROVER_CONTROLLERS").ok().filter(|s| !s.trim().is_empty()));
         if let Some(list) = listed {
-            config.controllers = split_list(&list);
+            config.aim_at(split_list(&list));
+        }
+        if let Some(socket) = std::env::var_os(RELAY_SOCKET_ENV) {
+            config.relay_socket = (!socket.is_empty()).then(|| PathBuf::from(socket));
         }
         if let Ok(list) = std::env::var("DROVER_LOCAL_CONTROLLERS") {
             config.local_controllers = split_list(&list);
@@ -80,9 +92,22 @@ impl ClientConfig {
         Ok(config)
     }
 
-    /// The same configuration aimed at other controllers (a comma-separated list).
+    /// Aims at `controllers` instead of the file's. The relay serves the file's controllers, so it is dropped
+    /// unless they are the same ones (in any order).
+    fn aim_at(&mut self, controllers: Vec<String>) {
+        let (mut given, mut filed) = (controllers.clone(), self.controllers.clone());
+        given.sort();
+        filed.sort();
+        if given != filed {
+            self.relay_socket = None;
+        }
+        self.controllers = controllers;
+    }
+
+    /// The same configuration aimed at other controllers (a comma-separated list), without the relay (which
+    /// serves this file's controllers).
     pub fn with_controllers(&self, list: &str) -> ClientConfig {
-        ClientConfig { controllers: split_list(list), ..self.clone() }
+        ClientConfig { controllers: split_list(list), relay_socket: None, ..self.clone() }
     }
 
     pub fn tls_files(&self) -> TlsFiles {
@@ -92,4 +117,33 @@ impl ClientConfig {
 
 fn split_list(list: &str) -> Vec<String> {
     list.split(',').map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ClientConfig {
+        toml::from_str(
+            r#"
+            controllers = ["a:1", "b:1", "c:1"]
+            ca = "/ca.pem"
+            cert = "/c.pem"
+            key = "/c.key"
+            relay_socket = "/run/drover/relay.sock"
+            "#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_relay_is_used_only_for_the_controllers_it_serves() {
+        let mut same = config();
+        same.aim_at(split_list("c:1, a:1,b:1"));
+        assert_eq!(same.relay_socket.as_deref(), Some(Path::new("/run/drover/relay.sock")), "same cluster");
+        let mut other = config();
+        other.aim_at(split_list("a:1,b:1"));
+        assert_eq!(other.relay_socket, None, "another set of controllers is another cluster");
+        assert_eq!(config().with_controllers("x:1").relay_socket, None);
+    }
 }

@@ -23,13 +23,26 @@ type Cached = Option<(MetadataValue<tonic::metadata::Ascii>, u64)>;
 /// Cheap to clone: clones share one cached token.
 #[derive(Clone)]
 pub struct Credentials {
-    socket: PathBuf,
+    /// Where a fresh token comes from; `None`: nowhere (only a token given up front is ever sent).
+    socket: Option<PathBuf>,
     cached: Arc<Mutex<Cached>>,
 }
 
 impl Credentials {
     pub fn from_socket(socket: &Path) -> Credentials {
-        Credentials { socket: socket.to_path_buf(), cached: Arc::new(Mutex::new(None)) }
+        Credentials { socket: Some(socket.to_path_buf()), cached: Arc::new(Mutex::new(None)) }
+    }
+
+    /// Someone else's token, sent as it is (the relay forwarding its caller's); never replaced by one of this
+    /// process's own.
+    pub fn given(token: MetadataValue<tonic::metadata::Ascii>) -> Credentials {
+        Credentials { socket: None, cached: Arc::new(Mutex::new(Some((token, u64::MAX)))) }
+    }
+
+    /// No credential at all: every call fails before it is sent. For a process that must never lend its own
+    /// identity (the relay, whose calls each carry their caller's credential through [`Credentials::given`]).
+    pub fn none() -> Credentials {
+        Credentials { socket: None, cached: Arc::new(Mutex::new(None)) }
     }
 
     /// The current token, fetched again when the cached one is about to expire.
@@ -40,7 +53,15 @@ impl Credentials {
         {
             return Ok(token.clone());
         }
-        let text = drover_auth::authd::fetch(&self.socket, Duration::from_millis(FETCH_TIMEOUT_MS))
+        let Some(socket) = &self.socket else {
+            return match cached.as_ref() {
+                Some((token, _)) => Ok(token.clone()),
+                None => {
+                    Err(ClientError::Credential("this client sends only the credentials its callers give it".into()))
+                }
+            };
+        };
+        let text = drover_auth::authd::fetch(socket, Duration::from_millis(FETCH_TIMEOUT_MS))
             .map_err(|e| ClientError::Credential(e.to_string()))?;
         let expires_ms = unverified_claims(&text).map_or(0, |c| c.expires_ms);
         let value = MetadataValue::try_from(text.as_str())

@@ -12,8 +12,9 @@
 mod config;
 mod credentials;
 mod leader_hint;
+pub mod relay;
 
-pub use config::{ClientConfig, DEFAULT_CONFIG_PATH};
+pub use config::{ClientConfig, DEFAULT_CONFIG_PATH, RELAY_SOCKET_ENV};
 pub use credentials::Credentials;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -96,6 +97,19 @@ pub struct Client {
     local: Vec<usize>,
     /// Index of the controller that answered the latest call (stale reads included).
     last_answered: AtomicUsize,
+}
+
+/// A job spec as a submission carries it: the compact record codec, not JSON (the leader decodes every
+/// submission on its hot path).
+pub fn encode_spec(spec: &JobSpec) -> Result<Vec<u8>, ClientError> {
+    drover_state::codec::encode(spec).map_err(|e| ClientError::Protocol(e.to_string()))
+}
+
+/// A request id for a process's one submission, before (or without) a [`Client`]: unique per process and
+/// moment, like [`Client::new_request_id`]'s.
+pub fn one_off_request_id() -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{}-{:x}-0", std::process::id(), nanos)
 }
 
 /// Whether an error means "try another controller" rather than "the request is wrong".
@@ -221,7 +235,7 @@ impl Client {
         F: FnMut(DroverServiceClient<Service>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        self.call_from(&[], call).await
+        self.call_from(&[], &self.credentials, call).await
     }
 
     /// A read any replica may answer from its own state: the local controllers first, then as [`Client::call`].
@@ -230,12 +244,18 @@ impl Client {
         F: FnMut(DroverServiceClient<Service>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        if stale { self.call_from(&self.local, call).await } else { self.call_from(&[], call).await }
+        let first: &[usize] = if stale { &self.local } else { &[] };
+        self.call_from(first, &self.credentials, call).await
     }
 
     /// Tries the controllers in `first` once each, in order, then the usual rotation from the current one. An
     /// answer from one of `first` does not move the current controller: the leader stays where writes go.
-    async fn call_from<T, F, Fut>(&self, first: &[usize], mut call: F) -> Result<T, ClientError>
+    async fn call_from<T, F, Fut>(
+        &self,
+        first: &[usize],
+        credentials: &Credentials,
+        mut call: F,
+    ) -> Result<T, ClientError>
     where
         F: FnMut(DroverServiceClient<Service>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
@@ -249,8 +269,8 @@ impl Client {
             let preferred = first.get(attempt).copied();
             let index = preferred.unwrap_or_else(|| self.current.load(Ordering::Relaxed) % self.channels.len());
             // Fail fast, before any network, when there is no credential to send.
-            self.credentials.token()?;
-            let client = DroverServiceClient::with_interceptor(self.channels[index].clone(), self.credentials.clone())
+            credentials.token()?;
+            let client = DroverServiceClient::with_interceptor(self.channels[index].clone(), credentials.clone())
                 .max_decoding_message_size(256 << 20);
             // One attempt never outlives the caller's deadline (a status probe with a short deadline must not hang
             // on a frozen replica for the full RPC timeout).
@@ -319,16 +339,37 @@ impl Client {
 
     /// Submits a job; returns its id once the submission is committed on a quorum.
     pub async fn submit(&self, spec: &JobSpec) -> Result<u64, ClientError> {
-        // The compact binary codec, not JSON: the leader decodes every submission on its hot path.
-        let spec_bytes = drover_state::codec::encode(spec).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let request_id = self.new_request_id();
+        self.submit_encoded(encode_spec(spec)?, self.new_request_id()).await
+    }
+
+    /// Submits a spec already encoded ([`encode_spec`]) under `request_id`: a retry with the same id, from this
+    /// process or through the relay, returns the first submission's job.
+    pub async fn submit_encoded(&self, spec: Vec<u8>, request_id: String) -> Result<u64, ClientError> {
+        let request = SubmitJobRequest { spec, request_id };
         let reply = self
             .call(|mut c| {
-                let request = SubmitJobRequest { spec: spec_bytes.clone(), request_id: request_id.clone() };
+                let request = request.clone();
                 async move { c.submit_job(request).await }
             })
             .await?;
         Ok(reply.job_id)
+    }
+
+    /// Submits a spec already in the record codec, under a request id the caller chose, with the caller's own
+    /// credential: what `drover-relayd` does for each local submission. The reply says whether the id was a
+    /// duplicate.
+    pub async fn submit_as(
+        &self,
+        spec: Vec<u8>,
+        request_id: String,
+        credential: tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+    ) -> Result<SubmitJobReply, ClientError> {
+        let request = SubmitJobRequest { spec, request_id };
+        self.call_from(&[], &Credentials::given(credential), |mut c| {
+            let request = request.clone();
+            async move { c.submit_job(request).await }
+        })
+        .await
     }
 
     async fn job_ids(&self, kind: JobIdsKind, ids: &[u64]) -> Result<Vec<JobOutcome>, ClientError> {

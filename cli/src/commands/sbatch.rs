@@ -45,8 +45,7 @@ fn submit(args: &[String]) -> anyhow::Result<()> {
             eprintln!("sbatch: warning: {warning}");
         }
     }
-    let client = crate::connect::client(controllers.as_deref())?;
-    let job_id = crate::connect::runtime().block_on(client.submit(&parsed.spec))?;
+    let job_id = crate::connect::submit(controllers.as_deref(), &parsed.spec)?;
     match (parsed.quiet, parsed.parsable) {
         (true, _) => {}
         (false, true) => println!("{job_id}"),
