@@ -59,6 +59,11 @@ pub async fn submit(socket: &Path, credentials: &Credentials, spec: Vec<u8>, req
         Err(status) if std::error::Error::source(&status).is_some() => {
             RelayAttempt::Unavailable(format!("{}: {}", socket.display(), status.message()))
         }
+        // The relay's own limit on submissions in flight (it passes the cluster's refusals on under other codes):
+        // the direct path is not limited by it.
+        Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+            RelayAttempt::Unavailable(format!("{}: {}", socket.display(), status.message()))
+        }
         Err(status) => RelayAttempt::Refused(ClientError::from_status(&status)),
     }
 }

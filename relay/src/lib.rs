@@ -23,7 +23,8 @@ use tonic::{Code, Request, Response, Status};
 
 /// The largest submission the relay accepts: the controllers' own limit on a request.
 pub const MAX_REQUEST_BYTES: usize = 16 << 20;
-/// Submissions forwarded at once; beyond this a caller is told the relay is busy (and may submit directly).
+/// Submissions forwarded at once; beyond this a caller is told the relay is busy (`ResourceExhausted`, which
+/// `sbatch` takes as "submit directly"; the cluster's own refusals reach callers under other codes).
 pub const MAX_IN_FLIGHT: usize = 1_024;
 /// Calls one local connection may have open at once (a command opens one connection for one call).
 const MAX_CALLS_PER_CONNECTION: usize = 64;

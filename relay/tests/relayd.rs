@@ -1,0 +1,103 @@
+//! The `drover-relayd` binary as a host runs it: its socket, a second copy on the same socket, what a caller
+//! hears when the cluster cannot be reached, and a clean stop.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use drover_auth::credential::{ClusterKey, Identity, now_ms, sign};
+use drover_client::Credentials;
+use drover_client::relay::{self, RelayAttempt};
+
+/// A client configuration aimed at a controller that is not there, with real TLS files.
+fn host_config(dir: &Path) -> PathBuf {
+    let pki = drover_cli::pki::Pki::create(&dir.join("pki"), "relay-test").unwrap();
+    let (cert, key) = pki.issue("client", &drover_auth::Role::Client("h".into()), &["h".into()], &[]).unwrap();
+    let config = drover_client::ClientConfig {
+        controllers: vec!["127.0.0.1:1".into()],
+        ca: pki.ca_path(),
+        cert,
+        key,
+        auth_socket: dir.join("auth.sock"),
+        local_controllers: Vec::new(),
+        relay_socket: Some(dir.join("relay.sock")),
+    };
+    let path = dir.join("client.toml");
+    std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
+    path
+}
+
+fn relayd(config: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_drover-relayd"));
+    command.arg("--config").arg(config).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    command
+}
+
+fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < timeout, "{what} did not happen within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_serves_every_user_refuses_a_second_copy_reports_an_unreachable_cluster_and_stops_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = host_config(dir.path());
+    let socket = dir.path().join("relay.sock");
+    let mut relay = Running(relayd(&config).spawn().unwrap());
+    wait_for("the relay's socket", Duration::from_secs(10), || socket.exists());
+    assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o666, "every local user may call");
+
+    // A second relay on the same socket refuses to start, naming the one already there.
+    let second = relayd(&config).output().unwrap();
+    assert!(!second.status.success());
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(said.contains("another drover-relayd is serving"), "{said}");
+
+    // The cluster is not there: the caller hears which controllers were tried, as a direct call would say.
+    let token = sign(&ClusterKey::generate(), &Identity { uid: 1, gid: 1, user: "u".into() }, "h", now_ms(), 60_000);
+    let spec = drover_client::encode_spec(&drover_cli::local::trivial_spec()).unwrap();
+    let attempt = relay::submit(&socket, &Credentials::given(token.parse().unwrap()), spec, "r-1").await;
+    let RelayAttempt::Refused(e) = attempt else {
+        panic!("expected the cluster's absence to be reported: {attempt:?}")
+    };
+    assert!(e.to_string().contains("cannot reach the Drover cluster: tried 127.0.0.1:1"), "{e}");
+
+    // SIGTERM: it stops and takes its socket with it, so no command tries a dead one.
+    // SAFETY: kill(2) on the child this test started.
+    unsafe { libc::kill(relay.0.id() as i32, libc::SIGTERM) };
+    let status = relay.0.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!socket.exists());
+}
+
+#[test]
+fn a_relay_without_its_configuration_or_tls_files_says_which() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = relayd(&dir.path().join("nope.toml")).output().unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("nope.toml"));
+
+    let config = host_config(dir.path());
+    let text = std::fs::read_to_string(&config).unwrap().replace("client.pem", "gone.pem");
+    std::fs::write(&config, text).unwrap();
+    let no_tls = relayd(&config).output().unwrap();
+    assert!(!no_tls.status.success());
+    assert!(
+        String::from_utf8_lossy(&no_tls.stderr).contains("gone.pem"),
+        "{}",
+        String::from_utf8_lossy(&no_tls.stderr)
+    );
+}
