@@ -205,18 +205,7 @@ impl LocalCluster {
             let ip = cluster.ip_of(10 + id);
             members.insert(id, format!("{ip}:{}", free_port(&ip)?));
         }
-        cluster.processes.push(Process {
-            role: "authd".into(),
-            id: AUTHD_ID,
-            address: dir.join("auth.sock").display().to_string(),
-            pid: None,
-            data_dir: dir.clone(),
-            log_file: dir.join("authd.log"),
-            config: pki.cluster_key_path(),
-            http: None,
-            listen: None,
-        });
-        cluster.start(AUTHD_ID)?;
+        cluster.start_host_daemon("authd", AUTHD_ID, "auth.sock", pki.cluster_key_path())?;
         cluster.write_client_config(&members.values().cloned().collect::<Vec<_>>())?;
         for (id, addr) in &members {
             let process = cluster.write_config(*id, addr, &members)?;
@@ -226,23 +215,29 @@ impl LocalCluster {
             cluster.start(*id)?;
         }
         // The host's submission relay, as a production host runs it beside its authd (`sbatch` uses it when up).
-        cluster.processes.push(Process {
-            role: "relayd".into(),
-            id: RELAY_ID,
-            address: dir.join("relay.sock").display().to_string(),
-            pid: None,
-            data_dir: dir.clone(),
-            log_file: dir.join("relayd.log"),
-            config: dir.join("client.toml"),
-            http: None,
-            listen: None,
-        });
-        cluster.start(RELAY_ID)?;
+        cluster.start_host_daemon("relayd", RELAY_ID, "relay.sock", dir.join("client.toml"))?;
         for _ in 0..cluster.options.agents {
             cluster.add_agent()?;
         }
         cluster.save()?;
         Ok(cluster)
+    }
+
+    /// Records and starts one of the host's daemons (`authd`, `relayd`): it serves the Unix socket `DIR/socket`,
+    /// logs to `DIR/ROLE.log` and reads `config`.
+    fn start_host_daemon(&mut self, role: &str, id: u64, socket: &str, config: PathBuf) -> anyhow::Result<()> {
+        self.processes.push(Process {
+            role: role.into(),
+            id,
+            address: self.dir.join(socket).display().to_string(),
+            pid: None,
+            data_dir: self.dir.clone(),
+            log_file: self.dir.join(format!("{role}.log")),
+            config,
+            http: None,
+            listen: None,
+        });
+        self.start(id)
     }
 
     /// Configures and starts one more node agent (`nodeNN`) with simulated GPUs.
