@@ -10,6 +10,7 @@ use openraft::{LogState, OptionalSend, RaftLogReader};
 use rocksdb::{Direction, IteratorMode, WriteBatch};
 
 use super::db::{CF_LOGS, CF_RAFT, Db, id_key, key_id};
+use super::log_tail::LogTail;
 use crate::types::{Entry, LogId, TypeConfig, Vote};
 
 const VOTE_KEY: &[u8] = b"vote";
@@ -27,6 +28,9 @@ pub struct LogStore {
     /// Group commit: appends hand their flush callbacks to one syncing thread (see [`start_wal_syncer`]); none in
     /// the simulation, which syncs inline to stay deterministic.
     syncer: Option<std::sync::mpsc::SyncSender<IOFlushed<TypeConfig>>>,
+    /// The newest entries, shared by every clone (the appender and openraft's readers), so that reading back what
+    /// was just appended needs no disk read and no decode.
+    tail: std::sync::Arc<std::sync::Mutex<LogTail>>,
 }
 
 /// Starts the thread that makes appends durable. It takes every callback that queued up while its previous fsync
@@ -74,7 +78,11 @@ pub(super) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> io::Result
 impl LogStore {
     pub fn new(db: Db) -> LogStore {
         let syncer = (!crate::runtime::is_simulated()).then(|| start_wal_syncer(std::sync::Arc::downgrade(&db.db)));
-        LogStore { db, syncer }
+        LogStore { db, syncer, tail: Default::default() }
+    }
+
+    fn tail(&self) -> std::sync::MutexGuard<'_, LogTail> {
+        self.tail.lock().expect("log tail poisoned")
     }
 
     fn get<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> io::Result<Option<T>> {
@@ -107,6 +115,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(x) => *x + 1,
             Bound::Unbounded => 0,
         };
+        if let Some(entries) = self.tail().read(start, MAX_READ_ENTRIES, |index| range.contains(&index)) {
+            return Ok(entries);
+        }
         let mut entries = Vec::new();
         let iter = self.db.db.iterator_cf(self.db.cf(CF_LOGS), IteratorMode::From(&id_key(start), Direction::Forward));
         for item in iter {
@@ -160,12 +171,22 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let mut batch = WriteBatch::default();
         let cf = self.db.cf(CF_LOGS);
+        let mut written = Vec::new();
         for entry in entries {
             let value = encode(&entry)?;
-            batch.put_cf(cf, id_key(entry.index()), value);
+            batch.put_cf(cf, id_key(entry.index()), &value);
+            written.push((entry, value.len()));
         }
-        // Written (readable) now; acknowledged to openraft only once fsynced.
-        self.db.db.write(batch).map_err(|e| io_err("appending to the log", e))?;
+        // Written (readable) now; acknowledged to openraft only once fsynced. The tail's lock is held across the
+        // write so that no reader sees the tail and the stored log disagree.
+        let mut tail = self.tail();
+        if let Err(e) = self.db.db.write(batch) {
+            // Whatever part of the batch reached the log is unknown here: the disk answers reads from now on.
+            tail.clear();
+            return Err(io_err("appending to the log", e));
+        }
+        tail.appended(written);
+        drop(tail);
         // Not awaited: the append returns while the fsync runs, and the callback tells openraft when it is done.
         // Simulated runs sync inline (deterministic); a full queue falls back to a sync of its own.
         let callback = match &self.syncer {
@@ -188,17 +209,26 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> io::Result<()> {
         let from = last_log_id.map(|id| id.index() + 1).unwrap_or(0);
-        self.db
+        let mut tail = self.tail();
+        tail.truncate_from(from);
+        let cf = self.db.cf(CF_LOGS);
+        let result = self
             .db
-            .delete_range_cf(self.db.cf(CF_LOGS), id_key(from), id_key(u64::MAX))
-            .map_err(|e| io_err("truncating the log", e))?;
-        // Deleting the key u64::MAX itself, which delete_range's exclusive end leaves.
-        self.db.db.delete_cf(self.db.cf(CF_LOGS), id_key(u64::MAX)).map_err(|e| io_err("truncating the log", e))
+            .db
+            .delete_range_cf(cf, id_key(from), id_key(u64::MAX))
+            // Deleting the key u64::MAX itself, which delete_range's exclusive end leaves.
+            .and_then(|()| self.db.db.delete_cf(cf, id_key(u64::MAX)));
+        if result.is_err() {
+            // The disk may still hold entries past the truncation: only it can answer reads now.
+            tail.clear();
+        }
+        result.map_err(|e| io_err("truncating the log", e))
     }
 
     async fn purge(&mut self, log_id: LogId) -> io::Result<()> {
         // Record the purge point first: entries at or before it are ignored even if deletion is cut short.
         self.put(PURGED_KEY, &log_id)?;
+        self.tail().purge_through(log_id.index());
         self.db
             .db
             .delete_range_cf(self.db.cf(CF_LOGS), id_key(0), id_key(log_id.index() + 1))

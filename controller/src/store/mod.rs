@@ -8,6 +8,7 @@
 
 mod db;
 mod log_store;
+mod log_tail;
 mod snapshot;
 mod state_machine;
 
