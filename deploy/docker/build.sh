@@ -12,7 +12,7 @@ BASE=${BASE:-drover-base:bookworm}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-BINS=(drover drover-controller drover-agent drover-authd)
+BINS=(drover drover-controller drover-agent drover-authd drover-relayd)
 
 die() { echo "build: $*" >&2; exit 1; }
 command -v docker >/dev/null || die "docker is missing: install Docker Engine (apt-get install -y docker.io)"
@@ -24,7 +24,7 @@ start=$(date +%s)
 if [ "${SKIP_CARGO:-0}" != 1 ]; then
     command -v cargo >/dev/null || die "cargo is missing (install Rust), or set SKIP_CARGO=1 with binaries in $TARGET_DIR/release"
     echo "build: cargo build --release (binaries: ${BINS[*]})"
-    (cd "$ROOT" && CARGO_TARGET_DIR=$TARGET_DIR cargo build --release -p drover-cli -p drover-controller -p drover-agent -p drover-auth --bins)
+    (cd "$ROOT" && CARGO_TARGET_DIR=$TARGET_DIR cargo build --release -p drover-cli -p drover-controller -p drover-agent -p drover-auth -p drover-relay --bins)
 fi
 for b in "${BINS[@]}"; do
     [ -x "$TARGET_DIR/release/$b" ] || die "$TARGET_DIR/release/$b is missing: run cargo build --release (or unset SKIP_CARGO)"
