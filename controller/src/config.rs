@@ -21,6 +21,12 @@ pub struct ControllerConfig {
     #[serde(default)]
     pub advertise: Option<String>,
     pub data_dir: PathBuf,
+    /// The replica's async worker threads; default one per core. Replicas that share a host (`drover local up`
+    /// runs three on one machine) should split its cores between them: three replicas with a worker per core each
+    /// keep waking threads that only contend for the same cores (on two cores, 64 clients committed 9,024-9,213
+    /// submissions/s with two workers each, 9,524-9,678/s with one).
+    #[serde(default)]
+    pub worker_threads: Option<usize>,
     /// The founding members. The lowest id among them initializes a brand-new cluster once every founder is
     /// reachable and none holds data. A replica not listed here waits to be added (`drover cluster add-replica`).
     #[serde(default)]
@@ -163,6 +169,9 @@ impl ControllerConfig {
                 self.advertise_addr()
             ));
         }
+        if self.worker_threads == Some(0) {
+            return Err("worker_threads must be at least 1 (leave it out for one per core)".into());
+        }
         let r = &self.raft;
         if r.heartbeat_interval_ms == 0 || r.election_timeout_min_ms <= r.heartbeat_interval_ms * 2 {
             return Err("raft.election_timeout_min_ms must exceed twice raft.heartbeat_interval_ms".into());
@@ -225,5 +234,18 @@ mod tests {
         assert_eq!((debug.priority_tier, debug.max_gpus_per_job), (1, Some(8)));
         assert_eq!(config.cluster.scheduler.reservation_depth, 100);
         assert_eq!(config.cluster.fairshare_half_life_s, 7 * 24 * 3600);
+        assert_eq!(config.worker_threads, None, "one worker per core unless the operator says otherwise");
+    }
+
+    /// A runtime without workers would never run anything: refused when the file is read, naming the field.
+    #[test]
+    fn zero_worker_threads_is_refused_with_the_fields_name() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/controller-1.toml");
+        let mut config = ControllerConfig::load(&path).unwrap();
+        config.worker_threads = Some(0);
+        let err = config.validate().unwrap_err();
+        assert!(err.contains("worker_threads"), "{err}");
+        config.worker_threads = Some(1);
+        config.validate().unwrap();
     }
 }

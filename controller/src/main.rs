@@ -26,13 +26,17 @@ fn main() -> anyhow::Result<()> {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
     }
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run())
+    // The configuration first: it sizes the runtime.
+    let config = ControllerConfig::load(&Args::parse().config)?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(workers) = config.worker_threads {
+        runtime.worker_threads(workers);
+    }
+    runtime.enable_all().build()?.block_on(run(config))
 }
 
-async fn run() -> anyhow::Result<()> {
+async fn run(config: ControllerConfig) -> anyhow::Result<()> {
     drover_observe::logging::init("info,openraft=warn,h2=warn,tower=warn");
-    let args = Args::parse();
-    let config = ControllerConfig::load(&args.config)?;
     let data_dir = config.data_dir.clone();
     let controller = Controller::start(config).await.context("drover-controller failed to start")?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
