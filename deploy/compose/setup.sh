@@ -179,7 +179,7 @@ done
 give "$STATE/etc/login" ca.pem cluster.key client-login.pem client-login.key
 client_toml client-login /etc/drover/pki > "$STATE/etc/login/client.toml"
 # The login container runs drover-relayd (see drover-entrypoint): its sbatch submits through it.
-echo 'relay_socket = "/run/drover/relay.sock"' >> "$STATE/etc/login/client.toml"
+echo 'relay_socket = "/run/drover/relay/relay.sock"' >> "$STATE/etc/login/client.toml"
 # The drills' client configuration, at the same path on the host, on the login node and on every agent (jobs of a
 # drill use it too); the socket is each host's own authd (the host's clients set DROVER_AUTH_SOCKET, see env).
 cp -p "$pki/ca.pem" "$pki/client-drill.pem" "$pki/client-drill.key" "$STATE/shared/pki/"
