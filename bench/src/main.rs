@@ -45,8 +45,8 @@ enum BenchCmd {
         duration_s: u64,
         /// Worker threads of the load generator itself. It shares the host's cores with the three replicas, so by
         /// default it takes one, as `drover local up` gives each replica its share: on two cores a second thread
-        /// only added cross-thread wake-ups on the cores the replicas need (64 clients: 9,524-9,678 commits/s with
-        /// two, 10,124-10,360/s with one). A load generator on a machine of its own would not take them at all.
+        /// only added cross-thread wake-ups on the cores the replicas need (64 clients, same build: 9,070 commits/s
+        /// with two, 9,632-10,102/s with one). A load generator on a machine of its own would not take them at all.
         #[arg(long, default_value_t = 1)]
         client_threads: usize,
         #[arg(long)]
