@@ -7,7 +7,6 @@ use clap::Parser;
 use drover_auth::tls::ClientTls;
 use drover_client::{Client, ClientConfig, Credentials, DEFAULT_CONFIG_PATH};
 use drover_relay::Relay;
-use tracing_subscriber::EnvFilter;
 
 /// Where a host's relay listens unless its configuration says otherwise.
 const DEFAULT_SOCKET: &str = "/run/drover-relay/relay.sock";
@@ -27,10 +26,8 @@ struct Args {
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_writer(std::io::stderr)
-        .init();
+    // The daemons' one log setup: RUST_LOG filters, DROVER_LOG_FORMAT=json for a log pipeline.
+    drover_observe::logging::init("info");
     if let Err(err) = run(Args::parse()).await {
         eprintln!("drover-relayd: {err:#}");
         std::process::exit(1);

@@ -101,3 +101,24 @@ fn a_relay_without_its_configuration_or_tls_files_says_which() {
         String::from_utf8_lossy(&no_tls.stderr)
     );
 }
+
+/// The relay logs as every Drover daemon does: `DROVER_LOG_FORMAT=json` gives one JSON object per line for a log
+/// pipeline (it used to set up its own text-only logger and ignore the variable).
+#[test]
+fn a_relay_asked_for_json_logs_writes_one_json_object_per_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = host_config(dir.path());
+    let socket = dir.path().join("relay.sock");
+    let relay = relayd(&config).env("DROVER_LOG_FORMAT", "json").spawn().unwrap();
+    wait_for("the relay's socket", Duration::from_secs(10), || socket.exists());
+    // SAFETY: kill(2) on the child this test started.
+    unsafe { libc::kill(relay.id() as i32, libc::SIGTERM) };
+    let output = relay.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(lines.iter().any(|l| l.contains("relaying submissions")), "{stderr}");
+    for line in lines {
+        let event: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(event.get("level").is_some(), "{line}");
+    }
+}

@@ -6,7 +6,6 @@ use anyhow::Context;
 use clap::Parser;
 use drover_auth::authd::{self, DEFAULT_SOCKET, SOCKET_ENV};
 use drover_auth::credential::{ClusterKey, DEFAULT_TTL_MS};
-use tracing_subscriber::EnvFilter;
 
 /// Credentials live at most a day: a leaked one must not outlive a working day.
 const MAX_TTL_MS: u64 = 24 * 3600 * 1000;
@@ -32,10 +31,8 @@ struct Args {
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_writer(std::io::stderr)
-        .init();
+    // The daemons' one log setup: RUST_LOG filters, DROVER_LOG_FORMAT=json for a log pipeline.
+    drover_observe::logging::init("info");
     if let Err(err) = run(Args::parse()).await {
         eprintln!("drover-authd: {err:#}");
         std::process::exit(1);
