@@ -130,8 +130,10 @@ async fn issue(mut stream: UnixStream, key: &ClusterKey, host: &str, ttl_ms: u64
     // getpwuid_r may go to LDAP/SSSD over the network: keep it off the async workers.
     let user = tokio::task::spawn_blocking(move || user_name(uid)).await.map_err(io::Error::other)?;
     let token = credential::sign(key, &Identity { uid, gid, user: user.clone() }, host, credential::now_ms(), ttl_ms);
-    stream.write_all(token.as_bytes()).await?;
-    stream.write_all(b"\n").await?;
+    // One write: the client reads up to the newline, and a second write would wake it twice.
+    let mut line = token.into_bytes();
+    line.push(b'\n');
+    stream.write_all(&line).await?;
     stream.shutdown().await?;
     tracing::debug!(uid, gid, user = %user, pid = ?cred.pid(), "issued a credential");
     Ok(())
