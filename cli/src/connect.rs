@@ -23,19 +23,22 @@ pub fn runtime() -> &'static tokio::runtime::Runtime {
 /// configuration names one for this cluster and it answers, else directly. One request id covers both, so
 /// falling back after a relay that died mid-call never submits twice.
 pub fn submit(flag: Option<&str>, spec: &JobSpec) -> anyhow::Result<u64> {
-    let _context = runtime().enter();
     let config = ClientConfig::from_environment(flag)?;
     let spec = drover_client::encode_spec(spec)?;
     let request_id = drover_client::one_off_request_id();
+    let credentials = Credentials::from_socket(&config.auth_socket);
     if let Some(socket) = config.relay_socket.as_deref().filter(|s| s.exists()) {
-        let credentials = Credentials::from_socket(&config.auth_socket);
-        match runtime().block_on(relay::submit(socket, &credentials, spec.clone(), &request_id)) {
+        // Without a credential there is nothing to forward, and the direct path would fail the same way.
+        let token = credentials.token()?;
+        let token = token.to_str().map_err(|_| anyhow::anyhow!("drover-authd answered with an unusable token"))?;
+        match relay::submit(socket, token, spec.clone(), &request_id) {
             RelayAttempt::Submitted(job_id) => return Ok(job_id),
             RelayAttempt::Refused(e) => return Err(e.into()),
             // Not running, or gone mid-call: the direct path below, under the same request id.
             RelayAttempt::Unavailable(_) => {}
         }
     }
-    let client = Client::new(&config)?.remembering_leader();
+    let _context = runtime().enter();
+    let client = Client::with_credentials(&config, credentials)?.remembering_leader();
     Ok(runtime().block_on(client.submit_encoded(spec, request_id))?)
 }

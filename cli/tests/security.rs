@@ -14,11 +14,9 @@ use std::time::{Duration, Instant};
 use drover_auth::credential::{CREDENTIAL_METADATA_KEY, Identity, now_ms, sign};
 use drover_auth::{ClusterKey, RoleKind};
 use drover_cli::local::{LocalCluster, UpOptions};
-use drover_client::Credentials;
 use drover_client::relay::{self, RelayAttempt};
 use drover_proto::v1::agent_gateway_client::AgentGatewayClient;
 use drover_proto::v1::agent_service_client::AgentServiceClient;
-use drover_proto::v1::drover_relay_client::DroverRelayClient;
 use drover_proto::v1::drover_service_client::DroverServiceClient;
 use drover_proto::v1::raft_service_client::RaftServiceClient;
 use drover_proto::v1::{
@@ -307,7 +305,7 @@ async fn the_relay_forwards_each_callers_own_credential_and_lends_none() {
     let alice = token(&key, ALICE);
 
     // Alice's submission through the relay is Alice's job.
-    let attempt = relay::submit(&socket, &Credentials::given(alice.parse().unwrap()), spec.clone(), "alice-1").await;
+    let attempt = relay::submit(&socket, &alice, spec.clone(), "alice-1");
     let RelayAttempt::Submitted(id) = attempt else { panic!("the relay did not submit: {attempt:?}") };
     let leader = leader_addr_async(&cluster).await;
     let mut api = DroverServiceClient::new(client_channel(&cluster, &leader, RoleKind::Controller));
@@ -316,23 +314,21 @@ async fn the_relay_forwards_each_callers_own_credential_and_lends_none() {
     assert_eq!(job.spec.uid, ALICE, "the relay's caller owns the job, not the relay");
 
     // The same request id again, through the relay and then directly: the first job, not a second.
-    let again = relay::submit(&socket, &Credentials::given(alice.parse().unwrap()), spec.clone(), "alice-1").await;
+    let again = relay::submit(&socket, &alice, spec.clone(), "alice-1");
     assert!(matches!(again, RelayAttempt::Submitted(same) if same == id), "{again:?}");
     let direct = SubmitJobRequest { spec: spec.clone(), request_id: "alice-1".into() };
     let reply = api.submit_job(with_token(direct, &alice)).await.unwrap().into_inner();
     assert_eq!((reply.job_id, reply.duplicate), (id, true));
 
     // No credential: the relay refuses before sending anything (it must not lend its host's identity).
-    let channel = relay::connect(&socket).await.unwrap();
-    let anonymous = SubmitJobRequest { spec: spec.clone(), request_id: "anonymous".into() };
-    let refused = DroverRelayClient::new(channel).submit_job(anonymous).await.unwrap_err();
-    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
-    assert!(refused.message().contains("none of its own"), "{}", refused.message());
+    let refused = relay::submit(&socket, "", spec.clone(), "anonymous");
+    let RelayAttempt::Refused(e) = refused else { panic!("an anonymous submission was not refused: {refused:?}") };
+    assert!(e.to_string().contains("none of its own"), "{e}");
 
     // A credential signed with another key: the controllers refuse it, and the caller hears why.
     let forged =
         sign(&ClusterKey::generate(), &Identity { uid: 0, gid: 0, user: "root".into() }, "x", now_ms(), 60_000);
-    let attempt = relay::submit(&socket, &Credentials::given(forged.parse().unwrap()), spec, "forged").await;
+    let attempt = relay::submit(&socket, &forged, spec, "forged");
     let RelayAttempt::Refused(e) = attempt else { panic!("a forged credential went through: {attempt:?}") };
     assert!(e.to_string().contains("not signed with this cluster's key"), "{e}");
 

@@ -131,9 +131,15 @@ impl Client {
     /// A client for the controllers `config` names (any subset works; all of them is best), with its TLS
     /// certificate and its credential source.
     pub fn new(config: &ClientConfig) -> Result<Client, ClientError> {
+        Client::with_credentials(config, Credentials::from_socket(&config.auth_socket))
+    }
+
+    /// Like [`Client::new`], with a credential source the caller already holds (and may have used: a command
+    /// that tried the relay first sends the same token directly).
+    pub fn with_credentials(config: &ClientConfig, credentials: Credentials) -> Result<Client, ClientError> {
         let tls = ClientTls::load(config.tls_files())
             .map_err(|e| ClientError::Config(format!("the client's TLS files: {e}")))?;
-        Client::with_tls(config, tls, Credentials::from_socket(&config.auth_socket))
+        Client::with_tls(config, tls, credentials)
     }
 
     /// Like [`Client::new`], with TLS and credentials already loaded (long-running tools share them).

@@ -12,26 +12,35 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
-use drover_auth::credential::{CREDENTIAL_METADATA_KEY, MAX_TOKEN_BYTES};
+use drover_auth::credential::MAX_TOKEN_BYTES;
+use drover_client::relay::{self as protocol, FrameError, MAGIC};
 use drover_client::{Client, ClientError};
-use drover_proto::v1::drover_relay_server::{DroverRelay, DroverRelayServer};
-use drover_proto::v1::{SubmitJobReply, SubmitJobRequest};
+use drover_proto::v1::{RelayReply, RelayRequest};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
 use tokio::sync::Semaphore;
-use tokio_stream::wrappers::UnixListenerStream;
-use tonic::{Code, Request, Response, Status};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::{Code, Status};
 
-/// The largest submission the relay accepts: the controllers' own limit on a request.
-pub const MAX_REQUEST_BYTES: usize = 16 << 20;
+pub use drover_client::relay::MAX_REQUEST_BYTES;
+
 /// Submissions forwarded at once; beyond this a caller is told the relay is busy (`ResourceExhausted`, which
 /// `sbatch` takes as "submit directly"; the cluster's own refusals reach callers under other codes).
 pub const MAX_IN_FLIGHT: usize = 1_024;
-/// Calls one local connection may have open at once (a command opens one connection for one call).
-const MAX_CALLS_PER_CONNECTION: usize = 64;
+/// Connections open at once, forwarded or still sending their request. Beyond this a new connection is closed at
+/// once, and its command submits directly.
+const MAX_CONNECTIONS: usize = 4_096;
+/// How long a caller may take to send its request: a command writes it all at once, so a slower one is stuck
+/// (or is not a command at all) and must not hold a connection slot.
+const REQUEST_TIMEOUT_MS: u64 = 10_000;
+/// How long writing the reply may take (a caller that stopped reading).
+const REPLY_TIMEOUT_MS: u64 = 5_000;
 
-/// The relay's gRPC service: forwards each submission with its caller's credential.
+/// The relay: forwards each submission with its caller's credential.
 pub struct Relay {
-    client: Arc<Client>,
+    client: Client,
     in_flight: Semaphore,
 }
 
@@ -39,35 +48,102 @@ impl Relay {
     /// `client` must be built with [`drover_client::Credentials::none`]: the relay never sends a credential of
     /// its own.
     pub fn new(client: Client) -> Relay {
-        Relay { client: Arc::new(client), in_flight: Semaphore::new(MAX_IN_FLIGHT) }
+        Relay { client, in_flight: Semaphore::new(MAX_IN_FLIGHT) }
     }
 
-    pub fn into_service(self) -> DroverRelayServer<Relay> {
-        DroverRelayServer::new(self).max_decoding_message_size(MAX_REQUEST_BYTES)
+    /// One connection: read the request, forward it, answer. A caller that speaks another protocol, or stalls,
+    /// gets no answer: its command falls back to the direct path.
+    async fn serve_connection(&self, mut stream: UnixStream) {
+        let request =
+            match tokio::time::timeout(Duration::from_millis(REQUEST_TIMEOUT_MS), read_request(&mut stream)).await {
+                Ok(Ok(request)) => request,
+                Ok(Err(RequestError::Frame(e @ FrameError::Magic(_)))) => {
+                    tracing::warn!("a caller was not answered: {e}");
+                    return;
+                }
+                Ok(Err(RequestError::Frame(e))) => {
+                    // The caller speaks the protocol but sent something wrong: tell it what.
+                    let reply = protocol::refusal(&Status::invalid_argument(format!("the relay cannot read it: {e}")));
+                    write_reply(&mut stream, &reply).await;
+                    return;
+                }
+                Ok(Err(RequestError::Io(e))) => {
+                    tracing::debug!("a caller hung up before sending its request: {e}");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(timeout_ms = REQUEST_TIMEOUT_MS, "a caller did not send its request in time");
+                    return;
+                }
+            };
+        let reply = match self.submit(request).await {
+            Ok(reply) => reply,
+            Err(status) => protocol::refusal(&status),
+        };
+        write_reply(&mut stream, &reply).await;
     }
-}
 
-#[tonic::async_trait]
-impl DroverRelay for Relay {
-    async fn submit_job(&self, request: Request<SubmitJobRequest>) -> Result<Response<SubmitJobReply>, Status> {
-        let credential = match request.metadata().get(CREDENTIAL_METADATA_KEY) {
-            Some(value) if value.len() <= MAX_TOKEN_BYTES => value.clone(),
-            Some(_) => return Err(Status::unauthenticated("the credential is longer than any drover-authd issues")),
-            None => {
-                return Err(Status::unauthenticated(
-                    "no credential: the relay forwards its caller's own credential (from drover-authd) and has none \
-                     of its own to lend",
-                ));
-            }
+    async fn submit(&self, request: RelayRequest) -> Result<RelayReply, Status> {
+        let credential = credential_of(&request.credential)?;
+        let Some(submit) = request.submit else {
+            return Err(Status::invalid_argument("the request holds no submission"));
         };
         let _permit = self.in_flight.try_acquire().map_err(|_| {
             Status::resource_exhausted(format!(
                 "the relay has {MAX_IN_FLIGHT} submissions in flight; try again, or submit directly"
             ))
         })?;
-        let message = request.into_inner();
-        let reply = self.client.submit_as(message.spec, message.request_id, credential).await.map_err(status_of)?;
-        Ok(Response::new(reply))
+        let reply = self.client.submit_as(submit.spec, submit.request_id, credential).await.map_err(status_of)?;
+        Ok(protocol::submitted(reply))
+    }
+}
+
+/// The caller's credential as the controllers take it, or why the relay refuses to forward it.
+fn credential_of(token: &str) -> Result<MetadataValue<Ascii>, Status> {
+    if token.is_empty() {
+        return Err(Status::unauthenticated(
+            "no credential: the relay forwards its caller's own credential (from drover-authd) and has none of its \
+             own to lend",
+        ));
+    }
+    if token.len() > MAX_TOKEN_BYTES {
+        return Err(Status::unauthenticated("the credential is longer than any drover-authd issues"));
+    }
+    let not_a_token =
+        || Status::unauthenticated("the credential is not a token drover-authd issues (not printable ASCII)");
+    // HTTP header values may carry bytes over 0x7f; a token never does.
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(not_a_token());
+    }
+    MetadataValue::try_from(token).map_err(|_| not_a_token())
+}
+
+enum RequestError {
+    Frame(FrameError),
+    Io(std::io::Error),
+}
+
+/// Reads one request frame: the magic, the length (bounded), the message.
+async fn read_request(stream: &mut UnixStream) -> Result<RelayRequest, RequestError> {
+    let mut magic = [0u8; MAGIC.len()];
+    stream.read_exact(&mut magic).await.map_err(RequestError::Io)?;
+    protocol::check_magic(magic).map_err(RequestError::Frame)?;
+    let mut header = [0u8; 4];
+    stream.read_exact(&mut header).await.map_err(RequestError::Io)?;
+    let len = protocol::frame_len(header, MAX_REQUEST_BYTES).map_err(RequestError::Frame)?;
+    let mut body = vec![0u8; len];
+    stream.read_exact(&mut body).await.map_err(RequestError::Io)?;
+    protocol::decode_request(&body).map_err(RequestError::Frame)
+}
+
+async fn write_reply(stream: &mut UnixStream, reply: &RelayReply) {
+    let frame = protocol::encode_reply(reply);
+    match tokio::time::timeout(Duration::from_millis(REPLY_TIMEOUT_MS), stream.write_all(&frame)).await {
+        Ok(Ok(())) => {}
+        // The command went away (killed, timed out): it submits directly under the same request id, which the
+        // cluster answers with this same job.
+        Ok(Err(e)) => tracing::debug!("a caller hung up before its answer: {e}"),
+        Err(_) => tracing::debug!("a caller did not read its answer in time"),
     }
 }
 
@@ -96,22 +172,42 @@ pub async fn serve(
     let listener =
         drover_auth::authd::bind_public_socket(path, "drover-relayd").map_err(|e| RelayError::Socket(e.to_string()))?;
     tracing::info!(socket = %path.display(), "relaying submissions");
-    let result = tonic::transport::Server::builder()
-        .concurrency_limit_per_connection(MAX_CALLS_PER_CONNECTION)
-        .add_service(relay.into_service())
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
-        .await;
+    let (relay, connections) = (Arc::new(relay), Arc::new(Semaphore::new(MAX_CONNECTIONS)));
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Usually EMFILE/ENFILE: back off instead of spinning on an error that will repeat.
+                tracing::warn!("accepting a connection failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        // Over the limit the connection is dropped unanswered: its command submits directly.
+        let Ok(slot) = connections.clone().try_acquire_owned() else {
+            tracing::warn!(MAX_CONNECTIONS, "too many connections open; one was closed unanswered");
+            continue;
+        };
+        let relay = relay.clone();
+        tokio::spawn(async move {
+            relay.serve_connection(stream).await;
+            drop(slot);
+        });
+    }
     // A socket file left behind would point the next `sbatch` at nothing (it falls back, but slower).
     let _ = std::fs::remove_file(path);
-    result.map_err(|e| RelayError::Serve(e.to_string()))
+    Ok(())
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
     #[error("{0}")]
     Socket(String),
-    #[error("serving the relay socket failed: {0}")]
-    Serve(String),
 }
 
 #[cfg(test)]
@@ -127,5 +223,18 @@ mod tests {
         let status = status_of(ClientError::Unreachable { tried: "a:1".into(), last: "refused".into() });
         assert_eq!(status.code(), Code::Unavailable);
         assert!(status.message().contains("cannot reach the Drover cluster: tried a:1"), "{}", status.message());
+    }
+
+    /// The relay lends no identity: a request without a credential, or with one no drover-authd could have
+    /// issued, is refused before anything is sent, and the caller hears why.
+    #[test]
+    fn a_missing_or_impossible_credential_is_refused_before_forwarding() {
+        let refused = credential_of("").unwrap_err();
+        assert_eq!(refused.code(), Code::Unauthenticated);
+        assert!(refused.message().contains("none of its own"), "{}", refused.message());
+        let long = "a".repeat(MAX_TOKEN_BYTES + 1);
+        assert!(credential_of(&long).unwrap_err().message().contains("longer than any drover-authd issues"));
+        assert!(credential_of("tok\u{e9}n").unwrap_err().message().contains("not printable ASCII"));
+        assert_eq!(credential_of("token").unwrap(), "token");
     }
 }

@@ -1,14 +1,16 @@
 //! The `drover-relayd` binary as a host runs it: its socket, a second copy on the same socket, what a caller
 //! hears when the cluster cannot be reached, and a clean stop.
 
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use drover_auth::credential::{ClusterKey, Identity, now_ms, sign};
-use drover_client::Credentials;
 use drover_client::relay::{self, RelayAttempt};
+use drover_proto::v1::relay_reply::Outcome;
+use prost::Message;
 
 /// A client configuration aimed at a controller that is not there, with real TLS files.
 fn host_config(dir: &Path) -> PathBuf {
@@ -69,11 +71,34 @@ async fn a_relay_serves_every_user_refuses_a_second_copy_reports_an_unreachable_
     // The cluster is not there: the caller hears which controllers were tried, as a direct call would say.
     let token = sign(&ClusterKey::generate(), &Identity { uid: 1, gid: 1, user: "u".into() }, "h", now_ms(), 60_000);
     let spec = drover_client::encode_spec(&drover_cli::local::trivial_spec()).unwrap();
-    let attempt = relay::submit(&socket, &Credentials::given(token.parse().unwrap()), spec, "r-1").await;
+    let attempt = relay::submit(&socket, &token, spec, "r-1");
     let RelayAttempt::Refused(e) = attempt else {
         panic!("expected the cluster's absence to be reported: {attempt:?}")
     };
     assert!(e.to_string().contains("cannot reach the Drover cluster: tried 127.0.0.1:1"), "{e}");
+
+    // A caller that speaks the protocol but sends a broken request hears what is wrong with it ...
+    let mut broken = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    broken.write_all(b"DRL1\0\0\0\x03\xff\xff\xff").unwrap();
+    let mut answer = Vec::new();
+    broken.read_to_end(&mut answer).unwrap();
+    let reply = drover_proto::v1::RelayReply::decode(&answer[4..]).unwrap();
+    let Some(Outcome::Refused(refusal)) = reply.outcome else { panic!("{reply:?}") };
+    assert_eq!(tonic::Code::from_i32(refusal.code), tonic::Code::InvalidArgument);
+    assert!(refusal.message.contains("malformed frame"), "{}", refusal.message);
+    // ... while one that speaks another protocol (an older sbatch's HTTP/2) is not answered at all, so that it
+    // falls back to submitting directly; the relay carries on serving.
+    let mut old = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    old.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    let mut answer = Vec::new();
+    // Closed with the rest of the preface unread: a reset, or an end with nothing in it.
+    match old.read_to_end(&mut answer) {
+        Ok(_) => assert!(answer.is_empty(), "{answer:?}"),
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+    }
+    let attempt =
+        relay::submit(&socket, &token, drover_client::encode_spec(&drover_cli::local::trivial_spec()).unwrap(), "r-2");
+    assert!(matches!(attempt, RelayAttempt::Refused(_)), "{attempt:?}");
 
     // SIGTERM: it stops and takes its socket with it, so no command tries a dead one.
     // SAFETY: kill(2) on the child this test started.
