@@ -187,6 +187,8 @@ impl InsightTable {
 struct ReasonPacer {
     /// When reasons were last committed.
     last: Option<Instant>,
+    /// When reasons held back are due: the loop then runs a pass even if nothing changed.
+    due: Option<Instant>,
 }
 
 /// What to do with a pass's commands.
@@ -208,12 +210,28 @@ impl ReasonPacer {
             commands.iter().all(|c| matches!(c, Command::ApplyPlan { allocations, .. } if allocations.is_empty()));
         let due = self.last.map(|last| last + Duration::from_millis(REASONS_INTERVAL_MS));
         match due {
-            Some(due) if only_reasons && now < due => Pace::HoldUntil(due),
+            Some(due) if only_reasons && now < due => {
+                self.due = Some(due);
+                Pace::HoldUntil(due)
+            }
             _ => {
                 self.last = Some(now);
+                self.due = None;
                 Pace::Commit
             }
         }
+    }
+
+    /// How long the loop may wait for a change before it runs a pass anyway: `idle`, or less when reasons are
+    /// due sooner.
+    fn wait(&self, now: Instant, idle: Duration) -> Duration {
+        self.due.map_or(idle, |due| due.saturating_duration_since(now).min(idle))
+    }
+
+    /// The loop woke without a change. Whatever was due gets its pass now, if this replica still leads; one that
+    /// no longer leads must not keep waking (its due time has passed, and would read as "now" forever).
+    fn woke(&mut self) {
+        self.due = None;
     }
 }
 
@@ -221,8 +239,6 @@ pub async fn scheduling_loop(proposer: Proposer, view: StateView, id: u64, lates
     let mut metrics = proposer.raft().metrics();
     let mut planned_at: Option<u64> = None;
     let mut pacer = ReasonPacer::default();
-    // When held-back reasons are due: a pass then runs even if nothing changed.
-    let mut reasons_due: Option<Instant> = None;
     loop {
         let (leading, applied) = {
             let m = metrics.borrow_watched();
@@ -261,9 +277,8 @@ pub async fn scheduling_loop(proposer: Proposer, view: StateView, id: u64, lates
             let pass_took = pass_started.elapsed();
             latest.pass_seconds.observe(pass_took.as_secs_f64());
             let commands = command.unwrap_or_default();
-            reasons_due = None;
             match pacer.pace(&commands, Instant::now()) {
-                Pace::HoldUntil(due) => reasons_due = Some(due),
+                Pace::HoldUntil(_) => {}
                 Pace::Commit => {
                     for command in commands {
                         if let Err(e) = propose(&proposer, command).await {
@@ -276,13 +291,15 @@ pub async fn scheduling_loop(proposer: Proposer, view: StateView, id: u64, lates
             tokio::time::sleep(pause).await;
             continue;
         }
-        let idle = Duration::from_millis(IDLE_PASS_INTERVAL_MS);
-        let wait = reasons_due.map_or(idle, |due| due.saturating_duration_since(Instant::now()).min(idle));
+        let wait = pacer.wait(Instant::now(), Duration::from_millis(IDLE_PASS_INTERVAL_MS));
         tokio::select! {
             // In order, not at random: the same events give the same passes (the simulation replays seeds).
             biased;
             changed = metrics.changed() => if changed.is_err() { return },
-            _ = tokio::time::sleep(wait) => planned_at = None,
+            _ = tokio::time::sleep(wait) => {
+                planned_at = None;
+                pacer.woke();
+            }
         }
     }
 }
@@ -316,6 +333,27 @@ mod tests {
         // The start carried reasons: the interval runs from it.
         assert_eq!(pacer.pace(&reasons(), soon + interval / 2), Pace::HoldUntil(soon + interval));
         assert_eq!(pacer.pace(&reasons(), soon + interval), Pace::Commit);
+    }
+
+    /// The loop wakes for held reasons when they are due, and only once: a replica that lost leadership in
+    /// between runs no pass, and must go back to waiting the idle interval rather than wake again at once.
+    #[test]
+    fn held_reasons_wake_the_loop_once_when_due() {
+        let idle = Duration::from_millis(IDLE_PASS_INTERVAL_MS);
+        let interval = Duration::from_millis(REASONS_INTERVAL_MS);
+        let reasons = vec![Command::ApplyPlan { allocations: vec![], reasons: vec![(1, PendingReason::Resources)] }];
+        let t0 = Instant::now();
+        let mut pacer = ReasonPacer::default();
+        assert_eq!(pacer.wait(t0, idle), idle, "nothing held: the idle interval");
+        assert_eq!(pacer.pace(&reasons, t0), Pace::Commit);
+        assert_eq!(pacer.wait(t0, idle), idle, "committed: nothing held");
+        let soon = t0 + interval / 4;
+        assert_eq!(pacer.pace(&reasons, soon), Pace::HoldUntil(t0 + interval));
+        assert_eq!(pacer.wait(soon, idle), interval - interval / 4, "held: wake when due");
+        assert_eq!(pacer.wait(t0 + 2 * interval, idle), Duration::ZERO, "overdue: wake now");
+        pacer.woke();
+        assert_eq!(pacer.wait(t0 + 2 * interval, idle), idle, "woken once: back to the idle interval");
+        assert_eq!(pacer.pace(&reasons, t0 + 2 * interval), Pace::Commit, "the pass after waking commits them");
     }
 
     /// `sprio` and `squeue --start` read the latest pass's table: each job's weighted factors and its reservation,
