@@ -171,9 +171,57 @@ pub fn find_binary(name: &str) -> anyhow::Result<PathBuf> {
     )
 }
 
+/// A port on `ip` that nothing listens on, for one of a local cluster's processes to listen on.
+///
+/// The port comes from below the kernel's ephemeral range when the host leaves room there. A port found by binding
+/// port 0 comes from that range, and between this check and the process's own bind any outgoing connection on the
+/// host may take it as its local port: the replica or agent then cannot listen, and a cluster whose founder is
+/// missing never initializes. The test suite saw exactly that ("did not elect a leader within 45s", "the agents did
+/// not register"), with many clusters starting beside clients that open connections all the time. Below the range
+/// a port is only ever taken by an explicit bind.
 fn free_port(ip: &str) -> anyhow::Result<u16> {
+    let (low, _) = ephemeral_ports();
+    if low > MIN_LOCAL_PORT {
+        let span = u64::from((low - MIN_LOCAL_PORT).min(LOCAL_PORT_SPAN));
+        let first = low - span as u16;
+        for _ in 0..64 {
+            let port = first + (next_random() % span) as u16;
+            if TcpListener::bind((ip, port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     let listener = TcpListener::bind((ip, 0)).with_context(|| format!("cannot bind a port on {ip}"))?;
     Ok(listener.local_addr()?.port())
+}
+
+/// The lowest port [`free_port`] hands out (well above the ports of common services).
+const MIN_LOCAL_PORT: u16 = 10_000;
+/// How far below the ephemeral range [`free_port`] looks.
+const LOCAL_PORT_SPAN: u16 = 16_384;
+
+/// The kernel's ephemeral port range (Linux's default when it cannot be read).
+fn ephemeral_ports() -> (u16, u16) {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let mut bounds = text.split_whitespace().filter_map(|p| p.parse::<u16>().ok());
+    match (bounds.next(), bounds.next()) {
+        (Some(low), Some(high)) if low <= high => (low, high),
+        _ => (32_768, 60_999),
+    }
+}
+
+/// A cheap pseudo-random number, different in every process and call (xorshift over the clock, the process id
+/// and a counter): concurrent clusters must not all try the same ports first.
+fn next_random() -> u64 {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut x = nanos ^ u64::from(std::process::id()).rotate_left(32) ^ call.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    x
 }
 
 impl LocalCluster {
@@ -793,4 +841,24 @@ fn wait_gone(pid: u32, timeout: Duration) -> bool {
 /// A stable 64-bit hash (FNV-1a) of a cluster's directory, to name its cgroups.
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A local cluster's ports come from below the ephemeral range, where no outgoing connection can take one
+    /// between the check and the process's own bind; each is free, and two calls rarely agree.
+    #[test]
+    fn local_cluster_ports_are_free_and_below_the_ephemeral_range() {
+        let (low, _) = ephemeral_ports();
+        assert!(low > MIN_LOCAL_PORT, "this host's ephemeral range starts at {low}: nothing to test");
+        let ports: Vec<u16> = (0..16).map(|_| free_port("127.0.0.1").unwrap()).collect();
+        for port in &ports {
+            assert!((MIN_LOCAL_PORT..low).contains(port), "{port} is not below the ephemeral range ({low})");
+            TcpListener::bind(("127.0.0.1", *port)).unwrap();
+        }
+        let distinct: std::collections::BTreeSet<_> = ports.iter().collect();
+        assert!(distinct.len() > 8, "{ports:?}");
+    }
 }
