@@ -694,12 +694,10 @@ fn bin_name(role: &str) -> &'static str {
     }
 }
 
-/// `127.A.B.` for a cluster whose processes get addresses of their own: A.B from the clock and the process id,
+/// `127.A.B.` for a cluster whose processes get addresses of their own: A.B from [`next_random`] (clock, process id),
 /// so clusters of concurrent tests do not share addresses (and a test's firewall rules touch only its own).
 fn random_ip_base() -> String {
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-    let mix = nanos ^ std::process::id().wrapping_mul(2_654_435_761);
+    let mix = next_random();
     format!("127.{}.{}.", 64 + (mix >> 8) % 128, mix % 256)
 }
 
