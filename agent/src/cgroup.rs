@@ -365,6 +365,15 @@ pub fn job_keys(root: &CgroupRoot) -> BTreeSet<(u64, u64)> {
         .collect()
 }
 
+/// Whether a process is still in the job's cgroup (in any hierarchy): a task of it, or something one left.
+pub fn job_has_processes(root: &CgroupRoot, job: u64, incarnation: u64) -> bool {
+    let name = job_name(job, incarnation);
+    std::iter::once(&root.path).chain(&root.cpuacct).chain(&root.cpuset).any(|base| {
+        fs::read_to_string(procs_file(&base.join(&name)))
+            .is_ok_and(|members| members.split_whitespace().next().is_some())
+    })
+}
+
 /// Removes the job's cgroups in every hierarchy; true once all are gone. A cgroup that still holds a process
 /// stays (a task of the job is still running, or a process escaped its kill): it is tried again later.
 pub fn remove_job(root: &CgroupRoot, job: u64, incarnation: u64) -> io::Result<bool> {

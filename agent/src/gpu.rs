@@ -71,6 +71,10 @@ pub trait GpuBackend: Send + Sync {
     fn inventory(&self) -> Result<Vec<GpuInfo>, GpuError>;
     /// Polls health; XID events collected since the previous poll.
     fn health(&self) -> Result<Vec<GpuHealth>, GpuError>;
+    /// The processes that hold GPU `index` now (NVML's compute-process list): a GPU is free for a new task only
+    /// when this is empty. `Err` where the backend cannot know (no driver): the agent then relies on its own task
+    /// records alone.
+    fn compute_processes(&self, index: u32) -> Result<Vec<u32>, GpuError>;
 }
 
 /// What the agent's config says the node should have.
@@ -408,6 +412,13 @@ impl GpuBackend for NvmlBackend {
         (0..count).map(|index| self.gpu_info(index)).collect()
     }
 
+    fn compute_processes(&self, index: u32) -> Result<Vec<u32>, GpuError> {
+        let device = self.nvml.device_by_index(index).map_err(nvml_error("nvmlDeviceGetHandleByIndex"))?;
+        let processes =
+            device.running_compute_processes().map_err(nvml_error("nvmlDeviceGetComputeRunningProcesses"))?;
+        Ok(processes.into_iter().map(|p| p.pid).collect())
+    }
+
     fn health(&self) -> Result<Vec<GpuHealth>, GpuError> {
         let count = self.nvml.device_count().map_err(nvml_error("nvmlDeviceGetCount"))?;
         let mut poll = lock(&self.poll);
@@ -446,6 +457,12 @@ pub enum SimulatedFault {
 pub struct SimulatedBackend {
     gpus: Vec<GpuInfo>,
     description: String,
+    /// The node these GPUs are simulated for (`None`: a configured inventory of real GPUs the agent cannot see).
+    /// A simulated GPU is held by every live process that was given it: one whose environment names this node
+    /// (`SLURMD_NODENAME`) and lists the GPU in `CUDA_VISIBLE_DEVICES`, as every task the agent starts does. So
+    /// a task's leftovers (a double fork, a process outside its group) hold the GPU until they are gone, as a CUDA
+    /// context holds a real one.
+    simulated_node: Option<String>,
     /// What a cleared GPU reads: a plausible idle value when simulated, nothing when the inventory is only configured
     /// (inventing a temperature for a real GPU we cannot see would mislead).
     idle_temperature_c: Option<u32>,
@@ -482,7 +499,9 @@ impl SimulatedBackend {
                 pci_bus_id: pci_bus_id(index),
             })
             .collect();
-        Self::build(gpus, format!("simulated ({count} GPUs)"), Some(SIMULATED_IDLE_TEMPERATURE_C))
+        let mut backend = Self::build(gpus, format!("simulated ({count} GPUs)"), Some(SIMULATED_IDLE_TEMPERATURE_C));
+        backend.simulated_node = Some(seed.to_string());
+        backend
     }
 
     /// The inventory the config promises, for a node whose NVML cannot be opened.
@@ -509,7 +528,14 @@ impl SimulatedBackend {
     fn build(gpus: Vec<GpuInfo>, description: String, idle_temperature_c: Option<u32>) -> SimulatedBackend {
         let healthy = SimulatedGpu { temperature_c: idle_temperature_c, ..SimulatedGpu::default() };
         let state = SimulatedState { gpus: vec![healthy; gpus.len()], fault_file_applied: String::new() };
-        SimulatedBackend { gpus, description, idle_temperature_c, fault_file: None, state: Mutex::new(state) }
+        SimulatedBackend {
+            gpus,
+            description,
+            simulated_node: None,
+            idle_temperature_c,
+            fault_file: None,
+            state: Mutex::new(state),
+        }
     }
 
     /// Reads faults from `path` on every health poll, so an operator can break a GPU of a running simulated agent:
@@ -581,6 +607,31 @@ impl SimulatedBackend {
     }
 }
 
+/// The live processes holding simulated GPU `index` of `node` (see [`SimulatedBackend`]'s `simulated_node`).
+/// Processes whose environment cannot be read (another user's, without root) are not seen: the agent runs as root.
+fn simulated_holders(node: &str, index: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let index = index.to_string();
+    let mut holders = Vec::new();
+    for pid in entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+        let mut on_node = false;
+        let mut has_gpu = false;
+        for var in environ.split(|b| *b == 0) {
+            if let Some(value) = var.strip_prefix(b"SLURMD_NODENAME=") {
+                on_node = value == node.as_bytes();
+            } else if let Some(value) = var.strip_prefix(b"CUDA_VISIBLE_DEVICES=") {
+                has_gpu = value.split(|b| *b == b',').any(|v| v == index.as_bytes());
+            }
+        }
+        // A zombie has no environment left (the read is empty): it holds nothing.
+        if on_node && has_gpu {
+            holders.push(pid);
+        }
+    }
+    holders
+}
+
 /// Memory of the models we simulate, as `nvidia-smi` reports it.
 fn model_memory_mb(model: &str) -> Option<u64> {
     let model = model.to_lowercase();
@@ -634,6 +685,13 @@ impl GpuBackend for SimulatedBackend {
         self.description.clone()
     }
 
+    fn compute_processes(&self, index: u32) -> Result<Vec<u32>, GpuError> {
+        let Some(node) = &self.simulated_node else {
+            return Err(GpuError::NoDriver("a configured inventory cannot see the GPUs' processes".into()));
+        };
+        Ok(simulated_holders(node, index))
+    }
+
     fn inventory(&self) -> Result<Vec<GpuInfo>, GpuError> {
         Ok(self.gpus.clone())
     }
@@ -672,6 +730,30 @@ fn index_ranges_or_none(sorted: &[u32]) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// A simulated GPU is held by every live process that was given it on this node, and by nothing else.
+    #[test]
+    fn a_simulated_gpu_is_held_by_every_live_process_given_it() {
+        let node = format!("gpu-holders-{}", std::process::id());
+        let backend = SimulatedBackend::new(4, "H200", &node);
+        let mut child = std::process::Command::new("/bin/sleep")
+            .arg("30")
+            .env("SLURMD_NODENAME", &node)
+            .env("CUDA_VISIBLE_DEVICES", "1,3")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        assert_eq!(backend.compute_processes(1).unwrap(), [pid]);
+        assert_eq!(backend.compute_processes(3).unwrap(), [pid]);
+        assert!(backend.compute_processes(0).unwrap().is_empty());
+        let other = SimulatedBackend::new(4, "H200", &format!("{node}-other"));
+        assert!(other.compute_processes(1).unwrap().is_empty(), "another node's GPU 1");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(backend.compute_processes(1).unwrap().is_empty(), "gone with its holder");
+        let configured = SimulatedBackend::configured(&ExpectedGpus { count: Some(2), ..ExpectedGpus::default() }, "n");
+        assert!(configured.compute_processes(0).is_err(), "a configured inventory cannot see processes");
+    }
+
     use super::*;
 
     fn gpu(index: u32, name: &str) -> GpuInfo {

@@ -91,6 +91,8 @@ impl NodeAgent {
             // the user controls).
             make_dirs: vec![a.job.checkpoint_dir()],
             cgroup: self.task_cgroup(a),
+            gpus: gpus.clone(),
+            journal: Some(self.journal_path().display().to_string()),
         };
         let started = written
             .map_err(|e| e.to_string())
@@ -116,9 +118,10 @@ impl NodeAgent {
         let dir = self.tasks_dir.join(format!("{}.{}.{}.{}", key.0, key.1, launch.step_id, rank));
         let spec = &a.job.spec;
         self.may_run_as(spec.uid)?;
-        if !self.lease_valid() {
-            return Err("this node holds no lease from the controllers right now; try again".to_string());
-        }
+        self.may_start_tasks()?;
+        let gpus = a.job.allocation.get(a.node_index as usize).map(|s| s.gpus.clone()).unwrap_or_default();
+        // Never beside a task of an earlier incarnation that still holds these GPUs (it is being stopped).
+        self.wait_for_gpus(key, &gpus)?;
         std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let ctx = PatternContext {
             job_id: a.job.id,
@@ -154,7 +157,6 @@ impl NodeAgent {
             // The task's user must be able to create its output files in the directory.
             let _ = std::os::unix::fs::chown(&dir, Some(spec.uid), Some(spec.gid));
         }
-        let gpus = a.job.allocation.get(a.node_index as usize).map(|s| s.gpus.clone()).unwrap_or_default();
         let placement = Placement {
             job: &a.job,
             hosts: &a.hosts,
@@ -184,6 +186,8 @@ impl NodeAgent {
             lease_file: Some(self.lease_path().display().to_string()),
             make_dirs: Vec::new(),
             cgroup: self.task_cgroup(a),
+            gpus: gpus.clone(),
+            journal: Some(self.journal_path().display().to_string()),
         };
         supervise::spawn(&self.exe, &dir, &task).map_err(|e| e.to_string())?;
         Ok((dir, streamed_out, streamed_err))

@@ -5,6 +5,7 @@ pub mod cgroup;
 pub mod config;
 pub mod env;
 pub mod gpu;
+pub mod journal;
 pub mod launch;
 pub mod lease;
 pub mod marker;

@@ -40,6 +40,12 @@ const RELEASE_RETRY_MS: u64 = 1_000;
 const MARKER_INTERVAL: Duration = Duration::from_secs(1);
 /// Job cgroups are looked after this often: ended jobs' removed, memory sampled where the kernel keeps no peak.
 const CGROUP_INTERVAL: Duration = Duration::from_secs(1);
+/// A GPU held by processes no task of this node started, for this long, is reported as a problem (the node is
+/// drained with it): a task of another incarnation would have been killed well within this.
+const FOREIGN_HOLDER_PROBLEM_MS: u64 = 60_000;
+/// How long a step's launch waits for its GPUs to be released by a task of an earlier incarnation being stopped
+/// (its SIGTERM, `KillWait`, SIGKILL) before it fails.
+const STEP_GPU_WAIT_MS: u64 = 30_000;
 
 /// A job incarnation: what task directories and reports are keyed by.
 pub type JobKey = (JobId, u64);
@@ -89,6 +95,15 @@ struct Inner {
     lease_until: Instant,
     /// The tasks were killed when the lease ran out, and no lease came since.
     fenced: bool,
+    /// The registration epoch the lease is for, and the one the assignments are for: tasks start only while they
+    /// agree (a lease of a new registration never starts what an earlier one was assigned).
+    lease_epoch: u64,
+    assignments_epoch: u64,
+    /// The GPUs each lingering incarnation held here: it is confirmed gone only once no process holds them.
+    lingering_gpus: HashMap<JobKey, Vec<u32>>,
+    /// GPUs some process holds that no task of this node was given, and since when (see
+    /// `FOREIGN_HOLDER_PROBLEM_MS`).
+    foreign_holders: HashMap<u32, Instant>,
     timing: Timing,
     /// Tasks being stopped: when SIGTERM went out.
     stopping: HashMap<PathBuf, Instant>,
@@ -105,6 +120,17 @@ struct Inner {
     memory_samples: HashMap<JobKey, u64>,
     /// When job cgroups were last looked after.
     cgroups_tended: Option<Instant>,
+}
+
+/// The leader's latest word on what a node runs (`ControllerMessage::Assignments`, unpacked).
+#[derive(Default)]
+pub struct AssignmentUpdate {
+    pub jobs: Vec<Assignment>,
+    pub applied_index: u64,
+    pub lingering: Vec<JobKey>,
+    pub allow_root_jobs: bool,
+    pub epoch: u64,
+    pub lingering_gpus: Vec<(JobKey, Vec<u32>)>,
 }
 
 /// A snapshot of the agent for `/metrics`.
@@ -217,6 +243,10 @@ impl NodeAgent {
                 outbox: None,
                 lease_until,
                 fenced: false,
+                lease_epoch: 0,
+                assignments_epoch: 0,
+                lingering_gpus: HashMap::new(),
+                foreign_holders: HashMap::new(),
                 timing,
                 stopping: HashMap::new(),
                 warned_to_stop: HashMap::new(),
@@ -271,9 +301,125 @@ impl NodeAgent {
         self.config.state_dir.join(lease::LEASE_FILE)
     }
 
-    /// Whether the node holds a lease now (tasks may start).
+    /// Whether the node holds a lease now.
     pub fn lease_valid(&self) -> bool {
         self.lock().lease_until > Instant::now()
+    }
+
+    /// Whether tasks may start now, and if not, why: only under a valid lease, once this session's assignments
+    /// arrived, and while the lease and the assignments are for the same registration epoch (the controller's
+    /// `agents` module explains why that keeps a job from running twice).
+    pub fn may_start_tasks(&self) -> Result<(), String> {
+        let inner = self.lock();
+        if inner.lease_until <= Instant::now() {
+            return Err("this node holds no lease from the controllers right now; try again".to_string());
+        }
+        if !inner.synced {
+            return Err("this node has not heard its assignments from the leader yet; try again".to_string());
+        }
+        if inner.lease_epoch != inner.assignments_epoch {
+            return Err(format!(
+                "this node's lease (registration {}) and assignments (registration {}) disagree; try again",
+                inner.lease_epoch, inner.assignments_epoch
+            ));
+        }
+        Ok(())
+    }
+
+    /// The node's task journal, which the supervisors append to.
+    pub fn journal_path(&self) -> PathBuf {
+        self.config.state_dir.join(crate::journal::JOURNAL_FILE)
+    }
+
+    /// What a registration lists as still running here: every incarnation with a task that may be alive (its
+    /// supervisor runs, or died without a result), with the GPUs its tasks were given, and every incarnation whose
+    /// cgroup still holds a process.
+    pub fn running_shares(&self) -> Vec<drover_state::RunningShare> {
+        let mut shares: std::collections::BTreeMap<JobKey, Vec<u32>> = std::collections::BTreeMap::new();
+        for dir in self.task_dirs() {
+            if !supervise::may_be_running(&dir.path) {
+                continue;
+            }
+            let gpus = shares.entry(dir.key).or_default();
+            if let Ok(launch) = supervise::read_launch(&dir.path) {
+                for gpu in launch.gpus {
+                    if !gpus.contains(&gpu) {
+                        gpus.push(gpu);
+                    }
+                }
+            }
+        }
+        if let Some(root) = &self.cgroup {
+            for key in crate::cgroup::job_keys(root) {
+                if crate::cgroup::job_has_processes(root, key.0, key.1) {
+                    shares.entry(key).or_default();
+                }
+            }
+        }
+        shares
+            .into_iter()
+            .take(drover_state::lifecycle::MAX_RUNNING_SHARES)
+            .map(|((job, incarnation), gpus)| drover_state::RunningShare { job, incarnation, gpus })
+            .collect()
+    }
+
+    /// Whether `gpus` are free for a task of `key`: no task here of another incarnation that may still run was
+    /// given any of them, and, before the first task of `key` starts here, no process holds them (where the GPU
+    /// backend can tell). `Err` names the holder.
+    pub fn gpus_free_for(&self, key: JobKey, gpus: &[u32], dirs: &[TaskDir]) -> Result<(), String> {
+        if gpus.is_empty() {
+            return Ok(());
+        }
+        let mut first_here = true;
+        for dir in dirs {
+            if !supervise::may_be_running(&dir.path) {
+                continue;
+            }
+            if dir.key == key {
+                first_here = false;
+                continue;
+            }
+            let Ok(launch) = supervise::read_launch(&dir.path) else { continue };
+            if let Some(gpu) = launch.gpus.iter().find(|g| gpus.contains(g)) {
+                return Err(format!(
+                    "GPU {gpu} is still held by job {} incarnation {} (task {}), which is being stopped",
+                    dir.key.0,
+                    dir.key.1,
+                    dir.path.display()
+                ));
+            }
+        }
+        if !first_here {
+            return Ok(());
+        }
+        for &gpu in gpus {
+            match self.gpus.compute_processes(gpu) {
+                Ok(pids) if !pids.is_empty() => {
+                    self.lock().foreign_holders.entry(gpu).or_insert_with(Instant::now);
+                    return Err(format!("GPU {gpu} is still used by process(es) {pids:?}"));
+                }
+                Ok(_) => {
+                    self.lock().foreign_holders.remove(&gpu);
+                }
+                // The backend cannot see processes (no driver): the task records above are all there is.
+                Err(e) => tracing::debug!(gpu, "cannot list the GPU's processes: {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits (blocking, at most `STEP_GPU_WAIT_MS`) until `gpus` are free for a task of `key`.
+    pub(crate) fn wait_for_gpus(&self, key: JobKey, gpus: &[u32]) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_millis(STEP_GPU_WAIT_MS);
+        loop {
+            match self.gpus_free_for(key, gpus, &self.task_dirs()) {
+                Ok(()) => return Ok(()),
+                Err(why) if Instant::now() >= deadline => {
+                    return Err(format!("{why}; gave up after {} s", STEP_GPU_WAIT_MS / 1_000));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
     }
 
     /// The address outgoing connections leave from: the one the agent listens on, when it names one (so a
@@ -304,9 +450,14 @@ impl NodeAgent {
         inner.synced = false;
     }
 
-    /// A leader backed by a quorum renewed the lease until `until`: record it where the supervisors look.
-    pub fn renew(&self, until: Instant) {
+    /// A leader backed by a quorum renewed the lease of registration `epoch` until `until`: record it where the
+    /// supervisors look.
+    pub fn renew(&self, until: Instant, epoch: u64) {
         let mut inner = self.lock();
+        if inner.lease_epoch != epoch {
+            tracing::info!(epoch, previous = inner.lease_epoch, "the node's lease is now for a new registration");
+            inner.lease_epoch = epoch;
+        }
         if until <= inner.lease_until && !inner.fenced {
             return;
         }
@@ -323,13 +474,9 @@ impl NodeAgent {
         }
     }
 
-    pub fn set_assignments(
-        &self,
-        jobs: Vec<Assignment>,
-        applied_index: u64,
-        lingering: Vec<JobKey>,
-        allow_root_jobs: bool,
-    ) {
+    /// The leader's latest word on what this node runs (see `ControllerMessage::Assignments`).
+    pub fn set_assignments(&self, update: AssignmentUpdate) {
+        let AssignmentUpdate { jobs, applied_index, lingering, allow_root_jobs, epoch, lingering_gpus } = update;
         let mut inner = self.lock();
         if applied_index < inner.applied_index {
             tracing::warn!(
@@ -343,6 +490,8 @@ impl NodeAgent {
         inner.timing.allow_root_jobs = allow_root_jobs;
         inner.assignments = jobs.into_iter().map(|a| (a.job.id, a)).collect();
         inner.lingering = lingering;
+        inner.lingering_gpus = lingering_gpus.into_iter().collect();
+        inner.assignments_epoch = epoch;
         inner.released_sent = None;
         inner.synced = true;
         drop(inner);
@@ -390,14 +539,15 @@ impl NodeAgent {
     /// One reconcile pass; blocking file work, run it on a blocking thread.
     pub fn reconcile(&self) {
         let dirs = self.task_dirs();
-        let (assignments, lingering, synced, timing, lease_valid, fence_now) = {
+        let may_start = self.may_start_tasks().is_ok();
+        let (assignments, lingering, synced, timing, fence_now) = {
             let mut inner = self.lock();
             let lease_valid = inner.lease_until > Instant::now();
             let fence = !lease_valid && !inner.fenced;
             if fence {
                 inner.fenced = true;
             }
-            (inner.assignments.clone(), inner.lingering.clone(), inner.synced, inner.timing, lease_valid, fence)
+            (inner.assignments.clone(), inner.lingering.clone(), inner.synced, inner.timing, fence)
         };
         if fence_now {
             self.fence(&dirs, timing);
@@ -434,9 +584,13 @@ impl NodeAgent {
                     self.mark(key, WARNED_MARKER);
                     self.warn(key, warning);
                 }
-                if a.node_index == 0 && !a.job.spec.interactive && !mine.iter().any(|d| d.step.is_none()) && lease_valid
-                {
-                    to_launch.push(a);
+                if a.node_index == 0 && !a.job.spec.interactive && !mine.iter().any(|d| d.step.is_none()) && may_start {
+                    // Not while a task of another incarnation may still hold its GPUs: the next pass tries again.
+                    let gpus = a.job.allocation.first().map(|s| s.gpus.as_slice()).unwrap_or_default();
+                    match self.gpus_free_for(key, gpus, &dirs) {
+                        Ok(()) => to_launch.push(a),
+                        Err(why) => tracing::debug!(job = key.0, "batch script waits for its GPUs: {why}"),
+                    }
                 }
             }
             if a.node_index == 0 {
@@ -590,16 +744,28 @@ impl NodeAgent {
         at.elapsed() >= Duration::from_secs(u64::from(warning.before_s.min(MAX_WARNING_S)))
     }
 
-    /// Tells the leader which lingering incarnations have no task left here (once a second while it lists them).
+    /// Tells the leader which lingering incarnations are gone here (once a second while it lists them): no task
+    /// of theirs may still run, their cgroup holds no process, and no process holds the GPUs they held (where the
+    /// GPU backend can tell). Only then may the leader give those GPUs to another job.
     fn confirm_released(&self, lingering: &[JobKey], dirs: &[TaskDir]) {
         if lingering.is_empty() {
             return;
         }
+        let held_gpus = self.lock().lingering_gpus.clone();
         let gone: Vec<JobKey> = lingering
             .iter()
             .copied()
             .filter(|key| {
-                !dirs.iter().any(|d| d.key == *key && matches!(supervise::status(&d.path), TaskStatus::Running { .. }))
+                let task_left = dirs.iter().any(|d| d.key == *key && supervise::may_be_running(&d.path));
+                let in_cgroup =
+                    self.cgroup.as_ref().is_some_and(|root| crate::cgroup::job_has_processes(root, key.0, key.1));
+                let gpu_busy = held_gpus.get(key).is_some_and(|gpus| {
+                    gpus.iter().any(|gpu| self.gpus.compute_processes(*gpu).is_ok_and(|pids| !pids.is_empty()))
+                });
+                if task_left || in_cgroup || gpu_busy {
+                    tracing::debug!(job = key.0, incarnation = key.1, task_left, in_cgroup, gpu_busy, "not gone yet");
+                }
+                !task_left && !in_cgroup && !gpu_busy
             })
             .collect();
         if gone.is_empty() {
@@ -728,6 +894,28 @@ impl NodeAgent {
     /// The problems to report with the next heartbeat: standing ones plus GPUs failing their health check.
     pub fn problems(&self) -> Vec<String> {
         let mut problems = self.standing_problems.clone();
+        let foreign: Vec<u32> = {
+            let inner = self.lock();
+            let mut gpus: Vec<u32> = inner
+                .foreign_holders
+                .iter()
+                .filter(|(_, since)| since.elapsed() > Duration::from_millis(FOREIGN_HOLDER_PROBLEM_MS))
+                .map(|(gpu, _)| *gpu)
+                .collect();
+            gpus.sort_unstable();
+            gpus
+        };
+        for gpu in foreign {
+            match self.gpus.compute_processes(gpu) {
+                Ok(pids) if !pids.is_empty() => problems.push(format!(
+                    "GPU {gpu}: used by process(es) {pids:?} for over {} s, which no task here started",
+                    FOREIGN_HOLDER_PROBLEM_MS / 1_000
+                )),
+                _ => {
+                    self.lock().foreign_holders.remove(&gpu);
+                }
+            }
+        }
         match self.gpus.health() {
             Ok(health) => {
                 for (index, why) in crate::gpu::unhealthy(&health) {

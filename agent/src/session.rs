@@ -12,7 +12,7 @@ use drover_proto::wire::{AgentMessage, ControllerMessage, decode, encode};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 
-use crate::node::{NodeAgent, Timing};
+use crate::node::{AssignmentUpdate, NodeAgent, Timing};
 
 /// Messages queued towards the leader.
 const OUTBOX: usize = 1_024;
@@ -69,7 +69,12 @@ async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
     };
     let mut client = AgentGatewayClient::new(channel).max_decoding_message_size(256 << 20);
     let (tx, rx) = mpsc::channel::<AgentMessage>(OUTBOX);
-    if tx.try_send(AgentMessage::Register { info: agent.info.clone() }).is_err() {
+    // What still runs here: a node coming back from DOWN keeps those GPUs held until the tasks are gone.
+    let running = {
+        let agent = agent.clone();
+        tokio::task::spawn_blocking(move || agent.running_shares()).await.unwrap_or_default()
+    };
+    if tx.try_send(AgentMessage::Register { info: agent.info.clone(), running }).is_err() {
         return Ended::Failed("outbox closed".into());
     }
     let outbound = tokio_stream::wrappers::ReceiverStream::new(rx).map(|m| AgentEnvelope { json: encode(&m) });
@@ -104,7 +109,7 @@ async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
                     Ok(Ok(Some(envelope))) => envelope,
                 };
                 match decode::<ControllerMessage>(&envelope.json) {
-                    Ok(ControllerMessage::Welcome { leader_id, heartbeat_ms: hb, fence_after_ms, kill_wait_ms }) => {
+                    Ok(ControllerMessage::Welcome { leader_id, heartbeat_ms: hb, fence_after_ms, kill_wait_ms, epoch }) => {
                         heartbeat_ms = hb.max(10);
                         ticker = tokio::time::interval(Duration::from_millis(heartbeat_ms));
                         let allow_root_jobs = agent.timing().allow_root_jobs;
@@ -112,22 +117,24 @@ async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
                         agent.connected(tx.clone(), timing);
                         welcomed = true;
                         last_lease = Instant::now();
-                        tracing::info!(%addr, leader_id, "session with the leader established");
+                        tracing::info!(%addr, leader_id, epoch, "session with the leader established");
                     }
-                    Ok(ControllerMessage::Assignments { jobs, applied_index, lingering, allow_root_jobs }) => {
-                        agent.set_assignments(jobs, applied_index, lingering, allow_root_jobs)
-                    }
+                    Ok(ControllerMessage::Assignments {
+                        jobs, applied_index, lingering, allow_root_jobs, epoch, lingering_gpus,
+                    }) => agent.set_assignments(AssignmentUpdate {
+                        jobs, applied_index, lingering, allow_root_jobs, epoch, lingering_gpus,
+                    }),
                     Ok(ControllerMessage::EndAcked { job_id, incarnation }) => agent.acked((job_id, incarnation)),
                     Ok(ControllerMessage::Signal { job_id, incarnation, signal, target }) => {
                         let agent = agent.clone();
                         tokio::task::spawn_blocking(move || agent.signal_job((job_id, incarnation), signal, target));
                     }
-                    Ok(ControllerMessage::Lease { seq: answered, lease_ms }) => {
+                    Ok(ControllerMessage::Lease { seq: answered, lease_ms, epoch }) => {
                         while sent.front().is_some_and(|(s, _)| *s < answered) {
                             sent.pop_front();
                         }
                         if let Some((_, at)) = sent.pop_front().filter(|(s, _)| *s == answered) {
-                            agent.renew(at + Duration::from_millis(lease_ms));
+                            agent.renew(at + Duration::from_millis(lease_ms), epoch);
                             last_lease = Instant::now();
                         }
                     }

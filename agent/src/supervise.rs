@@ -118,6 +118,14 @@ pub struct TaskLaunch {
     /// (`memory` in launch files of agents from before CPU pinning.)
     #[serde(default, alias = "memory")]
     pub cgroup: Option<TaskCgroup>,
+    /// The GPUs the task was given on this node (what a returning agent lists as still held, and the journal
+    /// records).
+    #[serde(default)]
+    pub gpus: Vec<u32>,
+    /// The node's task journal (`crate::journal`): the supervisor records the task's start, and its end once
+    /// everything it left behind is reaped. `None`: not recorded (tasks started outside an agent).
+    #[serde(default)]
+    pub journal: Option<String>,
 }
 
 /// Which job cgroups a task joins, with the job's memory limit and CPUs on this node (see `crate::cgroup`).
@@ -288,6 +296,21 @@ pub fn status(dir: &Path) -> TaskStatus {
             Err(e) => TaskStatus::Lost(format!("no live supervisor for {}: {e}", dir.display())),
         },
         Err(e) => TaskStatus::Lost(format!("supervisor for {} died and left a damaged result: {e}", dir.display())),
+    }
+}
+
+/// Whether anything of the task in `dir` may still run: its supervisor is alive, or, with the supervisor gone
+/// without a result (SIGKILLed), the task's own main process is. A finished or vanished directory: no.
+pub fn may_be_running(dir: &Path) -> bool {
+    match status(dir) {
+        TaskStatus::Running { .. } => true,
+        TaskStatus::Finished(_) => false,
+        TaskStatus::Lost(_) => {
+            let path = dir.join(TASK_PID_FILE);
+            read_limited(&path, MAX_SMALL_FILE_BYTES)
+                .and_then(|bytes| parse_task_pid(&path, &bytes))
+                .is_ok_and(|(pid, _, start)| process_alive(pid, start))
+        }
     }
 }
 
@@ -528,6 +551,7 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
         unsafe { libc::kill(-pgid, libc::SIGKILL) };
         error = Some(message);
     }
+    record_in_journal(dir, &launch, crate::journal::JournalEvent::Start, log);
 
     let fenced = match launch.lease_file.as_deref() {
         Some(lease) => wait_within_lease(pid, pgid, Path::new(lease), log),
@@ -543,6 +567,9 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
     TASK_PGID.store(-1, Ordering::SeqCst);
     let wait_status = reap(pid, log);
     reap_leftovers(log, Instant::now() + LEFTOVER_DEADLINE);
+    // Nothing of the task is left to hold its GPUs (a process stuck in the kernel past the deadline aside, which
+    // the log says).
+    record_in_journal(dir, &launch, crate::journal::JournalEvent::End, log);
 
     let usage = children_usage();
     let (exit_code, signal) = decode_wait_status(wait_status);
@@ -571,6 +598,32 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
         error,
         fenced,
         oom,
+    }
+}
+
+/// Appends the task's start or end to the node's journal, if the launch names one. A journal that cannot be
+/// written costs the record, never the task.
+fn record_in_journal(dir: &Path, launch: &TaskLaunch, event: crate::journal::JournalEvent, log: &mut Log) {
+    let Some(journal) = &launch.journal else { return };
+    let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let mut parts = name.splitn(3, '.');
+    let (Some(Ok(job)), Some(Ok(incarnation)), Some(task)) =
+        (parts.next().map(str::parse), parts.next().map(str::parse), parts.next())
+    else {
+        log.line(format_args!("task directory {name:?} names no job; not journaled"));
+        return;
+    };
+    let entry = crate::journal::JournalEntry {
+        event,
+        job,
+        incarnation,
+        task: task.to_string(),
+        gpus: launch.gpus.clone(),
+        wall_ms: now_ms(),
+        boot_ms: crate::lease::boottime_ms(),
+    };
+    if let Err(e) = crate::journal::append(Path::new(journal), &entry) {
+        log.line(format_args!("cannot append to the node's journal {journal}: {e}"));
     }
 }
 
@@ -1166,6 +1219,7 @@ fn validate_launch(launch: &TaskLaunch, path: &Path) -> Result<(), SuperviseErro
         .chain(launch.stderr.as_ref().map(|stderr| ("stderr", stderr)))
         .chain(launch.make_dirs.iter().map(|dir| ("make_dirs", dir)))
         .chain(launch.lease_file.as_ref().map(|lease| ("lease_file", lease)))
+        .chain(launch.journal.as_ref().map(|journal| ("journal", journal)))
     {
         if !value.starts_with('/') {
             return invalid(format!("{what} {value:?} is not an absolute path"));

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use drover_agent::node::{NodeAgent, Timing};
+use drover_agent::node::{AssignmentUpdate, NodeAgent, Timing};
 use drover_agent::supervise::{self, TaskStatus};
 use drover_proto::wire::{AgentMessage, Assignment, StepLaunch};
 use drover_state::{Job, JobSpec, NodeAllocation};
@@ -87,10 +87,15 @@ fn the_agent_pins_each_job_to_cpus_of_its_own_reports_its_usage_and_cleans_up() 
     let (outbox, mut sent) = tokio::sync::mpsc::channel(16);
     let timing = Timing { heartbeat_ms: 1_000, fence_after_ms: 30_000, kill_wait_ms: 1_000, allow_root_jobs: false };
     agent.connected(outbox, timing);
-    agent.renew(Instant::now() + Duration::from_secs(60));
+    agent.renew(Instant::now() + Duration::from_secs(60), 0);
     let everything = all.len() as u32;
     let jobs = vec![assignment(1, 1), assignment(2, 1), assignment(3, everything)];
-    agent.set_assignments(jobs.clone(), 1, Vec::new(), false);
+    agent.set_assignments(AssignmentUpdate {
+        jobs: jobs.clone(),
+        applied_index: 1,
+        lingering: Vec::new(),
+        ..AssignmentUpdate::default()
+    });
 
     // One CPU each, the lowest first; a later step of the same job is on the same CPU.
     let first = drover_agent::cgroup::format_cpu_list(&[*all.first().unwrap()]);
@@ -105,7 +110,12 @@ fn the_agent_pins_each_job_to_cpus_of_its_own_reports_its_usage_and_cleans_up() 
     }
 
     // Job 1 ended; its node lingers until the agent confirms, with its usage. Jobs 2 and 3 are gone entirely.
-    agent.set_assignments(Vec::new(), 2, vec![(1, 0)], false);
+    agent.set_assignments(AssignmentUpdate {
+        jobs: Vec::new(),
+        applied_index: 2,
+        lingering: vec![(1, 0)],
+        ..AssignmentUpdate::default()
+    });
     agent.reconcile();
     let Ok(AgentMessage::Released { keys, usage }) = sent.try_recv() else { panic!("no release sent") };
     assert_eq!(keys, [(1, 0)]);
@@ -119,7 +129,12 @@ fn the_agent_pins_each_job_to_cpus_of_its_own_reports_its_usage_and_cleans_up() 
     assert!(root.path.join("job_1.0").is_dir(), "kept while the leader still lists the job here");
     assert!(!root.path.join("job_2.0").exists() && !root.path.join("job_3.0").exists(), "ended jobs' cgroups go");
     // Released: the next look (at most once a second) removes job 1's cgroups too.
-    agent.set_assignments(Vec::new(), 3, Vec::new(), false);
+    agent.set_assignments(AssignmentUpdate {
+        jobs: Vec::new(),
+        applied_index: 3,
+        lingering: Vec::new(),
+        ..AssignmentUpdate::default()
+    });
     std::thread::sleep(Duration::from_millis(1_100));
     agent.reconcile();
     assert!(drover_agent::cgroup::job_keys(&root).is_empty(), "{:?}", drover_agent::cgroup::job_keys(&root));

@@ -42,6 +42,8 @@ fn shell_task(work: &Path, script: &str) -> TaskLaunch {
         lease_file: None,
         make_dirs: Vec::new(),
         cgroup: None,
+        gpus: Vec::new(),
+        journal: None,
     }
 }
 

@@ -1,14 +1,20 @@
 //! The JSON payloads of the agent protocol (`AgentGateway.Session`, `AgentService.LaunchStep`). They are
 //! drover-state's types plus a few envelopes, so the agent, the leader and `srun` share one definition.
 
-use drover_state::{Job, JobEnd, JobId, MeasuredUsage, NodeInfo};
+use drover_state::{Job, JobEnd, JobId, MeasuredUsage, NodeInfo, RunningShare};
 use serde::{Deserialize, Serialize};
 
 /// Agent → leader.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum AgentMessage {
-    /// First message of every session: the node's inventory (committed only if it changed or the node was down).
-    Register { info: NodeInfo },
+    /// First message of every session: the node's inventory (committed only if it changed or the node was down),
+    /// and the incarnations the agent still has tasks of here with their GPUs: a node coming back from DOWN keeps
+    /// those GPUs held until it confirms the tasks gone.
+    Register {
+        info: NodeInfo,
+        #[serde(default)]
+        running: Vec<RunningShare>,
+    },
     /// Liveness (never logged), and problems that must keep new work off the node (a GPU failing its health
     /// check, an inventory that disagrees with the config): the leader drains the node with them as reason and
     /// requeues its jobs. `seq` numbers the heartbeat; the leader's [`ControllerMessage::Lease`] answers it.
@@ -49,7 +55,15 @@ pub enum ControllerMessage {
     /// Sent once a session is accepted: how often to heartbeat, how long a lease lasts (after it expires
     /// without renewal the node's tasks are killed, before the leader declares the node down and requeues its
     /// jobs), and the cluster's grace between SIGTERM and SIGKILL (Slurm's `KillWait`).
-    Welcome { leader_id: u64, heartbeat_ms: u64, fence_after_ms: u64, kill_wait_ms: u64 },
+    /// `epoch` is the node's registration epoch this session speaks for (0 from controllers before epochs).
+    Welcome {
+        leader_id: u64,
+        heartbeat_ms: u64,
+        fence_after_ms: u64,
+        kill_wait_ms: u64,
+        #[serde(default)]
+        epoch: u64,
+    },
     /// Every job that holds this node now, from the leader's state at `applied_index` (never older than its own
     /// commit at election: an agent ignores assignments older than ones it already has). Jobs the agent runs that
     /// are not listed must not run. `lingering` lists ended incarnations whose end this node must confirm.
@@ -62,6 +76,12 @@ pub enum ControllerMessage {
         /// Whether the cluster's configuration (in the same state) lets jobs run as root.
         #[serde(default)]
         allow_root_jobs: bool,
+        /// The node's registration epoch in that state: the agent starts tasks only under a lease of this epoch.
+        #[serde(default)]
+        epoch: u64,
+        /// The GPUs each lingering incarnation holds here: confirmed gone only once no process uses them.
+        #[serde(default)]
+        lingering_gpus: Vec<((JobId, u64), Vec<u32>)>,
     },
     /// A `JobEnded` report is committed (or stale); the agent may forget it.
     EndAcked { job_id: JobId, incarnation: u64 },
@@ -76,8 +96,14 @@ pub enum ControllerMessage {
     /// The answer to heartbeat `seq`, sent only while the leader has heard from a quorum of controllers
     /// recently: the node's lease runs until `lease_ms` after the agent *sent* that heartbeat. A leader cut off
     /// from the quorum sends none, so its agents' leases run out (and they look for the new leader) before the
-    /// new leader can declare their nodes down.
-    Lease { seq: u64, lease_ms: u64 },
+    /// new leader can declare their nodes down. `epoch` is the registration the lease is for (0 from
+    /// controllers before epochs).
+    Lease {
+        seq: u64,
+        lease_ms: u64,
+        #[serde(default)]
+        epoch: u64,
+    },
 }
 
 /// One job on one node.

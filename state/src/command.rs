@@ -7,7 +7,7 @@ use crate::admin::AdminOp;
 use crate::config::{ClusterConfig, PartitionUpdate};
 use crate::error::CommandError;
 use crate::job::{JobId, JobSpec, MeasuredUsage, NodeAllocation, PendingReason, Usage};
-use crate::node::NodeInfo;
+use crate::node::{NodeInfo, RunningShare};
 
 /// What `srun` says of a step it starts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,14 +53,22 @@ pub enum Command {
         ids: Vec<JobId>,
         by_uid: u32,
     },
-    /// An agent (re)registered with this inventory. Brings a down node back up.
+    /// An agent (re)registered with this inventory. Brings a down node back up, in a new epoch; `running` lists
+    /// the incarnations the agent still has tasks of, whose GPUs then stay held (lingering) until it confirms
+    /// them gone, so a node that returns with a stale task never has that task's GPUs handed out beside it.
     RegisterNode {
         info: NodeInfo,
+        #[serde(default)]
+        running: Vec<RunningShare>,
     },
     /// The leader stopped hearing from a node (or an administrator said so): its jobs are requeued or fail.
+    /// `epoch` is the registration the decision is about: if the node has registered again since, the decision
+    /// is stale and refused (entries from before epochs carry none and apply as before).
     NodeDown {
         name: String,
         reason: String,
+        #[serde(default)]
+        epoch: Option<u64>,
     },
     /// `scontrol update nodename=X state=drain|resume reason=...` (operators), or a GPU health problem (the
     /// leader, as uid 0).

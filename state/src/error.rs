@@ -44,6 +44,10 @@ pub enum CommandError {
     InvalidNodeName { name: String },
     #[error("report for job {id} incarnation {incarnation} is stale: {why}")]
     StaleReport { id: JobId, incarnation: u64, why: String },
+    #[error(
+        "node {node} was declared down for its registration epoch {epoch}, but it has registered again since (epoch {current}): the decision is stale"
+    )]
+    StaleNodeEpoch { node: String, epoch: u64, current: u64 },
     #[error("Job {id} is not running (state {state})")]
     NotRunning { id: JobId, state: String },
     #[error(

@@ -52,7 +52,12 @@ pub fn first_fit(state: &State, max_allocations: usize) -> Plan {
         free.iter().any(|(name, f)| !f.gpus.is_empty() || f.cpus > 0 || state.nodes[*name].info.cpus == 0)
     };
     let mut room = has_room(&free);
-    for (examined, job) in state.jobs.values().filter(|j| j.state == JobState::Pending && !j.held).enumerate() {
+    for (examined, job) in state
+        .jobs
+        .values()
+        .filter(|j| j.state == JobState::Pending && !j.held && !state.earlier_incarnation_lingers(j.id))
+        .enumerate()
+    {
         let can_place = room && plan.allocations.len() < max_allocations;
         if examined >= MAX_REASON_UPDATES && !can_place {
             break;

@@ -5,27 +5,53 @@
 
 use crate::command::{Allocation, JobEnd, Reply, Response, StepStart};
 
+/// Counts one lingering hold of `job` more (`delta` 1) or less (-1) in the state's derived index.
+fn count_lingering(counts: &mut std::collections::HashMap<JobId, u32>, job: JobId, delta: i32) {
+    if delta > 0 {
+        *counts.entry(job).or_default() += 1;
+        return;
+    }
+    let count = counts.get_mut(&job).expect("a lingering hold that was counted");
+    *count -= 1;
+    if *count == 0 {
+        counts.remove(&job);
+    }
+}
+
 /// The longest step name kept (a program path can be long; the record is replicated).
 const MAX_STEP_NAME: usize = 256;
+/// Incarnations a registration may list as still running (a node runs a few dozen at most; more is garbage).
+pub const MAX_RUNNING_SHARES: usize = 1_024;
 use crate::error::CommandError;
 use crate::job::{
     Job, JobId, JobState, MAX_STEP_RECORDS, MeasuredUsage, NodeAllocation, NodeUsage, PendingReason, StepEnd,
     StepRecord,
 };
-use crate::node::{Lingering, Node, NodeHealth, NodeInfo};
+use crate::node::{Lingering, Node, NodeHealth, NodeInfo, RunningShare};
 use crate::state::{Change, State};
 use crate::thin_str::ThinStr;
 
 impl State {
-    pub(crate) fn register_node(&mut self, info: &NodeInfo, now_ms: u64, changes: &mut Vec<Change>) -> Response {
+    /// An agent registers its node. A new node starts at epoch 1; one coming back from DOWN starts a new epoch,
+    /// and what its agent says still runs there (`running`: tasks of incarnations the cluster has moved on from,
+    /// which the agent is about to kill) lingers, holding its GPUs until the agent confirms the tasks gone. A
+    /// registration of a node that is up keeps its epoch: nothing about its jobs changed.
+    pub(crate) fn register_node(
+        &mut self,
+        info: &NodeInfo,
+        running: &[RunningShare],
+        now_ms: u64,
+        changes: &mut Vec<Change>,
+    ) -> Response {
         if info.name.is_empty() || info.name.len() > 64 || info.name.contains(|c: char| c == ',' || c.is_whitespace()) {
             return Err(CommandError::InvalidNodeName { name: info.name.clone() });
         }
-        let node = match self.nodes.remove(&info.name) {
+        let mut node = match self.nodes.remove(&info.name) {
             Some(mut node) => {
                 if node.health == NodeHealth::Down {
                     node.health = NodeHealth::Up;
                     node.since_ms = now_ms;
+                    node.epoch += 1;
                     if !node.drain {
                         node.reason.clear();
                     }
@@ -39,13 +65,60 @@ impl State {
             }
             None => Node::new(info.clone(), now_ms),
         };
+        for key in self.hold_what_still_runs(&mut node, running) {
+            count_lingering(&mut self.lingering_jobs, key.0, 1);
+        }
         changes.push(Change::PutNode(node.clone()));
         self.nodes.insert(info.name.clone(), node);
         Ok(Reply::Nothing)
     }
 
-    pub(crate) fn node_down(&mut self, name: &str, reason: &str, now_ms: u64, changes: &mut Vec<Change>) -> Response {
+    /// Registers the GPUs of incarnations a returning agent still runs as lingering on its node. Only what the
+    /// state does not already account for: a current incarnation holds its allocation already (here, or, if the
+    /// agent runs it where it was not placed, its tasks are strays the agent stops unasked), an incarnation that
+    /// already lingers holds its GPUs, and a GPU some job holds, or that is not in the inventory, is never held
+    /// twice.
+    /// Returns the incarnations it added.
+    fn hold_what_still_runs(&self, node: &mut Node, running: &[RunningShare]) -> Vec<(JobId, u64)> {
+        let mut added = Vec::new();
+        for share in running.iter().take(MAX_RUNNING_SHARES) {
+            let key = (share.job, share.incarnation);
+            let current = self
+                .jobs
+                .get(&share.job)
+                .is_some_and(|j| j.incarnation == share.incarnation && !j.allocation.is_empty());
+            if current || node.lingering.iter().any(|l| (l.job, l.incarnation) == key) {
+                continue;
+            }
+            let mut gpus: Vec<u32> = Vec::new();
+            for gpu in &share.gpus {
+                let known = node.info.gpus.iter().any(|g| g.index == *gpu);
+                if known && !node.gpu_held(*gpu) && !gpus.contains(gpu) {
+                    gpus.push(*gpu);
+                }
+            }
+            node.lingering.push(Lingering { job: share.job, incarnation: share.incarnation, gpus, cpus: 0, mem_mb: 0 });
+            added.push(key);
+        }
+        added
+    }
+
+    pub(crate) fn node_down(
+        &mut self,
+        name: &str,
+        reason: &str,
+        epoch: Option<u64>,
+        now_ms: u64,
+        changes: &mut Vec<Change>,
+    ) -> Response {
         let node = self.nodes.get_mut(name).ok_or_else(|| CommandError::InvalidNodeName { name: name.to_string() })?;
+        if let Some(epoch) = epoch
+            && epoch != node.epoch
+        {
+            // Decided about an earlier registration: the node has come back since, under a lease of its new
+            // epoch, and may be running what it was given then.
+            return Err(CommandError::StaleNodeEpoch { node: name.to_string(), epoch, current: node.epoch });
+        }
         if node.health == NodeHealth::Down {
             return Ok(Reply::Nothing);
         }
@@ -53,8 +126,11 @@ impl State {
         node.reason = reason.to_string();
         node.since_ms = now_ms;
         // Whatever lingered here is gone: a node is declared down only after its agent's lease expired, and its
-        // supervisors kill their tasks when it does.
-        node.lingering.clear();
+        // supervisors kill their tasks when it does. (What a returning agent still finds running, it lists when
+        // it registers again, and that lingers anew.)
+        for l in std::mem::take(&mut node.lingering) {
+            count_lingering(&mut self.lingering_jobs, l.job, -1);
+        }
         let jobs: Vec<JobId> = node.jobs.iter().copied().collect();
         for id in jobs {
             self.end_on_node_failure(id, name, now_ms, changes);
@@ -87,6 +163,7 @@ impl State {
             assert!(node.jobs.remove(&job.id), "node {} did not list job {}", share.node, job.id);
             let freed = freed_node == Some(share.node.as_str()) || node.health == NodeHealth::Down;
             if !freed && (!share.gpus.is_empty() || share.cpus > 0 || share.mem_mb > 0) {
+                count_lingering(&mut self.lingering_jobs, job.id, 1);
                 node.lingering.push(Lingering {
                     job: job.id,
                     incarnation: job.incarnation,
@@ -117,6 +194,9 @@ impl State {
             return Ok(Reply::Nothing);
         }
         node.lingering.retain(|l| !released.contains(&(l.job, l.incarnation)));
+        for (job, _) in &released {
+            count_lingering(&mut self.lingering_jobs, *job, -1);
+        }
         changes.push(Change::PutNode(node.clone()));
         for &(key, measured) in usage {
             if released.contains(&key) && !measured.is_empty() && !self.jobs.contains_key(&key.0) {
@@ -199,6 +279,9 @@ impl State {
         let job = self.jobs.get(&allocation.job_id).ok_or("job is no longer active")?;
         if job.state != JobState::Pending || job.held {
             return Err(format!("job is {} (held: {})", job.state.name(), job.held));
+        }
+        if self.earlier_incarnation_lingers(job.id) {
+            return Err("an earlier incarnation of the job may still run: its tasks are not yet confirmed gone".into());
         }
         let count = allocation.nodes.len() as u32;
         if count < job.spec.min_nodes || count > job.spec.max_nodes {
@@ -542,6 +625,11 @@ impl State {
                 assert!(node.lingering.is_empty(), "down node {} keeps lingering holds", node.info.name);
             }
         }
+        let mut lingering_jobs = std::collections::HashMap::new();
+        for l in self.nodes.values().flat_map(|n| &n.lingering) {
+            *lingering_jobs.entry(l.job).or_insert(0u32) += 1;
+        }
+        assert_eq!(lingering_jobs, self.lingering_jobs, "the lingering-jobs index");
         // A job that never started: its stored dependency verdicts agree with judging them afresh (where the target
         // is still known), and the reverse index lists it under every target it names. (A requeued job passed its
         // dependencies once and keeps them; an `after` that held stays held even if its target is requeued.)
@@ -611,7 +699,10 @@ mod tests {
         let mut state = State::default();
         state.apply(&at(0, Command::InitCluster { config: ClusterConfig::default() }));
         for (name, gpus) in nodes {
-            state.apply(&at(1, Command::RegisterNode { info: node(name, *gpus) })).response.unwrap();
+            state
+                .apply(&at(1, Command::RegisterNode { info: node(name, *gpus), running: Vec::new() }))
+                .response
+                .unwrap();
         }
         state
     }
@@ -702,7 +793,7 @@ mod tests {
         let again = submit(&mut state, job(2, 4, 1));
         schedule(&mut state, 30);
         let nodes = state.job(again).unwrap().nodes.clone();
-        state.apply(&at(31, Command::NodeDown { name: nodes[0].clone(), reason: "test".into() }));
+        state.apply(&at(31, Command::NodeDown { name: nodes[0].clone(), reason: "test".into(), epoch: None }));
         assert_eq!(state.job(again).unwrap().incarnation, 1, "requeued");
         let late = Command::ReleaseLingering {
             node: nodes[1].clone(),
@@ -778,8 +869,8 @@ mod tests {
         no_requeue.requeue = Some(false);
         let failing = submit(&mut state, no_requeue);
         schedule(&mut state, 10);
-        state.apply(&at(20, Command::NodeDown { name: "gpu01".into(), reason: "Not responding".into() }));
-        state.apply(&at(21, Command::NodeDown { name: "gpu02".into(), reason: "Not responding".into() }));
+        state.apply(&at(20, Command::NodeDown { name: "gpu01".into(), reason: "Not responding".into(), epoch: None }));
+        state.apply(&at(21, Command::NodeDown { name: "gpu02".into(), reason: "Not responding".into(), epoch: None }));
         state.check_invariants();
         let job = state.job(requeued).unwrap();
         assert_eq!((job.state, job.restart_count, job.incarnation), (JobState::Pending, 1, 1));
@@ -789,9 +880,67 @@ mod tests {
         assert!(matches!(stale.response, Err(CommandError::StaleReport { .. })));
         assert_eq!(state.nodes["gpu01"].state_name(), "DOWN");
         assert_eq!(first_fit(&state, 10).reasons, vec![(requeued, PendingReason::ReqNodeNotAvail)]);
-        state.apply(&at(30, Command::RegisterNode { info: node("gpu02", 8) }));
+        state.apply(&at(30, Command::RegisterNode { info: node("gpu02", 8), running: Vec::new() }));
         assert_eq!(schedule(&mut state, 31), vec![requeued], "the requeued job restarts on the node that came back");
         assert_eq!(state.job(requeued).unwrap().nodes, ["gpu02"]);
+    }
+
+    /// The fencing race (issue 36): a node-loss decision about one registration must not take down the next,
+    /// and a node that comes back with a task of an incarnation the cluster moved on from keeps that task's GPUs
+    /// held until its agent confirms it gone.
+    #[test]
+    fn a_node_down_for_an_old_epoch_is_refused_and_a_returning_nodes_stale_tasks_hold_their_gpus() {
+        let mut state = cluster(&[("gpu01", 8)]);
+        assert_eq!(state.nodes["gpu01"].epoch, 1, "a new node starts at epoch 1");
+        let id = submit(&mut state, job(1, 4, 1));
+        schedule(&mut state, 10);
+        let down = |epoch| Command::NodeDown { name: "gpu01".into(), reason: "Not responding".into(), epoch };
+        state.apply(&at(20, down(Some(1)))).response.unwrap();
+        assert_eq!(state.job(id).unwrap().incarnation, 1, "requeued as a new incarnation");
+        // The agent comes back with incarnation 0 still running on GPUs 0-3 (it was about to kill it).
+        let running = vec![RunningShare { job: id, incarnation: 0, gpus: vec![0, 1, 2, 3, 3, 99] }];
+        state.apply(&at(30, Command::RegisterNode { info: node("gpu01", 8), running })).response.unwrap();
+        state.check_invariants();
+        let back = &state.nodes["gpu01"];
+        assert_eq!(back.epoch, 2, "coming back from DOWN starts a new epoch");
+        assert_eq!(back.lingering.len(), 1);
+        assert_eq!(back.lingering[0].gpus, [0, 1, 2, 3], "each GPU once, only GPUs the node has");
+        // The same decision arriving late (proposed before the node came back) is refused, and changes nothing.
+        let stale = state.apply(&at(31, down(Some(1)))).response;
+        assert_eq!(stale, Err(CommandError::StaleNodeEpoch { node: "gpu01".into(), epoch: 1, current: 2 }));
+        assert_eq!(state.nodes["gpu01"].state_name(), "IDLE");
+        // The next incarnation waits until the old one is confirmed gone; another job gets the GPUs no stale task
+        // holds, and the old task's GPUs stay out of reach.
+        let other = submit(&mut state, job(1, 4, 1));
+        assert_eq!(schedule(&mut state, 32), vec![other], "job {id} waits for its incarnation 0");
+        assert_eq!(state.job(other).unwrap().allocation[0].gpus, [4, 5, 6, 7]);
+        let early = state.apply(&at(
+            33,
+            Command::ApplyPlan {
+                allocations: vec![Allocation {
+                    job_id: id,
+                    nodes: vec![NodeAllocation {
+                        node: "gpu01".into(),
+                        gpus: vec![0, 1, 2, 3],
+                        cpus: 1,
+                        tasks: 1,
+                        mem_mb: 0,
+                    }],
+                }],
+                reasons: Vec::new(),
+            },
+        ));
+        assert!(matches!(early.response, Ok(Reply::Planned { ref started, .. }) if started.is_empty()), "{early:?}");
+        let keys = vec![(id, 0)];
+        state
+            .apply(&at(34, Command::ReleaseLingering { node: "gpu01".into(), keys, usage: Vec::new() }))
+            .response
+            .unwrap();
+        assert_eq!(schedule(&mut state, 35), vec![id], "confirmed gone: the next incarnation starts");
+        assert_eq!(state.job(id).unwrap().allocation[0].gpus, [0, 1, 2, 3]);
+        // A registration of a node that is up keeps its epoch.
+        state.apply(&at(36, Command::RegisterNode { info: node("gpu01", 8), running: Vec::new() })).response.unwrap();
+        assert_eq!(state.nodes["gpu01"].epoch, 2);
     }
 
     #[test]
@@ -912,8 +1061,8 @@ mod tests {
                     Op::Schedule => { schedule(&mut state, t); }
                     Op::End { pick, exit_code } if !active.is_empty() => { let _ = end(&mut state, active[pick % active.len()], exit_code); }
                     Op::Cancel { pick } if !active.is_empty() => { state.apply(&at(t, Command::CancelJobs { ids: vec![active[pick % active.len()]], by_uid: 0 })); }
-                    Op::Down { node: i } => { state.apply(&at(t, Command::NodeDown { name: names[i].into(), reason: "test".into() })); }
-                    Op::Up { node: i } => { state.apply(&at(t, Command::RegisterNode { info: node(names[i], 4) })); }
+                    Op::Down { node: i } => { state.apply(&at(t, Command::NodeDown { name: names[i].into(), reason: "test".into(), epoch: None })); }
+                    Op::Up { node: i } => { state.apply(&at(t, Command::RegisterNode { info: node(names[i], 4), running: Vec::new() })); }
                     _ => {}
                 }
                 state.check_invariants();

@@ -85,6 +85,20 @@ pub struct Node {
     /// `scontrol update nodename=X spare=yes|no`.
     #[serde(default)]
     pub spare: bool,
+    /// The registration epoch: 1 when the node first registers, one more each time a registration brings it back
+    /// from DOWN. Leases and assignments name it, and a `NodeDown` decided for an earlier epoch is dropped, so a
+    /// node-loss decision about one registration can never take down the next one (see `RegisterNode`).
+    #[serde(default)]
+    pub epoch: u64,
+}
+
+/// An incarnation a registering agent still has tasks of on its node, with the GPUs they were given. A node that
+/// comes back from DOWN lists them so that their GPUs stay held until the agent confirms the tasks gone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct RunningShare {
+    pub job: JobId,
+    pub incarnation: u64,
+    pub gpus: Vec<u32>,
 }
 
 /// What an ended incarnation still holds on one node.
@@ -112,6 +126,7 @@ impl Node {
             allocated_mem_mb: 0,
             jobs: BTreeSet::new(),
             lingering: Vec::new(),
+            epoch: 1,
         }
     }
 

@@ -158,6 +158,9 @@ pub struct State {
     pub roles: BTreeMap<u32, RoleGrant>,
     /// Active (pending or running) jobs per owner uid, for MaxSubmitJobs; derived from `jobs`.
     active_per_uid: HashMap<u32, u64>,
+    /// Per job id, how many lingering holds (on any node, of any incarnation) it has; derived from `nodes`. A job
+    /// listed here does not start: an earlier incarnation of it may still run somewhere.
+    pub(crate) lingering_jobs: HashMap<JobId, u32>,
     /// Recent finished jobs' fates, for dependencies (see `dependents`).
     pub(crate) fates: BTreeMap<JobId, Fate>,
     pub(crate) dependents: Dependents,
@@ -183,6 +186,9 @@ impl State {
         let Records { meta, jobs, nodes, dedup, objects, finished } = records;
         let mut state = State { meta, ..State::default() };
         for node in nodes {
+            for l in &node.lingering {
+                *state.lingering_jobs.entry(l.job).or_default() += 1;
+            }
             state.nodes.insert(node.info.name.clone(), node);
         }
         for job in &jobs {
@@ -256,6 +262,12 @@ impl State {
         self.jobs.get(&id).map(|job| &**job)
     }
 
+    /// Whether some node still holds an ended incarnation of job `id` (its tasks there not yet confirmed gone):
+    /// the job's next incarnation waits for that, so that two incarnations of a job never run at once.
+    pub fn earlier_incarnation_lingers(&self, id: JobId) -> bool {
+        self.lingering_jobs.contains_key(&id)
+    }
+
     /// The whole cluster's goodput: GPU time allocated to incarnations that ended, GPU time they lost to failures
     /// and to preemption, their counts, and the down time after failures (definitions in `crate::goodput`).
     /// Kept in the replicated state and updated in `apply` as each incarnation ends, so reading it costs nothing
@@ -303,8 +315,10 @@ impl State {
             Command::ReleaseJobs { ids, by_uid } => {
                 Ok(self.for_each_job(ids, |s, id| s.set_hold(id, false, *by_uid, &mut changes)))
             }
-            Command::RegisterNode { info } => self.register_node(info, request.time_ms, &mut changes),
-            Command::NodeDown { name, reason } => self.node_down(name, reason, request.time_ms, &mut changes),
+            Command::RegisterNode { info, running } => self.register_node(info, running, request.time_ms, &mut changes),
+            Command::NodeDown { name, reason, epoch } => {
+                self.node_down(name, reason, *epoch, request.time_ms, &mut changes)
+            }
             Command::DrainNodes { names, drain, reason, by_uid, requeue_jobs } => self
                 .require_level(*by_uid, AdminLevel::Operator, "draining or resuming nodes")
                 .and_then(|()| self.drain_nodes(names, *drain, reason, request.time_ms, &mut changes))

@@ -27,7 +27,7 @@ fn cluster(config: ClusterConfig) -> State {
         gpus: (0..8).map(|index| GpuInfo { index, ..GpuInfo::default() }).collect(),
         ..NodeInfo::default()
     };
-    state.apply(&at(1, Command::RegisterNode { info })).response.unwrap();
+    state.apply(&at(1, Command::RegisterNode { info, running: Vec::new() })).response.unwrap();
     grant(&mut state, 0, OLGA, AdminLevel::Operator).unwrap();
     grant(&mut state, 0, ADA, AdminLevel::Administrator).unwrap();
     state

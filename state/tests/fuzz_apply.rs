@@ -9,7 +9,8 @@ use drover_state::first_fit::first_fit;
 use drover_state::{
     AccountUpdate, AdminLevel, AdminOp, Allocation, ArraySpec, ClusterConfig, Command, Dependency, DependencyKind,
     GpuInfo, JobEnd, JobSpec, JobUpdate, Limit, MeasuredUsage, NodeAllocation, NodeInfo, PartitionState,
-    PartitionUpdate, PendingReason, Qos, Request, Reservation, ReservationFlag, ReservationUpdate, RoleGrant, State,
+    PartitionUpdate, PendingReason, Qos, Request, Reservation, ReservationFlag, ReservationUpdate, RoleGrant,
+    RunningShare, State,
 };
 use proptest::prelude::*;
 
@@ -303,6 +304,16 @@ fn job_end() -> impl Strategy<Value = JobEnd> {
         })
 }
 
+/// What a registering agent says still runs: real and made-up jobs, old and current incarnations, GPUs in and
+/// out of the inventory, repeated.
+fn running_share() -> impl Strategy<Value = RunningShare> {
+    (job_id(), 0u64..3, prop::collection::vec(0u32..6, 0..5)).prop_map(|(job, incarnation, gpus)| RunningShare {
+        job,
+        incarnation,
+        gpus,
+    })
+}
+
 /// What the fuzzer does: mostly arbitrary commands, plus valid plans so that jobs really run and end.
 #[derive(Debug, Clone)]
 enum Step {
@@ -319,8 +330,8 @@ fn command() -> impl Strategy<Value = Command> {
         1 => (ids(), uid()).prop_map(|(ids, by_uid)| Command::HoldJobs { ids, by_uid }),
         1 => (ids(), uid()).prop_map(|(ids, by_uid)| Command::ReleaseJobs { ids, by_uid }),
         1 => (ids(), uid()).prop_map(|(ids, by_uid)| Command::TopJobs { ids, by_uid }),
-        1 => node_info().prop_map(|info| Command::RegisterNode { info }),
-        1 => (name(), "\\PC{0,10}").prop_map(|(name, reason)| Command::NodeDown { name, reason }),
+        1 => (node_info(), prop::collection::vec(running_share(), 0..3)).prop_map(|(info, running)| Command::RegisterNode { info, running }),
+        1 => (name(), "\\PC{0,10}", prop::option::of(0u64..4)).prop_map(|(name, reason, epoch)| Command::NodeDown { name, reason, epoch }),
         1 => (names(), any::<bool>(), "\\PC{0,10}", uid()).prop_map(|(names, drain, reason, by_uid)| Command::DrainNodes { names, drain, reason, by_uid, requeue_jobs: drain }),
         2 => (prop::collection::vec(allocation(), 0..3), prop::collection::vec((job_id(), Just(PendingReason::Resources)), 0..3))
             .prop_map(|(allocations, reasons)| Command::ApplyPlan { allocations, reasons }),
@@ -358,7 +369,10 @@ fn cluster() -> State {
             gpus: (0..4).map(|index| GpuInfo { index, ..GpuInfo::default() }).collect(),
             ..NodeInfo::default()
         };
-        state.apply(&Request { time_ms: 2, command: Command::RegisterNode { info } }).response.unwrap();
+        state
+            .apply(&Request { time_ms: 2, command: Command::RegisterNode { info, running: Vec::new() } })
+            .response
+            .unwrap();
     }
     state
 }

@@ -29,7 +29,7 @@ impl Cluster {
         let mut c = Cluster { state: State::default(), archived: Vec::new() };
         c.apply(0, Command::InitCluster { config });
         for name in ["n1", "n2", "n3", "n4"] {
-            c.apply(1, Command::RegisterNode { info: gpu_node(name) });
+            c.apply(1, Command::RegisterNode { info: gpu_node(name), running: Vec::new() });
         }
         for name in ["physics", "bio"] {
             let op = AdminOp::AddAccount(AccountUpdate { name: name.into(), ..AccountUpdate::default() });
@@ -100,7 +100,7 @@ fn the_cluster_and_its_accounts_count_gpu_time_lost_to_failures_and_preemption_a
     c.start(big, &["n1", "n2"], 100);
     c.checkpoint(big, 150);
     c.checkpoint(big, 200);
-    let changes = c.apply(250, Command::NodeDown { name: "n1".into(), reason: "Not responding".into() });
+    let changes = c.apply(250, Command::NodeDown { name: "n1".into(), reason: "Not responding".into(), epoch: None });
     assert_eq!(changes.iter().filter(|ch| matches!(ch, Change::Meta(_))).count(), 1, "the sums are written once");
     let totals = *c.state.goodput_totals();
     assert_eq!((totals.allocated_gpu_ms, totals.lost_to_failures_gpu_ms), (8 * 150 * S, 8 * 50 * S));
@@ -172,7 +172,7 @@ fn a_failure_without_any_checkpoint_loses_the_whole_incarnation_and_a_clean_run_
     let mut c = Cluster::new();
     let id = c.submit(1, 4, "physics");
     c.start(id, &["n1"], 10);
-    c.apply(70, Command::NodeDown { name: "n1".into(), reason: "lost".into() });
+    c.apply(70, Command::NodeDown { name: "n1".into(), reason: "lost".into(), epoch: None });
     let totals = *c.state.goodput_totals();
     assert_eq!((totals.allocated_gpu_ms, totals.lost_to_failures_gpu_ms), (4 * 60 * S, 4 * 60 * S));
     assert_eq!(totals.effective_ratio(), Some(0.0));
@@ -191,7 +191,7 @@ fn a_job_over_the_requeue_limit_counts_its_last_incarnation_once() {
     let mut c = Cluster::with(ClusterConfig { max_batch_requeue: 0, ..ClusterConfig::default() });
     let id = c.submit(1, 2, "physics");
     c.start(id, &["n1"], 10);
-    c.apply(20, Command::NodeDown { name: "n1".into(), reason: "lost".into() });
+    c.apply(20, Command::NodeDown { name: "n1".into(), reason: "lost".into(), epoch: None });
     assert!(c.state.job(id).is_none(), "archived as NODE_FAIL");
     let totals = *c.state.goodput_totals();
     assert_eq!((totals.allocated_gpu_ms, totals.ended_incarnations, totals.failed_incarnations), (20 * S, 1, 1));

@@ -21,7 +21,7 @@ fn cluster() -> State {
             gpus: (0..8).map(|index| GpuInfo { index, ..GpuInfo::default() }).collect(),
             ..NodeInfo::default()
         };
-        state.apply(&at(1, Command::RegisterNode { info })).response.unwrap();
+        state.apply(&at(1, Command::RegisterNode { info, running: Vec::new() })).response.unwrap();
     }
     state
 }

@@ -16,7 +16,7 @@ fn cluster(max_batch_requeue: u32) -> State {
     let config = ClusterConfig { max_batch_requeue, ..ClusterConfig::default() };
     state.apply(&at(0, Command::InitCluster { config }));
     for name in ["n1", "n2", "n3"] {
-        state.apply(&at(1, Command::RegisterNode { info: gpu_node(name) })).response.unwrap();
+        state.apply(&at(1, Command::RegisterNode { info: gpu_node(name), running: Vec::new() })).response.unwrap();
     }
     state
 }
@@ -88,10 +88,11 @@ fn a_job_that_fails_too_often_stays_failed() {
     let id = submit(&mut state, spec(1));
     for round in 0..3u64 {
         start(&mut state, id, &["n1"], 100 + round * 100);
-        state.apply(&at(150 + round * 100, Command::NodeDown { name: "n1".into(), reason: "lost".into() }));
+        state
+            .apply(&at(150 + round * 100, Command::NodeDown { name: "n1".into(), reason: "lost".into(), epoch: None }));
         state.check_invariants();
         let info = state.nodes["n1"].info.clone();
-        state.apply(&at(160 + round * 100, Command::RegisterNode { info })).response.unwrap();
+        state.apply(&at(160 + round * 100, Command::RegisterNode { info, running: Vec::new() })).response.unwrap();
         if round < 2 {
             assert_eq!(state.job(id).unwrap().state, JobState::Pending, "round {round}: requeued");
         }
@@ -166,7 +167,7 @@ fn gpus_on_surviving_nodes_stay_held_until_their_agent_confirms_the_old_tasks_ar
     let mut state = cluster(5);
     let id = submit(&mut state, spec(2));
     start(&mut state, id, &["n1", "n2"], 20);
-    state.apply(&at(30, Command::NodeDown { name: "n1".into(), reason: "lost".into() })).response.unwrap();
+    state.apply(&at(30, Command::NodeDown { name: "n1".into(), reason: "lost".into(), epoch: None })).response.unwrap();
     state.check_invariants();
     assert_eq!(state.job(id).unwrap().state, JobState::Pending, "requeued");
     // n2's tasks of incarnation 0 may still be dying: its GPUs are not free for anyone.
@@ -196,7 +197,7 @@ fn gpus_on_surviving_nodes_stay_held_until_their_agent_confirms_the_old_tasks_ar
     start(&mut state, long, &["n2", "n3"], 70);
     end(&mut state, long, JobEnd::default(), 80);
     assert_eq!(state.nodes["n3"].lingering.len(), 1, "the batch node reported; n3 has to confirm");
-    state.apply(&at(90, Command::NodeDown { name: "n3".into(), reason: "lost".into() })).response.unwrap();
+    state.apply(&at(90, Command::NodeDown { name: "n3".into(), reason: "lost".into(), epoch: None })).response.unwrap();
     state.check_invariants();
     assert!(state.nodes["n3"].lingering.is_empty());
 }
@@ -206,14 +207,14 @@ fn no_kill_keeps_a_job_on_its_remaining_nodes_unless_its_first_node_fails() {
     let mut state = cluster(5);
     let id = submit(&mut state, JobSpec { no_kill: true, ..spec(3) });
     start(&mut state, id, &["n1", "n2", "n3"], 20);
-    state.apply(&at(30, Command::NodeDown { name: "n3".into(), reason: "lost".into() })).response.unwrap();
+    state.apply(&at(30, Command::NodeDown { name: "n3".into(), reason: "lost".into(), epoch: None })).response.unwrap();
     state.check_invariants();
     let job = state.job(id).unwrap();
     assert_eq!(
         (job.state, job.nodes.to_vec(), job.incarnation),
         (JobState::Running, vec!["n1".into(), "n2".into()], 0)
     );
-    state.apply(&at(40, Command::NodeDown { name: "n1".into(), reason: "lost".into() })).response.unwrap();
+    state.apply(&at(40, Command::NodeDown { name: "n1".into(), reason: "lost".into(), epoch: None })).response.unwrap();
     state.check_invariants();
     assert_eq!(state.job(id).unwrap().state, JobState::Pending, "its first node (the batch script's) failed");
 }
@@ -286,7 +287,27 @@ fn steps_are_recorded_with_their_ends_bounded_and_begin_again_with_each_incarnat
     let requeue = Command::RequeueJobs { ids: vec![id], by_uid: ALICE, hold: false };
     state.apply(&at(2_000, requeue)).response.unwrap();
     end(&mut state, id, JobEnd { exit_code: 0, signal: 15, ..JobEnd::default() }, 2_001);
-    start(&mut state, id, &["n1", "n3"], 2_010); // n2 still holds the last incarnation's GPUs
+    // n2 still holds the last incarnation's GPUs: the next one waits until n2 confirms its tasks gone (issue 36).
+    let early = Command::ApplyPlan {
+        allocations: vec![Allocation {
+            job_id: id,
+            nodes: ["n1", "n3"]
+                .iter()
+                .map(|n| NodeAllocation { node: n.to_string(), gpus: vec![0, 1], cpus: 1, tasks: 1, mem_mb: 0 })
+                .collect(),
+        }],
+        reasons: vec![],
+    };
+    match state.apply(&at(2_005, early)).response {
+        Ok(Reply::Planned { started, refused }) => {
+            assert!(started.is_empty());
+            assert!(refused[0].1.contains("earlier incarnation"), "{refused:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let release = Command::ReleaseLingering { node: "n2".into(), keys: vec![(id, 0)], usage: Vec::new() };
+    state.apply(&at(2_006, release)).response.unwrap();
+    start(&mut state, id, &["n1", "n3"], 2_010);
     assert!(state.job(id).unwrap().steps.is_empty());
     assert_eq!(create(&mut state, &["n1"], 2_020), Ok(Reply::Step { step_id: 0 }));
 }

@@ -19,7 +19,7 @@ fn cluster() -> State {
     let mut state = State::default();
     state.apply(&at(0, Command::InitCluster { config: ClusterConfig::default() }));
     for (name, spare) in [("n1", false), ("n2", false), ("n3", true)] {
-        state.apply(&at(1, Command::RegisterNode { info: info(name, spare) })).response.unwrap();
+        state.apply(&at(1, Command::RegisterNode { info: info(name, spare), running: Vec::new() })).response.unwrap();
     }
     state
 }
@@ -61,7 +61,7 @@ fn only_a_job_restarting_after_a_node_failure_starts_on_a_spare_which_then_leave
     assert!(refused[0].1.contains("hot spare"), "{refused:?}");
     assert_eq!(plan(&mut state, id, "n1", 40).0, vec![id]);
     // Its node dies: it is requeued after a node failure and may now take the spare.
-    state.apply(&at(50, Command::NodeDown { name: "n1".into(), reason: "lost".into() })).response.unwrap();
+    state.apply(&at(50, Command::NodeDown { name: "n1".into(), reason: "lost".into(), epoch: None })).response.unwrap();
     let job = state.job(id).unwrap();
     assert_eq!((job.state, job.restart_count), (JobState::Pending, 1));
     assert!(job.may_use_spares());
@@ -78,11 +78,11 @@ fn operators_mark_spares_and_an_agent_restart_keeps_their_choice() {
     set_spare(&mut state, &["n3"], false, 0).unwrap();
     assert!(!state.nodes["n3"].spare);
     // n3's agent re-registers with the same config (spare = true): the operator's "no" stands ...
-    state.apply(&at(30, Command::RegisterNode { info: info("n3", true) })).response.unwrap();
+    state.apply(&at(30, Command::RegisterNode { info: info("n3", true), running: Vec::new() })).response.unwrap();
     assert!(!state.nodes["n3"].spare);
     // ... until the agent's setting itself changes.
-    state.apply(&at(31, Command::RegisterNode { info: info("n3", false) })).response.unwrap();
-    state.apply(&at(32, Command::RegisterNode { info: info("n3", true) })).response.unwrap();
+    state.apply(&at(31, Command::RegisterNode { info: info("n3", false), running: Vec::new() })).response.unwrap();
+    state.apply(&at(32, Command::RegisterNode { info: info("n3", true), running: Vec::new() })).response.unwrap();
     assert!(state.nodes["n3"].spare);
     // Clear errors, and nothing changes on one.
     let err = set_spare(&mut state, &["n1", "nope"], false, 0).unwrap_err();

@@ -110,6 +110,10 @@ pub struct SimOptions {
     /// After healing, every acknowledged job must be terminal within this many simulated ms (liveness).
     pub settle_ms: u64,
     pub faults: Faults,
+    /// Node-return drills ([`return_drills`]) on top of the fault schedule: an agent cut off past its lease with
+    /// jobs placed on it, brought back while the controllers elect a leader. Off, a seed's schedule is what it
+    /// was before the drills existed (the regression seeds replay that way).
+    pub return_drills: bool,
     pub planted: Option<PlantedBug>,
     /// Which of [`SimOptions::profile`]'s shapes this is, so a failure prints the command that replays it.
     pub profile: &'static str,
@@ -122,9 +126,11 @@ impl Default for SimOptions {
             nodes: 3,
             gpus_per_node: 8,
             jobs: 24,
-            fault_phase_ms: 10_000,
+            // Room for one node-return drill: a cut past `node_timeout_ms` (8 s) and the election around its end.
+            fault_phase_ms: DRILL_PERIOD_MS,
             settle_ms: 40_000,
             faults: Faults::All,
+            return_drills: true,
             planted: None,
             profile: "ci",
         }
@@ -132,12 +138,25 @@ impl Default for SimOptions {
 }
 
 impl SimOptions {
-    /// The named shapes: `ci` (the default: a few seeds must fit in a CI minute) and `soak` (more jobs, a
-    /// longer fault phase).
+    /// The named shapes: `ci` (the default: a few seeds must fit in a CI minute), `soak` (more jobs, a longer
+    /// fault phase, two node-return drills), and `soak-no-drills`: the soak as it was before the drills, where the
+    /// fencing-race seeds of issue 36 were found (they replay there).
     pub fn profile(name: &str) -> Option<SimOptions> {
         match name {
             "ci" => Some(SimOptions::default()),
-            "soak" => Some(SimOptions { jobs: 60, fault_phase_ms: 30_000, profile: "soak", ..SimOptions::default() }),
+            "soak" => Some(SimOptions {
+                jobs: 60,
+                fault_phase_ms: 2 * DRILL_PERIOD_MS,
+                profile: "soak",
+                ..SimOptions::default()
+            }),
+            "soak-no-drills" => Some(SimOptions {
+                jobs: 60,
+                fault_phase_ms: 30_000,
+                return_drills: false,
+                profile: "soak-no-drills",
+                ..SimOptions::default()
+            }),
             _ => None,
         }
     }
@@ -477,6 +496,10 @@ async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
         })
         .collect();
 
+    let drills = options.return_drills.then(|| {
+        tokio::spawn(return_drills(net.clone(), seed, options.nodes, options.fault_phase_ms, options.gpus_per_node))
+    });
+
     // The fault phase.
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x6661_756c_7473);
     let mut pending: Vec<(u64, Pending)> = Vec::new();
@@ -503,6 +526,9 @@ async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
             Faults::All => rng.random_range(0..6),
             Faults::AgentsOnly => 5,
         };
+        // A node-return drill needs a leader that stays until its node is declared down: no replica fault then
+        // (the numbers below are still drawn, so the rest of the schedule does not shift).
+        let drill_running = lock(&net).conditions.drill_running;
         let node = format!("gpu{:02}", rng.random_range(1..=options.nodes));
         let a = ids[rng.random_range(0..ids.len())];
         let b = ids[rng.random_range(0..ids.len())];
@@ -512,6 +538,7 @@ async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
             (ids.len() - net.replicas.len(), net.replicas.contains_key(&a))
         };
         let name = match kind {
+            0..=4 if drill_running => continue,
             0 if down < minority as usize && a_live => {
                 crash_replica(&net, a).await;
                 pending.push((now + lasts_ms, Pending::Restart(a)));
@@ -554,6 +581,9 @@ async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
         lock(&net).event(EventKind::FaultStarted { name });
     }
     // Heal everything: links, loss, delays, and restart whoever is down.
+    if let Some(drills) = drills {
+        drills.abort();
+    }
     for (_, p) in pending.drain(..) {
         undo(&net, p, &mut setup_errors).await;
     }
@@ -604,6 +634,91 @@ async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
         faults,
         sim_ms,
         tail: net.trace.tail(),
+    }
+}
+
+/// How far apart node-return drills start (each needs a cut past `node_timeout_ms` and an election after it).
+const DRILL_PERIOD_MS: u64 = 16_000;
+
+/// The node-return drills: the path the fencing race of issue 36 hid in, exercised on purpose. Every
+/// [`DRILL_PERIOD_MS`] of the fault phase: an agent not already cut off is cut off, and a job that only that node
+/// may run is submitted at once, so the leader places it there while the node cannot hear it (an assignment in
+/// flight). Once the leader decides the node is lost (its lease ran out long before), one of three endings, so
+/// that the node returns while the controllers elect a new leader with the decision at every stage:
+/// - the leader is isolated at once (its `NodeDown` may be uncommitted) and the agent returns during the election;
+/// - the agent returns at once, and the leader is isolated a moment later;
+/// - the decision commits first, then the leader is isolated and the agent returns during the election.
+///
+/// The ordinary schedule starts no replica fault while a drill runs, so the leader stays long enough to decide.
+async fn return_drills(net: Net, seed: u64, nodes: u32, fault_phase_ms: u64, gpus_per_node: u32) {
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0x7265_7475_726e);
+    let started = tokio::time::Instant::now();
+    let now_ms = || started.elapsed().as_millis() as u64;
+    let give_up_ms = AgentTiming::default().node_timeout_ms + 6_000;
+    for round in 0u64.. {
+        let cut_at = round * DRILL_PERIOD_MS + rng.random_range(500..2_000);
+        let ending = rng.random_range(0..3u32);
+        let pause_ms = rng.random_range(0..1_500);
+        let isolate_ms = rng.random_range(500..2_500);
+        let node = format!("gpu{:02}", rng.random_range(1..=nodes));
+        if cut_at + give_up_ms > fault_phase_ms {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(cut_at.saturating_sub(now_ms()))).await;
+        {
+            let mut net = lock(&net);
+            if net.conditions.agents_cut.contains(&node) {
+                continue;
+            }
+            net.conditions.drill_running = true;
+            net.conditions.agents_cut.insert(node.clone());
+            net.event(EventKind::FaultStarted { name: format!("drill: cut agent {node} off") });
+        }
+        workload::submit_pinned(&net, &node, round, gpus_per_node).await;
+        // Until the leader decides the node is lost (or the drill gives up on it).
+        while now_ms() < cut_at + give_up_ms {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            if workload::leader(&net).is_some_and(|l| l.hub.is_condemned(&node)) {
+                break;
+            }
+        }
+        let isolate = |net: &Net| {
+            let Some(leader) = workload::leader_id(net) else { return };
+            let mut net = lock(net);
+            let others: Vec<u64> = net.data_dirs.keys().copied().filter(|x| *x != leader).collect();
+            net.conditions.drill_blocked.extend(others.iter().flat_map(|x| [(leader, *x), (*x, leader)]));
+            net.event(EventKind::FaultStarted { name: format!("drill: isolate leader {leader} for {isolate_ms} ms") });
+        };
+        let reconnect = |net: &Net| {
+            let mut net = lock(net);
+            net.conditions.agents_cut.remove(&node);
+            net.event(EventKind::FaultHealed { name: format!("drill: agent {node} reconnected") });
+        };
+        match ending {
+            0 => {
+                isolate(&net);
+                tokio::time::sleep(Duration::from_millis(pause_ms.min(isolate_ms))).await;
+                reconnect(&net);
+                tokio::time::sleep(Duration::from_millis(isolate_ms - pause_ms.min(isolate_ms))).await;
+            }
+            1 => {
+                reconnect(&net);
+                tokio::time::sleep(Duration::from_millis(pause_ms / 5)).await;
+                isolate(&net);
+                tokio::time::sleep(Duration::from_millis(isolate_ms)).await;
+            }
+            _ => {
+                tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                isolate(&net);
+                tokio::time::sleep(Duration::from_millis(isolate_ms / 2)).await;
+                reconnect(&net);
+                tokio::time::sleep(Duration::from_millis(isolate_ms - isolate_ms / 2)).await;
+            }
+        }
+        let mut net = lock(&net);
+        net.conditions.drill_blocked.clear();
+        net.conditions.drill_running = false;
+        net.event(EventKind::FaultHealed { name: "drill: leader reconnected".into() });
     }
 }
 

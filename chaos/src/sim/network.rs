@@ -43,6 +43,12 @@ pub struct Conditions {
     pub loss_permille: u32,
     /// Agents (node names) that reach no replica: their heartbeats and reports are lost.
     pub agents_cut: BTreeSet<String>,
+    /// Links a node-return drill blocks (kept apart from `blocked`, so that an ordinary fault healing the same
+    /// link does not end the drill's partition early).
+    pub drill_blocked: BTreeSet<(u64, u64)>,
+    /// While a node-return drill runs, the ordinary schedule starts no replica fault: the leader must stay long
+    /// enough for the cut-off node to be declared down.
+    pub drill_running: bool,
     /// One-way delays are uniform in 0..=max_delay_ms; differing delays reorder messages.
     pub max_delay_ms: u64,
 }
@@ -102,7 +108,8 @@ impl NetState {
 
     fn fate(&mut self, from: u64, to: u64) -> Fate {
         let c = &self.conditions;
-        let (blocked, loss, max_delay) = (c.blocked.contains(&(from, to)), c.loss_permille, c.max_delay_ms);
+        let blocked = c.blocked.contains(&(from, to)) || c.drill_blocked.contains(&(from, to));
+        let (loss, max_delay) = (c.loss_permille, c.max_delay_ms);
         // Draw both numbers always, so the RNG stream does not depend on the conditions' branches.
         let roll: u32 = self.rng.random_range(0..1000);
         let delay_ms = self.rng.random_range(0..=max_delay);
@@ -161,7 +168,7 @@ impl SimPeer {
                 tokio::time::sleep(Duration::from_millis(delay_ms)).await;
                 let mut net = lock(&self.net);
                 // The target may have crashed, or the link been cut, while the message was in flight.
-                if net.conditions.blocked.contains(&(from, to)) {
+                if net.conditions.blocked.contains(&(from, to)) || net.conditions.drill_blocked.contains(&(from, to)) {
                     net.lost += 1;
                     return Err(unreachable(format!("{kind} {from}->{to} cut in flight")));
                 }

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use drover_controller::config::AgentTiming;
-use drover_controller::leader::agents::AgentHub;
+use drover_controller::leader::agents::{AgentHub, NoLease};
 use drover_controller::propose::{Proposer, propose_checked};
 use drover_controller::store::StateView;
-use drover_state::{Command, GpuInfo, JobEnd, JobSpec, JobState, NodeHealth, NodeInfo, Reply};
+use drover_proto::wire::ControllerMessage;
+use drover_state::{Command, GpuInfo, JobEnd, JobSpec, NodeHealth, NodeInfo, Reply, RunningShare};
 use openraft::async_runtime::WatchReceiver;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
@@ -32,14 +32,55 @@ const RETRY_MS: u64 = 100;
 /// it leads: writes there time out, as they would for a real client).
 pub fn leader(net: &Net) -> Option<Leader> {
     let net = lock(net);
+    let id = newest_leader(&net)?;
+    let r = &net.replicas[&id];
+    Some(Leader { proposer: r.proposer.clone(), view: r.view.clone(), hub: r.hub.clone() })
+}
+
+/// The id of the replica that believes it leads with the newest term.
+pub fn leader_id(net: &Net) -> Option<u64> {
+    newest_leader(&lock(net))
+}
+
+fn newest_leader(net: &super::network::NetState) -> Option<u64> {
     net.replicas
         .iter()
         .filter_map(|(id, r)| {
             let m = r.raft.metrics().borrow_watched().clone();
-            (m.current_leader == Some(*id)).then_some((m.current_term, *id, r))
+            (m.current_leader == Some(*id)).then_some((m.current_term, *id))
         })
-        .max_by_key(|(term, id, _)| (*term, *id))
-        .map(|(_, _, r)| Leader { proposer: r.proposer.clone(), view: r.view.clone(), hub: r.hub.clone() })
+        .max()
+        .map(|(_, id)| id)
+}
+
+/// Operations of drill submissions are numbered from here (the user's count from 0).
+const DRILL_OPS: u64 = 1_000_000;
+
+/// A node-return drill's submission: a job only `node` may run (`-w node`), submitted as the node is cut off so
+/// that the leader places it there while the node cannot hear it. Recorded like the user's submissions.
+pub async fn submit_pinned(net: &Net, node: &str, round: u64, gpus_per_node: u32) {
+    let op = DRILL_OPS + round;
+    let spec = JobSpec {
+        name: format!("drill-{round}").into(),
+        user: "sim".into(),
+        uid: SIM_UID,
+        gid: SIM_UID,
+        script: "#!/bin/sh\ntrain\n".into(),
+        min_nodes: 1,
+        max_nodes: 1,
+        cpus_per_task: 1,
+        gpus_per_node: gpus_per_node.div_ceil(2),
+        nodelist: vec![node.to_string()].into(),
+        ..JobSpec::default()
+    };
+    let command = Command::SubmitJob { spec: Box::new(spec), request_id: Some(format!("sim-op-{op}")) };
+    lock(net).event(EventKind::SubmitSent { op });
+    let event = match write(net, command).await {
+        Outcome::Committed(Reply::Submitted { job_id, .. }) => EventKind::SubmitAcked { op, job: job_id },
+        Outcome::Committed(other) => EventKind::SubmitFailed { op, error: format!("unexpected reply {other:?}") },
+        Outcome::Refused(error) | Outcome::GaveUp(error) => EventKind::SubmitFailed { op, error },
+    };
+    lock(net).event(event);
 }
 
 /// Handles on the replica that believes it leads.
@@ -59,17 +100,9 @@ enum Outcome {
 /// Commits `command` through whichever replica leads, retrying (with the same command, so a submission's
 /// request id makes a retry return the first job) until it commits, is refused, or the attempts run out.
 async fn write(net: &Net, command: Command) -> Outcome {
-    write_as(net, None, command).await
-}
-
-/// `write` from an agent: while the agent is cut off its attempts reach nobody (it keeps retrying, as a real
-/// agent keeps a report until it is acknowledged).
-async fn write_as(net: &Net, agent: Option<&str>, command: Command) -> Outcome {
     let mut last_error = String::from("no leader");
     for _ in 0..MAX_WRITE_ATTEMPTS {
-        let cut = agent.is_some_and(|name| lock(net).conditions.agents_cut.contains(name));
-        let leader = if cut { None } else { leader(net) };
-        let Some(Leader { proposer, .. }) = leader else {
+        let Some(Leader { proposer, .. }) = leader(net) else {
             tokio::time::sleep(Duration::from_millis(RETRY_MS)).await;
             continue;
         };
@@ -163,8 +196,11 @@ fn node_info(name: &str, gpus: u32) -> NodeInfo {
 
 /// Killed by a cancel: the end the batch node reports.
 const SIGTERM: i32 = 15;
+/// The longest a simulated task takes to die once told to stop (its SIGTERM handler, then `KillWait`'s SIGKILL):
+/// the window in which a stale task still holds its GPUs.
+const MAX_STOP_MS: u64 = 2_000;
 
-/// One job's share on this node, as the leader's state assigns it.
+/// One job's share on this node, as the leader's assignments say.
 struct Assigned {
     /// This node runs the batch script, so it reports the job's end.
     batch: bool,
@@ -178,18 +214,38 @@ struct Task {
     /// Simulated ms at which the task exits by itself (only the batch node's exit ends the job).
     exits_at_ms: u64,
     batch: bool,
+    gpus: Vec<u32>,
+    /// Told to stop: it is gone at this simulated ms (until then it still holds its GPUs).
+    dies_at_ms: Option<u64>,
 }
 
 /// What one agent knows, shared between its main loop and its lease check.
 #[derive(Default)]
 struct AgentState {
+    /// Every task that may still hold its GPUs: running, or told to stop and not dead yet.
     running: BTreeMap<(u64, u64), Task>,
     /// Ended here (exited, stopped or fenced): never started again.
     done: BTreeSet<(u64, u64)>,
     /// Ends the batch node still has to get acknowledged, oldest first.
     reports: Vec<((u64, u64), JobEnd)>,
-    /// Simulated ms of the last heartbeat a leader with a fresh quorum answered.
-    last_contact_ms: u64,
+    /// Until when (simulated ms) the node holds a lease, and the registration epoch it is for.
+    lease_until_ms: u64,
+    lease_epoch: u64,
+}
+
+impl AgentState {
+    /// What a registration lists as still running here.
+    fn running_shares(&self) -> Vec<RunningShare> {
+        self.running
+            .iter()
+            .map(|(key, task)| RunningShare { job: key.0, incarnation: key.1, gpus: task.gpus.clone() })
+            .collect()
+    }
+
+    /// A task of another incarnation that still holds one of `gpus`.
+    fn gpu_holder(&self, key: (u64, u64), gpus: &[u32]) -> Option<(u64, u64)> {
+        self.running.iter().find(|(k, t)| **k != key && t.gpus.iter().any(|g| gpus.contains(g))).map(|(k, _)| *k)
+    }
 }
 
 /// How often the agent checks its lease (the real agent checks on every reconcile pass).
@@ -197,15 +253,14 @@ const LEASE_CHECK_MS: u64 = 50;
 /// The signal a fenced task dies of.
 const SIGKILL: i32 = 9;
 
-/// The lease, as its own task so that no write in flight delays it: once no leader with a fresh quorum has
-/// answered for `fence_after_ms`, every task is killed and its end kept to report when the agent is back.
+/// The lease, as its own task so that no write in flight delays it: once the lease has run out, every task is
+/// killed (as the supervisors do) and its end kept to report when the agent is back.
 async fn lease(net: Net, name: String, state: Arc<std::sync::Mutex<AgentState>>, started: tokio::time::Instant) {
-    let fence_after_ms = AgentTiming::default().fence_after_ms;
     loop {
         tokio::time::sleep(Duration::from_millis(LEASE_CHECK_MS)).await;
         let now_ms = started.elapsed().as_millis() as u64;
         let mut state = state.lock().expect("agent state lock");
-        if now_ms.saturating_sub(state.last_contact_ms) <= fence_after_ms || state.running.is_empty() {
+        if now_ms < state.lease_until_ms || state.running.is_empty() {
             continue;
         }
         let AgentState { running, done, reports, .. } = &mut *state;
@@ -220,102 +275,143 @@ async fn lease(net: Net, name: String, state: Arc<std::sync::Mutex<AgentState>>,
     }
 }
 
-/// One node's agent: registers, heartbeats to the leader's `AgentHub`, runs what the leader's applied state
-/// assigns it, reports the batch node's ends (`JobEnded`), confirms ended incarnations gone
-/// (`ReleaseLingering`), fences itself when cut off, and registers again if its node was declared down.
-/// Stops at `until_ms`.
+/// Registers through whichever replica leads (none while the agent is cut off), listing what still runs here,
+/// as a real agent does when it opens a session. The epoch of the registration, once one is accepted, and
+/// whether it brought the node back from DOWN.
+async fn register(net: &Net, name: &str, gpus: u32, running: Vec<RunningShare>) -> Option<(u64, bool)> {
+    if lock(net).conditions.agents_cut.contains(name) {
+        return None;
+    }
+    let Leader { hub, view, .. } = leader(net)?;
+    let was_down = view.read().state.nodes.get(name).is_some_and(|n| n.health == NodeHealth::Down);
+    match hub.register(&node_info(name, gpus), &running).await {
+        Ok(epoch) => Some((epoch, was_down)),
+        Err(status) => {
+            lock(net).trace.record(format_args!("agent {name} register failed: {}", status.message()), &[]);
+            None
+        }
+    }
+}
+
+/// One node's agent, playing the real agent's part of the protocol against the leader's real `AgentHub`:
+/// registers (listing what still runs), heartbeats for leases (`AgentHub::heartbeat`), takes the leader's
+/// assignments (`AgentHub::assignments`, once the leader has caught up), and starts a task only as the real
+/// agent does: under a lease of the epoch the assignments are for, and on GPUs no task of another incarnation
+/// still holds. It stops what is no longer assigned (a stopped task dies up to [`MAX_STOP_MS`] later, holding its
+/// GPUs until then), reports the batch node's ends (`JobEnded`), confirms ended incarnations gone
+/// (`ReleaseLingering`), fences itself when its lease runs out, and registers again when its session's epoch is
+/// over. Stops at `until_ms`.
 /// `fences`: false only for a planted bug (see `PlantedBug::AgentsNeverFence`).
 pub async fn agent(net: Net, seed: u64, name: String, gpus: u32, until_ms: u64, fences: bool) {
     let mut rng = SmallRng::seed_from_u64(seed ^ fnv_name(&name));
     let started = tokio::time::Instant::now();
     let now_ms = || started.elapsed().as_millis() as u64;
-    loop {
-        match write_as(&net, Some(&name), Command::RegisterNode { info: node_info(&name, gpus) }).await {
-            Outcome::Committed(_) => break,
-            Outcome::Refused(e) | Outcome::GaveUp(e) => {
-                lock(&net).trace.record(format_args!("agent {name} register failed: {e}"), &[]);
-                tokio::time::sleep(Duration::from_millis(RETRY_MS)).await;
-            }
-        }
-        if now_ms() > until_ms {
-            return;
-        }
-    }
-    let state = Arc::new(std::sync::Mutex::new(AgentState { last_contact_ms: now_ms(), ..AgentState::default() }));
+    let state = Arc::new(std::sync::Mutex::new(AgentState::default()));
     let lease_task = fences.then(|| tokio::spawn(lease(net.clone(), name.clone(), state.clone(), started)));
+    // The session: the epoch it registered in, whether its assignments arrived, and the newest applied index seen.
+    let mut epoch: Option<u64> = None;
     let mut seen_index = 0u64;
     while now_ms() < until_ms {
         tokio::time::sleep(Duration::from_millis(AGENT_POLL_MS)).await;
         if lock(&net).conditions.agents_cut.contains(&name) {
+            // The session breaks with the link; the next one registers anew.
+            epoch = None;
             continue;
         }
-        let (assigned, lingering, down) = {
-            // Not kept past this block: a held view keeps a crashed replica's store open.
-            let Some(Leader { view, hub, .. }) = leader(&net) else { continue };
-            // Real leaders grant leases only while a quorum acknowledged them within the election timeout.
-            if !hub.quorum_is_fresh() {
-                continue;
-            }
-            hub.seen(&name);
-            state.lock().expect("agent state lock").last_contact_ms = now_ms();
-            let applied = view.read();
-            // A new leader may not have applied what the last one had: an older view would look as if jobs
-            // had ended. Real agents skip such assignments by their applied index too.
-            let index = applied.last_applied.as_ref().map_or(0, |l| l.index());
-            if index < seen_index {
-                continue;
-            }
-            seen_index = index;
-            let state = &applied.state;
-            let Some(node) = state.nodes.get(&name) else { continue };
-            // COMPLETING (cancelled while running): its tasks must stop, and its batch node reports them gone.
-            let assigned: BTreeMap<(u64, u64), Assigned> = node
-                .jobs
-                .iter()
-                .filter_map(|id| state.jobs.get(id))
-                .filter(|job| matches!(job.state, JobState::Running | JobState::Completing))
-                .map(|job| {
-                    let gpus =
-                        job.allocation.iter().find(|a| a.node == name).map(|a| a.gpus.clone()).unwrap_or_default();
-                    let assigned = Assigned {
-                        batch: job.nodes.first() == Some(&name),
-                        stopping: job.state == JobState::Completing,
-                        gpus,
-                    };
-                    ((job.id, job.incarnation), assigned)
-                })
-                .collect();
-            let lingering: Vec<(u64, u64)> = node.lingering.iter().map(|l| (l.job, l.incarnation)).collect();
-            (assigned, lingering, node.health == NodeHealth::Down)
-        };
-        if down {
-            // Declared down while cut off: a returning agent registers again, which brings the node back up.
-            if let Outcome::Committed(_) =
-                write_as(&net, Some(&name), Command::RegisterNode { info: node_info(&name, gpus) }).await
-            {
+        let Some(session_epoch) = epoch else {
+            let running = state.lock().expect("agent state lock").running_shares();
+            if let Some((e, back_from_down)) = register(&net, &name, gpus, running).await {
+                epoch = Some(e);
                 let mut net = lock(&net);
-                net.reregistrations += 1;
-                net.trace.record(format_args!("agent {name} registered again"), &[]);
+                if back_from_down {
+                    net.reregistrations += 1;
+                }
+                net.trace.record(format_args!("agent {name} registered (epoch {e})"), &[]);
             }
             continue;
+        };
+        let (message, caught_up) = {
+            // Not kept past this block: a held view keeps a crashed replica's store open.
+            let Some(Leader { hub, .. }) = leader(&net) else { continue };
+            match hub.heartbeat(&name, session_epoch) {
+                Ok(lease_ms) => {
+                    let mut state = state.lock().expect("agent state lock");
+                    state.lease_until_ms = now_ms() + lease_ms;
+                    state.lease_epoch = session_epoch;
+                }
+                Err(NoLease::Reregister(why)) => {
+                    // The leader closes the session; the agent registers again, listing what still runs.
+                    lock(&net).trace.record(format_args!("agent {name} must register again: {why}"), &[]);
+                    epoch = None;
+                    continue;
+                }
+                Err(_) => {}
+            }
+            let caught_up = hub.is_caught_up();
+            (caught_up.then(|| hub.assignments(&name)), caught_up)
+        };
+        // A leader that has not caught up sends no assignments.
+        let Some(ControllerMessage::Assignments { jobs, applied_index, epoch: assigned_epoch, .. }) =
+            message.filter(|_| caught_up)
+        else {
+            continue;
+        };
+        // A new leader may not have applied what the last one had: an older view would look as if jobs had ended.
+        if applied_index < seen_index {
+            continue;
         }
+        seen_index = applied_index;
+        if assigned_epoch != session_epoch {
+            // Declared down, or registered anew: the leader closes this session.
+            epoch = None;
+            continue;
+        }
+        let assigned: BTreeMap<(u64, u64), Assigned> = jobs
+            .iter()
+            .map(|a| {
+                let gpus = a
+                    .job
+                    .allocation
+                    .iter()
+                    .find(|share| share.node == name)
+                    .map(|s| s.gpus.clone())
+                    .unwrap_or_default();
+                ((a.job.id, a.job.incarnation), Assigned { batch: a.node_index == 0, stopping: a.cancelled(), gpus })
+            })
+            .collect();
+        let lingering: Vec<(u64, u64)> = {
+            let Some(Leader { view, .. }) = leader(&net) else { continue };
+            let applied = view.read();
+            applied.state.nodes.get(&name).map(|n| n.lingering.iter().map(|l| (l.job, l.incarnation)).collect())
+        }
+        .unwrap_or_default();
         let (reports, gone) = {
             let mut guard = state.lock().expect("agent state lock");
-            let AgentState { running, done, reports, .. } = &mut *guard;
+            let now = now_ms();
+            let may_start = now < guard.lease_until_ms && guard.lease_epoch == assigned_epoch;
             for (key, a) in &assigned {
-                if running.contains_key(key) || done.contains(key) {
+                if guard.running.contains_key(key) || guard.done.contains(key) {
                     continue;
                 }
                 if a.stopping {
                     // Cancelled before it started here: nothing to kill, but the batch node says it is gone.
-                    done.insert(*key);
+                    guard.done.insert(*key);
                     if a.batch {
-                        reports.push((*key, JobEnd { signal: SIGTERM, ..JobEnd::default() }));
+                        guard.reports.push((*key, JobEnd { signal: SIGTERM, ..JobEnd::default() }));
                     }
                     continue;
                 }
-                let exits_at_ms = now_ms() + rng.random_range(100..3_000);
-                running.insert(*key, Task { exits_at_ms, batch: a.batch });
+                if !may_start {
+                    continue;
+                }
+                if let Some(holder) = guard.gpu_holder(*key, &a.gpus) {
+                    lock(&net).trace.record(format_args!("agent {name}: {key:?} waits for {holder:?}'s GPUs"), &[]);
+                    continue;
+                }
+                let exits_at_ms = now + rng.random_range(100..3_000);
+                guard
+                    .running
+                    .insert(*key, Task { exits_at_ms, batch: a.batch, gpus: a.gpus.clone(), dies_at_ms: None });
                 lock(&net).event(EventKind::IncarnationStarted {
                     job: key.0,
                     incarnation: key.1,
@@ -323,24 +419,30 @@ pub async fn agent(net: Net, seed: u64, name: String, gpus: u32, until_ms: u64, 
                     gpus: a.gpus.clone(),
                 });
             }
-            // Stop what is no longer assigned (requeued, ended by its batch node) or is stopping, and what exited.
-            let now = now_ms();
-            let ended: Vec<(u64, u64)> = running
+            // Stop what is no longer assigned (requeued, ended by its batch node) or is stopping: it dies a little
+            // later, as a real task does after its SIGTERM.
+            for (key, task) in guard.running.iter_mut() {
+                if task.dies_at_ms.is_none() && assigned.get(key).is_none_or(|a| a.stopping) {
+                    task.dies_at_ms = Some(now + rng.random_range(0..MAX_STOP_MS));
+                }
+            }
+            let ended: Vec<(u64, u64)> = guard
+                .running
                 .iter()
-                .filter(|(key, task)| assigned.get(key).is_none_or(|a| a.stopping) || task.exits_at_ms <= now)
+                .filter(|(_, task)| task.dies_at_ms.map_or(task.exits_at_ms, |at| at.min(task.exits_at_ms)) <= now)
                 .map(|(key, _)| *key)
                 .collect();
             for key in ended {
-                let task = running.remove(&key).expect("listed above");
-                done.insert(key);
+                let task = guard.running.remove(&key).expect("listed above");
+                guard.done.insert(key);
                 lock(&net).event(EventKind::IncarnationEnded { job: key.0, incarnation: key.1, node: name.clone() });
                 if let Some(a) = assigned.get(&key).filter(|_| task.batch) {
                     let signal = if a.stopping { SIGTERM } else { 0 };
-                    reports.push((key, JobEnd { signal, ..JobEnd::default() }));
+                    guard.reports.push((key, JobEnd { signal, ..JobEnd::default() }));
                 }
             }
-            let gone: Vec<(u64, u64)> = lingering.into_iter().filter(|key| !running.contains_key(key)).collect();
-            (std::mem::take(reports), gone)
+            let gone: Vec<(u64, u64)> = lingering.into_iter().filter(|key| !guard.running.contains_key(key)).collect();
+            (std::mem::take(&mut guard.reports), gone)
         };
         // Reports go out one attempt per pass; one that does not commit waits for the next pass.
         let mut unsent = Vec::new();

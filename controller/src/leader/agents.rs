@@ -5,11 +5,37 @@
 //! (`RegisterNode`, `NodeDown`, `DrainNodes`). A new leader starts every node's clock afresh, so nodes get a full
 //! `node_timeout_ms` to find it before any is declared down.
 //!
-//! Fencing holds because of two rules here. A heartbeat is answered with a lease only while this leader has heard
-//! from a quorum of controllers within `quorum_window_ms`: a leader cut off from the quorum stops renewing, so its
-//! agents' leases (and, through their supervisors, their tasks) end before a new leader can declare their nodes
-//! down. And no assignments go out before this leader has applied everything committed before its election: a
-//! leader that has not caught up would otherwise tell agents to kill jobs it has not heard of yet.
+//! # Why a job never runs two incarnations at once
+//!
+//! Each registration that brings a node up starts a new *epoch* of that node (committed by `RegisterNode`). A
+//! lease is for one epoch, and the rules below make every lease of epoch E expire before a `NodeDown` for E can
+//! commit, so the jobs that decision requeues have no task left on the node when their next incarnation starts:
+//!
+//! 1. **A lease is granted only by a leader that can be sure of the node's epoch**: it leads, a quorum of
+//!    controllers acknowledged it within the election timeout (`quorum_is_fresh`: a leader cut off from the
+//!    quorum stops renewing, so leases it granted run out before another leader is elected), it has applied
+//!    everything committed before its term (`is_caught_up`), and its applied state shows the node up at that
+//!    epoch. Otherwise the heartbeat gets no lease, or, if the node is down or registered anew, the session is
+//!    closed and the agent registers again.
+//! 2. **A node-loss decision is final for its epoch in the term it is taken.** The liveness check condemns
+//!    (node, epoch) under the same lock that every heartbeat records itself under, so a heartbeat either came
+//!    first (then the node is not silent) or is refused its lease (it is condemned). It then proposes
+//!    `NodeDown { epoch }` until the state shows the node down or in a later epoch, and grants that epoch no lease
+//!    again. A leader decides only after `node_timeout_ms` of silence counted from its own election, and leases
+//!    last `fence_after_ms` (< `node_timeout_ms`) from when the heartbeat was *sent*, so every lease it granted,
+//!    and every lease an earlier leader granted (before this one was elected, by rule 1), has run out.
+//! 3. **A later leader cannot grant epoch E a lease while a `NodeDown { E }` of an earlier term can still commit.**
+//!    It grants only once caught up, that is, once it has committed an entry of its own term: a `NodeDown { E }`
+//!    in its log is then committed and applied (the node shows down: no lease), and one that is not in its log can
+//!    never commit (Raft's log matching). `apply` refuses a `NodeDown` whose epoch is not the node's current one,
+//!    so a decision about an old registration never takes down a newer one.
+//! 4. **The agent starts a task only under a lease of the epoch its assignments are for**, after this session's
+//!    assignments arrived, and only on GPUs no task of another incarnation still holds. Its supervisors kill
+//!    their tasks when the lease file expires, even if the agent is dead or hung. A returning agent lists what
+//!    still runs in its registration; those GPUs linger (held) until it confirms the tasks gone.
+//!
+//! And no assignments go out before this leader has applied everything committed before its election: a leader
+//! that has not caught up would otherwise tell agents to kill jobs it has not heard of yet.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -23,7 +49,7 @@ use tokio::time::Instant;
 use drover_proto::v1::agent_gateway_server::AgentGateway;
 use drover_proto::v1::{AgentEnvelope, ControllerEnvelope};
 use drover_proto::wire::{AgentMessage, Assignment, ControllerMessage, decode, encode};
-use drover_state::{Command, CommandError, Job, JobId, MeasuredUsage, NodeHealth, NodeInfo};
+use drover_state::{Command, CommandError, Job, JobId, MeasuredUsage, NodeHealth, NodeInfo, RunningShare};
 use futures::Stream;
 use openraft::async_runtime::WatchReceiver;
 use tokio::sync::{Notify, mpsc};
@@ -38,6 +64,9 @@ use crate::types::Raft;
 const SESSION_QUEUE: usize = 256;
 /// How long an agent has to send its registration after opening a session.
 const REGISTER_TIMEOUT_MS: u64 = 5_000;
+/// How long a registration waits for a new leader to catch up with its commit before it is refused (the agent
+/// tries again).
+const REGISTER_CATCH_UP_MS: u64 = 2_000;
 /// Coalesces bursts of state changes into one assignment update per node.
 const ASSIGNMENT_COALESCE_MS: u64 = 1;
 /// Nodes declared down per liveness tick (the rest follow on the next ticks).
@@ -53,6 +82,51 @@ struct Session {
     changed: Arc<Notify>,
 }
 
+/// This replica's liveness judgement, for one term of its leadership.
+#[derive(Default)]
+struct Liveness {
+    /// The term these records belong to; a new term starts them afresh.
+    term: u64,
+    /// When this replica began leading in `term`: a node not heard from since gets its full timeout from here.
+    leading_since: Option<Instant>,
+    last_seen: HashMap<String, Instant>,
+    /// Node → the epoch this leader decided is lost in `term`: no lease for it again, and `NodeDown` is proposed
+    /// until the state moves past it.
+    condemned: HashMap<String, u64>,
+}
+
+impl Liveness {
+    /// Starts the records afresh when leadership moved to a new term (a replica that lost and regained
+    /// leadership between two ticks must not judge by its old term's clocks: another leader may have granted
+    /// leases in between).
+    fn for_term(&mut self, term: u64) -> &mut Liveness {
+        if self.term != term {
+            *self = Liveness { term, leading_since: Some(Instant::now()), ..Liveness::default() };
+        }
+        self
+    }
+
+    /// Whether `node` has been silent for longer than `timeout`, counting from this term's start at the earliest.
+    fn silent(&self, node: &str, timeout: Duration) -> bool {
+        let since = self.leading_since.unwrap_or_else(Instant::now);
+        self.last_seen.get(node).copied().unwrap_or(since).max(since).elapsed() > timeout
+    }
+}
+
+/// Why a heartbeat got no lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoLease {
+    NotLeader,
+    /// No quorum acknowledged this leader within the election timeout.
+    NoQuorum,
+    /// This leader has not yet applied everything committed before its term.
+    NotCaughtUp,
+    /// This leader decided the node's registration is lost; its `NodeDown` is on its way.
+    Condemned,
+    /// The node is down, unknown, or registered anew since this session began: the agent must register (again).
+    Reregister(String),
+}
+
 pub struct AgentHub {
     id: u64,
     raft: Raft,
@@ -63,8 +137,9 @@ pub struct AgentHub {
     /// timeout: a leader silent to its quorum for longer may already have been replaced).
     quorum_window: Duration,
     sessions: Mutex<HashMap<String, Session>>,
-    /// When each node was last heard from, by this replica while it leads.
-    last_seen: Mutex<HashMap<String, Instant>>,
+    /// When each node was last heard from, and which registrations this leader decided are lost: one lock, so a
+    /// lease and a node-loss decision are always ordered (see the module's comment, rule 2).
+    liveness: Mutex<Liveness>,
     next_token: AtomicU64,
     /// The term in which this leader has applied everything committed before it was elected (0: none yet).
     caught_up_term: AtomicU64,
@@ -92,7 +167,7 @@ impl AgentHub {
             timing,
             quorum_window: Duration::from_millis(quorum_window_ms),
             sessions: Mutex::new(HashMap::new()),
-            last_seen: Mutex::new(HashMap::new()),
+            liveness: Mutex::new(Liveness::default()),
             next_token: AtomicU64::new(1),
             caught_up_term: AtomicU64::new(0),
             caught_up: Notify::new(),
@@ -122,7 +197,7 @@ impl AgentHub {
     }
 
     /// Whether this leader has caught up with its own commit (see the module's comment).
-    fn is_caught_up(&self) -> bool {
+    pub fn is_caught_up(&self) -> bool {
         let term = self.raft.server_metrics().borrow_watched().vote.leader_id().term;
         self.caught_up_term.load(Ordering::Acquire) == term && self.is_leader()
     }
@@ -161,10 +236,59 @@ impl AgentHub {
         metrics.membership_config.membership().get_node(&leader).map(|n| n.addr.clone())
     }
 
-    /// A heartbeat from `node` (public for the simulation's agents, which have no gRPC session).
-    pub fn seen(&self, node: &str) {
+    /// A message from `node`'s agent: it is alive.
+    fn seen(&self, node: &str) {
+        self.liveness.lock().expect("liveness poisoned").last_seen.insert(node.to_string(), Instant::now());
+    }
+
+    /// A heartbeat from `node`'s agent, registered in `epoch`: the lease to grant (its length in ms), or why none
+    /// (the module's comment, rules 1 and 2). Public for the simulation's agents, which have no gRPC session.
+    pub fn heartbeat(&self, node: &str, epoch: u64) -> Result<u64, NoLease> {
         self.heartbeats.fetch_add(1, Ordering::Relaxed);
-        self.last_seen.lock().expect("last_seen poisoned").insert(node.to_string(), Instant::now());
+        {
+            let mut liveness = self.liveness.lock().expect("liveness poisoned");
+            liveness.last_seen.insert(node.to_string(), Instant::now());
+            if liveness.condemned.get(node) == Some(&epoch) {
+                return Err(NoLease::Condemned);
+            }
+        }
+        if !self.is_leader() {
+            return Err(NoLease::NotLeader);
+        }
+        if !self.quorum_is_fresh() {
+            return Err(NoLease::NoQuorum);
+        }
+        if !self.is_caught_up() {
+            return Err(NoLease::NotCaughtUp);
+        }
+        let applied = self.view.read();
+        match applied.state.nodes.get(node) {
+            None => Err(NoLease::Reregister(format!("node {node} is not registered"))),
+            Some(n) if n.health == NodeHealth::Down => {
+                Err(NoLease::Reregister(format!("node {node} was declared down ({})", n.reason)))
+            }
+            Some(n) if n.epoch != epoch => Err(NoLease::Reregister(format!(
+                "node {node} registered anew (epoch {} since this session's {epoch})",
+                n.epoch
+            ))),
+            Some(_) => Ok(self.timing.fence_after_ms),
+        }
+    }
+
+    /// Whether this leader has decided that `node`'s current registration is lost (its `NodeDown` proposed, maybe
+    /// not yet committed). The simulation's drills time their faults by it.
+    pub fn is_condemned(&self, node: &str) -> bool {
+        self.liveness.lock().expect("liveness poisoned").condemned.contains_key(node)
+    }
+
+    /// The node's registration epoch and whether it is up, as this replica has applied it.
+    fn node_epoch(&self, node: &str) -> Option<(u64, bool)> {
+        self.view.read().state.nodes.get(node).map(|n| (n.epoch, n.health == NodeHealth::Up))
+    }
+
+    /// The current term, as this replica's vote holds it.
+    fn term(&self) -> u64 {
+        self.raft.server_metrics().borrow_watched().vote.leader_id().term
     }
 
     /// Heartbeats received while leading, since this process started.
@@ -192,9 +316,10 @@ impl AgentHub {
     }
 
     /// What `node` must run now, in a stable order, with the batch script for the jobs it leads; the applied
-    /// index they come from; and the ended incarnations the node must confirm gone.
-    fn assignments(&self, node: &str) -> ControllerMessage {
-        let (mut out, applied_index, lingering, allow_root_jobs) = {
+    /// index they come from; the node's epoch there; and the ended incarnations the node must confirm gone, with
+    /// the GPUs each holds. Public for the simulation's agents.
+    pub fn assignments(&self, node: &str) -> ControllerMessage {
+        let (mut out, applied_index, epoch, lingering, allow_root_jobs) = {
             let applied = self.view.read();
             let state = &applied.state;
             let index = applied.last_applied.as_ref().map_or(0, |l| l.index());
@@ -205,9 +330,12 @@ impl AgentHub {
                     applied_index: index,
                     lingering: Vec::new(),
                     allow_root_jobs,
+                    epoch: 0,
+                    lingering_gpus: Vec::new(),
                 };
             };
-            let lingering: Vec<(JobId, u64)> = n.lingering.iter().map(|l| (l.job, l.incarnation)).collect();
+            let lingering: Vec<((JobId, u64), Vec<u32>)> =
+                n.lingering.iter().map(|l| ((l.job, l.incarnation), l.gpus.clone())).collect();
             let jobs: Vec<Assignment> = n
                 .jobs
                 .iter()
@@ -222,7 +350,7 @@ impl AgentHub {
                     Assignment { job: (**job).clone(), hosts, node_index, script: None }
                 })
                 .collect();
-            (jobs, index, lingering, allow_root_jobs)
+            (jobs, index, n.epoch, lingering, allow_root_jobs)
         };
         for a in out.iter_mut() {
             if let Err(e) = self.view.with_environment(&mut a.job) {
@@ -235,7 +363,14 @@ impl AgentHub {
                 }
             }
         }
-        ControllerMessage::Assignments { jobs: out, applied_index, lingering, allow_root_jobs }
+        ControllerMessage::Assignments {
+            jobs: out,
+            applied_index,
+            lingering: lingering.iter().map(|(key, _)| *key).collect(),
+            allow_root_jobs,
+            epoch,
+            lingering_gpus: lingering,
+        }
     }
 
     /// The agent confirmed ended incarnations gone: release what still lingers of them on its node, and record
@@ -300,21 +435,48 @@ impl AgentHub {
         }
     }
 
-    async fn register(&self, info: &NodeInfo) -> Result<(), Status> {
+    /// Registers the node if the state needs it (a new node, a changed inventory, a node coming back from DOWN,
+    /// listing what still runs there), and returns its epoch. Only once this leader has caught up, so that it
+    /// judges by the newest committed state: otherwise an agent whose node a committed `NodeDown` took down could
+    /// be told its old epoch still stands. Public for the simulation's agents.
+    pub async fn register(&self, info: &NodeInfo, running: &[RunningShare]) -> Result<u64, Status> {
         if info.gpus.len() > MAX_NODE_GPUS {
             return Err(Status::invalid_argument(format!(
                 "{} GPUs registered, at most {MAX_NODE_GPUS}",
                 info.gpus.len()
             )));
         }
+        if running.len() > drover_state::lifecycle::MAX_RUNNING_SHARES {
+            return Err(Status::invalid_argument(format!(
+                "{} running incarnations listed, at most {}",
+                running.len(),
+                drover_state::lifecycle::MAX_RUNNING_SHARES
+            )));
+        }
+        if !self.is_caught_up() {
+            let caught_up = self.caught_up.notified();
+            if !self.is_caught_up() {
+                let _ = tokio::time::timeout(Duration::from_millis(REGISTER_CATCH_UP_MS), caught_up).await;
+            }
+            if !self.is_caught_up() {
+                return Err(Status::unavailable(
+                    "the leader is still applying what was committed before its election; register again shortly",
+                ));
+            }
+        }
         let needed = {
             let applied = self.view.read();
             applied.state.nodes.get(&info.name).is_none_or(|n| n.info != *info || n.health == NodeHealth::Down)
         };
         if needed {
-            propose(&self.proposer, Command::RegisterNode { info: info.clone() }).await?;
+            let command = Command::RegisterNode { info: info.clone(), running: running.to_vec() };
+            propose(&self.proposer, command).await?;
         }
-        Ok(())
+        match self.node_epoch(&info.name) {
+            Some((epoch, true)) => Ok(epoch),
+            // Declared down again between the commit and this read: the agent registers once more.
+            _ => Err(Status::unavailable(format!("node {} went down while it registered; register again", info.name))),
+        }
     }
 }
 
@@ -342,7 +504,7 @@ impl AgentGateway for Gateway {
             .await
             .map_err(|_| Status::deadline_exceeded("no registration within 5 s"))??
             .ok_or_else(|| Status::cancelled("session closed before registering"))?;
-        let AgentMessage::Register { info } = decode(&first.json).map_err(Status::invalid_argument)? else {
+        let AgentMessage::Register { info, running } = decode(&first.json).map_err(Status::invalid_argument)? else {
             return Err(Status::invalid_argument("the first message of a session must be Register"));
         };
         if info.name != certified {
@@ -351,7 +513,7 @@ impl AgentGateway for Gateway {
                 info.name
             )));
         }
-        hub.register(&info).await?;
+        let epoch = hub.register(&info, &running).await?;
         let name = info.name.clone();
         hub.seen(&name);
         let (tx, rx) = mpsc::channel(SESSION_QUEUE);
@@ -366,10 +528,11 @@ impl AgentGateway for Gateway {
             heartbeat_ms: hub.timing.heartbeat_ms,
             fence_after_ms: hub.timing.fence_after_ms,
             kill_wait_ms: hub.timing.kill_wait_ms,
+            epoch,
         };
         tx.send(welcome).await.map_err(|_| Status::cancelled("session closed"))?;
-        tracing::info!(node = %name, "agent session opened");
-        tokio::spawn(run_session(hub, name, token, inbound, tx, changed));
+        tracing::info!(node = %name, epoch, "agent session opened");
+        tokio::spawn(run_session(hub, name, epoch, token, inbound, tx, changed));
         let stream =
             tokio_stream::wrappers::ReceiverStream::new(rx).map(|m| Ok(ControllerEnvelope { json: encode(&m) }));
         Ok(Response::new(Box::pin(stream)))
@@ -385,6 +548,7 @@ type Fingerprint = (Vec<(JobId, u64, bool)>, Vec<(JobId, u64)>, bool);
 async fn run_session(
     hub: Arc<AgentHub>,
     name: String,
+    epoch: u64,
     token: u64,
     mut inbound: Streaming<AgentEnvelope>,
     tx: mpsc::Sender<ControllerMessage>,
@@ -413,20 +577,28 @@ async fn run_session(
                         if !problems.is_empty() {
                             drain_for_problems(&hub, &name, &problems);
                         }
-                        // No lease without a quorum behind this leader: the agent's lease then runs out and it
-                        // looks for the leader the quorum elected.
-                        if !hub.quorum_is_fresh() {
-                            refused_leases += 1;
-                            if refused_leases == 1 {
-                                tracing::warn!(node = %name, "no quorum acknowledged this leader recently: not renewing leases");
+                        // No lease unless this leader can vouch for the node's epoch (the module's comment): the
+                        // agent's lease then runs out and it looks for the leader the quorum elected, or, for a
+                        // node that is down or registered anew, the session ends and the agent registers again.
+                        match hub.heartbeat(&name, epoch) {
+                            Ok(lease_ms) => {
+                                refused_leases = 0;
+                                let lease = ControllerMessage::Lease { seq, lease_ms, epoch };
+                                if tx.try_send(lease).is_err() {
+                                    tracing::warn!(node = %name, "agent is not reading its session; closing it");
+                                    break;
+                                }
                             }
-                            continue;
-                        }
-                        refused_leases = 0;
-                        let lease = ControllerMessage::Lease { seq, lease_ms: hub.timing.fence_after_ms };
-                        if tx.try_send(lease).is_err() {
-                            tracing::warn!(node = %name, "agent is not reading its session; closing it");
-                            break;
+                            Err(NoLease::Reregister(why)) => {
+                                tracing::info!(node = %name, "closing the agent's session so that it registers again: {why}");
+                                break;
+                            }
+                            Err(why) => {
+                                refused_leases += 1;
+                                if refused_leases == 1 {
+                                    tracing::warn!(node = %name, ?why, "not renewing the node's lease");
+                                }
+                            }
                         }
                     }
                     Ok(AgentMessage::Checkpoint { job_id, incarnation, path, step }) => {
@@ -441,13 +613,17 @@ async fn run_session(
                         let (hub, name, tx) = (hub.clone(), name.clone(), tx.clone());
                         tokio::spawn(async move { hub.job_ended(&name, &tx, job_id, incarnation, end).await });
                     }
-                    Ok(AgentMessage::Register { info }) => {
+                    Ok(AgentMessage::Register { info, running }) => {
                         if info.name != name {
                             tracing::warn!(node = %name, "agent tried to rename itself to {}", info.name);
                             break;
                         }
-                        if let Err(e) = hub.register(&info).await {
-                            tracing::warn!(node = %name, "re-registration failed: {}", e.message());
+                        match hub.register(&info, &running).await {
+                            // A registration that started a new epoch is a new session's: the agent learns the
+                            // epoch from its welcome.
+                            Ok(now) if now == epoch => {}
+                            Ok(_) => break,
+                            Err(e) => tracing::warn!(node = %name, "re-registration failed: {}", e.message()),
                         }
                     }
                     Err(e) => {
@@ -471,9 +647,15 @@ async fn run_session(
                     continue;
                 }
                 let message = hub.assignments(&name);
-                let ControllerMessage::Assignments { jobs, lingering, allow_root_jobs, .. } = &message else {
+                let ControllerMessage::Assignments { jobs, lingering, allow_root_jobs, epoch: now, .. } = &message else {
                     unreachable!("assignments() makes Assignments")
                 };
+                if *now != epoch || hub.node_epoch(&name).is_none_or(|(_, up)| !up) {
+                    // Declared down, or registered anew through another session: this one speaks for an epoch
+                    // that is over. The agent registers again (listing what still runs) and gets a new one.
+                    tracing::info!(node = %name, epoch, "the node's registration changed; closing its session");
+                    break;
+                }
                 let jobs: Vec<(JobId, u64, bool)> =
                     jobs.iter().map(|a| (a.job.id, a.job.incarnation, a.cancelled())).collect();
                 let fingerprint = (jobs, lingering.clone(), *allow_root_jobs);
@@ -531,7 +713,6 @@ pub async fn leader_loops(hub: Arc<AgentHub>) {
     // Liveness is judged four times a heartbeat (at most every 250 ms): a silent node is noticed within a
     // fraction of a heartbeat of its deadline. (It is a scan of the nodes in memory: cheap even at 10k nodes.)
     let mut tick = tokio::time::interval(Duration::from_millis((hub.timing.heartbeat_ms / 4).clamp(10, 250)));
-    let mut leading_since: Option<Instant> = None;
     // One liveness check at a time, off this loop, so node-change notices keep flowing while it commits.
     let checking = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let catching_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -576,46 +757,72 @@ pub async fn leader_loops(hub: Arc<AgentHub>) {
             }
             _ = tick.tick() => {
                 if !hub.is_leader() {
-                    leading_since = None;
-                    hub.last_seen.lock().expect("last_seen poisoned").clear();
+                    *hub.liveness.lock().expect("liveness poisoned") = Liveness::default();
                     continue;
                 }
-                let since = *leading_since.get_or_insert_with(Instant::now);
+                hub.liveness.lock().expect("liveness poisoned").for_term(hub.term());
+                // Judged only by a leader that has caught up: a decision names the node's epoch, which must be
+                // the newest committed one.
+                if !hub.is_caught_up() {
+                    continue;
+                }
                 if !checking.swap(true, Ordering::AcqRel) {
                     let (hub, checking) = (hub.clone(), checking.clone());
                     tokio::spawn(async move {
-                        declare_silent_nodes_down(&hub, since).await;
+                        declare_silent_nodes_down(&hub).await;
                         checking.store(false, Ordering::Release);
                     });
                 }
                 if hub.timing.fence_command.is_some() {
-                    fence_suspects(&hub, since);
+                    fence_suspects(&hub);
                 }
             }
         }
     }
 }
 
-async fn declare_silent_nodes_down(hub: &Arc<AgentHub>, leading_since: Instant) {
+/// Declares down every node silent for `node_timeout_ms` (rule 2 of the module's comment): each is condemned
+/// for its epoch under the liveness lock, so no lease for that epoch is granted from then on, and `NodeDown` is
+/// proposed for it on every check until the state shows the node down or registered anew.
+async fn declare_silent_nodes_down(hub: &Arc<AgentHub>) {
     let timeout = Duration::from_millis(hub.timing.node_timeout_ms);
-    let up: Vec<String> = {
+    let up: Vec<(String, u64)> = {
         let applied = hub.view.read();
-        applied.state.nodes.values().filter(|n| n.health == NodeHealth::Up).map(|n| n.info.name.clone()).collect()
-    };
-    let silent: Vec<String> = {
-        let seen = hub.last_seen.lock().expect("last_seen poisoned");
-        up.into_iter()
-            .filter(|name| seen.get(name).copied().unwrap_or(leading_since).max(leading_since).elapsed() > timeout)
+        applied
+            .state
+            .nodes
+            .values()
+            .filter(|n| n.health == NodeHealth::Up)
+            .map(|n| (n.info.name.clone(), n.epoch))
             .collect()
     };
+    let term = hub.term();
+    let decided: Vec<(String, u64)> = {
+        let mut guard = hub.liveness.lock().expect("liveness poisoned");
+        let liveness = guard.for_term(term);
+        // Done with: the state shows the node down, or up in a later epoch.
+        liveness.condemned.retain(|name, epoch| up.iter().any(|(n, e)| n == name && e == epoch));
+        let mut decided = Vec::new();
+        for (name, epoch) in up {
+            if liveness.condemned.get(&name) == Some(&epoch) || liveness.silent(&name, timeout) {
+                liveness.condemned.insert(name.clone(), epoch);
+                decided.push((name, epoch));
+            }
+        }
+        decided
+    };
     // All at once: openraft batches concurrent proposals, so a rack going dark costs a few fsyncs, not one each.
-    let downs = silent.into_iter().take(MAX_NODE_DOWNS_PER_TICK).map(|name| {
+    let downs = decided.into_iter().take(MAX_NODE_DOWNS_PER_TICK).map(|(name, epoch)| {
         let hub = hub.clone();
         async move {
-            tracing::warn!(node = %name, "no heartbeat for {} ms: declaring the node DOWN", hub.timing.node_timeout_ms);
-            let reason = "Not responding".to_string();
-            if let Err(e) = propose(&hub.proposer, Command::NodeDown { name: name.clone(), reason }).await {
-                tracing::warn!(node = %name, "declaring the node down failed: {}", e.message());
+            tracing::warn!(node = %name, epoch, "no heartbeat for {} ms: declaring the node DOWN", hub.timing.node_timeout_ms);
+            let command = Command::NodeDown { name: name.clone(), reason: "Not responding".into(), epoch: Some(epoch) };
+            match propose_checked(&hub.proposer, command).await {
+                Ok(Ok(_)) => {}
+                // Registered anew meanwhile (possible only through another leader's term): nothing to do.
+                Ok(Err(refused)) => tracing::info!(node = %name, "node-down decision refused: {refused}"),
+                // Still condemned: the next check proposes it again.
+                Err(e) => tracing::warn!(node = %name, "declaring the node down failed: {}", e.message()),
             }
         }
     });
@@ -624,24 +831,22 @@ async fn declare_silent_nodes_down(hub: &Arc<AgentHub>, leading_since: Instant) 
 
 /// With a fence command configured (a BMC power-off, say): a node silent for `suspect_after_ms` is fenced by
 /// it, and once the command succeeds the node is declared down at once, without waiting for `node_timeout_ms`:
-/// a node that is off cannot run a second incarnation. One attempt per silent node at a time.
-fn fence_suspects(hub: &Arc<AgentHub>, leading_since: Instant) {
+/// a node that is off cannot run a second incarnation. One attempt per silent node at a time. The epoch is the
+/// one the node was suspected in: if it registers anew while the command runs, the decision is refused.
+fn fence_suspects(hub: &Arc<AgentHub>) {
     let suspect_after = Duration::from_millis(hub.timing.suspect_after_ms);
-    let candidates: Vec<(String, String)> = {
+    let candidates: Vec<(String, String, u64)> = {
         let applied = hub.view.read();
-        let seen = hub.last_seen.lock().expect("last_seen poisoned");
+        let liveness = hub.liveness.lock().expect("liveness poisoned");
         applied
             .state
             .nodes
             .values()
-            .filter(|n| n.health == NodeHealth::Up)
-            .filter(|n| {
-                seen.get(&n.info.name).copied().unwrap_or(leading_since).max(leading_since).elapsed() > suspect_after
-            })
-            .map(|n| (n.info.name.clone(), n.info.host.clone()))
+            .filter(|n| n.health == NodeHealth::Up && liveness.silent(&n.info.name, suspect_after))
+            .map(|n| (n.info.name.clone(), n.info.host.clone(), n.epoch))
             .collect()
     };
-    for (node, host) in candidates {
+    for (node, host, epoch) in candidates {
         if !hub.fencing.lock().expect("fencing poisoned").insert(node.clone()) {
             continue;
         }
@@ -649,9 +854,14 @@ fn fence_suspects(hub: &Arc<AgentHub>, leading_since: Instant) {
         tokio::spawn(async move {
             let fenced = run_fence_command(&hub, &node, &host).await;
             if fenced {
+                // Off: no lease for this epoch from here on, whatever heartbeat was still on its way.
+                let term = hub.term();
+                hub.liveness.lock().expect("liveness poisoned").for_term(term).condemned.insert(node.clone(), epoch);
                 let reason = "Not responding; fenced by the fence command".to_string();
-                match propose(&hub.proposer, Command::NodeDown { name: node.clone(), reason }).await {
-                    Ok(_) => tracing::warn!(node = %node, "node fenced and declared DOWN; its jobs are requeued"),
+                let command = Command::NodeDown { name: node.clone(), reason, epoch: Some(epoch) };
+                match propose_checked(&hub.proposer, command).await {
+                    Ok(Ok(_)) => tracing::warn!(node = %node, "node fenced and declared DOWN; its jobs are requeued"),
+                    Ok(Err(refused)) => tracing::info!(node = %node, "fenced node not declared down: {refused}"),
                     Err(e) => tracing::warn!(node = %node, "declaring the fenced node down failed: {}", e.message()),
                 }
             }

@@ -579,11 +579,14 @@ pub fn command(state: &State, plan: &sched::Plan) -> Option<Command> {
     Some(Command::ApplyPlan { allocations, reasons })
 }
 
-/// The plan's starts (at most `MAX_PLAN_ALLOCATIONS`) with their tasks, CPUs and memory per node.
+/// The plan's starts (at most `MAX_PLAN_ALLOCATIONS`) with their tasks, CPUs and memory per node. A job whose
+/// earlier incarnation still lingers somewhere does not start yet (`apply` would refuse it): it stays in the pass
+/// all the same, so the nodes it is planned on are kept for it, not backfilled, until its old tasks are gone.
 fn allocations_of(state: &State, plan: &sched::Plan) -> Vec<Allocation> {
     plan.starts
         .iter()
         .take(MAX_PLAN_ALLOCATIONS)
+        .filter(|(id, _)| !state.earlier_incarnation_lingers(*id))
         .filter_map(|(id, nodes)| {
             let job = state.jobs.get(id)?;
             let tasks = job.spec.tasks_per_node(nodes.len() as u32);
@@ -662,7 +665,10 @@ mod tests {
         let config = ClusterConfig { allow_root_jobs: true, ..ClusterConfig::default() };
         state.apply(&at(0, Command::InitCluster { config }));
         for (name, switch) in [("n1", "s1"), ("n2", "s2"), ("n3", "s1"), ("n4", "s2")] {
-            state.apply(&at(1, Command::RegisterNode { info: node(name, 8, switch) })).response.unwrap();
+            state
+                .apply(&at(1, Command::RegisterNode { info: node(name, 8, switch), running: Vec::new() }))
+                .response
+                .unwrap();
         }
         state
     }
@@ -763,7 +769,10 @@ mod tests {
         config.scheduler.queue_depth = 4;
         state.apply(&at(0, Command::InitCluster { config }));
         for (name, switch) in [("n1", "s1"), ("n2", "s2"), ("n3", "s1"), ("n4", "s2")] {
-            state.apply(&at(1, Command::RegisterNode { info: node(name, 8, switch) })).response.unwrap();
+            state
+                .apply(&at(1, Command::RegisterNode { info: node(name, 8, switch), running: Vec::new() }))
+                .response
+                .unwrap();
         }
         let running = submit(&mut state, job(1, 8, 600), 1_000);
         assert_eq!(schedule(&mut state, 1_500), [running]);
@@ -821,7 +830,7 @@ mod tests {
         let config = ClusterConfig { allow_root_jobs: true, ..ClusterConfig::default() };
         state.apply(&at(0, Command::InitCluster { config }));
         let info = NodeInfo { memory_mb: 64 * 1024, ..node("n1", 8, "s1") };
-        state.apply(&at(1, Command::RegisterNode { info })).response.unwrap();
+        state.apply(&at(1, Command::RegisterNode { info, running: Vec::new() })).response.unwrap();
         let mem = |m| JobSpec { mem: Some(m), ..job(1, 1, 600) };
         // 40 GiB, then 4 GiB per GPU on 4 GPUs (16 GiB): both fit in 64 GiB; a third 40 GiB job does not.
         let first = submit(&mut state, mem(MemRequest::PerNode(40 * 1024)), 1_000);
@@ -864,12 +873,15 @@ mod tests {
         state.apply(&at(0, Command::InitCluster { config }));
         for (name, spare) in [("n1", false), ("n2", false), ("n3", false), ("n4", true)] {
             let info = NodeInfo { spare, ..node(name, 8, "s1") };
-            state.apply(&at(1, Command::RegisterNode { info })).response.unwrap();
+            state.apply(&at(1, Command::RegisterNode { info, running: Vec::new() })).response.unwrap();
         }
         let big = submit(&mut state, job(3, 8, 3_600), 1_000);
         assert_eq!(schedule(&mut state, 2_000), vec![big]);
         assert_eq!(state.job(big).unwrap().nodes, ["n1", "n2", "n3"], "the spare is left alone");
-        state.apply(&at(3_000, Command::NodeDown { name: "n2".into(), reason: "lost".into() })).response.unwrap();
+        state
+            .apply(&at(3_000, Command::NodeDown { name: "n2".into(), reason: "lost".into(), epoch: None }))
+            .response
+            .unwrap();
         let small = submit(&mut state, job(1, 8, 600), 4_000);
         let release = |state: &mut State, node: &str, time_ms| {
             let keys = vec![(big, 0)];
@@ -895,7 +907,10 @@ mod tests {
         let config = ClusterConfig { fairshare_half_life_s: 3_600, allow_root_jobs: true, ..ClusterConfig::default() };
         state.apply(&at(0, Command::InitCluster { config }));
         for (name, switch) in [("n1", "s1"), ("n2", "s2"), ("n3", "s1"), ("n4", "s2")] {
-            state.apply(&at(1, Command::RegisterNode { info: node(name, 8, switch) })).response.unwrap();
+            state
+                .apply(&at(1, Command::RegisterNode { info: node(name, 8, switch), running: Vec::new() }))
+                .response
+                .unwrap();
         }
         for (account, shares, user) in [("big", 2, "alice"), ("small", 1, "bob")] {
             let update = drover_state::AccountUpdate {
