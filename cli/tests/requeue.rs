@@ -353,6 +353,56 @@ fn a_node_cut_off_by_the_network_fences_its_tasks_before_its_job_runs_elsewhere(
     assert!(incarnations[0].last_ns < incarnations[1].first_ns, "the cut-off incarnation stopped first");
 }
 
+/// Every node's journal (its supervisors' own records of what ran on which GPUs and when), checked: no job ran
+/// two incarnations at once, no GPU had two holders.
+fn check_journals(cluster: &LocalCluster) -> usize {
+    let journals: Vec<(String, Vec<drover_agent::journal::JournalEntry>)> = cluster
+        .agents()
+        .into_iter()
+        .map(|(name, id)| {
+            let path = cluster.process(id).unwrap().data_dir.join(drover_agent::journal::JOURNAL_FILE);
+            (name, drover_agent::journal::read(&path).unwrap())
+        })
+        .collect();
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let broken = drover_agent::journal::violations(&journals, now_ms);
+    assert!(broken.is_empty(), "the nodes' journals show broken promises:\n{broken:#?}\n{journals:#?}");
+    journals.iter().map(|(_, entries)| entries.len()).sum()
+}
+
+/// Issue 36 with real processes: a node is cut off past `node_timeout_ms` while a job is placed on it (an
+/// assignment it cannot hear), and the cut heals just as the leader declares it down, while the leader is
+/// SIGKILLed (the node returns during an election). The supervisors' own records must show that no job ran two
+/// incarnations at once and no GPU had two holders; the counting job's log must show the same.
+#[test]
+fn a_node_cut_off_past_its_timeout_returns_during_a_leader_change_and_nothing_runs_twice() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root for iptables (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (mut cluster, sh) = setup(dir.path(), options());
+    let counter = sh.counter(&[]);
+    sh.wait_step(12);
+    let node = running_node(&sh, counter);
+    let ip = cluster.ip_of(agent_id(&cluster, &node));
+    let mut firewall = Firewall::new();
+    firewall.isolate(&ip);
+    // Placed on the cut-off node while the leader still counts it up: an assignment the node cannot hear.
+    let pinned = sh.submit(&["--gres=gpu:1", "-w", &node, "-o", "pinned-%j.out", "--wrap", "sleep 2"]);
+    sh.wait_for("the pinned job placed", Duration::from_secs(10), |sh| running_node(sh, pinned) == node);
+    // The moment the leader declares the node down, the node comes back and the leader dies.
+    sh.wait_for("the node declared down", Duration::from_secs(15), |sh| sh.ok("sinfo", &["-R", "-h"]).contains(&node));
+    firewall.heal();
+    cluster.kill(leader(&cluster)).unwrap();
+    sh.wait_state(counter, "COMPLETED", Duration::from_secs(60));
+    sh.wait_state(pinned, "COMPLETED", Duration::from_secs(60));
+    let incarnations = check_log(&sh);
+    assert!(incarnations.len() >= 2, "the counter was requeued when its node was declared down: {incarnations:?}");
+    let entries = check_journals(&cluster);
+    assert!(entries >= 6, "every task's start and end are journaled ({entries} entries)");
+}
+
 #[test]
 fn a_leader_cut_off_from_the_quorum_stops_renewing_and_nothing_runs_twice() {
     if !is_root() {
