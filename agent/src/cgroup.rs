@@ -365,6 +365,12 @@ pub fn job_keys(root: &CgroupRoot) -> BTreeSet<(u64, u64)> {
         .collect()
 }
 
+/// Whether process `pid` is in the job's memory cgroup (where every task of the job joins before it runs).
+pub fn process_in_job(root: &CgroupRoot, job: u64, incarnation: u64, pid: u32) -> bool {
+    let members = fs::read_to_string(procs_file(&root.path.join(job_name(job, incarnation)))).unwrap_or_default();
+    members.split_whitespace().any(|p| p.parse() == Ok(pid))
+}
+
 /// Whether a process is still in the job's cgroup (in any hierarchy): a task of it, or something one left.
 pub fn job_has_processes(root: &CgroupRoot, job: u64, incarnation: u64) -> bool {
     let name = job_name(job, incarnation);

@@ -8,7 +8,7 @@ use drover_proto::wire::Assignment;
 use drover_state::{JobEnd, Usage};
 
 use crate::env::{Placement, StepPlacement, task_environment};
-use crate::node::{NodeAgent, is_root, now_ms};
+use crate::node::{NodeAgent, now_ms};
 use crate::patterns::{PatternContext, expand_output_path};
 use crate::supervise::{self, TaskCgroup, TaskLaunch, TaskResult};
 
@@ -27,7 +27,8 @@ impl NodeAgent {
         let _span = tracing::info_span!("job", id = key.0, incarnation = key.1).entered();
         let dir = self.batch_dir(key);
         let spec = &a.job.spec;
-        if let Err(e) = std::fs::create_dir_all(&dir) {
+        // The control files are root's; the script, readable by its owner alone, is in the job's own `work`.
+        if let Err(e) = crate::userfile::make_control_dir(&dir) {
             tracing::error!(job = key.0, "cannot create {}: {e}", dir.display());
             return;
         }
@@ -35,17 +36,9 @@ impl NodeAgent {
             write_failed_result(&dir, &message);
             return;
         }
-        let script_path = dir.join("script");
         let script = a.script.clone().unwrap_or_default();
-        let written = std::fs::write(&script_path, script.as_bytes()).and_then(|_| {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&script_path, std::fs::Permissions::from_mode(0o755))?;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
-            if is_root() {
-                std::os::unix::fs::chown(&script_path, Some(spec.uid), Some(spec.gid))?;
-            }
-            Ok(())
-        });
+        let written = crate::userfile::make_work_dir(&dir, spec.uid, spec.gid, Some(script.as_bytes()));
+        let script_path = dir.join(crate::userfile::WORK_DIR).join("script");
         let ctx = PatternContext {
             job_id: a.job.id,
             user: &spec.user,
@@ -93,6 +86,7 @@ impl NodeAgent {
             cgroup: self.task_cgroup(a),
             gpus: gpus.clone(),
             journal: Some(self.journal_path().display().to_string()),
+            allow_root: self.timing().allow_root_jobs,
         };
         let started = written
             .map_err(|e| e.to_string())
@@ -122,7 +116,10 @@ impl NodeAgent {
         let gpus = a.job.allocation.get(a.node_index as usize).map(|s| s.gpus.clone()).unwrap_or_default();
         // Never beside a task of an earlier incarnation that still holds these GPUs (it is being stopped).
         self.wait_for_gpus(key, &gpus)?;
-        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        crate::userfile::make_control_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        // Output streamed back to srun is written by the task, as its user, in its own directory.
+        let work = crate::userfile::make_work_dir(&dir, spec.uid, spec.gid, None)
+            .map_err(|e| format!("cannot create the task's directory in {}: {e}", dir.display()))?;
         let ctx = PatternContext {
             job_id: a.job.id,
             user: &spec.user,
@@ -143,20 +140,14 @@ impl NodeAgent {
                 (stdout, stderr, None, None)
             }
             (None, err) => {
-                let out = dir.join("stdout");
+                let out = work.join("stdout");
                 let (stderr, streamed_err) = match err {
                     Some(p) => (Some(expand_output_path(p, &ctx, &cwd)), None),
-                    None => (Some(dir.join("stderr").display().to_string()), Some(dir.join("stderr"))),
+                    None => (Some(work.join("stderr").display().to_string()), Some(work.join("stderr"))),
                 };
                 (out.display().to_string(), stderr, Some(out), streamed_err)
             }
         };
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755));
-        if is_root() {
-            // The task's user must be able to create its output files in the directory.
-            let _ = std::os::unix::fs::chown(&dir, Some(spec.uid), Some(spec.gid));
-        }
         let placement = Placement {
             job: &a.job,
             hosts: &a.hosts,
@@ -188,6 +179,7 @@ impl NodeAgent {
             cgroup: self.task_cgroup(a),
             gpus: gpus.clone(),
             journal: Some(self.journal_path().display().to_string()),
+            allow_root: self.timing().allow_root_jobs,
         };
         supervise::spawn(&self.exe, &dir, &task).map_err(|e| e.to_string())?;
         Ok((dir, streamed_out, streamed_err))

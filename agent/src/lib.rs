@@ -15,3 +15,4 @@ pub mod patterns;
 pub mod session;
 pub mod steps;
 pub mod supervise;
+pub mod userfile;

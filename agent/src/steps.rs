@@ -30,6 +30,8 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<StepEnvelope, Status>> + Sen
 /// One task being followed.
 struct Followed {
     rank: u32,
+    /// The job's user: the output files are theirs (in the task's `work` directory), read only as such.
+    uid: u32,
     dir: PathBuf,
     out: Option<(PathBuf, u64)>,
     err: Option<(PathBuf, u64)>,
@@ -78,6 +80,7 @@ impl AgentService for StepServer {
                     let (dir, out, err) = agent.launch_step_task(&assignment, &launch, rank, local as u32)?;
                     followed.push(Followed {
                         rank,
+                        uid: assignment.job.spec.uid,
                         dir,
                         out: out.map(|p| (p, 0)),
                         err: err.map(|p| (p, 0)),
@@ -114,7 +117,7 @@ async fn follow(mut tasks: Vec<Followed>, tx: mpsc::Sender<StepEvent>, unbuffere
                 for (file, stderr) in [(&mut task.out, false), (&mut task.err, true)] {
                     if let Some((path, offset)) = file {
                         // A finished task's output is drained completely, a running one's chunk by chunk.
-                        while let Some(text) = read_new(path, offset, whole) {
+                        while let Some(text) = read_new(path, task.uid, offset, whole) {
                             events.push(StepEvent::Output { rank: task.rank, stderr, text });
                             if finished.is_none() {
                                 break;
@@ -173,9 +176,10 @@ async fn stop_all(tasks: &[Followed], kill_wait: Duration) {
     .await;
 }
 
-/// New bytes of a file since `offset`, up to the last newline unless `whole`.
-fn read_new(path: &std::path::Path, offset: &mut u64, whole: bool) -> Option<String> {
-    let mut file = std::fs::File::open(path).ok()?;
+/// New bytes of a file since `offset`, up to the last newline unless `whole`. The file is the task's, in a
+/// directory its user can write: read only if it is a regular file of that user (never through a link).
+fn read_new(path: &std::path::Path, uid: u32, offset: &mut u64, whole: bool) -> Option<String> {
+    let mut file = crate::userfile::open_owned_by(path, uid).ok()?;
     file.seek(SeekFrom::Start(*offset)).ok()?;
     let mut buf = Vec::new();
     file.take(MAX_CHUNK_BYTES as u64).read_to_end(&mut buf).ok()?;

@@ -126,6 +126,10 @@ pub struct TaskLaunch {
     /// everything it left behind is reaped. `None`: not recorded (tasks started outside an agent).
     #[serde(default)]
     pub journal: Option<String>,
+    /// The cluster lets jobs run as root (its `allow_root_jobs`): without it a root supervisor refuses a task for
+    /// uid 0, whoever wrote the launch.
+    #[serde(default)]
+    pub allow_root: bool,
 }
 
 /// Which job cgroups a task joins, with the job's memory limit and CPUs on this node (see `crate::cgroup`).
@@ -266,6 +270,31 @@ pub fn spawn(exe: &Path, dir: &Path, launch: &TaskLaunch) -> Result<u32, Supervi
     Ok(pid)
 }
 
+/// A root supervisor trusts its task directory only if nobody but root can change what is in it: the directory
+/// and `launch.json` belong to root, and neither group nor others may write them (a job's user who could would
+/// choose the command, the uid and the files root acts on). A supervisor that is not root runs its own user's
+/// task and has nothing to protect.
+pub fn check_control_files(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(());
+    }
+    for (path, what) in [(dir.to_path_buf(), "task directory"), (dir.join(LAUNCH_FILE), "launch file")] {
+        let meta =
+            fs::symlink_metadata(&path).map_err(|e| format!("cannot inspect the {what} {}: {e}", path.display()))?;
+        if meta.file_type().is_symlink() || meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+            return Err(format!(
+                "the {what} {} is not root's alone (owner uid {}, mode {:o}): refusing to act on it as root",
+                path.display(),
+                meta.uid(),
+                meta.mode() & 0o7777
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Reads and checks `DIR/launch.json` (at most [`MAX_LAUNCH_BYTES`]).
 pub fn read_launch(dir: &Path) -> Result<TaskLaunch, SuperviseError> {
     let path = dir.join(LAUNCH_FILE);
@@ -335,6 +364,11 @@ fn deliver(dir: &Path, signal: i32, whole_group: bool) -> Result<bool, Supervise
     if dir.join(RESULT_FILE).exists() {
         return Ok(false);
     }
+    // The pid comes from a file: only from one nobody but root could have written, and only for a process of
+    // the task's job (below), so no job can aim a root signal at another process.
+    if let Err(reason) = check_control_files(dir) {
+        return Err(SuperviseError::BadPidFile { path: dir.join(TASK_PID_FILE), reason });
+    }
     let path = dir.join(TASK_PID_FILE);
     let (pid, pgid, start) = match read_limited(&path, MAX_SMALL_FILE_BYTES) {
         Ok(bytes) => parse_task_pid(&path, &bytes)?,
@@ -351,6 +385,16 @@ fn deliver(dir: &Path, signal: i32, whole_group: bool) -> Result<bool, Supervise
     let Some(stat) = proc_stat(pid) else { return Ok(false) };
     if stat.start_ticks != start {
         return Ok(false);
+    }
+    if let Ok(launch) = read_launch(dir)
+        && let Some(c) = &launch.cgroup
+        && !crate::cgroup::process_in_job(&c.root, c.job, c.incarnation, pid)
+        && !stat.is_dead()
+    {
+        return Err(SuperviseError::BadPidFile {
+            path: dir.join(TASK_PID_FILE),
+            reason: format!("process {pid} is not in job {}.{}'s cgroup", c.job, c.incarnation),
+        });
     }
     // SAFETY: kill has no memory-safety preconditions. While the leader exists (even as a zombie) its pid, and so
     // the group id, cannot be reused, and we just checked that it is the leader we started.
@@ -450,6 +494,9 @@ pub fn run_supervisor(dir: &Path) -> i32 {
 
 /// Starts the task, waits for it and everything it left behind, and says how it ended.
 fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
+    if let Err(why) = check_control_files(dir) {
+        return failed(log, None, Failure::setup(why, None));
+    }
     let launch = match read_launch(dir) {
         Ok(launch) => launch,
         Err(e) => return failed(log, None, Failure::setup(e.to_string(), None)),
@@ -833,6 +880,12 @@ fn credentials(launch: &TaskLaunch) -> Result<Option<Credentials>, Failure> {
         ));
     }
     if launch.uid == 0 {
+        if !launch.allow_root {
+            return Err(Failure::setup(
+                "jobs may not run as root on this cluster (allow_root_jobs is off)".to_string(),
+                None,
+            ));
+        }
         return Ok(None);
     }
     let groups = if launch.user.is_empty() {
@@ -1326,7 +1379,14 @@ fn write_atomic(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> io::Resu
     let name = path.file_name().ok_or_else(|| io::Error::other("no file name"))?;
     let tmp = dir.join(format!(".{}.tmp.{}", name.to_string_lossy(), std::process::id()));
     let written = (|| {
-        let mut file = OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&tmp)?;
+        // A fresh file, never one found there (a link would redirect the write).
+        let _ = fs::remove_file(&tmp);
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
         file.write_all(bytes)?;
         if durable {
             file.sync_all()?;
@@ -1366,18 +1426,40 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// `text` with its control characters escaped (`\n`, `\u{1b}`).
+fn escape_controls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// `DIR/supervisor.log`, appended; a supervisor that cannot open it still does its job, silently.
 struct Log(Option<File>);
 
 impl Log {
     fn open(dir: &Path) -> Log {
-        Log(OpenOptions::new().create(true).append(true).mode(0o644).open(dir.join(SUPERVISOR_LOG)).ok())
+        let opened = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(dir.join(SUPERVISOR_LOG));
+        Log(opened.ok())
     }
 
+    /// One line, whatever the message holds: control characters (a newline in a job's argument, an escape
+    /// sequence) are written escaped, so a job can neither forge lines nor garble a terminal.
     fn line(&mut self, message: impl Display) {
         if let Some(file) = &mut self.0 {
             let now = now_ms();
-            let _ = writeln!(file, "{}.{:03} supervisor[{}]: {message}", now / 1000, now % 1000, std::process::id());
+            let text = escape_controls(&message.to_string());
+            let _ = writeln!(file, "{}.{:03} supervisor[{}]: {text}", now / 1000, now % 1000, std::process::id());
         }
     }
 }

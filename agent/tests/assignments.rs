@@ -102,6 +102,8 @@ fn a_task_that_may_still_run_keeps_its_gpus_until_it_is_gone() {
         cgroup: None,
         gpus: vec![0],
         journal: None,
+        // The tests run as root or as themselves; as root, a task of their own uid is a root task.
+        allow_root: true,
     };
     drover_agent::supervise::spawn(std::path::Path::new(env!("CARGO_BIN_EXE_drover-agent")), &dir, &launch).unwrap();
     let running = agent.running_shares();

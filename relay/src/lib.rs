@@ -38,44 +38,99 @@ const REQUEST_TIMEOUT_MS: u64 = 10_000;
 /// How long writing the reply may take (a caller that stopped reading).
 const REPLY_TIMEOUT_MS: u64 = 5_000;
 
+/// Request bytes held at once over every connection. A request's bytes are counted as they arrive, never on what
+/// its header announces: 150 callers each announcing 16 MiB and sending all but one byte would otherwise hold
+/// 2.5 GB (4,096 of them, 64 GiB). Past this a caller is told the relay is busy and its command submits directly.
+pub const MAX_BUFFERED_BYTES: usize = 64 << 20;
+/// Connections one local user may hold open at once (SO_PEERCRED's uid): one user cannot take every slot.
+pub const MAX_CONNECTIONS_PER_UID: usize = 64;
+/// A request is read this much at a time, each piece counted against [`MAX_BUFFERED_BYTES`].
+const READ_CHUNK_BYTES: usize = 64 << 10;
+
+/// What the relay holds at most; [`Limits::default`] is production's.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub buffered_bytes: usize,
+    pub connections: usize,
+    pub connections_per_uid: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            buffered_bytes: MAX_BUFFERED_BYTES,
+            connections: MAX_CONNECTIONS,
+            connections_per_uid: MAX_CONNECTIONS_PER_UID,
+        }
+    }
+}
+
 /// The relay: forwards each submission with its caller's credential.
 pub struct Relay {
     client: Client,
     in_flight: Semaphore,
+    limits: Limits,
+    /// Request bytes buffered now, as permits of one byte each.
+    buffered: Semaphore,
 }
 
 impl Relay {
     /// `client` must be built with [`drover_client::Credentials::none`]: the relay never sends a credential of
     /// its own.
     pub fn new(client: Client) -> Relay {
-        Relay { client, in_flight: Semaphore::new(MAX_IN_FLIGHT) }
+        Relay::with_limits(client, Limits::default())
+    }
+
+    pub fn with_limits(client: Client, limits: Limits) -> Relay {
+        Relay {
+            client,
+            in_flight: Semaphore::new(MAX_IN_FLIGHT),
+            limits,
+            buffered: Semaphore::new(limits.buffered_bytes),
+        }
+    }
+
+    /// Request bytes the relay holds now (for tests and operators).
+    pub fn buffered_bytes(&self) -> usize {
+        self.limits.buffered_bytes - self.buffered.available_permits()
     }
 
     /// One connection: read the request, forward it, answer. A caller that speaks another protocol, or stalls,
     /// gets no answer: its command falls back to the direct path.
     async fn serve_connection(&self, mut stream: UnixStream) {
-        let request =
-            match tokio::time::timeout(Duration::from_millis(REQUEST_TIMEOUT_MS), read_request(&mut stream)).await {
-                Ok(Ok(request)) => request,
-                Ok(Err(RequestError::Frame(e @ FrameError::Magic(_)))) => {
-                    tracing::warn!("a caller was not answered: {e}");
-                    return;
-                }
-                Ok(Err(RequestError::Frame(e))) => {
-                    // The caller speaks the protocol but sent something wrong: tell it what.
-                    let reply = protocol::refusal(&Status::invalid_argument(format!("the relay cannot read it: {e}")));
-                    write_reply(&mut stream, &reply).await;
-                    return;
-                }
-                Ok(Err(RequestError::Io(e))) => {
-                    tracing::debug!("a caller hung up before sending its request: {e}");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(timeout_ms = REQUEST_TIMEOUT_MS, "a caller did not send its request in time");
-                    return;
-                }
-            };
+        // The request's bytes stay counted until the connection is done with them.
+        let mut held = Vec::new();
+        let read = read_request(&mut stream, &self.buffered, &mut held);
+        let request = match tokio::time::timeout(Duration::from_millis(REQUEST_TIMEOUT_MS), read).await {
+            Ok(Ok(request)) => request,
+            Ok(Err(RequestError::Busy)) => {
+                drop(held);
+                let reply = protocol::refusal(&Status::resource_exhausted(format!(
+                    "the relay holds {} MiB of requests already; try again, or submit directly",
+                    self.limits.buffered_bytes >> 20
+                )));
+                write_reply(&mut stream, &reply).await;
+                return;
+            }
+            Ok(Err(RequestError::Frame(e @ FrameError::Magic(_)))) => {
+                tracing::warn!("a caller was not answered: {e}");
+                return;
+            }
+            Ok(Err(RequestError::Frame(e))) => {
+                // The caller speaks the protocol but sent something wrong: tell it what.
+                let reply = protocol::refusal(&Status::invalid_argument(format!("the relay cannot read it: {e}")));
+                write_reply(&mut stream, &reply).await;
+                return;
+            }
+            Ok(Err(RequestError::Io(e))) => {
+                tracing::debug!("a caller hung up before sending its request: {e}");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(timeout_ms = REQUEST_TIMEOUT_MS, "a caller did not send its request in time");
+                return;
+            }
+        };
         let reply = match self.submit(request).await {
             Ok(reply) => reply,
             Err(status) => protocol::refusal(&status),
@@ -121,18 +176,31 @@ fn credential_of(token: &str) -> Result<MetadataValue<Ascii>, Status> {
 enum RequestError {
     Frame(FrameError),
     Io(std::io::Error),
+    /// The relay's byte budget is spent.
+    Busy,
 }
 
-/// Reads one request frame: the magic, the length (bounded), the message.
-async fn read_request(stream: &mut UnixStream) -> Result<RelayRequest, RequestError> {
+/// Reads one request frame: the magic, the length (bounded), the message. Its bytes are taken from `budget` as
+/// they arrive (a piece at a time, kept in `held`), so memory follows what callers actually send.
+async fn read_request<'a>(
+    stream: &mut UnixStream,
+    budget: &'a Semaphore,
+    held: &mut Vec<tokio::sync::SemaphorePermit<'a>>,
+) -> Result<RelayRequest, RequestError> {
     let mut magic = [0u8; MAGIC.len()];
     stream.read_exact(&mut magic).await.map_err(RequestError::Io)?;
     protocol::check_magic(magic).map_err(RequestError::Frame)?;
     let mut header = [0u8; 4];
     stream.read_exact(&mut header).await.map_err(RequestError::Io)?;
     let len = protocol::frame_len(header, MAX_REQUEST_BYTES).map_err(RequestError::Frame)?;
-    let mut body = vec![0u8; len];
-    stream.read_exact(&mut body).await.map_err(RequestError::Io)?;
+    let mut body = Vec::new();
+    while body.len() < len {
+        let piece = (len - body.len()).min(READ_CHUNK_BYTES);
+        held.push(budget.try_acquire_many(piece as u32).map_err(|_| RequestError::Busy)?);
+        let start = body.len();
+        body.resize(start + piece, 0);
+        stream.read_exact(&mut body[start..]).await.map_err(RequestError::Io)?;
+    }
     protocol::decode_request(&body).map_err(RequestError::Frame)
 }
 
@@ -172,7 +240,9 @@ pub async fn serve(
     let listener =
         drover_auth::authd::bind_public_socket(path, "drover-relayd").map_err(|e| RelayError::Socket(e.to_string()))?;
     tracing::info!(socket = %path.display(), "relaying submissions");
-    let (relay, connections) = (Arc::new(relay), Arc::new(Semaphore::new(MAX_CONNECTIONS)));
+    let limits = relay.limits;
+    let (relay, connections) = (Arc::new(relay), Arc::new(Semaphore::new(limits.connections)));
+    let per_uid: Arc<std::sync::Mutex<std::collections::HashMap<u32, usize>>> = Arc::default();
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -190,18 +260,63 @@ pub async fn serve(
         };
         // Over the limit the connection is dropped unanswered: its command submits directly.
         let Ok(slot) = connections.clone().try_acquire_owned() else {
-            tracing::warn!(MAX_CONNECTIONS, "too many connections open; one was closed unanswered");
+            tracing::warn!(limit = limits.connections, "too many connections open; one was closed unanswered");
+            continue;
+        };
+        // The kernel's word for who opened it: no local user holds more than their share of the slots.
+        let Ok(uid) = stream.peer_cred().map(|c| c.uid()) else { continue };
+        let Some(share) = UidShare::take(&per_uid, uid, limits.connections_per_uid) else {
+            tracing::warn!(
+                uid,
+                limit = limits.connections_per_uid,
+                "a user holds too many relay connections; one was closed"
+            );
             continue;
         };
         let relay = relay.clone();
         tokio::spawn(async move {
             relay.serve_connection(stream).await;
+            drop(share);
             drop(slot);
         });
     }
     // A socket file left behind would point the next `sbatch` at nothing (it falls back, but slower).
     let _ = std::fs::remove_file(path);
     Ok(())
+}
+
+/// One of a user's connection slots, given back when dropped.
+struct UidShare {
+    counts: Arc<std::sync::Mutex<std::collections::HashMap<u32, usize>>>,
+    uid: u32,
+}
+
+impl UidShare {
+    fn take(
+        counts: &Arc<std::sync::Mutex<std::collections::HashMap<u32, usize>>>,
+        uid: u32,
+        limit: usize,
+    ) -> Option<UidShare> {
+        let mut map = counts.lock().expect("per-uid counts poisoned");
+        let count = map.entry(uid).or_default();
+        if *count >= limit {
+            return None;
+        }
+        *count += 1;
+        Some(UidShare { counts: counts.clone(), uid })
+    }
+}
+
+impl Drop for UidShare {
+    fn drop(&mut self) {
+        let mut map = self.counts.lock().expect("per-uid counts poisoned");
+        if let Some(count) = map.get_mut(&self.uid) {
+            *count -= 1;
+            if *count == 0 {
+                map.remove(&self.uid);
+            }
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -147,3 +147,58 @@ fn a_relay_asked_for_json_logs_writes_one_json_object_per_line() {
         assert!(event.get("level").is_some(), "{line}");
     }
 }
+
+/// The relay's resident memory in KiB (VmRSS).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS in /proc/PID/status");
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A hostile local user (finding 7 of the node-security review): 150 connections each announce a 16 MiB request
+/// and send 4 MiB of it, then stall. Before the byte budget the relay allocated what each header announced and
+/// grew past 2 GB; now it holds at most its budget (64 MiB) of request bytes, refuses the rest as busy, and one
+/// user gets at most 64 of its connections.
+#[test]
+fn callers_that_announce_large_requests_and_stall_cannot_grow_the_relay() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = host_config(dir.path());
+    let socket = dir.path().join("relay.sock");
+    let relay = Running(relayd(&config).spawn().unwrap());
+    wait_for("the relay's socket", Duration::from_secs(10), || socket.exists());
+    let before = rss_kib(relay.0.id());
+
+    let sent_mib = 4;
+    let piece = vec![0x5au8; 1 << 20];
+    let mut open = Vec::new();
+    let (mut refused, mut closed) = (0, 0);
+    for _ in 0..150 {
+        let mut caller = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        caller.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut header = drover_client::relay::MAGIC.to_vec();
+        header.extend_from_slice(&(16u32 << 20).to_be_bytes());
+        let written = caller.write_all(&header).and_then(|_| (0..sent_mib).try_for_each(|_| caller.write_all(&piece)));
+        match written {
+            Ok(()) => open.push(caller),
+            // The relay answered busy and closed, or closed a connection over the user's share.
+            Err(_) => closed += 1,
+        }
+    }
+    // Callers past the budget hear a typed refusal, not silence.
+    for caller in &mut open {
+        caller.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let mut first = [0u8; 4];
+        if let Ok(4) = caller.read(&mut first) {
+            refused += 1;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let grown_mib = rss_kib(relay.0.id()).saturating_sub(before) >> 10;
+    eprintln!(
+        "150 stalled 16 MiB requests: {} left open, {refused} refused busy, {closed} closed; relay grew {grown_mib} MiB",
+        open.len()
+    );
+    assert!(grown_mib <= 64 + 32, "the relay grew {grown_mib} MiB holding stalled requests");
+    assert!(refused + closed >= 150 - 64, "one user held more than its 64 connections");
+    drop(open);
+}
