@@ -1001,7 +1001,9 @@ impl State {
         if !hold && job.reason == PendingReason::JobHeldAdmin && !privileged {
             return Err(CommandError::AdminHold { id });
         }
-        let admin_hold = by_uid != job.spec.uid && privileged;
+        // A hold never lowers one already there: the owner's `hold` on an administrator's hold (placed by
+        // `hold` or `requeuehold`) would otherwise turn it into a user hold the owner may release.
+        let admin_hold = (by_uid != job.spec.uid && privileged) || job.reason == PendingReason::JobHeldAdmin;
         let job = self.jobs.get_mut(&id).expect("checked by active_job");
         job.held = hold;
         job.reason = match (hold, admin_hold) {
@@ -1190,6 +1192,26 @@ mod tests {
         state.apply(&request(2, Command::HoldJobs { ids: vec![1], by_uid: 7 }));
         assert_eq!(state.job(1).unwrap().reason, PendingReason::JobHeldUser);
         state.apply(&request(3, Command::ReleaseJobs { ids: vec![1], by_uid: 0 }));
+        assert!(!state.job(1).unwrap().held);
+    }
+
+    /// Finding 4 of the node-security review: the owner's own `hold` turned an administrator's hold into a user
+    /// hold, which the owner then released.
+    #[test]
+    fn an_owner_cannot_turn_an_administrators_hold_into_their_own() {
+        let mut state = initialized();
+        submit(&mut state, 1, spec(7), None).unwrap();
+        state.apply(&request(2, Command::HoldJobs { ids: vec![1], by_uid: 0 })).response.unwrap();
+        assert_eq!(state.job(1).unwrap().reason, PendingReason::JobHeldAdmin);
+        state.apply(&request(3, Command::HoldJobs { ids: vec![1], by_uid: 7 }));
+        assert_eq!(state.job(1).unwrap().reason, PendingReason::JobHeldAdmin, "still the administrator's hold");
+        let released = state.apply(&request(4, Command::ReleaseJobs { ids: vec![1], by_uid: 7 })).response;
+        assert!(
+            matches!(&released, Ok(Reply::Jobs(o)) if matches!(o[0].result, Err(CommandError::AdminHold { id: 1 }))),
+            "the owner released an administrator's hold: {released:?}"
+        );
+        assert!(state.job(1).unwrap().held);
+        state.apply(&request(5, Command::ReleaseJobs { ids: vec![1], by_uid: 0 })).response.unwrap();
         assert!(!state.job(1).unwrap().held);
     }
 
