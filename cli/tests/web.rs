@@ -191,7 +191,11 @@ fn every_replica_serves_metrics_and_a_web_page_that_a_real_browser_draws_even_wi
 
     // The job's timeline shows its checkpoint.
     let dom = rendered(&browser, &format!("{follower_url}/#job={running}"), "job");
-    assert!(dom.contains("recorded by incarnation") && dom.contains("ckpt-7"), "{dom}");
+    assert!(dom.contains("checkpoint (step 7) recorded by incarnation"), "{dom}");
+    // The page is unauthenticated: no path of the user's (a checkpoint's names the submit directory).
+    assert!(!dom.contains("ckpt-7") && !dom.contains(sh.cwd.to_str().unwrap()), "a path on the public page: {dom}");
+    let api = get(&format!("{follower_url}/api/job?id={running}"));
+    assert!(!api.contains("ckpt-7"), "a path in the public API: {api}");
     assert!(dom.contains("data-kind=\"current\""), "{dom}");
     assert!(dom.contains("<dt>Goodput</dt>"), "the job's goodput is shown: {dom}");
     assert!(dom.contains(&format!("job {running} as replica {follower} has applied it")), "{dom}");

@@ -102,7 +102,7 @@ pub fn job(api: &Api, id: u64) -> Response {
         .map(|h| {
             json!({
                 "incarnation": h.incarnation, "start_ms": h.start_ms, "end_ms": h.end_ms, "nodes": h.nodes,
-                "state": h.state.name(), "reason": h.reason, "resumed_from": h.resumed_from,
+                "state": h.state.name(), "reason": h.reason, "resumed": h.resumed_from.is_some(),
                 "gpus": h.gpus, "last_checkpoint_ms": h.last_checkpoint_ms,
             })
         })
@@ -113,8 +113,9 @@ pub fn job(api: &Api, id: u64) -> Response {
         "gpus": gpus(&job), "nodes": job.nodes, "restarts": job.restart_count,
         "incarnation": job.incarnation, "submit_ms": job.submit_time_ms, "start_ms": job.start_time_ms,
         "end_ms": job.end_time_ms, "exit_code": job.exit_code, "time_limit_s": job.time_limit_s,
+        // No path: the page is unauthenticated, and a checkpoint's path names the user's directories.
         "checkpoint": job.checkpoint.as_ref().map(|c| json!({
-            "path": c.path, "step": c.step, "incarnation": c.incarnation, "time_ms": c.time_ms,
+            "step": c.step, "incarnation": c.incarnation, "time_ms": c.time_ms,
         })),
         "history": incarnations,
         "goodput": goodput_json(&drover_state::goodput::of_job(&job, crate::runtime::now_ms())),

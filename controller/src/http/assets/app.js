@@ -154,7 +154,7 @@ function renderJob(j) {
   fact(facts, "GPUs", j.gpus);
   fact(facts, "Nodes", j.nodes.join(","));
   fact(facts, "Restarts", j.restarts);
-  fact(facts, "Latest checkpoint", j.checkpoint ? j.checkpoint.path + (j.checkpoint.step === null ? "" : " step " + j.checkpoint.step) + " at " + time(j.checkpoint.time_ms) : null);
+  fact(facts, "Latest checkpoint", j.checkpoint ? (j.checkpoint.step === null ? "" : "step " + j.checkpoint.step + " ") + "at " + time(j.checkpoint.time_ms) : null);
   const goodput = document.getElementById("job-goodput");
   goodput.replaceChildren();
   fact(goodput, "GPU-hours", hours(j.goodput.allocated_gpu_hours));
@@ -168,11 +168,11 @@ function renderJob(j) {
   for (const h of j.history) {
     event(list, "incarnation", "incarnation " + h.incarnation + " on " + h.nodes + ": " + time(h.start_ms) + " to " +
       time(h.end_ms) + duration(h.start_ms, h.end_ms) + ", ended " + h.state + (h.reason ? " (" + h.reason + ")" : "") +
-      (h.resumed_from ? ", had resumed from " + h.resumed_from : "") +
+      (h.resumed ? ", had resumed from a checkpoint" : "") +
       (h.last_checkpoint_ms ? "; its last checkpoint " + time(h.last_checkpoint_ms) : "; no checkpoint of its own"));
   }
   if (j.checkpoint) {
-    event(list, "checkpoint", time(j.checkpoint.time_ms) + " checkpoint " + j.checkpoint.path + " recorded by incarnation " + j.checkpoint.incarnation);
+    event(list, "checkpoint", time(j.checkpoint.time_ms) + " checkpoint" + (j.checkpoint.step === null ? "" : " (step " + j.checkpoint.step + ")") + " recorded by incarnation " + j.checkpoint.incarnation);
   }
   if (j.start_ms !== null) {
     event(list, "current", "incarnation " + j.incarnation + " on " + j.nodes.join(",") + ": started " + time(j.start_ms) +
