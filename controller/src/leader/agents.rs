@@ -419,6 +419,18 @@ impl AgentHub {
         incarnation: u64,
         end: drover_state::JobEnd,
     ) {
+        // An agent speaks only for what runs on its node: the current incarnation of a job placed elsewhere is not
+        // its to end (a compromised or confused node could otherwise end any job). Reports about earlier
+        // incarnations go on to the state machine, which refuses them as stale and lets the agent forget them.
+        let elsewhere = self.view.read().state.job(job_id).is_some_and(|j| {
+            j.incarnation == incarnation
+                && j.state == drover_state::JobState::Running
+                && !j.nodes.iter().any(|n| n == node)
+        });
+        if elsewhere {
+            tracing::warn!(node, job_id, incarnation, "job end report from a node the job does not run on: ignored");
+            return;
+        }
         let done = match propose_checked(&self.proposer, Command::JobEnded { job_id, incarnation, end }).await {
             Ok(Ok(_)) => true,
             Ok(Err(refused)) => {
