@@ -75,7 +75,15 @@ pub trait GpuBackend: Send + Sync {
     /// when this is empty. `Err` where the backend cannot know (no driver): the agent then relies on its own task
     /// records alone.
     fn compute_processes(&self, index: u32) -> Result<Vec<u32>, GpuError>;
+    /// Variables every task given these GPUs carries beside Slurm's. Real GPUs need none; a simulated node marks its
+    /// tasks so that it can tell its own GPUs' holders from those of another simulated node on the same host.
+    fn task_environment(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 }
+
+/// The variable that marks the tasks of one simulated node (see [`SimulatedBackend::with_host_marker`]).
+pub const SIMULATED_NODE_VAR: &str = "DROVER_SIMULATED_NODE";
 
 /// What the agent's config says the node should have.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -87,10 +95,15 @@ pub struct ExpectedGpus {
 
 /// Picks the backend: simulated when `simulate` is `Some(n)`, otherwise NVML; when NVML cannot be opened, the
 /// inventory the config promises (with one warning saying so), never a silent zero.
-pub fn open_backend(simulate: Option<u32>, node_name: &str, expected: &ExpectedGpus) -> Box<dyn GpuBackend> {
+pub fn open_backend(
+    simulate: Option<u32>,
+    node_name: &str,
+    host_marker: &str,
+    expected: &ExpectedGpus,
+) -> Box<dyn GpuBackend> {
     if let Some(count) = simulate {
         let model = expected.model_contains.as_deref().unwrap_or("H200");
-        let backend = SimulatedBackend::new(count, model, node_name);
+        let backend = SimulatedBackend::new(count, model, node_name).with_host_marker(host_marker);
         tracing::info!(backend = %backend.describe(), "GPU backend: simulated");
         return Box::new(backend);
     }
@@ -457,11 +470,12 @@ pub enum SimulatedFault {
 pub struct SimulatedBackend {
     gpus: Vec<GpuInfo>,
     description: String,
-    /// The node these GPUs are simulated for (`None`: a configured inventory of real GPUs the agent cannot see).
-    /// A simulated GPU is held by every live process that was given it: one whose environment names this node
-    /// (`SLURMD_NODENAME`) and lists the GPU in `CUDA_VISIBLE_DEVICES`, as every task the agent starts does. So
-    /// a task's leftovers (a double fork, a process outside its group) hold the GPU until they are gone, as a CUDA
-    /// context holds a real one.
+    /// The simulated node's mark on its tasks (`None`: a configured inventory of real GPUs the agent cannot see).
+    /// A simulated GPU is held by every live process that was given it: one whose environment carries this mark
+    /// ([`SIMULATED_NODE_VAR`]) and lists the GPU in `CUDA_VISIBLE_DEVICES`, as every task the agent starts does.
+    /// So a task's leftovers (a double fork, a process outside its group) hold the GPU until they are gone, as a
+    /// CUDA context holds a real one. The node name alone is not enough: concurrent test clusters on one host all
+    /// have a `node01`, and one's running job must not hold another's GPU 0.
     simulated_node: Option<String>,
     /// What a cleared GPU reads: a plausible idle value when simulated, nothing when the inventory is only configured
     /// (inventing a temperature for a real GPU we cannot see would mislead).
@@ -502,6 +516,16 @@ impl SimulatedBackend {
         let mut backend = Self::build(gpus, format!("simulated ({count} GPUs)"), Some(SIMULATED_IDLE_TEMPERATURE_C));
         backend.simulated_node = Some(seed.to_string());
         backend
+    }
+
+    /// Marks this node's tasks with `marker` instead of the node name: something unique to this node on its host
+    /// and stable across agent restarts (the agent uses its name and state directory), so that a restarted agent
+    /// still sees its earlier tasks as holders and no other simulated node's tasks ever are.
+    pub fn with_host_marker(mut self, marker: &str) -> SimulatedBackend {
+        if self.simulated_node.is_some() {
+            self.simulated_node = Some(marker.to_string());
+        }
+        self
     }
 
     /// The inventory the config promises, for a node whose NVML cannot be opened.
@@ -607,19 +631,21 @@ impl SimulatedBackend {
     }
 }
 
-/// The live processes holding simulated GPU `index` of `node` (see [`SimulatedBackend`]'s `simulated_node`).
+/// The live processes holding simulated GPU `index` of the node that marks its tasks `marker` (see
+/// [`SimulatedBackend`]'s `simulated_node`).
 /// Processes whose environment cannot be read (another user's, without root) are not seen: the agent runs as root.
-fn simulated_holders(node: &str, index: u32) -> Vec<u32> {
+fn simulated_holders(marker: &str, index: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     let index = index.to_string();
+    let mark = format!("{SIMULATED_NODE_VAR}=");
     let mut holders = Vec::new();
     for pid in entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
         let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
         let mut on_node = false;
         let mut has_gpu = false;
         for var in environ.split(|b| *b == 0) {
-            if let Some(value) = var.strip_prefix(b"SLURMD_NODENAME=") {
-                on_node = value == node.as_bytes();
+            if let Some(value) = var.strip_prefix(mark.as_bytes()) {
+                on_node = value == marker.as_bytes();
             } else if let Some(value) = var.strip_prefix(b"CUDA_VISIBLE_DEVICES=") {
                 has_gpu = value.split(|b| *b == b',').any(|v| v == index.as_bytes());
             }
@@ -692,6 +718,10 @@ impl GpuBackend for SimulatedBackend {
         Ok(simulated_holders(node, index))
     }
 
+    fn task_environment(&self) -> Vec<(String, String)> {
+        self.simulated_node.iter().map(|marker| (SIMULATED_NODE_VAR.to_string(), marker.clone())).collect()
+    }
+
     fn inventory(&self) -> Result<Vec<GpuInfo>, GpuError> {
         Ok(self.gpus.clone())
     }
@@ -734,10 +764,11 @@ mod tests {
     #[test]
     fn a_simulated_gpu_is_held_by_every_live_process_given_it() {
         let node = format!("gpu-holders-{}", std::process::id());
-        let backend = SimulatedBackend::new(4, "H200", &node);
+        let backend = SimulatedBackend::new(4, "H200", "node01").with_host_marker(&node);
         let mut child = std::process::Command::new("/bin/sleep")
             .arg("30")
-            .env("SLURMD_NODENAME", &node)
+            .envs(backend.task_environment())
+            .env("SLURMD_NODENAME", "node01")
             .env("CUDA_VISIBLE_DEVICES", "1,3")
             .spawn()
             .unwrap();
@@ -745,8 +776,8 @@ mod tests {
         assert_eq!(backend.compute_processes(1).unwrap(), [pid]);
         assert_eq!(backend.compute_processes(3).unwrap(), [pid]);
         assert!(backend.compute_processes(0).unwrap().is_empty());
-        let other = SimulatedBackend::new(4, "H200", &format!("{node}-other"));
-        assert!(other.compute_processes(1).unwrap().is_empty(), "another node's GPU 1");
+        let other = SimulatedBackend::new(4, "H200", "node01").with_host_marker(&format!("{node}-other"));
+        assert!(other.compute_processes(1).unwrap().is_empty(), "another cluster's node01 GPU 1");
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(backend.compute_processes(1).unwrap().is_empty(), "gone with its holder");
@@ -978,7 +1009,7 @@ mod tests {
 
     #[test]
     fn open_backend_with_simulate_uses_the_simulated_backend() {
-        let backend = open_backend(Some(4), "sim-07", &expect(Some(8), Some("H100")));
+        let backend = open_backend(Some(4), "sim-07", "sim-07", &expect(Some(8), Some("H100")));
 
         assert_eq!(backend.describe(), "simulated (4 GPUs)", "simulate wins over the configured count");
         let inventory = backend.inventory().unwrap();
@@ -1018,7 +1049,7 @@ mod tests {
             return;
         }
         let expected = expect(Some(8), Some("H200"));
-        let backend = open_backend(None, "gpu-b03", &expected);
+        let backend = open_backend(None, "gpu-b03", "gpu-b03", &expected);
 
         assert!(backend.describe().contains("configured inventory (no NVML)"), "{}", backend.describe());
         let inventory = backend.inventory().unwrap();
@@ -1034,7 +1065,7 @@ mod tests {
         if driver_present() {
             return;
         }
-        let backend = open_backend(None, "gpu-b03", &ExpectedGpus::default());
+        let backend = open_backend(None, "gpu-b03", "gpu-b03", &ExpectedGpus::default());
 
         assert!(backend.describe().contains("configured inventory (no NVML)"));
         assert!(backend.inventory().unwrap().is_empty());

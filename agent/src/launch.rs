@@ -71,7 +71,7 @@ impl NodeAgent {
         argv.extend(spec.script_args.iter().cloned());
         let launch = TaskLaunch {
             argv,
-            env: task_environment(&placement, spec.exported_environment()),
+            env: self.with_gpu_environment(task_environment(&placement, spec.exported_environment())),
             cwd: work_dir,
             uid: spec.uid,
             gid: spec.gid,
@@ -166,7 +166,7 @@ impl NodeAgent {
         };
         let task = TaskLaunch {
             argv: launch.argv.clone(),
-            env: task_environment(&placement, launch.env.clone()),
+            env: self.with_gpu_environment(task_environment(&placement, launch.env.clone())),
             cwd,
             uid: spec.uid,
             gid: spec.gid,

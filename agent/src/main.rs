@@ -113,12 +113,16 @@ fn load_config(args: &Args) -> anyhow::Result<AgentConfig> {
 
 async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let expected = ExpectedGpus { count: config.gpus.count, model_contains: config.gpus.model.clone() };
+    // Simulated nodes share a host with other simulated nodes (of other test clusters, too): each marks its tasks
+    // with its name and state directory, unique on the host and the same after a restart.
+    let host_marker = format!("{}:{}", config.name, config.state_dir.display());
     let backend: Box<dyn drover_agent::gpu::GpuBackend> = match (config.gpus.simulate, &config.gpus.fault_file) {
         (Some(n), Some(file)) => {
             let model = config.gpus.model.clone().unwrap_or_else(|| "H200".into());
-            Box::new(drover_agent::gpu::SimulatedBackend::new(n, &model, &config.name).with_fault_file(file))
+            let backend = drover_agent::gpu::SimulatedBackend::new(n, &model, &config.name);
+            Box::new(backend.with_host_marker(&host_marker).with_fault_file(file))
         }
-        (simulate, _) => open_backend(simulate, &config.name, &expected),
+        (simulate, _) => open_backend(simulate, &config.name, &host_marker, &expected),
     };
     let gpus = backend.inventory().context("reading the GPU inventory")?;
     let mut problems = Vec::new();

@@ -891,6 +891,16 @@ impl NodeAgent {
         self.config.client_config.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
     }
 
+    /// A task's environment with what the GPU backend adds to it (a simulated node's mark; see
+    /// [`crate::gpu::GpuBackend::task_environment`]). The backend's variables win over the user's, which could
+    /// otherwise hide a task from the GPU-holder check.
+    pub(crate) fn with_gpu_environment(&self, mut env: Vec<(String, String)>) -> Vec<(String, String)> {
+        let extra = self.gpus.task_environment();
+        env.retain(|(name, _)| !extra.iter().any(|(x, _)| x == name));
+        env.extend(extra);
+        env
+    }
+
     /// The problems to report with the next heartbeat: standing ones plus GPUs failing their health check.
     pub fn problems(&self) -> Vec<String> {
         let mut problems = self.standing_problems.clone();

@@ -463,3 +463,21 @@ fn a_single_controller_renews_leases_so_a_job_outlives_the_first_lease() {
     assert_eq!(sh.read("lease.txt").trim(), "survived");
     assert_eq!(sh.acct(id, "Restarts")[0], "0", "never fenced, never requeued");
 }
+
+/// Test clusters share one host, and every one has a `node01` with a simulated GPU 0: a job running in one must not
+/// look like a holder of another's GPU 0 (the agent starts a task only on GPUs no process holds). CI once kept two
+/// stories' jobs waiting behind a third story's training run on its own `node01`.
+#[test]
+fn a_job_in_another_cluster_on_the_same_host_does_not_hold_this_clusters_gpus() {
+    let one_gpu = || UpOptions { controllers: 1, agents: 1, gpus_per_agent: 1, ..UpOptions::default() };
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (_a, sh_a) = setup(dir_a.path(), one_gpu());
+    let (_b, sh_b) = setup(dir_b.path(), one_gpu());
+    let busy = sh_a.submit(&["--gres=gpu:1", "--wrap", "sleep 300"]);
+    sh_a.wait_state(busy, "RUNNING", Duration::from_secs(20));
+    // The task itself runs (not only its allocation): its output names its GPU.
+    let id = sh_b.submit(&["--gres=gpu:1", "-o", "b.out", "--wrap", "echo gpu=$CUDA_VISIBLE_DEVICES"]);
+    assert_eq!(sh_b.wait_done(id, Duration::from_secs(30)), "COMPLETED");
+    assert_eq!(sh_b.read("b.out").trim(), "gpu=0");
+    sh_a.ok("scancel", &[&busy.to_string()]);
+}

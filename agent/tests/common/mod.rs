@@ -26,7 +26,8 @@ pub fn agent(dir: &Path, extra_toml: &str, supervisor: PathBuf) -> Arc<NodeAgent
         config,
         NodeInfo { name: "n1".into(), ..NodeInfo::default() },
         supervisor,
-        Box::new(SimulatedBackend::new(2, "H200", "n1")),
+        // Each test's node is its own on this host: tests running beside it must not hold its GPUs.
+        Box::new(SimulatedBackend::new(2, "H200", "n1").with_host_marker(&dir.display().to_string())),
         Vec::new(),
         drover_auth::ClusterKey::generate(),
         drover_auth::ClientTls::load(files).unwrap(),
