@@ -146,6 +146,10 @@ impl AgentConfig {
         if self.host.is_none() {
             self.host = Some(if listen.ip().is_unspecified() { hostname() } else { listen.ip().to_string() });
         }
+        // The controllers refuse anything else at registration: say so here, where the operator can fix it.
+        if let Some(host) = &self.host {
+            drover_state::check_host(host).map_err(|e| ConfigError::Setting(format!("host: {e}")))?;
+        }
         if self.cpus.is_none() {
             self.cpus = Some(std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1));
         }

@@ -380,3 +380,100 @@ fn sbatch_submits_through_the_hosts_relay_and_directly_when_it_is_gone() {
     let id = sh.submit(&["--wrap=true"]);
     assert!(sh.ok("squeue", &["-h", "-o", "%i"]).lines().any(|l| l.trim() == id.to_string()));
 }
+
+/// A session to the leader as agent `node`, with a certificate the cluster's CA issued for it (what a compromised
+/// node holds): the sender for its messages and the controller's answers.
+async fn agent_session(
+    cluster: &LocalCluster,
+    node: &str,
+    register: drover_proto::wire::AgentMessage,
+) -> Result<
+    (
+        tokio::sync::mpsc::Sender<drover_proto::v1::AgentEnvelope>,
+        tonic::Streaming<drover_proto::v1::ControllerEnvelope>,
+    ),
+    tonic::Status,
+> {
+    let pki = cluster.pki().unwrap();
+    let (cert, key) = pki
+        .issue(&format!("{node}-rogue"), &drover_auth::Role::Agent(node.into()), &[], &["127.0.0.1".parse().unwrap()])
+        .unwrap();
+    let files = drover_auth::TlsFiles { ca: cluster.dir.join("pki/ca.pem"), cert, key };
+    let leader = leader_addr_async(cluster).await;
+    let channel = drover_auth::ClientTls::load(files)
+        .unwrap()
+        .channel(&leader, None, Duration::from_secs(2), Some(RoleKind::Controller))
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tx.send(drover_proto::v1::AgentEnvelope { json: drover_proto::wire::encode(&register) }).await.unwrap();
+    let response = AgentGatewayClient::new(channel).session(tokio_stream::wrappers::ReceiverStream::new(rx)).await?;
+    Ok((tx, response.into_inner()))
+}
+
+/// A node speaks only for itself (issue 28, findings 8 and 9). With a valid agent certificate for node02, a rogue
+/// agent reports the end of a job that runs on node01: the job runs on, and only node01's own report ends it. And a
+/// node that registers a host a shell would read (`x; touch FILE`) is refused: the host would go into `MASTER_ADDR`
+/// and the operators' fence command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_speaks_only_for_its_own_node_and_registers_only_a_real_host() {
+    use drover_proto::wire::{AgentMessage, ControllerMessage, decode};
+    let dir = tempfile::tempdir().unwrap();
+    let options = UpOptions { agents: 2, gpus_per_agent: 1, ..UpOptions::default() };
+    let cluster = LocalCluster::up(&dir.path().join("c"), options).unwrap();
+    cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
+    cluster.wait_agents(Duration::from_secs(30)).await.unwrap();
+    let client = cluster.client().unwrap();
+    let nodes = client.list_nodes(false).await.unwrap();
+    let node02 = nodes.iter().find(|n| n.info.name == "node02").unwrap().info.clone();
+    let sh = Shell::install(dir.path(), &cluster);
+    let state = async |id: u64| client.get_job(id, false, false).await.unwrap().0.state;
+    let id = sh.submit(&["-w", "node01", "--gres=gpu:1", "-o", "rogue.out", "--wrap", "sleep 4; echo done"]);
+    let running = Instant::now();
+    while state(id).await != drover_state::JobState::Running {
+        assert!(running.elapsed() < Duration::from_secs(20), "job {id} never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let (tx, mut answers) =
+        agent_session(&cluster, "node02", AgentMessage::Register { info: node02, running: Vec::new() }).await.unwrap();
+    let welcome = answers.message().await.unwrap().unwrap();
+    assert!(matches!(decode(&welcome.json).unwrap(), ControllerMessage::Welcome { .. }));
+    let end = drover_state::JobEnd { exit_code: 0, ..Default::default() };
+    let report = AgentMessage::JobEnded { job_id: id, incarnation: 0, end };
+    tx.send(drover_proto::v1::AgentEnvelope { json: drover_proto::wire::encode(&report) }).await.unwrap();
+    // The leader never acknowledges the report, and the job runs on until node01 says it ended.
+    let acked = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Ok(Some(message)) = answers.message().await {
+            if matches!(decode(&message.json), Ok(ControllerMessage::EndAcked { job_id, .. }) if job_id == id) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_ne!(acked, Ok(true), "the rogue report was acknowledged");
+    assert_eq!(state(id).await, drover_state::JobState::Running, "ended by node02's word");
+    drop(tx);
+    let finished = Instant::now();
+    while state(id).await == drover_state::JobState::Running {
+        assert!(finished.elapsed() < Duration::from_secs(30), "job {id} never ended");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(state(id).await, drover_state::JobState::Completed);
+    assert_eq!(std::fs::read_to_string(sh.cwd.join("rogue.out")).unwrap().trim(), "done", "it ran to its end");
+
+    let pwned = dir.path().join("pwned");
+    let info = drover_state::NodeInfo {
+        name: "node03".into(),
+        host: format!("127.0.0.1; touch {}", pwned.display()),
+        agent_addr: "127.0.0.1:1".into(),
+        ..Default::default()
+    };
+    let err =
+        agent_session(&cluster, "node03", AgentMessage::Register { info, running: Vec::new() }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("neither an IP address nor a DNS host name"), "{}", err.message());
+    let nodes = client.list_nodes(false).await.unwrap();
+    assert!(nodes.iter().all(|n| n.info.name != "node03"), "never registered");
+    assert!(!pwned.exists());
+}

@@ -105,7 +105,7 @@ pub struct AgentTiming {
     pub kill_wait_ms: u64,
     /// Optional: a command that powers a silent node off (e.g. `ipmitool -H {host}-bmc ... power off`); `{node}`
     /// and `{host}` are substituted. Once it exits 0 the node is declared down at once, without waiting for
-    /// `node_timeout_ms`.
+    /// `node_timeout_ms`. Split into words as a shell would (quotes group), but run without a shell.
     pub fence_command: Option<String>,
     /// Silence after which the fence command is run.
     pub suspect_after_ms: u64,
@@ -124,6 +124,16 @@ impl Default for AgentTiming {
             fence_command_timeout_ms: 30_000,
         }
     }
+}
+
+/// The fence command's argv for one node: `template` split into words (shell quoting, no expansion), then `{node}`
+/// and `{host}` substituted inside each word.
+pub fn fence_argv(template: &str, node: &str, host: &str) -> Result<Vec<String>, String> {
+    let words = shlex::split(template).ok_or_else(|| format!("{template:?} has an unclosed quote"))?;
+    if words.is_empty() {
+        return Err("the command is empty".into());
+    }
+    Ok(words.into_iter().map(|w| w.replace("{node}", node).replace("{host}", host)).collect())
 }
 
 /// A Raft group has 3 to 7 voters; more preferences than that are a mistake.
@@ -194,6 +204,9 @@ impl ControllerConfig {
                 "agents: need heartbeat_ms > 0, fence_after_ms > 2 x heartbeat_ms, and node_timeout_ms >= fence_after_ms + {FENCE_MARGIN_MS} (a node's tasks must be dead before its jobs are requeued)"
             ));
         }
+        if let Some(template) = &a.fence_command {
+            fence_argv(template, "node", "host").map_err(|e| format!("agents: fence_command: {e}"))?;
+        }
         if a.fence_command.is_some() && (a.suspect_after_ms <= a.heartbeat_ms * 2 || a.fence_command_timeout_ms == 0) {
             return Err("agents: with a fence_command, need suspect_after_ms > 2 x heartbeat_ms and fence_command_timeout_ms > 0".into());
         }
@@ -224,6 +237,19 @@ impl ControllerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A node's host is substituted inside one word of the fence command, never read by a shell: even a host that
+    /// slipped past registration's check stays one argument to the command the operator configured.
+    #[test]
+    fn the_fence_command_runs_without_a_shell_and_a_host_stays_one_argument() {
+        let argv =
+            fence_argv("ipmitool -H '{host}-bmc' -U admin chassis power off # {node}", "gpu01", "x; reboot").unwrap();
+        assert_eq!(argv, ["ipmitool", "-H", "x; reboot-bmc", "-U", "admin", "chassis", "power", "off"]);
+        let argv = fence_argv("/usr/bin/fence --node {node} --host={host}", "gpu01", "$(id)").unwrap();
+        assert_eq!(argv, ["/usr/bin/fence", "--node", "gpu01", "--host=$(id)"]);
+        assert!(fence_argv("fence 'unclosed", "n", "h").unwrap_err().contains("unclosed quote"));
+        assert!(fence_argv("   ", "n", "h").unwrap_err().contains("empty"));
+    }
 
     /// The example shipped in deploy/ must stay a valid configuration, every documented field included.
     #[test]

@@ -42,7 +42,7 @@ pub use job::{
     JobId, JobSpec, JobState, MeasuredUsage, NodeAllocation, NodeUsage, PendingReason, RequeueKind, RequeueOrder,
     StepEnd, StepRecord, Usage, WarnSignal,
 };
-pub use node::{GpuInfo, Lingering, Node, NodeHealth, NodeInfo, RunningShare};
+pub use node::{GpuInfo, Lingering, Node, NodeHealth, NodeInfo, RunningShare, check_host};
 pub use qos::Qos;
 pub use reservation::{Reservation, ReservationFlag, ReservationUpdate};
 pub use role::{AdminLevel, RoleGrant};

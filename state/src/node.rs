@@ -45,6 +45,33 @@ pub struct NodeInfo {
     pub spare: bool,
 }
 
+/// The longest host name DNS allows.
+const MAX_HOST_LEN: usize = 253;
+
+/// Whether `host` is an IP address or a DNS host name (RFC 1123 labels: letters, digits, `-`, not at either end,
+/// 1-63 characters each). A node's host goes into `MASTER_ADDR` and the operators' fence command: anything else (a
+/// space, `;`, `$(...)`) is refused at registration, not carried into them.
+pub fn check_host(host: &str) -> Result<(), String> {
+    if host.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(());
+    }
+    let label_ok = |label: &str| {
+        (1..=63).contains(&label.len())
+            && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    let name = host.strip_suffix('.').unwrap_or(host);
+    if name.is_empty() || host.len() > MAX_HOST_LEN || !name.split('.').all(label_ok) {
+        return Err(format!(
+            "host {:?} is neither an IP address nor a DNS host name (letters, digits, '-' and '.', at most \
+             {MAX_HOST_LEN} characters)",
+            host.chars().take(80).collect::<String>()
+        ));
+    }
+    Ok(())
+}
+
 /// Slurm's base node states; `DRAIN` is a flag on top of them (`drain` below), as in Slurm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NodeHealth {
@@ -189,6 +216,17 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hosts_are_addresses_or_dns_names_and_nothing_a_shell_would_read() {
+        for ok in ["gpu01", "gpu01.rack3.example.org", "gpu01.example.org.", "10.0.0.7", "::1", "fe80::1", "n-1"] {
+            assert!(check_host(ok).is_ok(), "{ok}");
+        }
+        let long = format!("{}.example", "a".repeat(64));
+        for bad in ["", "gpu01; reboot", "$(id)", "a b", "-gpu", "gpu-", "gpu..01", "gpu`x`", "gpu01\n", &long] {
+            assert!(check_host(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn node_state_follows_allocation() {

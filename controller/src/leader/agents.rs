@@ -458,6 +458,8 @@ impl AgentHub {
                 info.gpus.len()
             )));
         }
+        drover_state::check_host(&info.host)
+            .map_err(|e| Status::invalid_argument(format!("node {}: {e}", info.name)))?;
         if running.len() > drover_state::lifecycle::MAX_RUNNING_SHARES {
             return Err(Status::invalid_argument(format!(
                 "{} running incarnations listed, at most {}",
@@ -882,13 +884,20 @@ fn fence_suspects(hub: &Arc<AgentHub>) {
     }
 }
 
-/// Runs the configured fence command for one node (`{node}` and `{host}` substituted; run by `sh -c`), with a
-/// bounded time. True only if it exited 0.
+/// Runs the configured fence command for one node, with a bounded time. True only if it exited 0. The template is
+/// split into words once (shell quoting rules, no shell runs it) and `{node}` and `{host}` are substituted inside
+/// each word, so whatever a node registered stays one argument: it can never become a second command.
 async fn run_fence_command(hub: &AgentHub, node: &str, host: &str) -> bool {
     let Some(template) = &hub.timing.fence_command else { return false };
-    let command = template.replace("{node}", node).replace("{host}", host);
-    tracing::warn!(node, %command, "node silent: running the fence command");
-    let child = tokio::process::Command::new("/bin/sh").arg("-c").arg(&command).kill_on_drop(true).output();
+    let argv = match crate::config::fence_argv(template, node, host) {
+        Ok(argv) => argv,
+        Err(e) => {
+            tracing::error!(node, "the fence command cannot run: {e}");
+            return false;
+        }
+    };
+    tracing::warn!(node, ?argv, "node silent: running the fence command");
+    let child = tokio::process::Command::new(&argv[0]).args(&argv[1..]).kill_on_drop(true).output();
     match tokio::time::timeout(Duration::from_millis(hub.timing.fence_command_timeout_ms), child).await {
         Ok(Ok(out)) if out.status.success() => true,
         Ok(Ok(out)) => {
