@@ -773,6 +773,11 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id();
+        // Between fork and exec the child still has this test's environment: wait for the exec.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while backend.compute_processes(1).unwrap().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         assert_eq!(backend.compute_processes(1).unwrap(), [pid]);
         assert_eq!(backend.compute_processes(3).unwrap(), [pid]);
         assert!(backend.compute_processes(0).unwrap().is_empty());
