@@ -240,6 +240,7 @@ pub(crate) fn end_from(result: &TaskResult, timed_out: bool, fenced: bool) -> Jo
         oom: result.oom,
         // Read from the job's cgroup when the report goes out (see `NodeAgent::measured`).
         measured: None,
+        by_client: false,
     }
 }
 

@@ -481,3 +481,36 @@ fn a_job_in_another_cluster_on_the_same_host_does_not_hold_this_clusters_gpus() 
     assert_eq!(sh_b.read("b.out").trim(), "gpu=0");
     sh_a.ok("scancel", &[&busy.to_string()]);
 }
+
+/// When `salloc`'s command ends, a step it left behind may ignore SIGTERM and live until the node's KillWait runs
+/// out. The GPUs it holds go to nobody else until that node's agent has seen it gone: the next job is RUNNING only
+/// once the old step's process has died (issue 28, finding 6; before, the first node's GPUs were free at once).
+#[test]
+fn an_allocations_gpus_go_to_the_next_job_only_after_its_stubborn_step_has_died() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = UpOptions { agents: 1, gpus_per_agent: 1, kill_wait_ms: 3_000, ..UpOptions::default() };
+    let (_cluster, sh) = setup(dir.path(), options);
+    let step = "trap '' TERM; echo $$ > stubborn.pid; while :; do sleep 0.1; done\n";
+    std::fs::write(sh.cwd.join("stubborn.sh"), step).unwrap();
+    // srun's output goes elsewhere: it outlives salloc, and the story must not wait for it to close salloc's pipes.
+    let command = "srun sh stubborn.sh >srun.out 2>&1 & while [ ! -s stubborn.pid ]; do sleep 0.1; done";
+    let out = sh.run("salloc", &["--gres=gpu:1", "sh", "-c", command]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pid: i32 = sh.read("stubborn.pid").trim().parse().unwrap();
+    let next = sh.submit(&["--gres=gpu:1", "--wrap", "true"]);
+    // The step is still alive (it ignored SIGTERM) ...
+    let alive = |pid: i32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    let mut saw_alive = false;
+    loop {
+        let state = sh.acct(next, "State").remove(0);
+        if state != "PENDING" {
+            // ... and the next job got the GPU only after it died.
+            assert!(!alive(pid), "job {next} is {state} while the allocation's step {pid} still runs on its GPU");
+            break;
+        }
+        saw_alive |= alive(pid);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(saw_alive, "the step outlived its allocation for a while (KillWait), or the story proves nothing");
+    assert_eq!(sh.wait_done(next, Duration::from_secs(30)), "COMPLETED");
+}

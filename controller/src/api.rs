@@ -668,7 +668,8 @@ impl DroverService for Api {
                 m.job_id
             )));
         }
-        let end = drover_state::JobEnd { exit_code: m.exit_code, signal: m.signal, ..Default::default() };
+        let end =
+            drover_state::JobEnd { exit_code: m.exit_code, signal: m.signal, by_client: true, ..Default::default() };
         self.write(Command::JobEnded { job_id: m.job_id, incarnation: m.incarnation, end }).await?;
         Ok(Response::new(Empty {}))
     }

@@ -217,6 +217,10 @@ pub struct JobEnd {
     /// or a report from before usage was measured). The other nodes report theirs when they release the job.
     #[serde(default)]
     pub measured: Option<MeasuredUsage>,
+    /// Reported by a client (`salloc` ending its allocation), not by a node: no node has said its tasks are gone, so
+    /// the job's share lingers on every node, the first included, until each node's agent confirms them gone.
+    #[serde(default)]
+    pub by_client: bool,
 }
 
 impl Command {

@@ -407,8 +407,9 @@ impl State {
             });
         }
         let mut job = self.remove_active(id).expect("checked");
-        // The batch node reports the end: its tasks are gone; the job's other nodes confirm theirs.
-        let reporter = job.nodes.first().cloned();
+        // The batch node reports the end: its tasks are gone; the job's other nodes confirm theirs. An allocation's
+        // end reported by its client says nothing of any node's tasks: every node confirms.
+        let reporter = job.nodes.first().cloned().filter(|_| !end.by_client);
         self.release_allocation(&job, reporter.as_deref(), now_ms, changes);
         job.exit_code = end.exit_code;
         job.exit_signal = end.signal;
@@ -859,6 +860,30 @@ mod tests {
         };
         assert_eq!((done.state, done.exit_signal), (JobState::Cancelled, 15));
         assert_eq!(schedule(&mut state, 31), vec![next]);
+    }
+
+    /// `salloc` ends its allocation through the controllers, not through a node: a step that ignores SIGTERM may
+    /// still run on any node, the first included, so every node's GPUs stay held until that node's agent says the
+    /// allocation's tasks are gone (issue 28, finding 6).
+    #[test]
+    fn an_allocation_ended_by_its_client_holds_every_nodes_gpus_until_each_node_confirms() {
+        let mut state = cluster(&[("gpu01", 1), ("gpu02", 1)]);
+        let alloc = submit(&mut state, JobSpec { interactive: true, ..job(2, 1, 1) });
+        schedule(&mut state, 10);
+        let end = JobEnd { by_client: true, ..JobEnd::default() };
+        state.apply(&at(20, Command::JobEnded { job_id: alloc, incarnation: 0, end })).response.unwrap();
+        state.check_invariants();
+        let next = submit(&mut state, job(1, 1, 1));
+        assert!(schedule(&mut state, 21).is_empty(), "no GPU is free while the allocation's tasks may run");
+        let release =
+            |node: &str| Command::ReleaseLingering { node: node.into(), keys: vec![(alloc, 0)], usage: Vec::new() };
+        state.apply(&at(30, release("gpu01"))).response.unwrap();
+        assert_eq!(schedule(&mut state, 31), vec![next], "gpu01's agent confirmed");
+        assert_eq!(state.job(next).unwrap().nodes, ["gpu01"]);
+        assert_eq!(state.nodes["gpu02"].lingering.len(), 1, "gpu02 has not confirmed yet");
+        state.apply(&at(40, release("gpu02"))).response.unwrap();
+        assert!(state.nodes["gpu02"].lingering.is_empty());
+        state.check_invariants();
     }
 
     #[test]
