@@ -164,6 +164,51 @@ fn two_users_touch_only_their_own_jobs_and_roles_gate_the_rest() {
     drop(cluster);
 }
 
+/// A QOS that preempts other users' jobs is an administrator's grant, not a user's choice (issue 28, finding 5):
+/// as Slurm's association QOS lists, a user may use only the QOS their account allows (`normal` until an
+/// administrator grants more), at submit and through `scontrol update job QOS=`.
+#[test]
+fn a_user_may_use_only_the_qos_their_account_was_granted() {
+    if !is_root() {
+        eprintln!("SKIPPED: this story runs commands as other uids, which needs root (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (cluster, sh) = setup(dir.path(), UpOptions { agents: 1, gpus_per_agent: 2, ..UpOptions::default() });
+    std::fs::set_permissions(&sh.cwd, std::fs::Permissions::from_mode(0o777)).unwrap();
+    sh.ok("drover", &["qos", "add", "urgent", "--priority", "1000", "--preempt", "normal"]);
+    sh.ok("drover", &["account", "add", "physics", "--users", "60001"]);
+
+    let refused = |uid: u32| {
+        let out = sh.run_as(uid, "sbatch", &["-q", "urgent", "--hold", "--wrap", "true"]);
+        assert!(!out.status.success(), "uid {uid} used QOS urgent");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let err = refused(ALICE);
+    assert!(err.contains("Invalid qos specification: urgent: account physics allows only QOS normal"), "{err}");
+
+    // Granted to physics: Alice may use it; Bob, charging root, still may not, nor switch his job to it.
+    sh.ok("drover", &["account", "modify", "physics", "--qos", "normal,urgent"]);
+    let alices = sh.ok_as(ALICE, "sbatch", &["--parsable", "-q", "urgent", "--hold", "--wrap", "true"]);
+    let shown = sh.ok("scontrol", &["show", "job", alices.trim()]);
+    assert!(shown.contains("QOS=urgent"), "{shown}");
+    let err = refused(BOB);
+    assert!(err.contains("account root allows only QOS normal"), "{err}");
+    let bobs = sh.ok_as(BOB, "sbatch", &["--parsable", "--hold", "--wrap", "true"]).trim().to_string();
+    let text = sh.denied_as(BOB, "scontrol", &["update", &format!("jobid={bobs}"), "qos=urgent"]);
+    assert!(text.contains("account root allows only QOS normal"), "{text}");
+    assert!(sh.ok("scontrol", &["show", "job", &bobs]).contains("QOS=normal"));
+    // An administrator may set any QOS on a job.
+    sh.ok("scontrol", &["update", &format!("jobid={bobs}"), "qos=urgent"]);
+    assert!(sh.ok("scontrol", &["show", "job", &bobs]).contains("QOS=urgent"));
+    // sacctmgr shows each association's QOS as the controllers enforce it.
+    let assoc = sh.ok("sacctmgr", &["-nP", "show", "assoc", "format=account,user,qos"]);
+    assert!(assoc.lines().any(|l| l == "physics|60001|normal,urgent"), "{assoc}");
+    assert!(assoc.lines().any(|l| l == "root||normal"), "{assoc}");
+    drop(cluster);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_or_missing_credential_is_refused_and_a_claimed_uid_is_ignored() {
     let dir = tempfile::tempdir().unwrap();

@@ -30,6 +30,13 @@ pub struct Account {
     /// `crate::goodput` and `State::account_goodput`.
     #[serde(default)]
     pub goodput: crate::goodput::GoodputTotals,
+    /// Slurm's association `QOS=`: the QOS jobs charging this account may use. Empty: as its parent allows (and
+    /// `normal` alone where no account up to root lists any). See `State::allowed_qos`.
+    #[serde(default)]
+    pub qos: Vec<String>,
+    /// Slurm's `DefaultQOS=`: the QOS of a job that names none (empty: as its parent's, else `normal`).
+    #[serde(default)]
+    pub default_qos: String,
 }
 
 impl Default for Account {
@@ -43,6 +50,8 @@ impl Default for Account {
             usage_gpu_s: 0.0,
             usage_at_s: 0,
             goodput: crate::goodput::GoodputTotals::default(),
+            qos: Vec::new(),
+            default_qos: String::new(),
         }
     }
 }
@@ -86,6 +95,10 @@ pub struct AccountUpdate {
     /// Users to add to / remove from the account's list.
     pub add_users: Vec<String>,
     pub remove_users: Vec<String>,
+    /// The QOS list to set (`Some(vec![])` clears it: the account then allows what its parent does).
+    pub qos: Option<Vec<String>>,
+    /// The default QOS to set (`Some("")` clears it).
+    pub default_qos: Option<String>,
 }
 
 #[cfg(test)]

@@ -165,6 +165,7 @@ impl State {
         }
         let mut account = Account { name: update.name.clone(), parent: Some(parent), ..Account::default() };
         apply_account_fields(&mut account, update)?;
+        self.check_account_qos(&account)?;
         if !self.accounts.contains_key(ROOT_ACCOUNT) {
             self.put_account(Account::root(), changes);
         }
@@ -173,7 +174,10 @@ impl State {
     }
 
     fn modify_account(&mut self, update: &AccountUpdate, changes: &mut Vec<Change>) -> Result<(), CommandError> {
-        let mut account = self.accounts.get(&update.name).cloned().ok_or_else(|| unknown_account(&update.name))?;
+        // The root account exists implicitly until an account is added: an administrator may set its QOS first.
+        let implicit_root = (update.name == ROOT_ACCOUNT).then(Account::root);
+        let mut account =
+            self.accounts.get(&update.name).cloned().or(implicit_root).ok_or_else(|| unknown_account(&update.name))?;
         if let Some(parent) = &update.parent {
             if update.name == ROOT_ACCOUNT {
                 return Err(CommandError::InvalidRequest("the root account has no parent".to_string()));
@@ -195,7 +199,37 @@ impl State {
             account.parent = Some(parent.clone());
         }
         apply_account_fields(&mut account, update)?;
+        self.check_account_qos(&account)?;
         self.put_account(account, changes);
+        Ok(())
+    }
+
+    /// An account's QOS list names QOS that exist, and its default QOS is one it allows.
+    fn check_account_qos(&self, account: &Account) -> Result<(), CommandError> {
+        if let Some(missing) = account.qos.iter().find(|q| self.qos_named(q).is_none()) {
+            return Err(unknown_qos(missing));
+        }
+        if account.default_qos.is_empty() {
+            return Ok(());
+        }
+        if self.qos_named(&account.default_qos).is_none() {
+            return Err(unknown_qos(&account.default_qos));
+        }
+        let allowed = match (&account.qos, &account.parent) {
+            (own, _) if !own.is_empty() => own.clone(),
+            (_, Some(parent)) => self.allowed_qos(parent),
+            (_, None) => vec![DEFAULT_QOS.to_string()],
+        };
+        if !allowed.contains(&account.default_qos) {
+            return Err(CommandError::InvalidQos {
+                name: account.default_qos.clone(),
+                why: format!(
+                    "account {} allows only QOS {}: a default QOS must be one of them",
+                    account.name,
+                    allowed.join(",")
+                ),
+            });
+        }
         Ok(())
     }
 
@@ -249,6 +283,12 @@ impl State {
         let active = self.jobs.values().filter(|j| j.qos == name).count();
         if active > 0 {
             return Err(CommandError::InvalidRequest(format!("QOS {name} has {active} pending or running jobs")));
+        }
+        if let Some(a) = self.accounts.values().find(|a| a.qos.iter().any(|q| q == name) || a.default_qos == name) {
+            return Err(CommandError::InvalidRequest(format!(
+                "account {} allows QOS {name} (or has it as its default): take it off the account first",
+                a.name
+            )));
         }
         let qos = self.qos.remove(name).expect("checked");
         changes.push(Change::DeleteObject(Object::Qos(qos).key()));
@@ -392,6 +432,17 @@ fn apply_account_fields(account: &mut Account, update: &AccountUpdate) -> Result
     }
     account.users.retain(|u| !update.remove_users.contains(u));
     account.users.sort();
+    if let Some(qos) = &update.qos {
+        if qos.len() > MAX_QOS {
+            return Err(CommandError::InvalidRequest(format!("an account lists at most {MAX_QOS} QOS")));
+        }
+        account.qos = qos.clone();
+        account.qos.sort();
+        account.qos.dedup();
+    }
+    if let Some(default) = &update.default_qos {
+        account.default_qos = default.clone();
+    }
     if account.users.len() > MAX_ACCOUNT_USERS {
         return Err(CommandError::InvalidRequest(format!("an account lists at most {MAX_ACCOUNT_USERS} users")));
     }

@@ -43,7 +43,7 @@ pub use job::{
     StepEnd, StepRecord, Usage, WarnSignal,
 };
 pub use node::{GpuInfo, Lingering, Node, NodeHealth, NodeInfo, RunningShare, check_host};
-pub use qos::Qos;
+pub use qos::{DEFAULT_QOS, Qos};
 pub use reservation::{Reservation, ReservationFlag, ReservationUpdate};
 pub use role::{AdminLevel, RoleGrant};
 pub use state::{Applied, Change, Meta, Records, Resolved, State};

@@ -547,6 +547,11 @@ impl State {
     /// the spec leaves open. The leader calls it before proposing (to answer bad requests without a log entry);
     /// `apply` calls it again, authoritatively.
     pub fn validate_submit(&self, spec: &JobSpec) -> Result<Resolved, CommandError> {
+        self.validate_job(spec, self.level_of(spec.uid) >= AdminLevel::Operator)
+    }
+
+    /// The submit checks; `any_qos`: the job may use any QOS its partition allows (an operator's choice).
+    fn validate_job(&self, spec: &JobSpec, any_qos: bool) -> Result<Resolved, CommandError> {
         let config = self.config().ok_or(CommandError::NotInitialized)?;
         let limits = &config.limits;
         let script_bytes = spec.script.len() as u64;
@@ -659,7 +664,7 @@ impl State {
             }
         }
         let account = self.resolve_account(spec, partition)?;
-        let qos = self.resolve_qos(spec, partition, time_limit_s)?;
+        let qos = self.resolve_qos(spec, partition, &account, any_qos, time_limit_s)?;
         if let Some(name) = &spec.reservation {
             let invalid = |why: String| CommandError::InvalidReservation { name: name.to_string(), why };
             let r = self.reservations.get(&**name).ok_or_else(|| invalid("no such reservation".to_string()))?;
@@ -743,15 +748,57 @@ impl State {
         Ok(account)
     }
 
+    /// The nearest account from `account` up to root for which `has` holds (the tree is acyclic; the walk is
+    /// bounded all the same).
+    fn nearest_account(&self, account: &str, has: impl Fn(&Account) -> bool) -> Option<&Account> {
+        let mut at = self.accounts.get(account);
+        for _ in 0..=crate::account::MAX_ACCOUNTS {
+            let a = at?;
+            if has(a) {
+                return Some(a);
+            }
+            at = a.parent.as_deref().and_then(|p| self.accounts.get(p));
+        }
+        None
+    }
+
+    /// The QOS jobs charging `account` may use: Slurm's association `QOS=` list, inherited down the account tree;
+    /// `normal` alone where no account up to root lists any (as Slurm's root association starts). An operator's
+    /// jobs may use any QOS.
+    pub fn allowed_qos(&self, account: &str) -> Vec<String> {
+        self.nearest_account(account, |a| !a.qos.is_empty())
+            .map_or_else(|| vec![DEFAULT_QOS.to_string()], |a| a.qos.clone())
+    }
+
+    /// The QOS of a job charging `account` that names none: Slurm's `DefaultQOS`, inherited; else `normal`.
+    pub fn default_qos(&self, account: &str) -> String {
+        self.nearest_account(account, |a| !a.default_qos.is_empty())
+            .map_or_else(|| DEFAULT_QOS.to_string(), |a| a.default_qos.clone())
+    }
+
+    /// The job's QOS: `--qos`, else its account's default. It must exist, be one the partition allows and, unless
+    /// `any_qos` (an operator asks), one the job's account allows: a QOS that preempts others or lifts limits is
+    /// an administrator's grant, not a user's choice.
     fn resolve_qos(
         &self,
         spec: &JobSpec,
         partition: &crate::config::Partition,
+        account: &str,
+        any_qos: bool,
         time_limit_s: Option<u64>,
     ) -> Result<String, CommandError> {
-        let name = spec.qos.as_deref().unwrap_or(DEFAULT_QOS).to_string();
+        let name = spec.qos.as_deref().map_or_else(|| self.default_qos(account), str::to_string);
         let invalid = |why: String| CommandError::InvalidQos { name: name.clone(), why };
         let qos = self.qos_named(&name).ok_or_else(|| invalid("no such QOS".to_string()))?;
+        if !any_qos {
+            let allowed = self.allowed_qos(account);
+            if !allowed.contains(&name) {
+                return Err(invalid(format!(
+                    "account {account} allows only QOS {} (an administrator grants more: drover account modify {account} --qos ...)",
+                    allowed.join(",")
+                )));
+            }
+        }
         if !partition.allow_qos.is_empty() && !partition.allow_qos.contains(&name) {
             return Err(invalid(format!(
                 "partition {} allows only QOS {}",
@@ -945,7 +992,11 @@ impl State {
         // The checks see one job fewer: this one is being replaced, not added.
         let mut resolved = {
             let old = self.remove_active(id).expect("checked by active_job");
-            let checked = self.validate_submit(&spec);
+            // A QOS the job already had stays (an administrator may have granted it); a new one must be allowed.
+            let any_qos = update.qos.is_none()
+                || self.level_of(by_uid) >= AdminLevel::Operator
+                || self.level_of(spec.uid) >= AdminLevel::Operator;
+            let checked = self.validate_job(&spec, any_qos);
             self.insert_active(old);
             checked?
         };

@@ -180,14 +180,17 @@ fn partition_update() -> impl Strategy<Value = PartitionUpdate> {
 }
 
 fn account_update() -> impl Strategy<Value = AccountUpdate> {
-    (name(), prop::option::of(name()), prop::option::of(0u32..5), names(), names()).prop_map(
-        |(name, parent, shares, add_users, remove_users)| AccountUpdate {
+    let qos = (prop::option::of(names()), prop::option::of(name()));
+    (name(), prop::option::of(name()), prop::option::of(0u32..5), names(), names(), qos).prop_map(
+        |(name, parent, shares, add_users, remove_users, (qos, default_qos))| AccountUpdate {
             name,
             parent,
             shares,
             description: None,
             add_users,
             remove_users,
+            qos,
+            default_qos,
         },
     )
 }

@@ -3,8 +3,8 @@
 
 use drover_state::{
     AccountUpdate, AdminOp, Allocation, ArraySpec, ClusterConfig, Command, CommandError, DepState, Dependency,
-    DependencyKind, GpuInfo, JobEnd, JobSpec, JobState, NodeAllocation, NodeInfo, Qos, Reply, Request, Reservation,
-    State,
+    DependencyKind, GpuInfo, JobEnd, JobSpec, JobState, JobUpdate, NodeAllocation, NodeInfo, Qos, Reply, Request,
+    Reservation, State,
 };
 
 fn at(time_ms: u64, command: Command) -> Request {
@@ -132,12 +132,20 @@ fn qos_and_partition_allow_lists_are_checked_at_submit() {
     let qos = Qos { name: "high".into(), priority: 100, max_wall_s: Some(300), ..Qos::default() };
     admin(&mut state, AdminOp::PutQos { qos, create: true }).unwrap();
     let err = submit(&mut state, JobSpec { qos: Some("high".into()), ..spec("alice") }).unwrap_err();
+    assert!(err.to_string().contains("account root allows only QOS normal"), "{err}");
+    let grant =
+        AccountUpdate { name: "root".into(), qos: Some(vec!["normal".into(), "high".into()]), ..Default::default() };
+    admin(&mut state, AdminOp::ModifyAccount(grant)).unwrap();
+    let err = submit(&mut state, JobSpec { qos: Some("high".into()), ..spec("alice") }).unwrap_err();
     assert!(err.to_string().contains("exceeds its MaxWall of 5:00"), "{err}");
     let ok = JobSpec { qos: Some("high".into()), time_limit_s: Some(300), ..spec("alice") };
     let id = submit(&mut state, ok).unwrap();
     assert_eq!(state.job(id).unwrap().qos, "high");
     assert!(admin(&mut state, AdminOp::DeleteQos("normal".into())).is_err(), "normal always exists");
     assert!(admin(&mut state, AdminOp::DeleteQos("high".into())).unwrap_err().to_string().contains("1 pending"));
+    state.apply(&at(30, Command::CancelJobs { ids: vec![id], by_uid: 0 })).response.unwrap();
+    let err = admin(&mut state, AdminOp::DeleteQos("high".into())).unwrap_err();
+    assert!(err.to_string().contains("account root allows QOS high"), "{err}");
     let update = drover_state::PartitionUpdate {
         name: "gpu".into(),
         allow_qos: Some(vec!["high".into()]),
@@ -146,6 +154,74 @@ fn qos_and_partition_allow_lists_are_checked_at_submit() {
     state.apply(&at(40, Command::UpdatePartition { update, by_uid: 0 })).response.unwrap();
     let err = submit(&mut state, spec("alice")).unwrap_err();
     assert!(err.to_string().contains("partition gpu allows only QOS high"), "{err}");
+}
+
+/// Issue 28, finding 5: a QOS that preempts others is an administrator's grant. Slurm's association QOS lists,
+/// inherited down the account tree: a user may use only what their account (or its nearest ancestor with a list)
+/// allows, `normal` alone until anything is granted; a default QOS applies to jobs that name none; `scontrol update
+/// job QOS=` is held to the same list; operators may use any QOS.
+#[test]
+fn a_user_may_use_only_the_qos_their_account_allows_at_submit_and_at_update() {
+    let mut state = cluster();
+    let urgent = Qos { name: "urgent".into(), priority: 1_000, preempt: vec!["normal".into()], ..Qos::default() };
+    admin(&mut state, AdminOp::PutQos { qos: urgent, create: true }).unwrap();
+    let add = |name: &str, parent: Option<&str>, users: &[&str]| {
+        AdminOp::AddAccount(AccountUpdate {
+            name: name.into(),
+            parent: parent.map(Into::into),
+            add_users: users.iter().map(|u| u.to_string()).collect(),
+            ..AccountUpdate::default()
+        })
+    };
+    admin(&mut state, add("physics", None, &[])).unwrap();
+    admin(&mut state, add("lattice", Some("physics"), &["alice"])).unwrap();
+    admin(&mut state, add("chem", None, &["bob"])).unwrap();
+    let with_qos = |user: &str, qos: &str| JobSpec { qos: Some(qos.into()), ..spec(user) };
+
+    // Nothing granted: normal only, for everyone.
+    let err = submit(&mut state, with_qos("alice", "urgent")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Invalid qos specification: urgent: account lattice allows only QOS normal (an administrator grants more: drover account modify lattice --qos ...)"
+    );
+    // Granted to physics: lattice inherits it, chem does not.
+    let grant = |name: &str, qos: &[&str], default: Option<&str>| {
+        AdminOp::ModifyAccount(AccountUpdate {
+            name: name.into(),
+            qos: Some(qos.iter().map(|q| q.to_string()).collect()),
+            default_qos: default.map(Into::into),
+            ..AccountUpdate::default()
+        })
+    };
+    admin(&mut state, grant("physics", &["normal", "urgent"], None)).unwrap();
+    let id = submit(&mut state, with_qos("alice", "urgent")).unwrap();
+    assert_eq!(state.job(id).unwrap().qos, "urgent");
+    let err = submit(&mut state, with_qos("bob", "urgent")).unwrap_err();
+    assert!(err.to_string().contains("account chem allows only QOS normal"), "{err}");
+
+    // The same list holds for scontrol update job QOS=, for the owner; an operator may set any QOS.
+    let bobs = submit(&mut state, spec("bob")).unwrap();
+    let to_urgent = JobUpdate { qos: Some("urgent".into()), ..Default::default() };
+    let update = |by_uid| Command::UpdateJob { id: bobs, by_uid, update: to_urgent.clone() };
+    let err = state.apply(&at(40, update(1000))).response.unwrap_err();
+    assert!(err.to_string().contains("account chem allows only QOS normal"), "{err}");
+    assert_eq!(state.job(bobs).unwrap().qos, "normal");
+    state.apply(&at(41, update(0))).response.unwrap();
+    assert_eq!(state.job(bobs).unwrap().qos, "urgent");
+    // ... and an operator's own jobs may use any QOS.
+    let grant_role =
+        drover_state::RoleGrant { uid: 2000, user: "carol".into(), level: drover_state::AdminLevel::Operator };
+    admin(&mut state, AdminOp::SetRole(grant_role)).unwrap();
+    submit(&mut state, JobSpec { uid: 2000, ..with_qos("carol", "urgent") }).unwrap();
+
+    // A default QOS must be one the account allows, and applies to jobs that name none.
+    let err = admin(&mut state, grant("chem", &[], Some("urgent"))).unwrap_err();
+    assert!(err.to_string().contains("account chem allows only QOS normal"), "{err}");
+    let err = admin(&mut state, grant("chem", &["nonesuch"], None)).unwrap_err();
+    assert!(err.to_string().contains("nonesuch: no such QOS"), "{err}");
+    admin(&mut state, grant("lattice", &[], Some("urgent"))).unwrap();
+    let id = submit(&mut state, spec("alice")).unwrap();
+    assert_eq!(state.job(id).unwrap().qos, "urgent", "lattice's default");
 }
 
 #[test]

@@ -20,6 +20,8 @@ pub enum AccountCmd {
         users: Vec<String>,
         #[arg(long)]
         description: Option<String>,
+        #[command(flatten)]
+        qos: AccountQos,
     },
     /// Change an account's parent, shares, users or description.
     Modify {
@@ -34,11 +36,32 @@ pub enum AccountCmd {
         remove_users: Vec<String>,
         #[arg(long)]
         description: Option<String>,
+        #[command(flatten)]
+        qos: AccountQos,
     },
     /// Delete an account (it must have no child accounts and no active jobs).
     Delete { name: String },
     /// The account tree.
     List,
+}
+
+/// Which QOS an account's jobs may use (Slurm's association `QOS=` and `DefaultQOS=`).
+#[derive(Args, Debug, Default)]
+pub struct AccountQos {
+    /// QOS its jobs (and those of accounts below it that set none) may use, comma-separated; "" clears the list (the
+    /// account then allows what its parent does; `normal` alone where no account up to root lists any).
+    #[arg(long)]
+    qos: Option<String>,
+    /// The QOS of its jobs that name none (one it allows); "" clears it.
+    #[arg(long = "default-qos")]
+    default_qos: Option<String>,
+}
+
+impl AccountQos {
+    fn list(&self) -> Option<Vec<String>> {
+        let list = self.qos.as_deref()?;
+        Some(list.split(',').map(str::trim).filter(|q| !q.is_empty()).map(str::to_string).collect())
+    }
 }
 
 #[derive(Args, Debug, Default)]
@@ -125,27 +148,44 @@ async fn admin(client: &drover_client::Client, op: AdminOp) -> anyhow::Result<()
 
 pub async fn account(client: &drover_client::Client, command: AccountCmd) -> anyhow::Result<()> {
     match command {
-        AccountCmd::Add { name, parent, shares, users, description } => {
-            let update = AccountUpdate { name, parent, shares, description, add_users: users, ..Default::default() };
+        AccountCmd::Add { name, parent, shares, users, description, qos } => {
+            let (list, default_qos) = (qos.list(), qos.default_qos);
+            let update = AccountUpdate {
+                name,
+                parent,
+                shares,
+                description,
+                add_users: users,
+                qos: list,
+                default_qos,
+                ..Default::default()
+            };
             admin(client, AdminOp::AddAccount(update)).await
         }
-        AccountCmd::Modify { name, parent, shares, add_users, remove_users, description } => {
-            let update = AccountUpdate { name, parent, shares, description, add_users, remove_users };
+        AccountCmd::Modify { name, parent, shares, add_users, remove_users, description, qos } => {
+            let (list, default_qos) = (qos.list(), qos.default_qos);
+            let update =
+                AccountUpdate { name, parent, shares, description, add_users, remove_users, qos: list, default_qos };
             admin(client, AdminOp::ModifyAccount(update)).await
         }
         AccountCmd::Delete { name } => admin(client, AdminOp::DeleteAccount(name)).await,
         AccountCmd::List => {
             let registry = client.registry(false).await?;
-            println!("{:<24} {:<16} {:>9}  {:<24} Descr", "Account", "Parent", "Fairshare", "Users");
+            println!("{:<24} {:<16} {:>9}  {:<24} {:<20} Descr", "Account", "Parent", "Fairshare", "Users", "QOS");
             for row in &registry.shares {
                 let Some(a) = registry.accounts.iter().find(|a| a.name == row.account) else { continue };
                 let users = if a.users.is_empty() { "(any)".to_string() } else { a.users.join(",") };
+                let mut qos = if a.qos.is_empty() { "(inherited)".to_string() } else { a.qos.join(",") };
+                if !a.default_qos.is_empty() {
+                    qos = format!("{qos} default={}", a.default_qos);
+                }
                 println!(
-                    "{:<24} {:<16} {:>9}  {:<24} {}",
+                    "{:<24} {:<16} {:>9}  {:<24} {:<20} {}",
                     format!("{}{}", " ".repeat(row.depth as usize), a.name),
                     a.parent.clone().unwrap_or_default(),
                     a.shares,
                     users,
+                    qos,
                     a.description
                 );
             }

@@ -12,8 +12,9 @@
 //!   (open to everyone). Users have no shares of their own, they share their account's (Slurm's `parent`);
 //! - the default account is the one a job without `--account` charges: the first account (by name) listing the
 //!   user, else `root`;
-//! - every QOS may be used under every association, so `QOS` lists them all; limits live on QOS, so the
-//!   association limit columns are empty;
+//! - an association's `QOS` is what jobs charging its account may use: the account's own list, else its nearest
+//!   ancestor's, else `normal` (the controllers enforce it at submit); `Def QOS` likewise. Limits live on QOS, so
+//!   the association limit columns are empty;
 //! - the users shown, when none are named, are those named in account lists or roles, and the caller. A named
 //!   user is shown when Drover knows them so or this host's passwd database does (any such user may submit).
 
@@ -273,6 +274,9 @@ struct AccountRow {
     /// Empty: open to every user.
     users: Vec<String>,
     description: String,
+    /// The QOS its jobs may use (inherited; comma-separated) and their default when they name none (empty: unset).
+    qos: String,
+    default_qos: String,
 }
 
 impl AccountRow {
@@ -288,7 +292,6 @@ struct Snapshot {
     accounts: Vec<AccountRow>,
     /// Whether accounts are defined (otherwise every job charges `root` unless it names one, which is accepted).
     defined: bool,
-    qos: String,
     levels: BTreeMap<String, AdminLevel>,
     caller: String,
 }
@@ -300,6 +303,24 @@ impl Snapshot {
             .iter()
             .map(|row| {
                 let defined = registry.accounts.iter().find(|a| a.name == row.account);
+                let inherited = |pick: fn(&drover_state::Account) -> Option<String>| {
+                    let mut at = defined;
+                    for _ in 0..=registry.accounts.len() {
+                        let a = at?;
+                        if let Some(v) = pick(a) {
+                            return Some(v);
+                        }
+                        at = a.parent.as_deref().and_then(|p| registry.accounts.iter().find(|x| x.name == p));
+                    }
+                    None
+                };
+                let mut qos = inherited(|a| (!a.qos.is_empty()).then(|| a.qos.join(",")))
+                    .unwrap_or_else(|| drover_state::DEFAULT_QOS.to_string());
+                if qos.contains(',') {
+                    let mut names: Vec<&str> = qos.split(',').collect();
+                    names.sort_unstable();
+                    qos = names.join(",");
+                }
                 AccountRow {
                     name: row.account.clone(),
                     parent: row.parent.clone(),
@@ -307,19 +328,13 @@ impl Snapshot {
                     shares: row.raw_shares,
                     users: defined.map(|a| a.users.clone()).unwrap_or_default(),
                     description: defined.map(|a| a.description.clone()).unwrap_or_default(),
+                    default_qos: inherited(|a| (!a.default_qos.is_empty()).then(|| a.default_qos.clone()))
+                        .unwrap_or_default(),
+                    qos,
                 }
             })
             .collect();
-        let mut qos: Vec<&str> = registry.qos.iter().map(|q| q.name.as_str()).collect();
-        qos.sort_unstable();
-        Snapshot {
-            cluster,
-            accounts,
-            defined: !registry.accounts.is_empty(),
-            qos: qos.join(","),
-            levels: levels(&registry.roles),
-            caller,
-        }
+        Snapshot { cluster, accounts, defined: !registry.accounts.is_empty(), levels: levels(&registry.roles), caller }
     }
 
     /// The account a job of `user` charges without `--account` (the controller's `resolve_account`).
@@ -499,7 +514,8 @@ impl Snapshot {
             ("Descr", _, Some(a)) => self.description(a),
             ("Org", _, Some(a)) => self.organization(a),
             ("ParentName", None, Some(a)) => a.parent.clone().unwrap_or_default(),
-            ("QOS", _, Some(_)) => self.qos.clone(),
+            ("QOS", _, Some(a)) => a.qos.clone(),
+            ("Def QOS", _, Some(a)) => a.default_qos.clone(),
             ("Share", None, Some(a)) => a.shares.to_string(),
             // Users have no shares of their own: they share their account's, as Slurm's Fairshare=parent.
             ("Share", Some(_), Some(_)) => "parent".to_string(),
@@ -635,10 +651,13 @@ mod tests {
             shares,
             users: users.iter().map(|u| u.to_string()).collect(),
             description: String::new(),
+            qos: "normal".into(),
+            default_qos: String::new(),
         }
     }
 
-    /// A lab: `physics` for ada and bob, `vision` under it for ada only, `shared` open to everyone.
+    /// A lab: `physics` for ada and bob (granted QOS high, which `vision` inherits), `vision` under it for ada only,
+    /// `shared` open to everyone.
     fn lab() -> Snapshot {
         let mut levels = BTreeMap::new();
         levels.insert("root".to_string(), AdminLevel::Administrator);
@@ -647,12 +666,11 @@ mod tests {
             cluster: "drover".into(),
             accounts: vec![
                 account("root", None, 0, 1, &[]),
-                account("physics", Some("root"), 1, 3, &["ada", "bob"]),
-                account("vision", Some("physics"), 2, 1, &["ada"]),
+                AccountRow { qos: "high,normal".into(), ..account("physics", Some("root"), 1, 3, &["ada", "bob"]) },
+                AccountRow { qos: "high,normal".into(), ..account("vision", Some("physics"), 2, 1, &["ada"]) },
                 account("shared", Some("root"), 1, 1, &[]),
             ],
             defined: true,
-            qos: "high,normal".into(),
             levels,
             caller: "ada".into(),
         }
@@ -705,21 +723,21 @@ mod tests {
         assert_eq!(
             out,
             "Cluster|Account|User|Share|ParentName|QOS\n\
-             drover|root||1||high,normal\n\
-             drover|root|ada|parent||high,normal\n\
-             drover|root|bob|parent||high,normal\n\
-             drover|root|ops|parent||high,normal\n\
-             drover|root|root|parent||high,normal\n\
+             drover|root||1||normal\n\
+             drover|root|ada|parent||normal\n\
+             drover|root|bob|parent||normal\n\
+             drover|root|ops|parent||normal\n\
+             drover|root|root|parent||normal\n\
              drover|physics||3|root|high,normal\n\
              drover|physics|ada|parent||high,normal\n\
              drover|physics|bob|parent||high,normal\n\
              drover|vision||1|physics|high,normal\n\
              drover|vision|ada|parent||high,normal\n\
-             drover|shared||1|root|high,normal\n\
-             drover|shared|ada|parent||high,normal\n\
-             drover|shared|bob|parent||high,normal\n\
-             drover|shared|ops|parent||high,normal\n\
-             drover|shared|root|parent||high,normal\n"
+             drover|shared||1|root|normal\n\
+             drover|shared|ada|parent||normal\n\
+             drover|shared|bob|parent||normal\n\
+             drover|shared|ops|parent||normal\n\
+             drover|shared|root|parent||normal\n"
         );
         assert_eq!(
             show(&lab(), "-nP show assoc users=ada onlydefaults format=acc,u"),
@@ -755,7 +773,6 @@ mod tests {
             cluster: "drover".into(),
             accounts: vec![account("root", None, 0, 1, &[]), account("team", Some("root"), 1, 1, &[])],
             defined: false,
-            qos: "normal".into(),
             levels: BTreeMap::new(),
             caller: "ada".into(),
         };
