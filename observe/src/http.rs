@@ -2,10 +2,12 @@
 //! number of connections, bounded time to send headers, to answer and to stay connected. It is not the gRPC port:
 //! nothing here authenticates, so nothing here may change state or show a secret (scripts, environments, keys).
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,8 +23,12 @@ use tokio::sync::{Semaphore, watch};
 
 /// Connections served at once; more are closed at accept. A dashboard and a Prometheus or two need a handful.
 pub const MAX_CONNECTIONS: usize = 64;
-/// A client that has not sent its request headers after this long is disconnected (slowloris).
-pub const HEADER_READ_TIMEOUT_MS: u64 = 5_000;
+/// Connections one peer address may hold at once: a client that opens many and sends nothing (slowloris) takes at
+/// most this many of the slots, and the dashboard and Prometheus on other hosts keep theirs.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 8;
+/// A client that has not sent its request headers after this long is disconnected (slowloris). Prometheus and a
+/// browser send theirs at once.
+pub const HEADER_READ_TIMEOUT_MS: u64 = 2_000;
 /// A handler that has not answered after this long gets a 503 (a replica stuck on a lock must not pile up calls).
 pub const RESPONSE_TIMEOUT_MS: u64 = 10_000;
 /// A keep-alive connection is closed after this long, whatever it does, so none holds a slot forever.
@@ -107,6 +113,41 @@ pub async fn serve(listener: TcpListener, handler: Arc<dyn Handler>, shutdown: w
     serve_with(listener, handler, Limits::default(), shutdown).await
 }
 
+/// Open connections per peer address; an entry exists only while its peer holds a connection, so there are at most
+/// [`MAX_CONNECTIONS`] of them.
+#[derive(Default)]
+struct Peers(Mutex<HashMap<IpAddr, usize>>);
+
+/// One peer's hold on a connection, given back when the connection ends.
+struct PeerSlot {
+    peers: Arc<Peers>,
+    ip: IpAddr,
+}
+
+impl Peers {
+    fn acquire(self: &Arc<Self>, ip: IpAddr) -> Option<PeerSlot> {
+        let mut open = self.0.lock().expect("peers poisoned");
+        let count = open.entry(ip).or_insert(0);
+        if *count >= MAX_CONNECTIONS_PER_PEER {
+            return None;
+        }
+        *count += 1;
+        Some(PeerSlot { peers: self.clone(), ip })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self.peers.0.lock().expect("peers poisoned");
+        if let Some(count) = open.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
 pub async fn serve_with(
     listener: TcpListener,
     handler: Arc<dyn Handler>,
@@ -114,6 +155,7 @@ pub async fn serve_with(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let peers = Arc::new(Peers::default());
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -128,13 +170,18 @@ pub async fn serve_with(
                 continue;
             }
         };
+        // The peer's limit first: a peer at its limit must not also take a global slot.
+        let Some(peer_slot) = peers.acquire(peer.ip()) else {
+            tracing::warn!(%peer, "HTTP connection refused: {MAX_CONNECTIONS_PER_PEER} already open from this address");
+            continue;
+        };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             tracing::warn!(%peer, "HTTP connection refused: {MAX_CONNECTIONS} already open");
             continue;
         };
         let handler = handler.clone();
         tokio::spawn(async move {
-            let _slot = slot;
+            let _slots = (slot, peer_slot);
             let service = service_fn(move |request| {
                 let handler = handler.clone();
                 async move { Ok::<_, Infallible>(answer(handler.as_ref(), limits, request).await) }
@@ -263,6 +310,38 @@ mod tests {
         let (addr, _stop) = started().await;
         let reply = exchange(addr, "GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
         assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+    }
+
+    /// Issue 28, finding 11: 64 connections with unfinished headers from one address made `/metrics` unreachable
+    /// for everyone. Now one address holds at most [`MAX_CONNECTIONS_PER_PEER`]; another address is served, and
+    /// the stalled ones are dropped once the header deadline passes.
+    #[tokio::test]
+    async fn a_peer_that_opens_every_connection_and_sends_nothing_starves_nobody_else() {
+        let (addr, _stop) = started().await;
+        let mut stalled = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            stream.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+            stalled.push(stream);
+        }
+        // Another host (another loopback address) is still answered.
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut other = socket.connect(addr).await.unwrap();
+        other.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+        let mut reply = String::new();
+        tokio::time::timeout(Duration::from_secs(10), other.read_to_string(&mut reply)).await.unwrap().unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
+        // The stalled connections beyond the peer's limit were closed at once, the others at the header deadline.
+        let mut closed = 0;
+        for stream in &mut stalled {
+            let mut buf = [0u8; 256];
+            let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await;
+            if matches!(read, Ok(Ok(_)) | Ok(Err(_))) {
+                closed += 1;
+            }
+        }
+        assert_eq!(closed, MAX_CONNECTIONS, "every stalled connection was closed within the header deadline");
     }
 
     #[tokio::test]
