@@ -48,6 +48,11 @@ impl AgentService for StepServer {
         let caller =
             drover_auth::credential::identity_from_request(&agent.key, &request, drover_auth::credential::now_ms())?;
         let launch: StepLaunch = decode(&request.into_inner().json).map_err(Status::invalid_argument)?;
+        // The controllers' credential for this very step (srun gets it when the step is created); the user's own
+        // token never comes here, so this node has none to replay to the controllers.
+        let audience = drover_auth::credential::step_audience(launch.job_id, launch.step_id);
+        drover_auth::credential::check_audience(&caller, &audience)
+            .map_err(|e| Status::unauthenticated(e.to_string()))?;
         let me = &agent.info.name;
         let assignment = agent.assignment(launch.job_id).ok_or_else(|| {
             Status::failed_precondition(format!("job {} has no allocation on node {me}", launch.job_id))

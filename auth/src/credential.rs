@@ -159,6 +159,11 @@ pub struct Claims {
     pub expires_ms: u64,
     /// Random, so two tokens issued in the same millisecond differ (a verifier may use it to refuse replays).
     pub nonce: u64,
+    /// Who may accept it: empty for the controllers (what `drover-authd` issues), or [`step_audience`] for the
+    /// agents of one job step (what the controllers issue to `srun`). A token a node received can therefore never
+    /// be replayed to the controllers, nor to a step it was not issued for.
+    #[serde(default)]
+    pub audience: String,
 }
 
 impl Claims {
@@ -186,13 +191,29 @@ pub enum CredentialError {
     )]
     NotYetValid { ahead_ms: u64 },
     #[error(
+        "credential issued for {} but presented to {}: a credential is good only where it was meant to go (srun gets one per step from the controllers; upgrade an older srun)",
+        describe_audience(found),
+        describe_audience(expected)
+    )]
+    WrongAudience { found: String, expected: String },
+    #[error(
         "credential format version {found} is unknown (this build understands version {CLAIMS_VERSION}): upgrade drover on this host to match the issuer's"
     )]
     UnknownVersion { found: u32 },
 }
 
-/// Signs `identity` into a token valid from `now_ms` for `ttl_ms`.
+/// The audience of the credential that lets `srun` launch step `step` of job `job` on the job's nodes.
+pub fn step_audience(job: u64, step: u32) -> String {
+    format!("step:{job}.{step}")
+}
+
+/// Signs `identity` into a token for the controllers, valid from `now_ms` for `ttl_ms`.
 pub fn sign(key: &ClusterKey, identity: &Identity, host: &str, now_ms: u64, ttl_ms: u64) -> String {
+    sign_for(key, identity, host, now_ms, ttl_ms, "")
+}
+
+/// Signs `identity` into a token only `audience` accepts (see [`Claims::audience`]).
+pub fn sign_for(key: &ClusterKey, identity: &Identity, host: &str, now_ms: u64, ttl_ms: u64, audience: &str) -> String {
     let claims = Claims {
         version: CLAIMS_VERSION,
         uid: identity.uid,
@@ -202,6 +223,7 @@ pub fn sign(key: &ClusterKey, identity: &Identity, host: &str, now_ms: u64, ttl_
         issued_ms: now_ms,
         expires_ms: now_ms.saturating_add(ttl_ms),
         nonce: getrandom::u64().expect("the operating system's random source (getrandom) failed"),
+        audience: audience.to_owned(),
     };
     // A struct of integers and strings always serializes.
     let payload = serde_json::to_vec(&claims).expect("claims serialize to JSON");
@@ -250,6 +272,22 @@ pub fn verify(key: &ClusterKey, token: &str, now_ms: u64) -> Result<Claims, Cred
         return Err(CredentialError::Expired { ago_ms: now_ms - claims.expires_ms });
     }
     Ok(claims)
+}
+
+fn describe_audience(audience: &str) -> String {
+    match audience.strip_prefix("step:") {
+        Some(step) => format!("job step {step}"),
+        None if audience.is_empty() => "the controllers".to_string(),
+        None => format!("{audience:?}"),
+    }
+}
+
+/// Refuses claims meant for another audience than `expected` (see [`Claims::audience`]).
+pub fn check_audience(claims: &Claims, expected: &str) -> Result<(), CredentialError> {
+    if claims.audience == expected {
+        return Ok(());
+    }
+    Err(CredentialError::WrongAudience { found: claims.audience.clone(), expected: expected.to_owned() })
 }
 
 /// The message a server returns when a request carries no credential at all.
@@ -320,6 +358,29 @@ mod tests {
 
     fn key() -> ClusterKey {
         ClusterKey::from_bytes([7; 32])
+    }
+
+    /// Issue 28, finding 12: a token a node received for a step is good for that step only, never at the
+    /// controllers; and one from authd (for the controllers) is no good for a step.
+    #[test]
+    fn a_credential_is_accepted_only_by_its_audience() {
+        let step = sign_for(&key(), &alice(), "ctl1", NOW, DEFAULT_TTL_MS, &step_audience(12, 3));
+        let claims = verify(&key(), &step, NOW).unwrap();
+        assert!(check_audience(&claims, &step_audience(12, 3)).is_ok());
+        let err = check_audience(&claims, "").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "credential issued for job step 12.3 but presented to the controllers: a credential is good only where it was meant to go (srun gets one per step from the controllers; upgrade an older srun)"
+        );
+        assert!(check_audience(&claims, &step_audience(12, 4)).is_err(), "another step of the same job");
+        let plain = verify(&key(), &sign(&key(), &alice(), "node1", NOW, DEFAULT_TTL_MS), NOW).unwrap();
+        assert!(check_audience(&plain, "").is_ok());
+        assert!(check_audience(&plain, &step_audience(12, 3)).is_err());
+        // The audience is signed: changing it breaks the signature.
+        let (payload, tag) = step.split_once('.').unwrap();
+        let json = String::from_utf8(URL_SAFE_NO_PAD.decode(payload).unwrap()).unwrap();
+        let forged = URL_SAFE_NO_PAD.encode(json.replace("step:12.3", ""));
+        assert_eq!(verify(&key(), &format!("{forged}.{tag}"), NOW).unwrap_err(), CredentialError::BadSignature);
     }
 
     #[test]

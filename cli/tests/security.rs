@@ -522,3 +522,59 @@ async fn an_agent_speaks_only_for_its_own_node_and_registers_only_a_real_host() 
     assert!(nodes.iter().all(|n| n.info.name != "node03"), "never registered");
     assert!(!pwned.exists());
 }
+
+/// Issue 28, finding 12: a credential is good only for its audience. srun gets one per step from the controllers and
+/// only that reaches the nodes, so a node can replay nothing to the controllers: the step credential is refused
+/// there, and by the agents for any other step; the user's own token (for the controllers) is refused by the agents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_credential_opens_its_step_on_its_nodes_and_nothing_else() {
+    use drover_proto::wire::{StepLaunch, encode};
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::up(&dir.path().join("c"), UpOptions { agents: 1, ..UpOptions::default() }).unwrap();
+    cluster.wait_ready(Duration::from_secs(30)).await.unwrap();
+    cluster.wait_agents(Duration::from_secs(30)).await.unwrap();
+    let client = cluster.client().unwrap();
+    let sh = Shell::install(dir.path(), &cluster);
+    let id = sh.submit(&["--gres=gpu:1", "--wrap", "sleep 60"]);
+    let running = Instant::now();
+    while client.get_job(id, false, false).await.unwrap().0.state != drover_state::JobState::Running {
+        assert!(running.elapsed() < Duration::from_secs(20), "job {id} never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (step, credential) = client.create_step(id, "true", &["node01".to_string()], 1).await.unwrap();
+
+    // At the controllers, the step's credential is no one's.
+    let controllers: Vec<String> = cluster.addresses().split(',').map(str::to_string).collect();
+    let mut api = DroverServiceClient::new(client_channel(&cluster, &controllers[0], RoleKind::Controller));
+    let err = api.cluster_status(with_token(ClusterStatusRequest::default(), &credential)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+    assert!(err.message().contains(&format!("issued for job step {id}.{step} but presented to the controllers")));
+
+    // At the agent: the user's own token is refused, so is the credential for another step, and this step's opens.
+    let agent = cluster.processes.iter().find(|p| p.role == "agent").unwrap().address.clone();
+    let launch = |step_id: u32| StepLaunch {
+        job_id: id,
+        step_id,
+        argv: vec!["true".into()],
+        env: Vec::new(),
+        cwd: "/".into(),
+        nodes: vec!["node01".into()],
+        node_index: 0,
+        tasks_per_node: vec![1],
+        output: None,
+        error: None,
+        unbuffered: false,
+    };
+    let mut steps = AgentServiceClient::new(client_channel(&cluster, &agent, RoleKind::Agent));
+    let own = token(&cluster_key(&cluster), 0);
+    for (token, step_id, presented) in [(&own, step, "the controllers"), (&credential, step + 1, "job step")] {
+        let request = with_token(StepRequest { json: encode(&launch(step_id)) }, token);
+        let Err(err) = steps.launch_step(request).await else { panic!("{presented}: accepted") };
+        assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+        assert!(err.message().contains("credential issued for"), "{presented}: {}", err.message());
+    }
+    let request = with_token(StepRequest { json: encode(&launch(step)) }, &credential);
+    let mut events = steps.launch_step(request).await.unwrap().into_inner();
+    while events.message().await.unwrap().is_some() {}
+    sh.ok("scancel", &[&id.to_string()]);
+}

@@ -553,7 +553,14 @@ impl Client {
 
     /// Numbers a new step of a running job.
     /// Numbers a new step of `job_id` and records what it runs (`name`), where and how many tasks.
-    pub async fn create_step(&self, job_id: u64, name: &str, nodes: &[String], tasks: u32) -> Result<u32, ClientError> {
+    /// Returns the step's number and the credential its agents accept for it (and nothing else does).
+    pub async fn create_step(
+        &self,
+        job_id: u64,
+        name: &str,
+        nodes: &[String],
+        tasks: u32,
+    ) -> Result<(u32, String), ClientError> {
         let request = CreateStepRequest { job_id, name: name.to_string(), nodes: nodes.to_vec(), tasks };
         let reply = self
             .call(|mut c| {
@@ -561,7 +568,7 @@ impl Client {
                 async move { c.create_step(request).await }
             })
             .await?;
-        Ok(reply.step_id)
+        Ok((reply.step_id, reply.credential))
     }
 
     /// Records how a step ended: the largest exit code of its tasks, a signal that killed one, or that it was

@@ -686,7 +686,11 @@ impl DroverService for Api {
         let step =
             (!m.nodes.is_empty()).then_some(drover_state::StepStart { name: m.name, nodes: m.nodes, tasks: m.tasks });
         match self.write(Command::CreateStep { job_id: m.job_id, by_uid: caller.uid, step }).await? {
-            Reply::Step { step_id } => Ok(Response::new(CreateStepReply { step_id })),
+            Reply::Step { step_id } => {
+                let credential =
+                    self.security.step_credential(&caller, m.job_id, step_id, &format!("controller-{}", self.id));
+                Ok(Response::new(CreateStepReply { step_id, credential }))
+            }
             other => Err(internal("unexpected reply to create step", format!("{other:?}"))),
         }
     }

@@ -57,7 +57,19 @@ impl Security {
     /// The user behind a client call, from its credential.
     pub fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
         let claims = identity_from_request(&self.key, request, now_ms())?;
+        // Only a token meant for the controllers: a step's credential, which its nodes have seen, is not one.
+        drover_auth::credential::check_audience(&claims, "").map_err(|e| Status::unauthenticated(e.to_string()))?;
         Ok(Caller { uid: claims.uid, gid: claims.gid, user: claims.user })
+    }
+
+    /// The credential `caller` presents to the agents of step `step` of job `job` (and nowhere else), for as long as
+    /// an authd credential lives.
+    pub fn step_credential(&self, caller: &Caller, job: u64, step: u32, host: &str) -> String {
+        let identity =
+            drover_auth::credential::Identity { uid: caller.uid, gid: caller.gid, user: caller.user.clone() };
+        let audience = drover_auth::credential::step_audience(job, step);
+        let ttl_ms = drover_auth::credential::DEFAULT_TTL_MS;
+        drover_auth::credential::sign_for(&self.key, &identity, host, now_ms(), ttl_ms, &audience)
     }
 
     /// Whether the peer presented a controller's certificate.

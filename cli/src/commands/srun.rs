@@ -338,8 +338,12 @@ struct StepPlan {
 async fn run_step(client: &Client, job: &Job, plan: StepPlan) -> anyhow::Result<i32> {
     let name = plan.argv.first().map(|p| p.rsplit('/').next().unwrap_or(p)).unwrap_or_default();
     let total: u32 = plan.layout.tasks_per_node.iter().sum();
-    let step_id = client.create_step(job.id, name, &plan.layout.nodes, total).await?;
-    let (worst, end) = follow_step(client, job, step_id, &plan).await?;
+    let (step_id, credential) = client.create_step(job.id, name, &plan.layout.nodes, total).await?;
+    // The agents get the step's own credential, never this user's: a node could replay that to the controllers.
+    let credential = tonic::metadata::MetadataValue::try_from(credential.as_str())
+        .map_err(|_| anyhow::anyhow!("the controllers answered with an unusable step credential"))?;
+    let credentials = drover_client::Credentials::given(credential);
+    let (worst, end) = follow_step(client, &credentials, job, step_id, &plan).await?;
     // The record is for sacct: a step whose end cannot be recorded still ran, so its status stands.
     if let Err(e) = client.end_step(job.id, step_id, end.exit_code, end.signal, end.cancelled).await {
         eprintln!("srun: warning: step {}.{step_id} ended but its end could not be recorded: {e}", job.id);
@@ -357,7 +361,13 @@ struct StepOutcome {
 
 /// Launches the step's tasks and streams their output until they have all ended: srun's exit status, and the
 /// step's outcome.
-async fn follow_step(client: &Client, job: &Job, step_id: u32, plan: &StepPlan) -> anyhow::Result<(i32, StepOutcome)> {
+async fn follow_step(
+    client: &Client,
+    credentials: &drover_client::Credentials,
+    job: &Job,
+    step_id: u32,
+    plan: &StepPlan,
+) -> anyhow::Result<(i32, StepOutcome)> {
     let mut outcome = StepOutcome::default();
     let nodes = client.list_nodes(false).await?;
     let addrs: HashMap<&str, &str> = nodes.iter().map(|n| (n.info.name.as_str(), n.info.agent_addr.as_str())).collect();
@@ -379,7 +389,7 @@ async fn follow_step(client: &Client, job: &Job, step_id: u32, plan: &StepPlan) 
         };
         let tx = tx.clone();
         let node = node.clone();
-        let (tls, credentials) = (client.tls().clone(), client.credentials().clone());
+        let (tls, credentials) = (client.tls().clone(), credentials.clone());
         tokio::spawn(async move {
             if let Err(e) = follow_node(&tls, &credentials, &addr, launch, &node, &tx).await {
                 let _ = tx.send((node, Err(e))).await;
@@ -446,7 +456,7 @@ fn describe_exit(exit_code: i32, signal: i32) -> String {
 }
 
 /// Launches this node's part of the step on its agent (mutual TLS; the agent must hold an agent's certificate)
-/// with the user's credential, and forwards its events.
+/// with the step's credential, and forwards its events.
 async fn follow_node(
     tls: &drover_auth::tls::ClientTls,
     credentials: &drover_client::Credentials,
