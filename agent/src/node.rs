@@ -123,7 +123,7 @@ struct Inner {
 }
 
 /// The leader's latest word on what a node runs (`ControllerMessage::Assignments`, unpacked).
-#[derive(Default)]
+#[derive(Debug, Clone, Default)]
 pub struct AssignmentUpdate {
     pub jobs: Vec<Assignment>,
     pub applied_index: u64,

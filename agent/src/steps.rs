@@ -72,7 +72,9 @@ impl AgentService for StepServer {
         {
             return Err(Status::invalid_argument(format!("malformed step for node {me}")));
         }
-        let ranks = launch.ranks_here();
+        let Some(ranks) = launch.ranks_here() else {
+            return Err(Status::invalid_argument(format!("malformed step for node {me}: its task counts overflow")));
+        };
         if ranks.len() as u32 > MAX_TASKS_PER_NODE {
             return Err(Status::invalid_argument(format!("at most {MAX_TASKS_PER_NODE} tasks per node")));
         }
@@ -81,7 +83,7 @@ impl AgentService for StepServer {
             let launch = launch.clone();
             tokio::task::spawn_blocking(move || {
                 let mut followed = Vec::new();
-                for (local, rank) in launch.ranks_here().enumerate() {
+                for (local, rank) in ranks.clone().enumerate() {
                     let (dir, out, err) = agent.launch_step_task(&assignment, &launch, rank, local as u32)?;
                     followed.push(Followed {
                         rank,

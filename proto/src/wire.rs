@@ -146,14 +146,18 @@ pub struct StepLaunch {
 }
 
 impl StepLaunch {
+    /// Every task of the step (saturating: a launch whose counts do not fit has no [`StepLaunch::ranks_here`]).
     pub fn total_tasks(&self) -> u32 {
-        self.tasks_per_node.iter().sum()
+        self.tasks_per_node.iter().fold(0u32, |sum, n| sum.saturating_add(*n))
     }
 
-    /// Global ranks of the tasks on this node.
-    pub fn ranks_here(&self) -> std::ops::Range<u32> {
-        let first: u32 = self.tasks_per_node[..self.node_index as usize].iter().sum();
-        first..first + self.tasks_per_node[self.node_index as usize]
+    /// Global ranks of the tasks on this node; `None` when the node index is out of range or the counts overflow
+    /// a rank (a malformed launch: the agent refuses it).
+    pub fn ranks_here(&self) -> Option<std::ops::Range<u32>> {
+        let index = self.node_index as usize;
+        let first = self.tasks_per_node.get(..index)?.iter().try_fold(0u32, |sum, n| sum.checked_add(*n))?;
+        let here = *self.tasks_per_node.get(index)?;
+        Some(first..first.checked_add(here)?)
     }
 }
 
