@@ -100,16 +100,23 @@ fn spec_json(uid: u32, user: &str, environment: Vec<(String, String)>) -> Vec<u8
     serde_json::to_vec(&spec).unwrap()
 }
 
-#[test]
-fn two_users_touch_only_their_own_jobs_and_roles_gate_the_rest() {
+/// A one-node cluster whose shell's working directory every uid may use, for stories run as Alice and Bob; `None`
+/// (the story says SKIPPED) without root, which switching uids needs.
+fn two_user_cluster() -> Option<(tempfile::TempDir, drover_cli::local::LocalCluster, Shell)> {
     if !is_root() {
         eprintln!("SKIPPED: this story runs commands as other uids, which needs root (CI runs as root)");
-        return;
+        return None;
     }
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let (cluster, sh) = setup(dir.path(), UpOptions { agents: 1, gpus_per_agent: 2, ..UpOptions::default() });
     std::fs::set_permissions(&sh.cwd, std::fs::Permissions::from_mode(0o777)).unwrap();
+    Some((dir, cluster, sh))
+}
+
+#[test]
+fn two_users_touch_only_their_own_jobs_and_roles_gate_the_rest() {
+    let Some((_dir, cluster, sh)) = two_user_cluster() else { return };
 
     // The kernel says who each of them is.
     assert!(sh.ok_as(ALICE, "drover", &["whoami"]).contains("uid=60001"));
@@ -169,14 +176,7 @@ fn two_users_touch_only_their_own_jobs_and_roles_gate_the_rest() {
 /// administrator grants more), at submit and through `scontrol update job QOS=`.
 #[test]
 fn a_user_may_use_only_the_qos_their_account_was_granted() {
-    if !is_root() {
-        eprintln!("SKIPPED: this story runs commands as other uids, which needs root (CI runs as root)");
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let (cluster, sh) = setup(dir.path(), UpOptions { agents: 1, gpus_per_agent: 2, ..UpOptions::default() });
-    std::fs::set_permissions(&sh.cwd, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let Some((_dir, cluster, sh)) = two_user_cluster() else { return };
     sh.ok("drover", &["qos", "add", "urgent", "--priority", "1000", "--preempt", "normal"]);
     sh.ok("drover", &["account", "add", "physics", "--users", "60001"]);
 

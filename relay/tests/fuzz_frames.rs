@@ -5,7 +5,7 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -15,23 +15,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use prost::Message;
 
-/// A client configuration aimed at a controller that is not there, with real TLS files.
-fn host_config(dir: &Path) -> PathBuf {
-    let pki = drover_cli::pki::Pki::create(&dir.join("pki"), "relay-fuzz").unwrap();
-    let (cert, key) = pki.issue("client", &drover_auth::Role::Client("h".into()), &["h".into()], &[]).unwrap();
-    let config = drover_client::ClientConfig {
-        controllers: vec!["127.0.0.1:1".into()],
-        ca: pki.ca_path(),
-        cert,
-        key,
-        auth_socket: dir.join("auth.sock"),
-        local_controllers: Vec::new(),
-        relay_socket: Some(dir.join("relay.sock")),
-    };
-    let path = dir.join("client.toml");
-    std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
-    path
-}
+mod common;
+
+use common::host_config;
 
 struct Running(Child);
 
