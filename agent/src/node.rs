@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use drover_proto::wire::{AgentMessage, Assignment, SignalTarget};
 use drover_state::{JobEnd, JobId, NodeInfo, WarnSignal};
@@ -173,9 +173,7 @@ pub struct NodeAgent {
     pub heartbeats_sent: std::sync::atomic::AtomicU64,
 }
 
-pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
+pub use drover_common::wall::now_ms;
 
 impl NodeAgent {
     #[allow(clippy::too_many_arguments)]

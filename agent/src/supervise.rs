@@ -49,7 +49,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -763,7 +763,11 @@ fn prepare(launch: &TaskLaunch) -> Result<Prepared, (Failure, Option<File>)> {
 
 fn open_output(path: &str, append: bool) -> io::Result<File> {
     let mut options = OpenOptions::new();
-    options.create(true).mode(0o644);
+    // Without blocking: the user may have made the file a FIFO that nobody reads, and a blocking open would hang
+    // here, before there is a task to signal, so the job could be neither cancelled nor timed out and would hold
+    // its GPUs for ever. A FIFO without a reader fails at once (ENXIO); one with a reader opens, and gets back its
+    // blocking mode below, as the task expects of its output.
+    options.create(true).mode(0o644).custom_flags(libc::O_NONBLOCK);
     if append {
         options.append(true);
     } else {
@@ -778,9 +782,21 @@ fn open_output(path: &str, append: bool) -> io::Result<File> {
             Err(e) if e.kind() == io::ErrorKind::NotFound && std::time::Instant::now() < give_up => {
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
-            result => return result,
+            result => return result.and_then(blocking),
         }
     }
+}
+
+/// `file` with `O_NONBLOCK` cleared.
+fn blocking(file: File) -> io::Result<File> {
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl on a descriptor we own; F_GETFL and F_SETFL touch only its status flags.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(file)
 }
 
 /// How long a task waits for its output file's directory to appear.
@@ -1422,9 +1438,7 @@ fn os_message(e: &io::Error) -> String {
     }
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+use drover_common::wall::now_ms;
 
 /// `text` with its control characters escaped (`\n`, `\u{1b}`).
 fn escape_controls(text: &str) -> String {

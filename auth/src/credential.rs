@@ -321,13 +321,7 @@ pub fn attach_credential<T>(req: &mut tonic::Request<T>, token: &str) -> Result<
     Ok(())
 }
 
-/// Milliseconds since the Unix epoch on this host's clock (0 if the clock is before 1970).
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
+pub use drover_common::wall::now_ms;
 
 fn encode_hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()

@@ -3,7 +3,6 @@
 //! wall clock: the jobs run on this machine and stamp their lines with the same clock (`date +%s%3N`).
 
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::history::{Event, EventKind, History};
 
@@ -17,9 +16,7 @@ pub struct Recorder {
     events: Arc<Mutex<Vec<Event>>>,
 }
 
-pub fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
+pub use drover_common::wall::now_ms as unix_ms;
 
 impl Default for Recorder {
     fn default() -> Self {

@@ -364,7 +364,7 @@ fn check_journals(cluster: &LocalCluster) -> usize {
             (name, drover_agent::journal::read(&path).unwrap())
         })
         .collect();
-    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let now_ms = drover_common::wall::now_ms();
     let broken = drover_agent::journal::violations(&journals, now_ms);
     assert!(broken.is_empty(), "the nodes' journals show broken promises:\n{broken:#?}\n{journals:#?}");
     journals.iter().map(|(_, entries)| entries.len()).sum()

@@ -12,7 +12,7 @@ use std::cell::{Cell, RefCell};
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -66,7 +66,7 @@ pub(crate) fn is_simulated() -> bool {
 pub fn now_ms() -> u64 {
     let simulated =
         SIMULATED.with(|s| s.borrow().as_ref().map(|s| s.epoch_ms + s.started.elapsed().as_millis() as u64));
-    simulated.unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0))
+    simulated.unwrap_or_else(drover_common::wall::now_ms)
 }
 
 /// Runs blocking work (fsync, a scheduling pass, a snapshot) off the async workers; inline when simulated.

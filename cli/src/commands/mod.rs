@@ -22,6 +22,4 @@ pub mod sshare;
 pub mod sstat;
 
 /// Milliseconds since the epoch, for display (elapsed times). Never used for replicated state.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
+pub use drover_common::wall::now_ms;
