@@ -118,7 +118,9 @@ fn retryable(status: &Status) -> bool {
         status.code(),
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown | Code::Aborted
     ) || (status.code() == Code::FailedPrecondition && status.metadata().get(LEADER_HINT_KEY).is_some())
-        || (status.code() == Code::Internal && status.message().contains("transport"))
+        // An `Internal` that this side made from a broken connection (it carries its cause, as in `no_answer`);
+        // never one a controller sent, whatever its text says.
+        || (status.code() == Code::Internal && std::error::Error::source(status).is_some())
 }
 
 /// Whether the error means no controller process answered (as opposed to a controller saying "not now").
@@ -670,4 +672,21 @@ pub struct JobFilter {
     pub include_finished: bool,
     pub stale: bool,
     pub limit: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Retries are decided by what happened, not by what a message says: a controller's `Internal` is final
+    /// even if its text mentions a transport; one this client made from a broken connection is retried.
+    #[test]
+    fn only_a_broken_connection_makes_an_internal_error_retryable() {
+        assert!(!retryable(&Status::internal("transport of the snapshot failed")));
+        let mut broken = Status::internal("h2 protocol error");
+        broken.set_source(std::sync::Arc::new(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
+        assert!(retryable(&broken));
+        assert!(retryable(&Status::unavailable("leader stepped down")));
+        assert!(!retryable(&Status::invalid_argument("bad spec")));
+    }
 }
