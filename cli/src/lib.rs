@@ -1,6 +1,8 @@
-//! The `drover` CLI. Run as `sbatch`, `squeue`, `scancel` or `scontrol` (symlinks from `drover install-shims`)
-//! it accepts Slurm's flags and prints Slurm's formats; run as `drover` it also has cluster, local-cluster,
-//! demo and bench commands.
+//! The `drover` CLI. Run under a Slurm command's name (`sbatch`, `srun`, `salloc`, `squeue`, `scancel`,
+//! `scontrol`, `sinfo`, `sacct`, `sacctmgr`, `sprio`, `sreport`, `sshare`, `sstat`: the symlinks `drover
+//! install-shims` makes, listed in `commands::shims::SHIMS`) it accepts Slurm's flags and prints Slurm's formats;
+//! run as `drover` it also has the cluster, local-cluster, account, QOS, admin, audit, checkpoint, certificate and
+//! demo commands.
 
 pub mod commands;
 pub mod connect;
