@@ -20,6 +20,9 @@ use crate::supervise::{self, TaskStatus};
 const POLL_MS: u64 = 20;
 /// At most this much output per event.
 const MAX_CHUNK_BYTES: usize = 64 * 1024;
+/// At most this many chunks of finished tasks' output are read per poll, all tasks together (4 MiB): what a
+/// task left behind is streamed at up to 200 MB/s, and the channel to srun holds it back when srun is slower.
+const MAX_DRAIN_CHUNKS_PER_POLL: usize = 64;
 /// Most tasks of one step on one node.
 const MAX_TASKS_PER_NODE: u32 = 1_024;
 
@@ -114,6 +117,7 @@ async fn follow(mut tasks: Vec<Followed>, tx: mpsc::Sender<StepEvent>, unbuffere
     loop {
         let (events, tasks_back) = tokio::task::spawn_blocking(move || {
             let mut events = Vec::new();
+            let mut drain_budget = MAX_DRAIN_CHUNKS_PER_POLL;
             for task in tasks.iter_mut().filter(|t| !t.done) {
                 let finished = match supervise::status(&task.dir) {
                     TaskStatus::Running { .. } => None,
@@ -121,18 +125,30 @@ async fn follow(mut tasks: Vec<Followed>, tx: mpsc::Sender<StepEvent>, unbuffere
                     TaskStatus::Lost(_) => Some((1, 0)),
                 };
                 let whole = finished.is_some() || unbuffered;
+                let mut drained = true;
                 for (file, stderr) in [(&mut task.out, false), (&mut task.err, true)] {
                     if let Some((path, offset)) = file {
-                        // A finished task's output is drained completely, a running one's chunk by chunk.
-                        while let Some(text) = read_new(path, task.uid, offset, whole) {
+                        // A running task's output goes chunk by chunk. A finished one's is drained completely, but
+                        // within this poll's budget: the task may have left gigabytes behind (`srun yes`), which
+                        // must reach srun a bounded share at a time, never sit in the agent's memory whole.
+                        loop {
+                            if finished.is_some() && drain_budget == 0 {
+                                drained = false;
+                                break;
+                            }
+                            let Some(text) = read_new(path, task.uid, offset, whole) else { break };
                             events.push(StepEvent::Output { rank: task.rank, stderr, text });
                             if finished.is_none() {
                                 break;
                             }
+                            drain_budget -= 1;
                         }
                     }
                 }
-                if let Some((exit_code, signal)) = finished {
+                // Its exit goes after all of its output: once drained (the rest comes with the next polls).
+                if let Some((exit_code, signal)) = finished
+                    && drained
+                {
                     task.done = true;
                     events.push(StepEvent::Exited { rank: task.rank, exit_code, signal });
                 }
