@@ -107,7 +107,7 @@ impl NodeAgent {
         launch: &drover_proto::wire::StepLaunch,
         rank: u32,
         local_rank: u32,
-    ) -> Result<(PathBuf, Option<PathBuf>, Option<PathBuf>), String> {
+    ) -> Result<(PathBuf, Option<std::fs::File>, Option<std::fs::File>), String> {
         let key = (a.job.id, a.job.incarnation);
         let dir = self.tasks_dir.join(format!("{}.{}.{}.{}", key.0, key.1, launch.step_id, rank));
         let spec = &a.job.spec;
@@ -117,9 +117,17 @@ impl NodeAgent {
         // Never beside a task of an earlier incarnation that still holds these GPUs (it is being stopped).
         self.wait_for_gpus(key, &gpus)?;
         crate::userfile::make_control_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        // Output streamed back to srun is written by the task, as its user, in its own directory.
-        let work = crate::userfile::make_work_dir(&dir, spec.uid, spec.gid, None)
+        // Output streamed back to srun goes through FIFOs in the task's own directory, which the task opens as its
+        // user: the agent holds the read ends, and a task that writes faster than srun reads waits.
+        let streams: &[&str] = match (&launch.output, &launch.error) {
+            (Some(_), _) => &[],
+            (None, Some(_)) => &["stdout"],
+            (None, None) => &["stdout", "stderr"],
+        };
+        let (work, mut ends) = crate::userfile::make_step_work_dir(&dir, spec.uid, spec.gid, streams)
             .map_err(|e| format!("cannot create the task's directory in {}: {e}", dir.display()))?;
+        let streamed_err = (ends.len() == 2).then(|| ends.pop()).flatten();
+        let streamed_out = ends.pop();
         let ctx = PatternContext {
             job_id: a.job.id,
             user: &spec.user,
@@ -133,19 +141,13 @@ impl NodeAgent {
             array_task_id: a.job.array.as_deref().map(|x| x.task_id),
         };
         let cwd = if launch.cwd.is_empty() { spec.work_dir.to_string() } else { launch.cwd.clone() };
-        let (stdout, stderr, streamed_out, streamed_err) = match (&launch.output, &launch.error) {
+        let (stdout, stderr) = match (&launch.output, &launch.error) {
             (Some(out), err) => {
-                let stdout = expand_output_path(out, &ctx, &cwd);
-                let stderr = err.as_deref().map(|p| expand_output_path(p, &ctx, &cwd));
-                (stdout, stderr, None, None)
+                (expand_output_path(out, &ctx, &cwd), err.as_deref().map(|p| expand_output_path(p, &ctx, &cwd)))
             }
-            (None, err) => {
-                let out = work.join("stdout");
-                let (stderr, streamed_err) = match err {
-                    Some(p) => (Some(expand_output_path(p, &ctx, &cwd)), None),
-                    None => (Some(work.join("stderr").display().to_string()), Some(work.join("stderr"))),
-                };
-                (out.display().to_string(), stderr, Some(out), streamed_err)
+            (None, Some(err)) => (work.join("stdout").display().to_string(), Some(expand_output_path(err, &ctx, &cwd))),
+            (None, None) => {
+                (work.join("stdout").display().to_string(), Some(work.join("stderr").display().to_string()))
             }
         };
         let placement = Placement {

@@ -1,6 +1,6 @@
 //! `AgentService`: `srun` starts a step's tasks on this node and receives their output and exits.
 
-use std::io::{Read, Seek, SeekFrom};
+use std::io::Read;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -20,8 +20,8 @@ use crate::supervise::{self, TaskStatus};
 const POLL_MS: u64 = 20;
 /// At most this much output per event.
 const MAX_CHUNK_BYTES: usize = 64 * 1024;
-/// At most this many chunks of finished tasks' output are read per poll, all tasks together (4 MiB): what a
-/// task left behind is streamed at up to 200 MB/s, and the channel to srun holds it back when srun is slower.
+/// At most this many chunks of output are read per poll, all tasks together (4 MiB): up to 200 MB/s streamed,
+/// and when srun is slower the channel to it holds the polls back, and the pipes hold the tasks back.
 const MAX_DRAIN_CHUNKS_PER_POLL: usize = 64;
 /// Most tasks of one step on one node.
 const MAX_TASKS_PER_NODE: u32 = 1_024;
@@ -33,12 +33,46 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<StepEnvelope, Status>> + Sen
 /// One task being followed.
 struct Followed {
     rank: u32,
-    /// The job's user: the output files are theirs (in the task's `work` directory), read only as such.
-    uid: u32,
     dir: PathBuf,
-    out: Option<(PathBuf, u64)>,
-    err: Option<(PathBuf, u64)>,
+    /// The read ends of the FIFOs its output streams through (none where the step names its own files).
+    out: Option<OutputPipe>,
+    err: Option<OutputPipe>,
     done: bool,
+}
+
+/// A FIFO's read end and what was read from it but not sent yet (the end of a line still being written).
+struct OutputPipe {
+    end: std::fs::File,
+    pending: Vec<u8>,
+}
+
+impl OutputPipe {
+    fn new(end: std::fs::File) -> OutputPipe {
+        OutputPipe { end, pending: Vec::new() }
+    }
+
+    /// What the task wrote since the last call, at most one chunk: up to the last newline unless `whole` (or the
+    /// chunk is full). `None`: nothing to send now. Never blocks: the read end is non-blocking, and a writer that
+    /// is ahead waits in the pipe, not in this process's memory or on the node's disk.
+    fn read(&mut self, whole: bool) -> Option<String> {
+        if self.pending.len() < MAX_CHUNK_BYTES {
+            let mut buf = vec![0u8; MAX_CHUNK_BYTES - self.pending.len()];
+            // 0 bytes: no writer (yet, or any more); WouldBlock: nothing written since. Either way, nothing new.
+            if let Ok(n) = self.end.read(&mut buf) {
+                self.pending.extend_from_slice(&buf[..n]);
+            }
+        }
+        let keep = if whole || self.pending.len() >= MAX_CHUNK_BYTES {
+            self.pending.len()
+        } else {
+            self.pending.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)
+        };
+        if keep == 0 {
+            return None;
+        }
+        let text: Vec<u8> = self.pending.drain(..keep).collect();
+        Some(String::from_utf8_lossy(&text).into_owned())
+    }
 }
 
 #[tonic::async_trait]
@@ -90,10 +124,9 @@ impl AgentService for StepServer {
                     let (dir, out, err) = agent.launch_step_task(&assignment, &launch, rank, local as u32)?;
                     followed.push(Followed {
                         rank,
-                        uid: assignment.job.spec.uid,
                         dir,
-                        out: out.map(|p| (p, 0)),
-                        err: err.map(|p| (p, 0)),
+                        out: out.map(OutputPipe::new),
+                        err: err.map(OutputPipe::new),
                         done: false,
                     });
                 }
@@ -126,21 +159,18 @@ async fn follow(mut tasks: Vec<Followed>, tx: mpsc::Sender<StepEvent>, unbuffere
                 };
                 let whole = finished.is_some() || unbuffered;
                 let mut drained = true;
-                for (file, stderr) in [(&mut task.out, false), (&mut task.err, true)] {
-                    if let Some((path, offset)) = file {
-                        // A running task's output goes chunk by chunk. A finished one's is drained completely, but
-                        // within this poll's budget: the task may have left gigabytes behind (`srun yes`), which
-                        // must reach srun a bounded share at a time, never sit in the agent's memory whole.
+                for (stream, stderr) in [(&mut task.out, false), (&mut task.err, true)] {
+                    if let Some(stream) = stream {
+                        // Whatever is in the pipe, within this poll's budget (all tasks together): a flood
+                        // (`srun yes`) reaches srun a bounded share at a time while the writer waits, and never sits
+                        // in the agent's memory whole. A finished task's exit waits until its output is drained.
                         loop {
-                            if finished.is_some() && drain_budget == 0 {
+                            if drain_budget == 0 {
                                 drained = false;
                                 break;
                             }
-                            let Some(text) = read_new(path, task.uid, offset, whole) else { break };
+                            let Some(text) = stream.read(whole) else { break };
                             events.push(StepEvent::Output { rank: task.rank, stderr, text });
-                            if finished.is_none() {
-                                break;
-                            }
                             drain_budget -= 1;
                         }
                     }
@@ -158,6 +188,8 @@ async fn follow(mut tasks: Vec<Followed>, tx: mpsc::Sender<StepEvent>, unbuffere
         .await
         .expect("output poll panicked");
         tasks = tasks_back;
+        // While output flows, poll again at once (the pipes hold their writers back meanwhile); idle, every POLL_MS.
+        let flowing = events.iter().any(|e| matches!(e, StepEvent::Output { .. }));
         for event in events {
             if tx.send(event).await.is_err() {
                 stop_all(&tasks, kill_wait).await;
@@ -167,8 +199,9 @@ async fn follow(mut tasks: Vec<Followed>, tx: mpsc::Sender<StepEvent>, unbuffere
         if tasks.iter().all(|t| t.done) {
             return;
         }
+        let pause = Duration::from_millis(if flowing { 0 } else { POLL_MS });
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(POLL_MS)) => {}
+            _ = tokio::time::sleep(pause) => {}
             _ = tx.closed() => {
                 stop_all(&tasks, kill_wait).await;
                 return;
@@ -197,24 +230,4 @@ async fn stop_all(tasks: &[Followed], kill_wait: Duration) {
         }
     })
     .await;
-}
-
-/// New bytes of a file since `offset`, up to the last newline unless `whole`. The file is the task's, in a
-/// directory its user can write: read only if it is a regular file of that user (never through a link).
-fn read_new(path: &std::path::Path, uid: u32, offset: &mut u64, whole: bool) -> Option<String> {
-    let mut file = crate::userfile::open_owned_by(path, uid).ok()?;
-    file.seek(SeekFrom::Start(*offset)).ok()?;
-    let mut buf = Vec::new();
-    file.take(MAX_CHUNK_BYTES as u64).read_to_end(&mut buf).ok()?;
-    let keep = if whole || buf.len() == MAX_CHUNK_BYTES {
-        buf.len()
-    } else {
-        buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)
-    };
-    if keep == 0 {
-        return None;
-    }
-    buf.truncate(keep);
-    *offset += keep as u64;
-    Some(String::from_utf8_lossy(&buf).into_owned())
 }

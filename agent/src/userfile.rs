@@ -20,6 +20,8 @@ pub const WORK_DIR: &str = "work";
 /// Mode of a task directory (the control files): root's; others may pass through to `work` (their own) but not
 /// list or read anything.
 pub const CONTROL_DIR_MODE: u32 = 0o711;
+/// Capacity asked for each pipe a step's output streams through.
+const STREAM_PIPE_BYTES: libc::c_int = 256 << 10;
 
 /// Opens `path` for reading as a file the user `uid` owns: no symbolic link followed at the last component, no
 /// blocking on a FIFO, and refused unless it is a regular file owned by `uid`.
@@ -58,6 +60,72 @@ pub fn make_control_dir(dir: &Path) -> io::Result<()> {
 /// (mode 0700), written before the directory is handed over, so nothing the user does can redirect the write.
 /// Returns the work directory.
 pub fn make_work_dir(control: &Path, uid: u32, gid: u32, script: Option<&[u8]>) -> io::Result<std::path::PathBuf> {
+    let (work, ()) = make_work_dir_with(control, uid, gid, |work| {
+        let Some(text) = script else { return Ok(()) };
+        use std::io::Write;
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o700)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(work.join("script"))?;
+        file.write_all(text)?;
+        if crate::node::is_root() {
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
+        }
+        Ok(())
+    })?;
+    Ok(work)
+}
+
+/// Creates `control/work` for the job's user with a FIFO per name in `streams` (`stdout`, `stderr`: the output
+/// streamed back to `srun`), made and opened for reading (without blocking) before the directory is handed over.
+/// A pipe, not a file: the task's writes wait while the agent (and `srun` behind it) has not read what came
+/// before, so a step's output never piles up on the node's disk. Returns the work directory and the read ends, in
+/// the order of `streams`.
+pub fn make_step_work_dir(
+    control: &Path,
+    uid: u32,
+    gid: u32,
+    streams: &[&str],
+) -> io::Result<(std::path::PathBuf, Vec<File>)> {
+    make_work_dir_with(control, uid, gid, |work| {
+        let mut ends = Vec::with_capacity(streams.len());
+        for name in streams {
+            let path = work.join(name);
+            let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+                .map_err(|_| io::Error::other(format!("{} has a NUL byte", path.display())))?;
+            // SAFETY: a valid C string; mkfifo only creates a node (it fails if anything is there, link or not).
+            if unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let end = OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+                .open(&path)?;
+            if !std::os::unix::fs::FileTypeExt::is_fifo(&end.metadata()?.file_type()) {
+                return Err(io::Error::other(format!("{} is not the FIFO just made", path.display())));
+            }
+            if crate::node::is_root() {
+                std::os::unix::fs::fchown(&end, Some(uid), Some(gid))?;
+            }
+            // A larger pipe than the default 64 KiB, so a fast writer waits less between the agent's reads; best
+            // effort (the kernel caps what one user's pipes may hold).
+            // SAFETY: fcntl on a descriptor we own; F_SETPIPE_SZ changes only the pipe's capacity.
+            unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&end), libc::F_SETPIPE_SZ, STREAM_PIPE_BYTES) };
+            ends.push(end);
+        }
+        Ok(ends)
+    })
+}
+
+/// `control/work`, made by root (mode 0700), `fill`ed while it is still root's, then handed to `uid`.
+fn make_work_dir_with<T>(
+    control: &Path,
+    uid: u32,
+    gid: u32,
+    fill: impl FnOnce(&Path) -> io::Result<T>,
+) -> io::Result<(std::path::PathBuf, T)> {
     let work = control.join(WORK_DIR);
     match std::fs::DirBuilder::new().mode(0o700).create(&work) {
         Ok(()) => {}
@@ -71,24 +139,11 @@ pub fn make_work_dir(control: &Path, uid: u32, gid: u32, script: Option<&[u8]>) 
         }
         Err(e) => return Err(e),
     }
-    if let Some(text) = script {
-        use std::io::Write;
-        let path = work.join("script");
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o700)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&path)?;
-        file.write_all(text)?;
-        if crate::node::is_root() {
-            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
-        }
-    }
+    let filled = fill(&work)?;
     if crate::node::is_root() {
         std::os::unix::fs::lchown(&work, Some(uid), Some(gid))?;
     }
-    Ok(work)
+    Ok((work, filled))
 }
 
 #[cfg(test)]

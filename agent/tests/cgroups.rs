@@ -47,7 +47,8 @@ fn run_step(agent: &NodeAgent, a: &Assignment, step_id: u32, script: &str) -> St
         error: None,
         unbuffered: false,
     };
-    let (dir, out, _) = agent.launch_step_task(a, &launch, 0, 0).unwrap();
+    // Both read ends stay open while the task runs: a FIFO nobody reads fails the task at once.
+    let (dir, out, _err) = agent.launch_step_task(a, &launch, 0, 0).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match supervise::status(&dir) {
@@ -61,7 +62,11 @@ fn run_step(agent: &NodeAgent, a: &Assignment, step_id: u32, script: &str) -> St
         assert!(Instant::now() < deadline, "the task in {} did not end", dir.display());
         std::thread::sleep(Duration::from_millis(20));
     }
-    std::fs::read_to_string(out.expect("the output comes back to srun")).unwrap()
+    // The output comes back through a pipe (non-blocking), which the ended task has closed: read it to its end.
+    let mut out = out.expect("the output comes back to srun");
+    let mut text = Vec::new();
+    std::io::Read::read_to_end(&mut out, &mut text).unwrap();
+    String::from_utf8(text).unwrap()
 }
 
 /// What `nproc; grep Cpus_allowed_list` prints for a task on `cpus`.

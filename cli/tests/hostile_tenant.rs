@@ -4,10 +4,10 @@
 //! agent's own directories, the next job's GPU, the other tenant's tasks. `agent/tests/hostile_tenant.rs` holds
 //! the same attacks against a single supervisor; these go through `sbatch`, the controllers and a real agent.
 //!
-//! Two stories found holes, fixed in the agent: a step's output that a finished task left behind was read into the
-//! agent's memory whole (`steps::follow` now drains it a bounded share per poll), and an output file that is a FIFO
-//! nobody reads hung the job's supervisor for ever (`supervise::open_output` no longer blocks). One found a hole that
-//! is still open and is ignored until it is fixed: a step's streamed output can fill the agent's state disk.
+//! Three stories found holes, fixed in the agent: a step's output that a finished task left behind was read into
+//! the agent's memory whole (`steps::follow` now reads a bounded share per poll), an output file that is a FIFO
+//! nobody reads hung the job's supervisor for ever (`supervise::open_output` no longer blocks), and a step's output
+//! streamed back to `srun` could fill the agent's state disk (it now flows through a pipe, and the writer waits).
 //!
 //! The uids need no passwd entry, but switching to them needs root (CI runs as root): without it every story says
 //! SKIPPED.
@@ -529,7 +529,8 @@ fn another_tenant_on_the_node_can_neither_read_nor_signal_a_jobs_tasks() {
     let (step_pid, _) = task_pid(&step);
     let supervisor: u32 =
         fs::read_to_string(batch.join("supervisor.pid")).unwrap().split_whitespace().next().unwrap().parse().unwrap();
-    // What there is to find (root sees it), so that the refusals below mean something.
+    // What there is to find (root sees it), so that the refusals below mean something. The step's output is not
+    // kept on the node: it flows through a pipe (Alice's, mode 0600) that the agent reads for srun.
     let secrets = [
         (batch.join("work/script"), "alice-secret-script"),
         (step.join("work/stdout"), "alice-secret-output"),
@@ -538,9 +539,15 @@ fn another_tenant_on_the_node_can_neither_read_nor_signal_a_jobs_tasks() {
         (PathBuf::from(format!("/proc/{step_pid}/environ")), "hunter2"),
     ];
     for (path, secret) in &secrets {
+        let meta = fs::symlink_metadata(path).unwrap();
+        if std::os::unix::fs::FileTypeExt::is_fifo(&meta.file_type()) {
+            assert_eq!((meta.uid(), meta.mode() & 0o777), (ALICE, 0o600), "{}", path.display());
+            continue;
+        }
         let text = String::from_utf8_lossy(&fs::read(path).unwrap()).into_owned();
         assert!(text.contains(secret), "{} does not hold {secret}", path.display());
     }
+    assert!(sh.wait_file("alice.out").contains("alice-secret-output"), "srun got the step's output");
 
     for (path, _) in &secrets {
         let out = as_user(MALLORY, Path::new("/"), &format!("cat {}", path.display()));
@@ -600,16 +607,13 @@ fn an_output_fifo_nobody_reads_fails_the_job_instead_of_hanging_the_node() {
     assert_eq!(got, "through the fifo\n");
 }
 
-/// The output of a step that `srun` streams back is written by the task into its directory on the node (the
-/// agent's state directory, beside the node's lease and journal) and read from there as fast as `srun` takes it,
-/// with nothing to slow the writer down. Alice's step runs `yes`: the node's state disk (here a 32 MiB tmpfs) fills
-/// in a moment and stays full while her job holds the step's file. Mallory's job on the same node must neither
-/// notice nor be killed for it: the agent must still renew the node's lease and her supervisor record her task's
-/// end. Today neither can (ENOSPC): every job on the node fails.
+/// The output of a step that `srun` streams back passes through the node: before, the task wrote it into its
+/// directory there (the agent's state directory, beside the node's lease and journal), with nothing to slow the
+/// writer down, so `srun yes` filled the state disk, the lease and task results could no longer be written, and every
+/// job on the node failed. Now it flows through a pipe the agent reads as fast as `srun` takes it, and the writer
+/// waits. Alice's step runs `yes` (srun throws it away) while the node's state disk is a 32 MiB tmpfs; Mallory's job
+/// on the same node must neither notice nor be killed for it.
 #[test]
-#[ignore = "open hole: a step's streamed output goes to the agent's state disk with no backpressure on the writer, \
-            so `srun yes` fills it, the lease and task results cannot be written, and every job on the node fails; \
-            the fix (output piped through the supervisor, or a disk of its own) is not a minimal change"]
 fn a_step_flooding_its_streamed_output_does_not_fill_the_nodes_state_disk() {
     needs_root!();
     let dir = tempfile::tempdir().unwrap();
@@ -630,7 +634,7 @@ fn a_step_flooding_its_streamed_output_does_not_fill_the_nodes_state_disk() {
     let mallory = Shell { cwd: own.clone(), ..sh.clone_shell() };
     let victim = mallory.submit_as(MALLORY, &["--gres=gpu:1", "-o", "victim.out", "--wrap", "sleep 10; echo survived"]);
     mallory.wait_state(victim, "RUNNING");
-    let flood = sh.submit_as(ALICE, &["--gres=gpu:1", "-o", "flood.out", "--wrap", "srun yes; sleep 300"]);
+    let flood = sh.submit_as(ALICE, &["--gres=gpu:1", "-o", "flood.out", "--wrap", "srun yes > /dev/null; sleep 300"]);
     sh.wait_state(flood, "RUNNING");
     assert_eq!(sh.wait_done(victim), "COMPLETED", "Mallory's job paid for Alice's flood");
     assert_eq!(mallory.wait_file("victim.out"), "survived\n");
