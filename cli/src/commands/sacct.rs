@@ -1147,11 +1147,12 @@ pub fn parse_time(text: &str, now_s: u64, past: bool) -> Result<i64, String> {
         if matches!(b.get(p), Some(b'.' | b'/')) {
             p += 1;
         }
+        // A two-digit year; `00` is no year, as in Slurm's _get_date (`if (yr) *year = yr + 100`).
         let yr = match digit(p) {
             Some(a) => {
                 let b2 = digit(p + 1).ok_or_else(|| bad(p + 1))?;
                 p += 2;
-                a * 10 + b2 + 100
+                if a * 10 + b2 == 0 { -1 } else { a * 10 + b2 + 100 }
             }
             None => -1,
         };
@@ -1532,6 +1533,7 @@ mod tests {
         assert_eq!(t("0601"), mktime(126, 5, 1, 0, 0, 0));
         assert_eq!(t("12/31"), mktime(125, 11, 31, 0, 0, 0), "a later month is last year's, looking back");
         assert_eq!(t("06/01/25"), mktime(125, 5, 1, 0, 0, 0));
+        assert_eq!(t("06/01/00"), mktime(126, 5, 1, 0, 0, 0), "year 00 is no year (Slurm's _get_date)");
         assert_eq!(t("uts1800000000"), 1_800_000_000);
         assert_eq!(parse_time("sideways", now, true).unwrap_err(), "Invalid time specification (pos=0): sideways");
         assert!(parse_time("now+1fortnight", now, true).is_err());
