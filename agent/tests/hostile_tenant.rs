@@ -12,16 +12,19 @@ use std::process::{Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use drover_agent::supervise::{self, TaskLaunch, TaskResult, TaskStatus};
+use drover_agent::supervise::{self, TaskLaunch};
 use drover_agent::userfile;
 use tempfile::TempDir;
+
+mod supervised;
+
+use supervised::{PATIENCE, log_of, wait_finished};
 
 const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 /// The tenant whose job runs on the node.
 const ALICE: u32 = 60001;
 /// Another tenant with a shell on the same node.
 const MALLORY: u32 = 60002;
-const PATIENCE: Duration = Duration::from_secs(30);
 
 fn exe() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover-agent"))
@@ -80,23 +83,6 @@ fn task(work: &Path, uid: u32, script: &str) -> TaskLaunch {
         gpus: Vec::new(),
         journal: None,
         allow_root: false,
-    }
-}
-
-fn log_of(dir: &Path) -> String {
-    fs::read_to_string(dir.join(supervise::SUPERVISOR_LOG)).unwrap_or_default()
-}
-
-fn wait_finished(dir: &Path) -> TaskResult {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        match supervise::status(dir) {
-            TaskStatus::Finished(result) => return result,
-            TaskStatus::Lost(why) => panic!("task lost: {why}; supervisor log:\n{}", log_of(dir)),
-            TaskStatus::Running { .. } => {}
-        }
-        assert!(Instant::now() < deadline, "task in {} still running; log:\n{}", dir.display(), log_of(dir));
-        sleep(Duration::from_millis(20));
     }
 }
 

@@ -13,9 +13,12 @@ use std::time::{Duration, Instant};
 use drover_agent::supervise::{self, SuperviseError, TaskLaunch, TaskResult, TaskStatus};
 use tempfile::TempDir;
 
+mod supervised;
+
+use supervised::{PATIENCE, log_of, wait_finished};
+
 const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 const NOBODY: u32 = 65534;
-const PATIENCE: Duration = Duration::from_secs(30);
 
 fn exe() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_drover-agent"))
@@ -56,25 +59,6 @@ fn path_str(path: &Path) -> String {
 fn read(path: impl AsRef<Path>) -> String {
     let path = path.as_ref();
     fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
-}
-
-/// What the supervisor logged, for failure messages.
-fn log_of(dir: &Path) -> String {
-    fs::read_to_string(dir.join(supervise::SUPERVISOR_LOG)).unwrap_or_default()
-}
-
-/// Polls `status` the way a (restarted) agent does, until the task has finished.
-fn wait_finished(dir: &Path) -> TaskResult {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        match supervise::status(dir) {
-            TaskStatus::Finished(result) => return result,
-            TaskStatus::Lost(why) => panic!("task lost: {why}; supervisor log:\n{}", log_of(dir)),
-            TaskStatus::Running { .. } => {}
-        }
-        assert!(Instant::now() < deadline, "task in {} still running; supervisor log:\n{}", dir.display(), log_of(dir));
-        sleep(Duration::from_millis(20));
-    }
 }
 
 fn run_to_end(dir: &Path, launch: &TaskLaunch) -> TaskResult {
