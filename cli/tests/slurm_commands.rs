@@ -57,8 +57,17 @@ fn a_user_submits_inspects_holds_and_cancels_jobs_with_slurm_commands() {
     sh.ok("scontrol", &["release", "2"]);
     sh.ok("scancel", &["2"]);
     assert_eq!(sh.ok("squeue", &["-h", "-o", "%i"]), "1\n");
-    let again = sh.err("scancel", &["2"]);
-    assert!(again.contains("Kill job error on job id 2: Job 2 has already finished"), "{again}");
+    // As Slurm 22.05: cancelling a job that has ended, or never was, succeeds and says nothing unless asked.
+    let again = sh.run("scancel", &["2"]);
+    assert!(again.status.success() && again.stderr.is_empty(), "{again:?}");
+    let said = String::from_utf8(sh.run("scancel", &["-v", "2", "999"]).stderr).unwrap();
+    assert_eq!(
+        said,
+        "scancel: Terminating job 2\nscancel: error: Kill job error on job id 2: Job/step already completing or completed\n\
+         scancel: Terminating job 999\nscancel: error: Kill job error on job id 999: Invalid job id specified\n"
+    );
+    let signalled = sh.run("scancel", &["--signal=USR1", "999"]);
+    assert_eq!(signalled.status.code(), Some(1), "a signal for a job that is not there is an error, as in Slurm");
     assert_eq!(sh.ok("scontrol", &["show", "hostnames", "gpu[01-02],login"]), "gpu01\ngpu02\nlogin\n");
 }
 

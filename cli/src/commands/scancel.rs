@@ -5,7 +5,7 @@
 
 use clap::Parser;
 use drover_state::hostlist::expand_hostlist;
-use drover_state::{Job, JobState};
+use drover_state::{CommandError, Job, JobState};
 
 use crate::format::SlurmState;
 
@@ -221,10 +221,29 @@ fn cancel(args: &[String]) -> anyhow::Result<i32> {
             eprintln!("scancel: error: {text}");
         }
     };
+    // Slurm 22.05's plain scancel of a job that has ended, or never was, succeeds and says nothing unless asked (-v);
+    // scripts cancel "whatever is left" and check the exit code.
+    let gone = |text: &str, why: &str| {
+        if args.verbose > 0 {
+            eprintln!("scancel: Terminating job {text}");
+            report(format!("Kill job error on job id {text}: {why}"));
+        }
+    };
     let mut code = 0;
     // Slurm's plain path: ids and nothing else go to the controller as they are.
-    let ids = if signal.is_none() && !args.batch && !filters.any() {
-        rt.block_on(crate::job_refs::resolve(&client, &args.ids_without_star(), false))?
+    let plain = signal.is_none() && !args.batch && !filters.any();
+    let ids = if plain {
+        let filter = drover_client::JobFilter { ids: crate::job_refs::base_ids(&refs), ..Default::default() };
+        let (jobs, _) = rt.block_on(client.list_jobs(&filter))?;
+        let mut ids = Vec::new();
+        for (text, r) in args.ids_without_star().iter().zip(&refs) {
+            // An array task that is not (or no longer) active; plain ids go to the controllers as they are.
+            match crate::job_refs::select(std::slice::from_ref(r), &jobs) {
+                Ok(found) => ids.extend(found),
+                Err(_) => gone(text, "Invalid job id specified"),
+            }
+        }
+        ids
     } else {
         // The filtered path: the active jobs, each id checked against them, then the filters.
         let filter = drover_client::JobFilter { ids: crate::job_refs::base_ids(&refs), ..Default::default() };
@@ -269,13 +288,21 @@ fn cancel(args: &[String]) -> anyhow::Result<i32> {
         return Ok(code);
     }
     for o in rt.block_on(client.cancel(&ids))? {
-        if o.ok {
-            if args.verbose > 0 {
-                eprintln!("scancel: Terminating job {}", o.job_id);
+        let refusal = if o.ok { None } else { drover_proto::command_error_from_details(&o.error_details) };
+        match refusal {
+            None if o.ok => {
+                if args.verbose > 0 {
+                    eprintln!("scancel: Terminating job {}", o.job_id);
+                }
             }
-        } else {
-            report(format!("Kill job error on job id {}: {}", o.job_id, o.error));
-            code = 1;
+            Some(CommandError::InvalidJobId { .. }) if plain => gone(&o.job_id.to_string(), "Invalid job id specified"),
+            Some(CommandError::AlreadyFinished { .. }) if plain => {
+                gone(&o.job_id.to_string(), "Job/step already completing or completed")
+            }
+            _ => {
+                report(format!("Kill job error on job id {}: {}", o.job_id, o.error));
+                code = 1;
+            }
         }
     }
     Ok(code)
