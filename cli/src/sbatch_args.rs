@@ -171,6 +171,8 @@ pub struct CommandLine {
     pub parsable: bool,
     /// `--quiet/-Q` was given on the command line (the only place Slurm reads it).
     pub quiet: bool,
+    /// `--version`, `--help` or `--usage` (the first given): print it and submit nothing.
+    pub info: Option<Info>,
 }
 
 /// One option, its value checked and parsed. Directives, environment variables and command-line options all
@@ -396,6 +398,8 @@ enum Kind {
     Comment,
     Parsable,
     Quiet,
+    /// `--version/-V`, `--help/-h`, `--usage`: print and exit 0 before anything else, as Slurm's getopt loop does.
+    Info(Info),
     Wrap,
     /// `--clusters/-M`: refused unless empty.
     Clusters,
@@ -429,6 +433,7 @@ impl Kind {
             | Kind::MultiSite
             | Kind::Parsable
             | Kind::Quiet
+            | Kind::Info(_)
             | Kind::Oversubscribe => Arg::No,
             Kind::Nice | Kind::NoKill | Kind::Exclusive => Arg::Optional,
             Kind::Unused(arg, _) | Kind::Refused(arg, _) => arg,
@@ -442,6 +447,7 @@ impl Kind {
             self,
             Kind::Unused(..)
                 | Kind::Refused(..)
+                | Kind::Info(_)
                 | Kind::Clusters
                 | Kind::Input
                 | Kind::KillOnInvalidDep
@@ -599,6 +605,9 @@ const OPTIONS: &[OptDef] = &[
     ),
     opt("qos", Some('q'), Kind::Qos),
     opt("quiet", Some('Q'), Kind::Quiet),
+    opt("version", Some('V'), Kind::Info(Info::Version)),
+    opt("help", Some('h'), Kind::Info(Info::Help)),
+    opt("usage", None, Kind::Info(Info::Usage)),
     opt("reboot", None, Kind::Unused(Arg::No, NO_REBOOT)),
     opt("requeue", None, Kind::Requeue),
     opt("reservation", None, Kind::Reservation),
@@ -761,6 +770,28 @@ fn find_long(name: &str) -> Option<&'static OptDef> {
 enum Item {
     Option(SbatchOption),
     Wrap(String),
+    Info(Info),
+}
+
+/// What `sbatch` prints instead of submitting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Info {
+    Version,
+    Help,
+    Usage,
+}
+
+impl Info {
+    /// The text, as Slurm prints it for `--version`; a usage line and Drover's options for the others.
+    pub fn text(self) -> String {
+        match self {
+            Info::Version => crate::format::version_line(),
+            Info::Usage => "Usage: sbatch [OPTIONS...] script [args...]  (sbatch --help lists the options)".to_string(),
+            Info::Help => format!(
+                "Usage: sbatch [OPTIONS...] script [args...]\n       sbatch [OPTIONS...] --wrap=COMMAND\n\nOptions Drover acts on: {SupportedOptions}\n\nOther Slurm options are accepted with a warning that says why they change nothing, or refused with the reason."
+            ),
+        }
+    }
 }
 
 /// What [`parse_args`] found: the items in order, and the index of the first positional argument.
@@ -849,6 +880,7 @@ fn parse_value(def: &OptDef, flag: &str, value: Option<String>) -> Result<Item, 
             Kind::MultiSite => SbatchOption::MultiSite,
             Kind::Parsable => SbatchOption::Parsable,
             Kind::Quiet => SbatchOption::Quiet,
+            Kind::Info(info) => return Ok(Item::Info(info)),
             Kind::Exclusive => SbatchOption::Exclusive(Exclusive::Node),
             Kind::Oversubscribe => SbatchOption::Exclusive(Exclusive::Oversubscribe),
             Kind::Nice => SbatchOption::Nice(DEFAULT_NICE),
@@ -990,6 +1022,7 @@ fn parse_value(def: &OptDef, flag: &str, value: Option<String>) -> Result<Item, 
         | Kind::MultiSite
         | Kind::Parsable
         | Kind::Quiet
+        | Kind::Info(_)
         | Kind::Oversubscribe
         | Kind::Unused(..)
         | Kind::Refused(..)
@@ -1594,6 +1627,9 @@ pub fn parse_command_line(args: &[String]) -> Result<CommandLine, SbatchError> {
     for item in parsed.items {
         match item {
             Item::Wrap(command) => cmd.wrap = Some(command),
+            Item::Info(info) => {
+                cmd.info.get_or_insert(info);
+            }
             Item::Option(option) => {
                 match &option {
                     SbatchOption::Parsable => cmd.parsable = true,
@@ -1741,6 +1777,8 @@ fn script_directives(script: &str) -> Result<(Vec<SbatchOption>, Option<String>)
             match item {
                 Item::Option(option) => options.push(option),
                 Item::Wrap(_) => return Err(at_line(OptionError::WrapInScript)),
+                // Read from the command line only: a script cannot make sbatch print and submit nothing.
+                Item::Info(_) => {}
             }
         }
     }
@@ -1775,7 +1813,9 @@ fn environment_options(env: &[(String, String)]) -> Result<Vec<SbatchOption>, Sb
         let at_var = |error| SbatchError::Environment { var: var.to_string(), error };
         match parse_value(def, &format!("--{long}"), value).map_err(at_var)? {
             Item::Option(option) => options.push(option),
-            Item::Wrap(_) => unreachable!("no variable stands for --wrap"),
+            Item::Wrap(_) | Item::Info(_) => {
+                unreachable!("no variable stands for --wrap, --version, --help or --usage")
+            }
         }
     }
     Ok(options)
@@ -2368,6 +2408,23 @@ mod tests {
                 assert!(check(&s), "{form:?} gave {s:?}");
             }
         }
+    }
+
+    /// Issue 30: Slurm's sbatch answers --version/-V, --help/-h and --usage with exit 0 and submits nothing (checked
+    /// against Debian's Slurm 22.05); Drover refused them as unknown options.
+    #[test]
+    fn version_help_and_usage_print_instead_of_submitting() {
+        let line = |args: &[&str]| parse_command_line(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>()).unwrap();
+        assert_eq!(line(&["--version"]).info, Some(Info::Version));
+        assert_eq!(line(&["-V"]).info, Some(Info::Version));
+        assert_eq!(line(&["-Q", "-h", "job.sh"]).info, Some(Info::Help), "before the script, with other options");
+        assert_eq!(line(&["--usage", "--version"]).info, Some(Info::Usage), "the first one wins");
+        assert_eq!(line(&["job.sh", "--version"]).info, None, "after the script: the script's own argument");
+        assert!(Info::Version.text().starts_with("slurm 22.05"));
+        assert!(Info::Help.text().contains("--job-name/-J"));
+        // A directive cannot make sbatch print and submit nothing.
+        let parsed = build_spec(&line(&[]), Some("#!/bin/sh\n#SBATCH --version\ntrue\n"), &ctx()).unwrap();
+        assert_eq!(parsed.spec.name, "sbatch");
     }
 
     #[test]

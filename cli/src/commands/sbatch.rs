@@ -19,6 +19,10 @@ pub fn run(args: &[String]) -> i32 {
 fn submit(args: &[String]) -> anyhow::Result<()> {
     let (controllers, args) = take_controllers_flag(args);
     let cmd = parse_command_line(&args)?;
+    if let Some(info) = cmd.info {
+        println!("{}", info.text());
+        return Ok(());
+    }
     let script_text = if cmd.wrap.is_some() {
         None
     } else if let Some(path) = &cmd.script_path {
