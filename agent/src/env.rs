@@ -1,9 +1,9 @@
 //! The environment of a task, as Slurm and PyTorch expect it. Pure: the same job and placement always give the
 //! same variables, so a requeued or re-attached task sees what the first one saw.
 
-use drover_state::Job;
 use drover_state::hostlist::compress_hostlist;
 use drover_state::job::MemRequest;
+use drover_state::{ExportPolicy, Job};
 
 /// Where one task runs within its job (and step, for `srun`).
 pub struct Placement<'a> {
@@ -56,14 +56,70 @@ pub fn tasks_per_node_string(counts: &[u32]) -> String {
 
 /// The whole environment of one task: the exported submit environment, then Slurm's and torch's variables
 /// (which win over exported ones of the same name, as in Slurm).
+/// `USER`, `LOGNAME`, `HOME` and `SHELL` of `uid` as the node's user database has them (`user`, the name the
+/// controllers verified, for the first two when the node does not know the uid).
+fn login_environment(uid: u32, user: &str) -> Vec<(&'static str, String)> {
+    let (name, home, shell) = passwd_entry(uid).unwrap_or_else(|| (user.to_string(), String::new(), String::new()));
+    let mut vars = vec![("USER", name.clone()), ("LOGNAME", name)];
+    if !home.is_empty() {
+        vars.push(("HOME", home));
+    }
+    if !shell.is_empty() {
+        vars.push(("SHELL", shell));
+    }
+    vars
+}
+
+/// Name, home directory and shell of `uid` from the node's user database.
+fn passwd_entry(uid: u32) -> Option<(String, String, String)> {
+    let mut buf = vec![0u8; 1024];
+    loop {
+        // SAFETY: all-zero is a valid passwd (null pointers, zero ids); getpwuid_r fills it.
+        let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: every pointer is valid for the call and buf.len() is its real size.
+        let rc = unsafe { libc::getpwuid_r(uid, &mut entry, buf.as_mut_ptr().cast(), buf.len(), &mut found) };
+        match rc {
+            0 if found.is_null() => return None,
+            0 => {
+                // SAFETY: getpwuid_r succeeded, so these point at NUL-terminated strings inside `buf`.
+                let text = |p: *const libc::c_char| {
+                    if p.is_null() {
+                        String::new()
+                    } else {
+                        unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
+                    }
+                };
+                return Some((text(entry.pw_name), text(entry.pw_dir), text(entry.pw_shell)));
+            }
+            libc::ERANGE if buf.len() < 1 << 20 => buf.resize(buf.len() * 2, 0),
+            _ => return None,
+        }
+    }
+}
+
 pub fn task_environment(p: &Placement, base: Vec<(String, String)>) -> Vec<(String, String)> {
     let job = p.job;
     let spec = &job.spec;
     let mut env: Vec<(String, String)> = base;
+    // Without the submit environment (anything but --export=ALL), Slurm still gives the task its user's login
+    // variables from the node's user database, and says which export it was (checked against Slurm 22.05):
+    // scripts run with --export=NONE rely on HOME and USER.
+    let exports_all = matches!(spec.export, ExportPolicy::All | ExportPolicy::Vars { all: true, .. });
+    if !exports_all {
+        for (name, value) in login_environment(spec.uid, &spec.user) {
+            if !env.iter().any(|(n, _)| *n == name) {
+                env.push((name.to_string(), value));
+            }
+        }
+    }
     let mut set = |k: &str, v: String| {
         env.retain(|(name, _)| name != k);
         env.push((k.to_string(), v));
     };
+    if spec.export == ExportPolicy::None {
+        set("SLURM_EXPORT_ENV", "NONE".to_string());
+    }
     let nodelist = compress_hostlist(&job.nodes);
     let job_tasks: Vec<u32> = job.allocation.iter().map(|a| a.tasks).collect();
     let gpus = p.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
@@ -304,6 +360,44 @@ mod tests {
             job.spec.exported_environment(),
             vec![("HOME".into(), "/home/alice".into()), ("X".into(), "1".into())]
         );
+    }
+
+    /// As Slurm 22.05 (checked here): without the submit environment, the task still gets its user's login
+    /// variables and `SLURM_EXPORT_ENV`; what the job passed itself wins; with --export=ALL nothing is added.
+    #[test]
+    fn without_the_submit_environment_a_task_still_gets_its_users_login_variables() {
+        let env_with = |export: ExportPolicy, uid: u32| {
+            let mut job = job();
+            job.spec.export = export;
+            job.spec.uid = uid;
+            let placement = Placement {
+                job: &job,
+                hosts: &[],
+                node_index: 0,
+                node_name: "gpu01",
+                gpus: &[],
+                step: None,
+                controllers: "",
+                client_config: "",
+            };
+            task_environment(&placement, job.spec.exported_environment())
+        };
+        // uid 0 is in every node's user database.
+        let env = env_with(ExportPolicy::None, 0);
+        assert_eq!((get(&env, "USER"), get(&env, "LOGNAME"), get(&env, "HOME")), ("root", "root", "/root"));
+        assert!(!get(&env, "SHELL").is_empty());
+        assert_eq!(get(&env, "SLURM_EXPORT_ENV"), "NONE");
+        // A uid the node does not know: the name the controllers verified, and no invented home.
+        let env = env_with(ExportPolicy::None, 4_000_000);
+        assert_eq!(get(&env, "USER"), "alice");
+        assert!(!env.iter().any(|(k, _)| k == "HOME"));
+        // Listed variables win over the login ones; ALL adds nothing.
+        let listed = ExportPolicy::Vars { all: false, names: vec!["HOME".into()].into() };
+        let env = env_with(listed, 0);
+        assert_eq!(get(&env, "HOME"), "/home/alice");
+        assert!(!env.iter().any(|(k, _)| k == "SLURM_EXPORT_ENV"));
+        let env = env_with(ExportPolicy::All, 0);
+        assert!(!env.iter().any(|(k, _)| k == "USER" || k == "SLURM_EXPORT_ENV"));
     }
 
     #[test]
