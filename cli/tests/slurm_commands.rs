@@ -84,6 +84,14 @@ fn bad_submissions_are_refused_with_errors_that_name_the_problem() {
     assert!(err.contains("Requested time limit is invalid") && err.contains("debug"), "{err}");
     let err = sh.err("sbatch", &["-p", "nope", "--wrap", "true"]);
     assert!(err.contains("invalid partition name specified: \"nope\""), "{err}");
+    // Exit statuses and wording as Slurm 22.05's: a wrong option is 255, the controllers' refusal 1 and says so.
+    assert_eq!(sh.run("sbatch", &["--frobnicate", "--wrap", "true"]).status.code(), Some(255));
+    assert_eq!(sh.run("sbatch", &["-N", "abc", "--wrap", "true"]).status.code(), Some(255));
+    let refused = sh.run("sbatch", &["-p", "nope", "--wrap", "true"]);
+    assert_eq!(refused.status.code(), Some(1));
+    let said = String::from_utf8(refused.stderr).unwrap();
+    assert!(said.starts_with("sbatch: error: Batch job submission failed: "), "{said}");
+    assert_eq!(sh.run("sbatch", &["nosuchfile.sh"]).status.code(), Some(1), "an unreadable script, as in Slurm");
     let err = sh.err("sbatch", &["-N", "8", "--wrap", "true"]);
     assert!(err.contains("Node count specification invalid"), "{err}");
     std::fs::write(sh.cwd.join("huge.sh"), format!("#!/bin/bash\n{}", "#".repeat(5 << 20))).unwrap();
