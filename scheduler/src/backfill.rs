@@ -890,6 +890,43 @@ impl<'a> Pass<'a> {
             preemptions: Vec::new(),
         };
         let mut preempt = self.preempt.take();
+        // Preemptors whose victims are already ending for them take their windows before anyone else is placed
+        // (see `Pass::claim`); in their turn they only report it.
+        let mut claimed: FxMap<JobId, u64> = FxMap::default();
+        if let Some(pre_state) = preempt.as_mut()
+            && pre_state.any_waiting()
+        {
+            for pj in &pre {
+                if pj.early.is_some() || pj.preempt_q == 0 || !pre_state.waits_for_victims(pj.id) {
+                    continue;
+                }
+                if usage.limit_reason(pj, &view.qos).is_some() {
+                    continue;
+                }
+                let job = &view.pending[pj.idx as usize];
+                if job.reservation.is_some() {
+                    continue;
+                }
+                let p = pj.p as usize;
+                let shape = (pj.shape != NO_SHAPE).then_some(pj.shape as usize);
+                let req = match shape {
+                    Some(s) => Req { time_limit_s: pj.time_limit_s, ..shapes[s].req },
+                    None => Req::of(job),
+                };
+                let own_filter;
+                let filter = match shape {
+                    Some(s) => &shape_filters[s],
+                    None => {
+                        let Some(f) = self.filter(job, p) else { continue };
+                        own_filter = f;
+                        &own_filter
+                    }
+                };
+                if let Some(t) = self.claim(pre_state, (job, pj.id, pj.preempt_q), &req, filter, p) {
+                    claimed.insert(pj.id, t);
+                }
+            }
+        }
         let mut blocked_in_partition = vec![false; view.partitions.len()];
         let mut any_blocked = false;
         let mut examined = 0usize;
@@ -902,6 +939,13 @@ impl<'a> Pass<'a> {
                     break 'job r;
                 }
                 let p = pj.p as usize;
+                if let Some(&t) = claimed.get(&pj.id) {
+                    // Slurm shows a job waiting for its preempted jobs to end as waiting for resources.
+                    plan.expected_start.push((pj.id, t));
+                    any_blocked = true;
+                    blocked_in_partition[p] = true;
+                    break 'job Reason::Resources;
+                }
                 if !config.backfill && any_blocked {
                     // Strict priority order: nothing passes a blocked job.
                     break 'job Reason::Priority;

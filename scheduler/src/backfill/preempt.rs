@@ -16,7 +16,8 @@
 //! preempted for (`preempted_for`), or, when that job is not pending or unknown, for jobs that may preempt them;
 //! every other job sees them busy until the victim's own expected end. So the next pass re-reserves them for the
 //! same job without preempting again, and nothing else takes them first. Taking victims' GPUs never makes a
-//! profile rise (a surplus stays hidden), which keeps the pass's other bounds valid.
+//! profile rise, which keeps the pass's other bounds valid; what a reservation leaves of them stays usable by the
+//! next job (exactly over the reservation's window, undercounted after it).
 //!
 //! Cost: nothing when no QOS preempts and no partition requeues. Otherwise at most [`MAX_PREEMPTOR_TRIES`] jobs
 //! per pass run the search (plus jobs whose own victims are still ending), each over the nodes holding victims
@@ -266,6 +267,17 @@ impl<'a> Preempt<'a> {
         }
     }
 
+    /// Whether some pending job of the view waits for victims already ending for it.
+    pub(super) fn any_waiting(&self) -> bool {
+        self.ending_for.values().any(|&pending| pending)
+    }
+
+    /// Whether `job` is pending and victims are already ending for it (at the start of the pass: a job that
+    /// chooses victims in this pass answers true afterwards).
+    pub(super) fn waits_for_victims(&self, job: JobId) -> bool {
+        self.ending_for.get(&job) == Some(&true)
+    }
+
     /// Whether jobs of QOS `q` (None: unknown) in partition `p` may preempt anyone at all by the rules.
     pub(super) fn may_preempt_some(&self, q: Option<usize>, p: usize) -> bool {
         q.is_some_and(|q| !self.qos_targets[q].is_empty()) || self.part_requeue[p]
@@ -337,6 +349,34 @@ impl<'a> Preempt<'a> {
     /// What victim `v` frees on node `i` early, unless a reservation already used it.
     fn early_on(&self, i: u32, v: u32) -> Option<Early> {
         self.by_node[i as usize].iter().find(|s| s.v == v && !s.used).map(|s| (s.end_s, s.gpus))
+    }
+
+    /// After a reservation at `kill_at` took `need` GPUs on node `i` covered first by the ending slots `who` may
+    /// use there: takes `need` from those slots, latest end first. Over the window that leaves exactly what the
+    /// reservation did not need (at a time `t` the slots still counting are those ending after `t`, which absorb
+    /// the take first); after the window it leaves less than is really there, which is safe (a profile never
+    /// rises). Taking the whole slots instead hid the surplus: a preemptor after a job that needed one of a
+    /// victim's three GPUs found none and waited hours for GPUs that were free at `kill_at`.
+    fn consume(&mut self, i: u32, who: Who, need: i32) {
+        let mut slots: Vec<usize> = (0..self.by_node[i as usize].len())
+            .filter(|&k| {
+                let s = &self.by_node[i as usize][k];
+                let v = &self.victims[s.v as usize];
+                !s.used && matches!(v.state, State::Ending(_)) && self.usable(who, v)
+            })
+            .collect();
+        slots.sort_by_key(|&k| std::cmp::Reverse(self.by_node[i as usize][k].end_s));
+        let mut left = need;
+        for k in slots {
+            if left <= 0 {
+                break;
+            }
+            let s = &mut self.by_node[i as usize][k];
+            let take = left.min(s.gpus);
+            s.gpus -= take;
+            left -= take;
+            s.used = s.gpus == 0;
+        }
     }
 
     fn cost(&self, set: &[u32]) -> Cost {
@@ -498,25 +538,87 @@ impl<'a> Pass<'a> {
         if !set.is_empty() {
             pre.ending_for.insert(id, true);
         }
-        // Take the window at kill_at on the chosen nodes, covered first by what ends there for this job.
+        self.take_at_kill(pre, who, req, &chosen);
+        victims.sort_unstable();
+        Outcome::Reserved { t: pre.kill_at, victims }
+    }
+
+    /// Takes the job's window at `kill_at` on the chosen nodes, covered first by what ends there for it.
+    fn take_at_kill(&mut self, pre: &mut Preempt<'a>, who: Who, req: &Req, chosen: &[u32]) {
         let (from, to) = (pre.kill_at, pre.kill_at.saturating_add(req.time_limit_s));
-        for &i in &chosen {
+        for &i in chosen {
             let need = Self::need_on(req, &self.nodes[i as usize]) as i32;
             let (ending, _) = pre.on_node(i, who);
             self.nodes[i as usize].general.take_covered(from, to, need, &ending);
-            let used: Vec<bool> = pre.by_node[i as usize]
-                .iter()
-                .map(|s| {
-                    let v = &pre.victims[s.v as usize];
-                    s.used || (matches!(v.state, State::Ending(_)) && pre.usable(who, v))
-                })
-                .collect();
-            for (s, u) in pre.by_node[i as usize].iter_mut().zip(used) {
-                s.used = u;
-            }
+            pre.consume(i, who, need);
         }
-        victims.sort_unstable();
-        Outcome::Reserved { t: pre.kill_at, victims }
+    }
+
+    /// Before any other job is placed: a pending job whose victims are already ending for it takes its window at
+    /// `kill_at` on their nodes (and on others it needs beside them) when that fits without more victims; the
+    /// time it is reserved for, or None when it does not fit (it then goes through the pass in its turn).
+    ///
+    /// Jobs ahead of it in priority would otherwise be placed first, and what they take can change between passes
+    /// (a victim ending for a job that has since started elsewhere leaves its GPUs to everyone): one of them could
+    /// take what the preemptor counted on, and it would wait long past `kill_at` while other jobs lost their work
+    /// for it (found by `the_next_pass_does_not_preempt_again`). Its victims' nodes come first, then nodes no
+    /// other waiting preemptor counts on.
+    pub(super) fn claim(
+        &mut self,
+        pre: &mut Preempt<'a>,
+        (job, id, preempt_q): (&PendingJob, JobId, u16),
+        req: &Req,
+        filter: &Filter,
+        p: usize,
+    ) -> Option<u64> {
+        if (req.gpus_per_node == 0 && !req.exclusive) || !pre.waits_for_victims(id) {
+            return None;
+        }
+        let q = match preempt_q {
+            u16::MAX => pre.qos_index.get(job.qos.as_str()).copied().unwrap_or(NONE),
+            q => u32::from(q) - 1,
+        };
+        let who = Who { id, q, p: p as u32 };
+        let window = (pre.kill_at, pre.kill_at.saturating_add(req.time_limit_s));
+        let own = |i: u32| {
+            pre.by_node[i as usize]
+                .iter()
+                .any(|s| !s.used && pre.victims[s.v as usize].state == State::Ending(Some(id)))
+        };
+        let nodes: &[u32] = if req.nodes == 1 { &pre.ending_nodes } else { &self.part_nodes[p] };
+        let mut cands: Vec<Candidate> = Vec::new();
+        let (mut ending, mut unused) = (Vec::new(), Vec::new());
+        let mut has_own = false;
+        for &i in nodes {
+            let n = &self.nodes[i as usize];
+            let need = Self::need_on(req, n);
+            if !filter.admits(i, n) || n.total < need {
+                continue;
+            }
+            pre.fill_on_node(i, who, &mut ending, &mut unused);
+            let have = n.general.min_over_plus(window.0, window.1, &ending);
+            if have < need as i32 {
+                continue;
+            }
+            // Lower `free` is preferred by the placement: its own victims' nodes, then nodes nobody counts on; ties
+            // go to the lower node, not to the fuller one, because the jobs that start between passes change how
+            // full nodes are, and the next pass should find the same nodes again.
+            let rank = if own(i) {
+                has_own = true;
+                0
+            } else if pre.earmarked_elsewhere(i, who) {
+                2
+            } else {
+                1
+            };
+            cands.push(self.candidate(i, rank));
+        }
+        if !has_own {
+            return None;
+        }
+        let chosen = choose_nodes(&cands, req.nodes as usize, req.allow_multi_site)?;
+        self.take_at_kill(pre, who, req, &chosen);
+        Some(pre.kill_at)
     }
 
     /// A placement at `kill_at` and the victims it needs (empty: GPUs already ending for the job suffice).
