@@ -5,10 +5,11 @@
 use std::path::{Path, PathBuf};
 
 use drover_proto::wire::Assignment;
-use drover_state::{JobEnd, Usage};
 
 use crate::env::{Placement, StepPlacement, task_environment};
-use crate::node::{NodeAgent, now_ms};
+use drover_common::wall::now_ms;
+
+use crate::node::NodeAgent;
 use crate::patterns::{PatternContext, expand_output_path};
 use crate::supervise::{self, TaskCgroup, TaskLaunch, TaskResult};
 
@@ -227,22 +228,6 @@ impl NodeAgent {
                 Vec::new()
             }
         }
-    }
-}
-
-/// A job's end as its batch task's result says (`fenced`: the node's lease ran out and the tasks were killed).
-pub(crate) fn end_from(result: &TaskResult, timed_out: bool, fenced: bool) -> JobEnd {
-    JobEnd {
-        exit_code: result.exit_code,
-        signal: result.signal,
-        timed_out,
-        usage: Usage { cpu_ms: result.cpu_ms, max_rss_kb: result.max_rss_kb },
-        message: result.error.clone(),
-        fenced: fenced || result.fenced,
-        oom: result.oom,
-        // Read from the job's cgroup when the report goes out (see `NodeAgent::measured`).
-        measured: None,
-        by_client: false,
     }
 }
 

@@ -16,7 +16,6 @@ use tokio::sync::{Notify, mpsc};
 
 use crate::config::AgentConfig;
 use crate::gpu::GpuBackend;
-use crate::launch::end_from;
 use crate::lease;
 use crate::supervise::{self, TaskStatus};
 
@@ -173,7 +172,7 @@ pub struct NodeAgent {
     pub heartbeats_sent: std::sync::atomic::AtomicU64,
 }
 
-pub use drover_common::wall::now_ms;
+use drover_common::wall::now_ms;
 
 impl NodeAgent {
     #[allow(clippy::too_many_arguments)]
@@ -854,7 +853,7 @@ impl NodeAgent {
         let end = match batch.map(|d| supervise::status(&d.path)) {
             Some(TaskStatus::Finished(result)) => {
                 let dir = self.batch_dir(key);
-                Some(end_from(&result, dir.join(TIMED_OUT_MARKER).exists(), dir.join(FENCED_MARKER).exists()))
+                Some(result.job_end(dir.join(TIMED_OUT_MARKER).exists(), dir.join(FENCED_MARKER).exists()))
             }
             Some(TaskStatus::Lost(why)) => Some(JobEnd { exit_code: 1, message: Some(why), ..JobEnd::default() }),
             Some(TaskStatus::Running { .. }) => None,
@@ -935,9 +934,4 @@ impl NodeAgent {
         }
         problems
     }
-}
-
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
 }

@@ -169,6 +169,24 @@ pub struct TaskResult {
     pub oom: bool,
 }
 
+impl TaskResult {
+    /// The job's end as its batch task's result says (`fenced`: the node's lease ran out and the tasks were killed).
+    pub fn job_end(&self, timed_out: bool, fenced: bool) -> drover_state::JobEnd {
+        drover_state::JobEnd {
+            exit_code: self.exit_code,
+            signal: self.signal,
+            timed_out,
+            usage: drover_state::Usage { cpu_ms: self.cpu_ms, max_rss_kb: self.max_rss_kb },
+            message: self.error.clone(),
+            fenced: fenced || self.fenced,
+            oom: self.oom,
+            // Read from the job's cgroup when the report goes out (see `NodeAgent::measured`).
+            measured: None,
+            by_client: false,
+        }
+    }
+}
+
 /// What [`status`] finds in a task directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TaskStatus {
