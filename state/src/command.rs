@@ -3,11 +3,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::admin::AdminOp;
 use crate::config::{ClusterConfig, PartitionUpdate};
 use crate::error::CommandError;
 use crate::job::{JobId, JobSpec, MeasuredUsage, NodeAllocation, PendingReason, Usage};
 use crate::node::{NodeInfo, RunningShare};
+use crate::registry::AdminOp;
 
 /// What `srun` says of a step it starts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,6 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Slurm's `MaxBatchRequeue` default.
+pub const DEFAULT_MAX_BATCH_REQUEUE: u32 = 5;
+
 /// Slurm's partition states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "UPPERCASE")]
@@ -268,7 +271,7 @@ pub struct ClusterConfig {
 }
 
 fn default_max_batch_requeue() -> u32 {
-    crate::requeue::DEFAULT_MAX_BATCH_REQUEUE
+    DEFAULT_MAX_BATCH_REQUEUE
 }
 
 impl ClusterConfig {
@@ -313,7 +316,7 @@ impl Default for ClusterConfig {
             fairshare_half_life_s: DEFAULT_HALF_LIFE_S,
             scheduler: SchedulerSettings::default(),
             allow_root_jobs: false,
-            max_batch_requeue: crate::requeue::DEFAULT_MAX_BATCH_REQUEUE,
+            max_batch_requeue: DEFAULT_MAX_BATCH_REQUEUE,
             checkpoint_dir: None,
         }
         .normalized()

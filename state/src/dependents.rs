@@ -5,30 +5,12 @@
 //! (the `FATE_CAPACITY` highest finished ids): enough to judge a dependency on a job that just ended. It is
 //! derived from the history on restore by the same rule, so every replica holds the same table.
 
-use std::collections::{BTreeMap, BTreeSet};
-
-use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
 
 use crate::error::CommandError;
+pub use crate::fate::{FATE_CAPACITY, Fate};
 use crate::job::{ArrayTask, DepState, Dependency, DependencyKind, Job, JobId, JobState};
 use crate::state::{Change, State};
-
-/// How many finished jobs' fates are remembered (Slurm forgets a job after `MinJobAge`, 300 s by default;
-/// this covers far more than that at any realistic rate).
-pub const FATE_CAPACITY: usize = 100_000;
-
-/// How a finished job ended, as dependencies need it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Fate {
-    pub succeeded: bool,
-    pub array: Option<ArrayTask>,
-}
-
-impl Fate {
-    pub fn of(job: &Job) -> Fate {
-        Fate { succeeded: job.succeeded(), array: job.array.as_deref().copied() }
-    }
-}
 
 /// One covered job, as a dependency sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,10 +19,6 @@ enum Fact {
     Started,
     Ended { ok: bool },
 }
-
-/// The reverse index: target id (as written in `--dependency`) to the pending jobs naming it. Derived, never
-/// persisted.
-pub(crate) type Dependents = BTreeMap<JobId, BTreeSet<JobId>>;
 
 impl State {
     /// The array's task count, from any of its tasks still known (active or in the fate table).

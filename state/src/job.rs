@@ -694,7 +694,7 @@ pub struct Job {
     /// the field costs every other job one word instead of seven. (Records written before it was optional hold the
     /// sums inline, which decode as `Some`.)
     #[serde(default)]
-    pub dropped_goodput: Option<Box<crate::goodput::GoodputTotals>>,
+    pub dropped_goodput: Option<Box<crate::goodput_totals::GoodputTotals>>,
 }
 
 /// One task of a job array. The tasks of array `A` hold the consecutive job ids `A .. A + task_count`.

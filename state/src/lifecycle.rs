@@ -216,7 +216,7 @@ impl State {
         let gpus = job.allocated_gpus() as u32;
         let gpu_s = crate::account::decayed_gpu_seconds(gpus, start_ms / 1_000, now_ms / 1_000, half_life_s);
         account.charge(gpu_s, now_ms / 1_000, half_life_s);
-        changes.push(Change::PutObject(crate::admin::Object::Account(account.clone())));
+        changes.push(Change::PutObject(crate::registry::Object::Account(account.clone())));
     }
 
     pub(crate) fn drain_nodes(

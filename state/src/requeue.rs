@@ -17,8 +17,7 @@ use crate::job::{
 use crate::role::AdminLevel;
 use crate::state::{Change, State};
 
-/// Slurm's `MaxBatchRequeue` default.
-pub const DEFAULT_MAX_BATCH_REQUEUE: u32 = 5;
+pub use crate::config::DEFAULT_MAX_BATCH_REQUEUE;
 
 impl Job {
     /// Whether it may go back to the queue (`--no-requeue` and interactive allocations may not).
@@ -91,7 +90,7 @@ impl State {
     /// Puts an ended incarnation's job back in the queue as the next incarnation (or ends it for good when a
     /// failure exceeds the requeue limit). The allocation is already released.
     pub(crate) fn requeue(&mut self, mut job: Box<Job>, order: RequeueOrder, now_ms: u64, changes: &mut Vec<Change>) {
-        let limit = self.config().map_or(crate::requeue::DEFAULT_MAX_BATCH_REQUEUE, |c| c.max_batch_requeue);
+        let limit = self.config().map_or(DEFAULT_MAX_BATCH_REQUEUE, |c| c.max_batch_requeue);
         self.record_incarnation(&mut job, order.kind.state(), &order.reason, now_ms, changes);
         if order.kind == RequeueKind::NodeFailure {
             job.failures += 1;
@@ -181,7 +180,7 @@ impl State {
         self.meta.goodput_since_ms.get_or_insert(now_ms);
         if let Some(account) = self.accounts.get_mut(account) {
             account.goodput.add(add);
-            changes.push(Change::PutObject(crate::admin::Object::Account(account.clone())));
+            changes.push(Change::PutObject(crate::registry::Object::Account(account.clone())));
         }
     }
 

@@ -6,12 +6,12 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::account::{Account, ROOT_ACCOUNT};
-use crate::admin::Object;
 use crate::audit::{AUDIT_CAPACITY, AuditEntry};
-use crate::dependents::{Dependents, Fate};
+use crate::fate::{Dependents, Fate};
 use crate::goodput::GoodputTotals;
 use crate::job::{ArrayTask, DepState};
 use crate::qos::{DEFAULT_QOS, Qos};
+use crate::registry::Object;
 use crate::reservation::Reservation;
 use crate::role::{AdminLevel, RoleGrant};
 use crate::thin_str::ThinStr;
