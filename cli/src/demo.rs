@@ -53,7 +53,7 @@ fn spec(args: &[&str], script: Option<&str>, cwd: &Path) -> anyhow::Result<drove
     let path = format!("{}:{}", shims.display(), std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()));
     let mut env: Vec<(String, String)> = std::env::vars().filter(|(k, _)| k == "HOME").collect();
     env.push(("PATH".to_string(), path));
-    let (now_ms, utc_offset_s) = super::sbatch::local_clock();
+    let (now_ms, utc_offset_s) = crate::slurm::time::local_clock();
     let cwd = cwd.display().to_string();
     let ctx = SubmitContext { user, uid, gid, cwd, env, now_ms, utc_offset_s, sbatch_env: true };
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
@@ -87,7 +87,7 @@ fn print_jobs(jobs: &[drover_state::Job]) -> anyhow::Result<()> {
     let formatter = crate::format::JobFormatter::new(crate::format::SQUEUE_DEFAULT).map_err(|e| anyhow::anyhow!(e))?;
     println!("{}", formatter.header());
     for job in jobs {
-        println!("{}", formatter.line(job, super::now_ms()));
+        println!("{}", formatter.line(job, drover_common::wall::now_ms()));
     }
     Ok(())
 }
@@ -99,10 +99,10 @@ async fn demo(dir: PathBuf) -> anyhow::Result<()> {
     cluster.wait_ready(Duration::from_secs(30)).await?;
     cluster.wait_agents(Duration::from_secs(30)).await?;
     let client = Arc::new(cluster.client()?);
-    super::cluster::status(&client, false).await?;
+    crate::commands::cluster::status(&client, false).await?;
     let work = dir.join("work");
     std::fs::create_dir_all(&work)?;
-    let drover = super::shims::link_all(&dir.join("bin"))?;
+    let drover = crate::commands::shims::link_all(&dir.join("bin"))?;
 
     println!("\n== sbatch llm-pretrain.sh   (2 nodes x 4 tasks x 4 GPUs, 14 days, --requeue)");
     let script = train_script(&drover);
@@ -186,7 +186,7 @@ async fn demo(dir: PathBuf) -> anyhow::Result<()> {
     println!("\n== Restarting replica {leader}; it catches up from the new leader");
     cluster.start(leader)?;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    super::cluster::status(&client, false).await?;
+    crate::commands::cluster::status(&client, false).await?;
     for chunk in unique.chunks(5_000) {
         client.cancel(chunk).await?;
     }

@@ -4,11 +4,14 @@
 //! run as `drover` it also has the cluster, local-cluster, account, QOS, admin, audit, checkpoint, certificate and
 //! demo commands.
 
+pub mod command;
 pub mod commands;
 pub mod connect;
+pub mod demo;
 pub mod format;
 pub mod identity;
 pub mod job_refs;
 pub mod local;
 pub mod pki;
 pub mod sbatch_args;
+pub mod slurm;

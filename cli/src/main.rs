@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use drover_cli::commands::{self, account, admin, cluster, demo};
+use drover_cli::commands::{self, account, admin, cluster};
 use drover_cli::connect;
+use drover_cli::demo;
 use drover_cli::local::{LocalCluster, UpOptions};
 
 #[derive(Parser)]

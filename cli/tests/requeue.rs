@@ -298,7 +298,7 @@ fn check_goodput(sh: &Shell, id: u64, checkpoint_step: u32, killed_at: std::time
         .unwrap_or_else(|| killed_at.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64());
     let end = sh.ok("sacct", &["-X", "-j", &id.to_string(), "-D", "-n", "-P", "-o", "End"]);
     let end = end.lines().next().expect("the failed incarnation's row");
-    let end_s = drover_cli::commands::sacct::parse_time(end, 0, true).unwrap() as f64;
+    let end_s = drover_cli::slurm::time::parse_time(end, 0, true).unwrap() as f64;
     let (low, high) = (end_s - recorded_before, end_s + 1.0 - recorded_after);
 
     let out = sh.ok(

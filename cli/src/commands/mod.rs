@@ -3,9 +3,7 @@
 pub mod account;
 pub mod admin;
 pub mod cluster;
-pub mod demo;
 pub mod rendezvous;
-pub mod reservation;
 pub mod sacct;
 pub mod sacctmgr;
 pub mod salloc;

@@ -133,29 +133,11 @@ pub fn run(args: &[String]) -> i32 {
     }
 }
 
-/// How a field's value is printed in columns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// Cut to the width with a `+` marking the cut.
-    Text,
-    /// Numbers and durations: never cut.
-    Number,
-    /// Timestamps: cut without a marker.
-    Date,
-}
-
-/// A field Slurm 22.05 knows (name, default width, kind), in its order: a prefix picks the first match.
-pub(crate) struct FieldDef {
-    name: &'static str,
-    width: i32,
-    kind: Kind,
-}
-
-pub(crate) const fn def(name: &'static str, width: i32, kind: Kind) -> FieldDef {
-    FieldDef { name, width, kind }
-}
-
-use Kind::{Date, Number, Text};
+use crate::slurm::fields::Kind::{Date, Number, Text};
+use crate::slurm::fields::{
+    Field, FieldDef, Layout, def, gpu_hours, header, help_format_in, parse_fields_in, ratio, row,
+};
+use crate::slurm::time::{local_midnight, parse_time};
 
 /// Slurm 22.05's fields (sacct.c), then Drover's own: restart history and checkpoints, and goodput
 /// (`drover_state::goodput`): `GPUHours` held by all the job's incarnations (a running one up to now),
@@ -285,147 +267,10 @@ const FIELDS: &[FieldDef] = &[
     def("Goodput", 7, Number),
 ];
 
-/// One column: its field and width (negative: left-justified, as in Slurm).
-pub(crate) struct Field {
-    def: &'static FieldDef,
-    width: i32,
-}
-
-impl Field {
-    pub(crate) fn name(&self) -> &'static str {
-        self.def.name
-    }
-}
-
-/// A column as Slurm's print_fields lays it out (sacct's, sstat's and sacctmgr's fields).
-pub(crate) trait Column {
-    fn header(&self) -> &str;
-    /// Negative: left-justified.
-    fn width(&self) -> i32;
-    fn kind(&self) -> Kind {
-        Kind::Text
-    }
-}
-
-impl Column for Field {
-    fn header(&self) -> &str {
-        self.def.name
-    }
-    fn width(&self) -> i32 {
-        self.width
-    }
-    fn kind(&self) -> Kind {
-        self.def.kind
-    }
-}
-
 /// `-o` as Slurm reads it: comma-separated names, each any prefix of a field name (case-insensitive, the first
 /// match in Slurm's order wins), `%N` setting the width (`atoi`: `%-20` left-justifies); `ALL` is every field.
 fn parse_fields(spec: &str) -> anyhow::Result<Vec<Field>> {
     parse_fields_in(spec, FIELDS)
-}
-
-/// [`parse_fields`] over another command's table of fields (`sstat`'s).
-pub(crate) fn parse_fields_in(spec: &str, table: &'static [FieldDef]) -> anyhow::Result<Vec<Field>> {
-    let mut fields = Vec::new();
-    for item in spec.split(',').map(str::trim_start).filter(|f| !f.is_empty()) {
-        let (name, width) = match item.split_once('%') {
-            Some((n, w)) => (n, Some(atoi(w))),
-            None => (item, None),
-        };
-        if name.eq_ignore_ascii_case("ALL") {
-            fields.extend(table.iter().map(|d| Field { def: d, width: width.unwrap_or(d.width) }));
-            continue;
-        }
-        let lower = name.to_ascii_lowercase();
-        let Some(d) = table.iter().find(|d| d.name.to_ascii_lowercase().starts_with(&lower)) else {
-            if ["allocgres", "reqgres"].contains(&lower.as_str()) {
-                let now = if lower == "allocgres" { "AllocTRES" } else { "ReqTRES" };
-                anyhow::bail!("{name} has been removed, please use {now}");
-            }
-            anyhow::bail!("Invalid field requested: \"{name}\"");
-        };
-        fields.push(Field { def: d, width: width.unwrap_or(d.width) });
-    }
-    Ok(fields)
-}
-
-/// C's `atoi`: an optional sign and the digits that follow; 0 when there are none.
-pub(crate) fn atoi(text: &str) -> i32 {
-    let (sign, digits) = match text.strip_prefix('-') {
-        Some(rest) => (-1, rest),
-        None => (1, text.strip_prefix('+').unwrap_or(text)),
-    };
-    let digits: String = digits.chars().take_while(|c| c.is_ascii_digit()).collect();
-    digits.parse::<i32>().map_or(0, |n| sign * n)
-}
-
-/// How rows are laid out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Layout {
-    Columns,
-    /// `-p` (`trailing`) or `-P`.
-    Parsable {
-        delimiter: String,
-        trailing: bool,
-    },
-}
-
-/// One row: each value as Slurm's print_fields would print it.
-pub(crate) fn row<C: Column>(fields: &[C], values: &[String], layout: &Layout) -> String {
-    let mut line = String::new();
-    match layout {
-        Layout::Parsable { delimiter, trailing } => {
-            for (i, value) in values.iter().enumerate() {
-                line.push_str(value);
-                if *trailing || i + 1 < values.len() {
-                    line.push_str(delimiter);
-                }
-            }
-        }
-        Layout::Columns => {
-            for (field, value) in fields.iter().zip(values) {
-                line.push_str(&cell(value, field.width(), field.kind()));
-                line.push(' ');
-            }
-        }
-    }
-    line.push('\n');
-    line
-}
-
-/// One column cell: cut as the kind says, right-justified for a positive width, left for a negative one.
-fn cell(value: &str, width: i32, kind: Kind) -> String {
-    let abs = width.unsigned_abs() as usize;
-    let count = value.chars().count();
-    let shown: String = match kind {
-        Kind::Text if count > abs && abs > 0 => value.chars().take(abs - 1).chain(std::iter::once('+')).collect(),
-        Kind::Text | Kind::Date if count > abs => value.chars().take(abs).collect(),
-        _ => value.to_string(),
-    };
-    if width >= 0 { format!("{shown:>abs$}") } else { format!("{shown:<abs$}") }
-}
-
-pub(crate) fn header<C: Column>(fields: &[C], layout: &Layout) -> String {
-    let names: Vec<String> = fields.iter().map(|f| f.header().to_string()).collect();
-    match layout {
-        Layout::Parsable { .. } => row(fields, &names, layout),
-        Layout::Columns => {
-            let mut out = String::new();
-            for f in fields {
-                let abs = f.width().unsigned_abs() as usize;
-                let name: String = f.header().chars().take(abs).collect();
-                out.push_str(&if f.width() >= 0 { format!("{name:>abs$} ") } else { format!("{name:<abs$} ") });
-            }
-            out.push('\n');
-            for f in fields {
-                out.push_str(&"-".repeat(f.width().unsigned_abs() as usize));
-                out.push(' ');
-            }
-            out.push('\n');
-            out
-        }
-    }
 }
 
 /// Which jobs the options select.
@@ -676,7 +521,7 @@ fn sacct(args: &[String]) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let cluster = if fields.iter().any(|f| f.def.name == "Cluster") {
+    let cluster = if fields.iter().any(|f| f.name() == "Cluster") {
         rt.block_on(client.nodes_and_config(false))?.1.map(|c| c.cluster_name).unwrap_or_default()
     } else {
         String::new()
@@ -689,19 +534,19 @@ fn sacct(args: &[String]) -> anyhow::Result<()> {
     for job in &jobs {
         if args.duplicates {
             for earlier in earlier_incarnations(job) {
-                let values: Vec<String> = fields.iter().map(|f| value(f.def.name, &earlier, &context)).collect();
+                let values: Vec<String> = fields.iter().map(|f| value(f.name(), &earlier, &context)).collect();
                 out.push_str(&row(&fields, &values, &layout));
             }
         }
         for kind in rows_of(job, &query, args.allocations) {
             let values: Vec<String> = match kind {
-                Row::Job => fields.iter().map(|f| value(f.def.name, job, &context)).collect(),
+                Row::Job => fields.iter().map(|f| value(f.name(), job, &context)).collect(),
                 Row::Batch => {
                     let step = batch_step(job);
-                    fields.iter().map(|f| step_value(f.def.name, job, &step, &context)).collect()
+                    fields.iter().map(|f| step_value(f.name(), job, &step, &context)).collect()
                 }
                 Row::Step(i) => {
-                    fields.iter().map(|f| srun_step_value(f.def.name, job, &job.steps[i], &context)).collect()
+                    fields.iter().map(|f| srun_step_value(f.name(), job, &job.steps[i], &context)).collect()
                 }
             };
             out.push_str(&row(&fields, &values, &layout));
@@ -788,17 +633,6 @@ fn query(args: &Args, now_ms: u64) -> anyhow::Result<Query> {
 /// `sacct -e`: the field names, four to a line as Slurm prints them.
 fn help_format() -> String {
     help_format_in(FIELDS)
-}
-
-/// `--helpformat` over another command's table of fields (`sstat`'s).
-pub(crate) fn help_format_in(table: &[FieldDef]) -> String {
-    let mut out = String::new();
-    for chunk in table.chunks(4) {
-        let line: Vec<String> = chunk.iter().map(|f| format!("{:<20}", f.name)).collect();
-        out.push_str(line.join("").trim_end());
-        out.push('\n');
-    }
-    out
 }
 
 /// What values need beyond the job.
@@ -895,16 +729,6 @@ fn alloc_tres(job: &Job, mut held: Tres) -> String {
     held.by_name()
 }
 
-/// GPU-ms as GPU-hours with 4 decimals (`sacct`'s and `sreport`'s goodput fields).
-pub(crate) fn gpu_hours(gpu_ms: u64) -> String {
-    format!("{:.4}", gpu_ms as f64 / 3_600_000.0)
-}
-
-/// The effective training time ratio, 4 decimals.
-pub(crate) fn ratio(r: f64) -> String {
-    format!("{r:.4}")
-}
-
 /// A job's earlier incarnations as rows of their own, from its restart history. Each keeps its own record as
 /// its only history, so goodput fields count that incarnation alone.
 fn earlier_incarnations(job: &Job) -> Vec<Job> {
@@ -964,273 +788,22 @@ fn tres_usage(cpu_ms: Option<u64>, mem_kb: Option<u64>) -> String {
     cpu.into_iter().chain(mem).collect::<Vec<_>>().join(",")
 }
 
-/// Local time of `secs` (seconds since the epoch).
-fn local_tm(secs: i64) -> libc::tm {
-    let t = secs as libc::time_t;
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    // SAFETY: localtime_r writes only into `tm`.
-    unsafe { libc::localtime_r(&t, &mut tm) };
-    tm
-}
-
-/// Local `tm` fields back to seconds since the epoch (daylight saving as the zone says), -1 if impossible.
-fn mktime(year: i32, month: i32, mday: i32, hour: i32, minute: i32, second: i32) -> i64 {
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    tm.tm_year = year;
-    tm.tm_mon = month;
-    tm.tm_mday = mday;
-    tm.tm_hour = hour;
-    tm.tm_min = minute;
-    tm.tm_sec = second;
-    tm.tm_isdst = -1;
-    // SAFETY: mktime reads and normalizes only `tm`.
-    #[allow(clippy::useless_conversion)] // time_t is not i64 on every target
-    let t = i64::from(unsafe { libc::mktime(&mut tm) });
-    t
-}
-
-/// The start of the local day holding `now_s`, in seconds since the epoch.
-pub(crate) fn local_midnight(now_s: u64) -> i64 {
-    let tm = local_tm(now_s as i64);
-    mktime(tm.tm_year, tm.tm_mon, tm.tm_mday, 0, 0, 0)
-}
-
-/// Slurm's `parse_time` (src/common/parse_time.c): `today`, `tomorrow`, `midnight`, `noon`, `fika`, `teatime`,
-/// `HH:MM[:SS][AM|PM]`, `MMDD[YY]`, `MM/DD[/YY]`, `MM.DD[.YY]`, `YYYY-MM-DD[THH:MM[:SS]]`,
-/// `now[{+|-}COUNT[seconds|minutes|hours|days|weeks]]` and `utsSECONDS`, in local time. `past` resolves a
-/// time or date without a year toward the past (sacct) rather than the future (`--begin`). The error is Slurm's
-/// line: `Invalid time specification (pos=N): TEXT`.
-pub fn parse_time(text: &str, now_s: u64, past: bool) -> Result<i64, String> {
-    let b = text.as_bytes();
-    let bad = |pos: usize| format!("Invalid time specification (pos={pos}): {text}");
-    let starts = |pos: usize, word: &str| {
-        b.len() >= pos + word.len() && b[pos..pos + word.len()].eq_ignore_ascii_case(word.as_bytes())
-    };
-    if starts(0, "uts") {
-        return match text[3..].parse::<i64>() {
-            Ok(uts) if uts >= 1_000_000 => Ok(uts),
-            _ => Err(bad(0)),
-        };
-    }
-    let now = now_s as i64;
-    let now_tm = local_tm(now);
-    let (mut hour, mut minute, mut second) = (-1, -1, 0);
-    let (mut month, mut mday, mut year) = (-1, -1, -1);
-    let digit = |pos: usize| b.get(pos).filter(|c| c.is_ascii_digit()).map(|c| i32::from(c - b'0'));
-    let mut pos = 0;
-    while pos < b.len() && b[pos] != b'\n' {
-        let c = b[pos];
-        if c == b' ' || c == b'\t' || c == b'-' || c == b'T' {
-            pos += 1;
-            continue;
-        }
-        let mut set_date = |tm: &libc::tm| {
-            month = tm.tm_mon;
-            mday = tm.tm_mday;
-            year = tm.tm_year;
-        };
-        if starts(pos, "today") {
-            set_date(&now_tm);
-            pos += 5;
-            continue;
-        }
-        if starts(pos, "tomorrow") {
-            set_date(&local_tm(now + 86_400));
-            pos += 8;
-            continue;
-        }
-        let named = [("midnight", 0), ("noon", 12), ("fika", 15), ("teatime", 16)];
-        if let Some((word, h)) = named.iter().find(|(w, _)| starts(pos, w)) {
-            (hour, minute, second) = (*h, 0, 0);
-            pos += word.len();
-            continue;
-        }
-        if starts(pos, "now") {
-            let mut i = pos + 3;
-            let mut delta: i64 = 0;
-            loop {
-                match b.get(i) {
-                    Some(sign @ (b'+' | b'-')) => {
-                        let (count, next) = parse_delta(b, i).ok_or_else(|| bad(i))?;
-                        delta = if *sign == b'-' { -count } else { count };
-                        i = next;
-                        break;
-                    }
-                    Some(b' ' | b'\t') => i += 1,
-                    None | Some(b'\n') => break,
-                    Some(_) => return Err(bad(i)),
-                }
-            }
-            let later = local_tm(now + delta);
-            set_date(&later);
-            (hour, minute, second) = (later.tm_hour, later.tm_min, later.tm_sec);
-            pos = i;
-            continue;
-        }
-        if !c.is_ascii_digit() {
-            return Err(bad(pos));
-        }
-        if b.get(pos + 1) == Some(&b':') || b.get(pos + 2) == Some(&b':') {
-            // HH:MM[:SS] [AM|PM]
-            let mut p = pos;
-            let mut hr = digit(p).ok_or_else(|| bad(p))?;
-            p += 1;
-            if b.get(p) != Some(&b':') {
-                hr = hr * 10 + digit(p).ok_or_else(|| bad(p))?;
-                p += 1;
-            }
-            if hr > 23 || b.get(p) != Some(&b':') {
-                return Err(bad(p));
-            }
-            p += 1;
-            let min =
-                digit(p).and_then(|a| digit(p + 1).map(|b| a * 10 + b)).filter(|m| *m <= 59).ok_or_else(|| bad(p))?;
-            p += 2;
-            let mut sec = 0;
-            if b.get(p) == Some(&b':') {
-                p += 1;
-                sec = digit(p)
-                    .and_then(|a| digit(p + 1).map(|b| a * 10 + b))
-                    .filter(|s| *s <= 59)
-                    .ok_or_else(|| bad(p))?;
-                p += 2;
-            }
-            while matches!(b.get(p), Some(b' ' | b'\t')) {
-                p += 1;
-            }
-            if starts(p, "pm") {
-                hr += 12;
-                if hr == 24 {
-                    hr = 12;
-                } else if hr > 23 {
-                    return Err(bad(p));
-                }
-                p += 2;
-            } else if starts(p, "am") {
-                if hr == 12 {
-                    hr = 0;
-                } else if hr > 11 {
-                    return Err(bad(p));
-                }
-                p += 2;
-            }
-            (hour, minute, second) = (hr, min, sec);
-            pos = p;
-            continue;
-        }
-        // A date: YYYY-MM-DD, or MMDD[YY], MM/DD[/YY], MM.DD[.YY].
-        let mut p = pos;
-        let two = |p: &mut usize| -> Option<i32> {
-            let mut v = digit(*p)?;
-            *p += 1;
-            if let Some(d) = digit(*p) {
-                v = v * 10 + d;
-                *p += 1;
-            }
-            Some(v)
-        };
-        if b.len() >= pos + 8 && b[pos + 4] == b'-' && b.get(pos + 7) == Some(&b'-') {
-            let yr = (0..4).try_fold(0, |acc, k| digit(pos + k).map(|d| acc * 10 + d)).ok_or_else(|| bad(pos))?;
-            p += 5;
-            let mon = two(&mut p).filter(|m| (1..=12).contains(m)).ok_or_else(|| bad(p))?;
-            p += 1;
-            let day = two(&mut p).filter(|d| (1..=31).contains(d)).ok_or_else(|| bad(p))?;
-            (month, mday, year) = (mon - 1, day, yr - 1900);
-            pos = p;
-            continue;
-        }
-        let mon = two(&mut p).filter(|m| (1..=12).contains(m)).ok_or_else(|| bad(p))?;
-        if matches!(b.get(p), Some(b'.' | b'/')) {
-            p += 1;
-        }
-        let day = two(&mut p).filter(|d| (1..=31).contains(d)).ok_or_else(|| bad(p))?;
-        if matches!(b.get(p), Some(b'.' | b'/')) {
-            p += 1;
-        }
-        // A two-digit year; `00` is no year, as in Slurm's _get_date (`if (yr) *year = yr + 100`).
-        let yr = match digit(p) {
-            Some(a) => {
-                let b2 = digit(p + 1).ok_or_else(|| bad(p + 1))?;
-                p += 2;
-                if a * 10 + b2 == 0 { -1 } else { a * 10 + b2 + 100 }
-            }
-            None => -1,
-        };
-        (month, mday) = (mon - 1, day);
-        if yr != -1 {
-            year = yr;
-        }
-        pos = p;
-    }
-    if hour == -1 && month == -1 {
-        return Ok(0);
-    }
-    if hour == -1 {
-        (hour, minute) = (0, 0);
-    } else if month == -1 {
-        let later = past || hour > now_tm.tm_hour || (hour == now_tm.tm_hour && minute > now_tm.tm_min);
-        let day = if later { now_tm } else { local_tm(now + 86_400) };
-        (month, mday, year) = (day.tm_mon, day.tm_mday, day.tm_year);
-    }
-    if year == -1 {
-        year = if past {
-            if month > now_tm.tm_mon { now_tm.tm_year - 1 } else { now_tm.tm_year }
-        } else if (month, mday, hour, minute) > (now_tm.tm_mon, now_tm.tm_mday, now_tm.tm_hour, now_tm.tm_min) {
-            now_tm.tm_year
-        } else {
-            now_tm.tm_year + 1
-        };
-    }
-    match mktime(year, month, mday, hour, minute, second) {
-        -1 => Err(bad(pos)),
-        t => Ok(t),
-    }
-}
-
-/// `+COUNT[unit]` after `now`, from the sign at `sign`: the seconds and the index after it.
-fn parse_delta(b: &[u8], sign: usize) -> Option<(i64, usize)> {
-    let mut i = sign + 1;
-    let mut count: i64 = 0;
-    let mut digits = 0;
-    while i < b.len() && b[i] != b'\n' {
-        if b[i] == b' ' || b[i] == b'\t' {
-            i += 1;
-            continue;
-        }
-        if let Some((unit, mult)) = crate::sbatch_args::DELTA_UNITS
-            .iter()
-            .find(|(u, _)| b.len() >= i + u.len() && b[i..i + u.len()].eq_ignore_ascii_case(u.as_bytes()))
-        {
-            count = count.checked_mul(*mult)?;
-            i += unit.len();
-            break;
-        }
-        if b[i].is_ascii_digit() {
-            count = count.checked_mul(10)?.checked_add(i64::from(b[i] - b'0'))?;
-            digits += 1;
-            i += 1;
-            continue;
-        }
-        return None;
-    }
-    (digits > 0).then_some((count, i))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::slurm::fields::Column;
     use drover_state::{JobSpec, NodeAllocation};
 
     fn names(fields: &[Field]) -> Vec<&str> {
-        fields.iter().map(|f| f.def.name).collect()
+        fields.iter().map(|f| f.name()).collect()
     }
 
     #[test]
     fn fields_match_any_prefix_in_slurms_order_with_signed_widths() {
         let fields = parse_fields("jobid,State%20,exitcode,nodelist%-256,jobidraw,st,node").unwrap();
         assert_eq!(names(&fields), ["JobID", "State", "ExitCode", "NodeList", "JobIDRaw", "Start", "NodeList"]);
-        assert_eq!((fields[1].width, fields[3].width), (20, -256));
-        assert_eq!(fields[0].width, -12, "JobID is left-justified by default");
+        assert_eq!((fields[1].width(), fields[3].width()), (20, -256));
+        assert_eq!(fields[0].width(), -12, "JobID is left-justified by default");
         let err = parse_fields("JobID,Bogus").err().unwrap().to_string();
         assert_eq!(err, "Invalid field requested: \"Bogus\"");
         let err = parse_fields("AllocGRES").err().unwrap().to_string();
@@ -1255,8 +828,6 @@ mod tests {
         );
         let tab = Layout::Parsable { delimiter: "\t".into(), trailing: false };
         assert_eq!(row(&fields, &values, &tab), "12_3\tCANCELLED by 1000\t4\n");
-        assert_eq!(cell("2026-12-01T10:00:00", 10, Kind::Date), "2026-12-01");
-        assert_eq!(cell("12345678901", 4, Kind::Number), "12345678901", "numbers are never cut");
     }
 
     #[test]
@@ -1330,7 +901,7 @@ mod tests {
         let cx = Context { now_ms: 700_000, cluster: String::new() };
         let fields = parse_fields("JobID,Restarts,GPUHours,LostGPUHours,PreemptLostGPUHours,DownTime,Goodput").unwrap();
         let p2 = Layout::Parsable { delimiter: "|".into(), trailing: false };
-        let line = |j: &Job| row(&fields, &fields.iter().map(|f| value(f.def.name, j, &cx)).collect::<Vec<_>>(), &p2);
+        let line = |j: &Job| row(&fields, &fields.iter().map(|f| value(f.name(), j, &cx)).collect::<Vec<_>>(), &p2);
         // 8 × 600 s = 1.3333 GPU-h held, 8 × 50 s = 0.1111 lost: 1 − 50/600 kept.
         assert_eq!(line(&job), "5|1|1.3333|0.1111|0.0000|00:00:30|0.9167\n");
         assert_eq!(line(&earlier_incarnations(&job)[0]), "5|1|0.3333|0.1111|0.0000|00:00:00|0.6667\n");
@@ -1513,30 +1084,5 @@ mod tests {
         assert!(err.starts_with("Start time (") && err.contains(") requested is after end time ("), "{err}");
         let q = query(&parse(&["-j", "12.batch,13_[1-2]", "-j", "14"]), now).unwrap();
         assert_eq!(crate::job_refs::base_ids(&q.refs), [12, 13, 14]);
-    }
-
-    #[test]
-    fn times_parse_in_slurms_forms() {
-        let now = mktime(126, 5, 15, 12, 30, 0) as u64; // 2026-06-15 12:30:00 local
-        let t = |text: &str| parse_time(text, now, true).unwrap();
-        assert_eq!(t("now"), now as i64);
-        assert_eq!(t("now-1hour"), now as i64 - 3_600);
-        assert_eq!(t("now+2days"), now as i64 + 2 * 86_400);
-        assert_eq!(t("now-30"), now as i64 - 30);
-        assert_eq!(t("2026-06-01T10:00"), mktime(126, 5, 1, 10, 0, 0));
-        assert_eq!(t("2026-06-01T10:00:30"), mktime(126, 5, 1, 10, 0, 30));
-        assert_eq!(t("2026-06-01"), mktime(126, 5, 1, 0, 0, 0));
-        assert_eq!(t("midnight"), mktime(126, 5, 15, 0, 0, 0));
-        assert_eq!(t("today"), mktime(126, 5, 15, 0, 0, 0));
-        assert_eq!(t("10:15"), mktime(126, 5, 15, 10, 15, 0));
-        assert_eq!(t("2:15pm"), mktime(126, 5, 15, 14, 15, 0));
-        assert_eq!(t("0601"), mktime(126, 5, 1, 0, 0, 0));
-        assert_eq!(t("12/31"), mktime(125, 11, 31, 0, 0, 0), "a later month is last year's, looking back");
-        assert_eq!(t("06/01/25"), mktime(125, 5, 1, 0, 0, 0));
-        assert_eq!(t("06/01/00"), mktime(126, 5, 1, 0, 0, 0), "year 00 is no year (Slurm's _get_date)");
-        assert_eq!(t("uts1800000000"), 1_800_000_000);
-        assert_eq!(parse_time("sideways", now, true).unwrap_err(), "Invalid time specification (pos=0): sideways");
-        assert!(parse_time("now+1fortnight", now, true).is_err());
-        assert!(parse_time("25:00", now, true).is_err());
     }
 }

@@ -41,7 +41,7 @@ pub fn run(args: &[String]) -> i32 {
 }
 
 fn sacctmgr(args: &[String]) -> anyhow::Result<String> {
-    let (controllers, args) = super::sbatch::take_controllers_flag(args);
+    let (controllers, args) = crate::command::take_controllers_flag(args);
     let command = parse(&args)?;
     let query = match command {
         Command::Version => return Ok(format!("{}\n", crate::format::version_line())),
@@ -387,11 +387,11 @@ impl Snapshot {
         let (rows, cut) = self.rows(q, exists);
         let mut out = String::new();
         if !q.layout.noheader {
-            out.push_str(&super::sacct::header(&fields, &layout(q.layout.parsable)));
+            out.push_str(&crate::slurm::fields::header(&fields, &layout(q.layout.parsable)));
         }
         for row in &rows {
             let values: Vec<String> = fields.iter().map(|f| self.value(f.def.name, row, tree)).collect();
-            out.push_str(&super::sacct::row(&fields, &values, &layout(q.layout.parsable)));
+            out.push_str(&crate::slurm::fields::row(&fields, &values, &layout(q.layout.parsable)));
         }
         Ok((out, cut))
     }
@@ -611,7 +611,7 @@ struct Field {
 /// One `format=` item: an abbreviation, optionally `%WIDTH` (C's atoi; 0 keeps the default).
 fn field(item: &str, tree: bool) -> anyhow::Result<Field> {
     let (name, width) = match item.split_once('%') {
-        Some((name, width)) => (name, super::sacct::atoi(width)),
+        Some((name, width)) => (name, crate::slurm::fields::atoi(width)),
         None => (item, 0),
     };
     let def = FIELDS
@@ -622,7 +622,7 @@ fn field(item: &str, tree: bool) -> anyhow::Result<Field> {
     Ok(Field { def, width: if width == 0 { default } else { width } })
 }
 
-impl super::sacct::Column for Field {
+impl crate::slurm::fields::Column for Field {
     fn header(&self) -> &str {
         self.def.name
     }
@@ -632,10 +632,10 @@ impl super::sacct::Column for Field {
 }
 
 /// sacct's layouts: `-p` (`Some(true)`: a trailing `|`), `-P` (`Some(false)`), else columns.
-fn layout(parsable: Option<bool>) -> super::sacct::Layout {
+fn layout(parsable: Option<bool>) -> crate::slurm::fields::Layout {
     match parsable {
-        Some(trailing) => super::sacct::Layout::Parsable { delimiter: "|".into(), trailing },
-        None => super::sacct::Layout::Columns,
+        Some(trailing) => crate::slurm::fields::Layout::Parsable { delimiter: "|".into(), trailing },
+        None => crate::slurm::fields::Layout::Columns,
     }
 }
 

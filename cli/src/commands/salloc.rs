@@ -149,7 +149,7 @@ fn split_command_line(args: &[String]) -> anyhow::Result<(SallocFlags, Vec<Strin
 }
 
 async fn salloc(args: &[String]) -> anyhow::Result<i32> {
-    let (controllers, args) = super::sbatch::take_controllers_flag(args);
+    let (controllers, args) = crate::command::take_controllers_flag(args);
     let (flags, options, command) = split_command_line(&args)?;
     let cmd = parse_command_line(&options)?;
     if cmd.wrap.is_some() || cmd.options.iter().any(|o| matches!(o, SbatchOption::Array(_))) {
@@ -159,7 +159,7 @@ async fn salloc(args: &[String]) -> anyhow::Result<i32> {
     let command = if command.is_empty() && !flags.no_shell { vec![login_shell(uid)] } else { command };
     let cwd = std::env::current_dir()?.display().to_string();
     let env: Vec<(String, String)> = std::env::vars().collect();
-    let (now_ms, utc_offset_s) = super::sbatch::local_clock();
+    let (now_ms, utc_offset_s) = crate::slurm::time::local_clock();
     // salloc reads SALLOC_* input variables in Slurm, never SBATCH_* ones.
     let ctx = SubmitContext { user, uid, gid, cwd: cwd.clone(), env, now_ms, utc_offset_s, sbatch_env: false };
     let mut parsed = build_spec(&cmd, Some("#!/bin/sh\n"), &ctx)?;

@@ -2,8 +2,10 @@
 
 use std::io::Read;
 
+use crate::command::take_controllers_flag;
 use crate::identity::current_user;
 use crate::sbatch_args::{MAX_SCRIPT_BYTES, SubmitContext, build_spec, parse_command_line};
+use crate::slurm::time::local_clock;
 
 /// Why `sbatch` failed, for its exit status and wording, as Slurm 22.05's (checked on this machine).
 enum Failure {
@@ -84,27 +86,4 @@ fn submit(args: &[String]) -> Result<(), Failure> {
         (false, false) => println!("Submitted batch job {job_id}"),
     }
     Ok(())
-}
-
-/// The time now (ms since the epoch) and the local UTC offset (seconds) at that time, for `--begin` and
-/// `--deadline`, which Slurm reads in local time.
-pub fn local_clock() -> (u64, i32) {
-    let now_ms = super::now_ms();
-    let secs = (now_ms / 1_000) as libc::time_t;
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    // SAFETY: localtime_r reads `secs` and writes only into `tm`.
-    let offset = if unsafe { libc::localtime_r(&secs, &mut tm) }.is_null() { 0 } else { tm.tm_gmtoff };
-    (now_ms, i32::try_from(offset).unwrap_or(0))
-}
-
-/// `--controllers=LIST` is Drover's own flag; accepted only before Slurm's options (leading), so it can never be
-/// mistaken for a script argument.
-pub fn take_controllers_flag(args: &[String]) -> (Option<String>, Vec<String>) {
-    let mut controllers = None;
-    let mut rest = args;
-    while let Some(v) = rest.first().and_then(|a| a.strip_prefix("--controllers=")) {
-        controllers = Some(v.to_string());
-        rest = &rest[1..];
-    }
-    (controllers, rest.to_vec())
 }

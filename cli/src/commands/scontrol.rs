@@ -5,9 +5,12 @@
 
 use drover_state::hostlist::{compress_hostlist, expand_hostlist};
 use drover_state::slurm_time::{format_duration, format_time_limit};
-use drover_state::{ClusterConfig, Job, JobState, Limit, Node, NodeHealth};
+use drover_state::{ClusterConfig, Job, JobState, Limit, Node};
+
+mod reservation;
 
 use crate::format::{Tres, elapsed_s, format_timestamp, mem_mb, timestamp_or_unknown};
+use crate::slurm::nodes::{node_gres, node_gres_used, node_state};
 
 pub fn run(args: &[String]) -> i32 {
     let (options, words) = match global_options(args) {
@@ -99,21 +102,21 @@ fn dispatch(options: &Options, args: &[String]) -> anyhow::Result<i32> {
         {
             update_job(controllers.as_deref(), first, rest)
         }
-        ["create", kind, rest @ ..] if is_reservation(kind) => super::reservation::create(controllers.as_deref(), rest),
+        ["create", kind, rest @ ..] if is_reservation(kind) => reservation::create(controllers.as_deref(), rest),
         ["create", first, rest @ ..] if first.to_ascii_lowercase().starts_with("reservation") => {
-            super::reservation::create(controllers.as_deref(), &[&[*first], rest].concat())
+            reservation::create(controllers.as_deref(), &[&[*first], rest].concat())
         }
         ["update", first, rest @ ..] if first.to_ascii_lowercase().starts_with("reservationname=") => {
-            super::reservation::update(controllers.as_deref(), &[&[*first], rest].concat())
+            reservation::update(controllers.as_deref(), &[&[*first], rest].concat())
         }
         ["delete", first] if first.to_ascii_lowercase().starts_with("reservationname=") => {
-            super::reservation::delete(controllers.as_deref(), first)
+            reservation::delete(controllers.as_deref(), first)
         }
         ["delete", kind, name] if is_reservation(kind) => {
-            super::reservation::delete(controllers.as_deref(), &format!("reservationname={name}"))
+            reservation::delete(controllers.as_deref(), &format!("reservationname={name}"))
         }
         ["show", kind, rest @ ..] if is_reservation(kind) && rest.len() <= 1 => {
-            super::reservation::show(controllers.as_deref(), rest.first().copied())
+            reservation::show(controllers.as_deref(), rest.first().copied())
         }
         ["update", first, rest @ ..] if first.to_ascii_lowercase().starts_with("partitionname=") => {
             update_partition(controllers.as_deref(), first, rest)
@@ -543,44 +546,6 @@ fn show_nodes(options: &Options, name: Option<&str>) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
-}
-
-/// Slurm's complete node state (`IDLE`, `MIXED+DRAIN`, `DOWN+NOT_RESPONDING`, ...).
-pub(crate) fn node_state(node: &Node) -> String {
-    let base = match node.state_name() {
-        "DRAINED" => "IDLE",
-        "DRAINING" if node.allocated_gpus.len() == node.info.gpus.len() && !node.info.gpus.is_empty() => "ALLOCATED",
-        "DRAINING" => "MIXED",
-        other => other,
-    };
-    match (node.health, node.drain) {
-        (NodeHealth::Down, true) => "DOWN+DRAIN+NOT_RESPONDING".to_string(),
-        (NodeHealth::Down, false) => "DOWN+NOT_RESPONDING".to_string(),
-        (NodeHealth::Up, true) => format!("{base}+DRAIN"),
-        (NodeHealth::Up, false) => base.to_string(),
-    }
-}
-
-/// `Gres=` of a node: `gpu:h200:8` (or `gpu:8`), `(null)` without GPUs.
-pub fn node_gres(node: &Node) -> String {
-    let info = &node.info;
-    match (info.gpus.len(), info.gpu_type.as_str()) {
-        (0, _) => "(null)".to_string(),
-        (n, "") => format!("gpu:{n}"),
-        (n, t) => format!("gpu:{t}:{n}"),
-    }
-}
-
-/// `GresUsed=`: `gpu:h200:2(IDX:0-1)`, `gpu:h200:0(IDX:N/A)` when none is held.
-pub fn node_gres_used(node: &Node) -> String {
-    let info = &node.info;
-    if info.gpus.is_empty() {
-        return "(null)".to_string();
-    }
-    let held: Vec<u32> = info.gpus.iter().map(|g| g.index).filter(|i| node.gpu_held(*i)).collect();
-    let prefix = if info.gpu_type.is_empty() { "gpu".to_string() } else { format!("gpu:{}", info.gpu_type) };
-    let idx = if held.is_empty() { "N/A".to_string() } else { drover_common::ranges::format_ranges(&held) };
-    format!("{prefix}:{}(IDX:{idx})", held.len())
 }
 
 /// A node's configured TRES (`CfgTRES=cpu=64,mem=64G,billing=64,gres/gpu=8`).

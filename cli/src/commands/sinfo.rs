@@ -12,8 +12,8 @@ use drover_state::hostlist::{compress_hostlist, expand_hostlist};
 use drover_state::slurm_time::format_duration;
 use drover_state::{ClusterConfig, Node, NodeHealth, Partition, PartitionState, State};
 
-use super::scontrol::{node_gres, node_gres_used, node_state};
 use crate::format::{Item, convert_num_unit, format_timestamp, pad};
+use crate::slurm::nodes::{node_gres, node_gres_used, node_state};
 
 /// Slurm 22.05's default layouts, in their `-O` spelling (as sinfo itself defines them).
 const DEFAULT_FORMAT: &str = "partition:9 ,available:.5 ,time:.10 ,nodes:.6 ,statecompact:.6 ,nodelist:0";
@@ -142,12 +142,12 @@ fn sinfo(args: &[String]) -> anyhow::Result<i32> {
     loop {
         let mut out = String::new();
         if !args.noheader && (args.iterate.is_some() || args.verbose > 0 || args.long) {
-            out.push_str(&super::squeue::ctime(super::now_ms()));
+            out.push_str(&crate::slurm::time::ctime(super::now_ms()));
             out.push('\n');
         }
         if args.reservations {
             let registry = rt.block_on(client.registry(false))?;
-            out.push_str(&super::reservation::sinfo_table(&registry, args.noheader));
+            out.push_str(&crate::slurm::reservations::sinfo_table(&registry, args.noheader));
         } else {
             let (nodes, config) = rt.block_on(client.nodes_and_config(false))?;
             out.push_str(&report(&options, &nodes, &config.unwrap_or_default()));

@@ -8,6 +8,7 @@ use drover_state::hostlist::expand_hostlist;
 use drover_state::{Job, JobState};
 
 use crate::format::{JobFormatter, SQUEUE_DEFAULT, SlurmState};
+use crate::slurm::time::ctime;
 
 /// `-l`: Slurm's long default (the `-O` spelling of `%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R`).
 const SQUEUE_LONG: &str = "jobarrayid:.18 ,partition:.9 ,name:.8 ,username:.8 ,state:.8 ,timeused:.10 ,timelimit:.9 ,numnodes:.6 ,reasonlist:0";
@@ -390,19 +391,6 @@ fn sort_jobs(jobs: &mut [Job], keys: &str, now_ms: u64) {
         }
         a.id.cmp(&b.id)
     });
-}
-
-/// `-l`'s first line: the time, as `ctime(3)` writes it (`Tue Jun 30 21:49:08 2026`).
-pub(crate) fn ctime(now_ms: u64) -> String {
-    let secs = (now_ms / 1000) as libc::time_t;
-    let mut buf = [0 as libc::c_char; 64];
-    // SAFETY: ctime_r writes at most 26 bytes into `buf`, which holds 64.
-    let text = unsafe { libc::ctime_r(&secs, buf.as_mut_ptr()) };
-    if text.is_null() {
-        return String::new();
-    }
-    // SAFETY: on success ctime_r leaves a NUL-terminated string in `buf`.
-    unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().trim_end().to_string()
 }
 
 /// One line of squeue's output.

@@ -13,7 +13,8 @@
 use clap::Parser;
 use drover_state::goodput::{self, GoodputTotals, Window};
 
-use super::sacct::{FieldDef, Kind, Layout, def, header, local_midnight, parse_fields_in, parse_time, row};
+use crate::slurm::fields::{FieldDef, Kind, Layout, def, header, parse_fields_in, row};
+use crate::slurm::time::{local_midnight, parse_time};
 use Kind::{Number, Text};
 
 /// The goodput report's columns.
@@ -255,7 +256,7 @@ fn value(field: &str, cluster: &str, account: &str, t: &GoodputTotals, unit: Uni
         "Failures" => t.failed_incarnations.to_string(),
         "Preempts" => t.preempted_incarnations.to_string(),
         "DownTime" => crate::format::clock(t.down_after_failures_ms / 1_000),
-        "Goodput" => t.effective_ratio().map(super::sacct::ratio).unwrap_or_default(),
+        "Goodput" => t.effective_ratio().map(crate::slurm::fields::ratio).unwrap_or_default(),
         _ => String::new(),
     }
 }

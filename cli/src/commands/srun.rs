@@ -172,7 +172,7 @@ fn parse_cpu_bind(value: &str, verbose: &mut bool) -> anyhow::Result<()> {
 }
 
 async fn srun(args: &[String]) -> anyhow::Result<i32> {
-    let (controllers, args) = super::sbatch::take_controllers_flag(args);
+    let (controllers, args) = crate::command::take_controllers_flag(args);
     let (flags, args) = take_srun_flags(&args)?;
     if flags.cpu_bind_verbose {
         eprintln!("cpu-bind=NONE - tasks share their job's CPUs on each node and are not bound one by one");
@@ -190,7 +190,7 @@ async fn srun(args: &[String]) -> anyhow::Result<i32> {
     let (user, uid, gid) = current_user();
     let cwd = std::env::current_dir()?.display().to_string();
     let env: Vec<(String, String)> = std::env::vars().collect();
-    let (now_ms, utc_offset_s) = super::sbatch::local_clock();
+    let (now_ms, utc_offset_s) = crate::slurm::time::local_clock();
     // srun reads SLURM_* input variables in Slurm, never SBATCH_* ones.
     let ctx =
         SubmitContext { user, uid, gid, cwd: cwd.clone(), env: env.clone(), now_ms, utc_offset_s, sbatch_env: false };

@@ -7,7 +7,7 @@
 
 use clap::Parser;
 
-use super::sacct::{FieldDef, Kind, Layout, def, header, parse_fields_in, row};
+use crate::slurm::fields::{FieldDef, Kind, Layout, def, header, parse_fields_in, row};
 use Kind::{Number, Text};
 
 /// Slurm 22.05's sshare columns that Drover has figures for.

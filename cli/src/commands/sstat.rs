@@ -12,7 +12,7 @@ use clap::Parser;
 use drover_state::hostlist::compress_hostlist;
 use drover_state::{Job, JobState};
 
-use super::sacct::{FieldDef, Kind, Layout, def, header, help_format_in, parse_fields_in, row};
+use crate::slurm::fields::{FieldDef, Kind, Layout, def, header, help_format_in, parse_fields_in, row};
 
 /// Slurm 22.05's default fields (`STAT_FIELDS`).
 const DEFAULT_FIELDS: &str = "jobid,maxvmsize,maxvmsizenode,maxvmsizetask,avevmsize,maxrss,maxrssnode,maxrsstask,averss,maxpages,maxpagesnode,maxpagestask,avepages,mincpu,mincpunode,mincputask,avecpu,ntasks,avecpufreq,reqcpufreqmin,reqcpufreqmax,reqcpufreqgov,consumedenergy,maxdiskread,maxdiskreadnode,maxdiskreadtask,avediskread,maxdiskwrite,maxdiskwritenode,maxdiskwritetask,avediskwrite,tresusageinave,tresusageinmax,tresusageinmaxn,tresusageinmaxt,tresusageinmin,tresusageinminn,tresusageinmint,tresusageintot,tresusageoutave,tresusageoutmax,tresusageoutmaxn,tresusageoutmaxt,tresusageoutmin,tresusageoutminn,tresusageoutmint,tresusageouttot";

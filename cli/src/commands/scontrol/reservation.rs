@@ -1,11 +1,10 @@
 //! Advance reservations: `scontrol create|update|delete reservation`, `scontrol show reservation`, `sinfo -T`.
 
-use drover_proto::wire::Registry;
-use drover_state::hostlist::{compress_hostlist, expand_hostlist};
-use drover_state::slurm_time::{format_duration, parse_time_limit};
+use drover_state::hostlist::expand_hostlist;
+use drover_state::slurm_time::parse_time_limit;
 use drover_state::{AdminOp, Reservation, ReservationFlag, ReservationUpdate};
 
-use crate::format::format_timestamp;
+use crate::slurm::reservations::show_text;
 
 /// Every `Key=Value` of the command line, keys lower-cased.
 fn pairs<'a>(words: &[&'a str]) -> anyhow::Result<Vec<(String, &'a str)>> {
@@ -42,52 +41,13 @@ fn gpu_tres(value: &str) -> anyhow::Result<u32> {
     count.parse().map_err(|_| anyhow::anyhow!("Invalid TRES {value:?}: the GPU count is not a number"))
 }
 
-/// Slurm's time forms: `now`, `now+30minutes` (also `+2hours`, `+1days`, plain seconds), `YYYY-MM-DDTHH:MM[:SS]`
-/// and `YYYY-MM-DD`, in local time.
-pub fn parse_start(value: &str, now_ms: u64) -> anyhow::Result<u64> {
-    let bad = || {
-        anyhow::anyhow!(
-            "Invalid time specification {value:?}: use now, now+N[minutes|hours|days] or YYYY-MM-DDTHH:MM[:SS]"
-        )
-    };
-    let lower = value.to_ascii_lowercase();
-    if let Some(rest) = lower.strip_prefix("now") {
-        if rest.is_empty() {
-            return Ok(now_ms);
-        }
-        let rest = rest.strip_prefix('+').ok_or_else(bad)?;
-        let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
-        let n: u64 = digits.parse().map_err(|_| bad())?;
-        let unit_s = match &rest[digits.len()..] {
-            "" | "s" | "sec" | "secs" | "second" | "seconds" => 1,
-            "m" | "min" | "mins" | "minute" | "minutes" => 60,
-            "h" | "hour" | "hours" => 3_600,
-            "d" | "day" | "days" => 86_400,
-            "w" | "week" | "weeks" => 7 * 86_400,
-            _ => return Err(bad()),
-        };
-        return Ok(now_ms + n.saturating_mul(unit_s) * 1_000);
-    }
-    let (date, time) = value.split_once('T').unwrap_or((value, "00:00:00"));
-    let d: Vec<i32> = date.split('-').map(|p| p.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
-    let t: Vec<i32> = time.split(':').map(|p| p.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
-    if d.len() != 3 || !(2..=3).contains(&t.len()) {
-        return Err(bad());
-    }
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    tm.tm_year = d[0] - 1900;
-    tm.tm_mon = d[1] - 1;
-    tm.tm_mday = d[2];
-    tm.tm_hour = t[0];
-    tm.tm_min = t[1];
-    tm.tm_sec = t.get(2).copied().unwrap_or(0);
-    tm.tm_isdst = -1;
-    // SAFETY: mktime reads and normalizes only `tm`.
-    let secs = unsafe { libc::mktime(&mut tm) };
-    if secs < 0 {
-        return Err(bad());
-    }
-    Ok(secs as u64 * 1_000)
+/// A reservation's `StartTime=`/`EndTime=` as Slurm's `scontrol` reads them: Slurm's `parse_time`, looking ahead
+/// (`now+30minutes`, `tomorrow`, `16:00`, `YYYY-MM-DDTHH:MM[:SS]`, ...), in ms.
+fn parse_start(value: &str, now_ms: u64) -> anyhow::Result<u64> {
+    let at_s = crate::slurm::time::parse_time(value, now_ms / 1_000, false).map_err(|e| anyhow::anyhow!(e))?;
+    let at_s = u64::try_from(at_s).map_err(|_| anyhow::anyhow!("Invalid time specification {value:?}: before 1970"))?;
+    // `now` keeps the clock's milliseconds, as the reservation's times always did.
+    Ok(if at_s == now_ms / 1_000 { now_ms } else { at_s * 1_000 })
 }
 
 /// Duration in Slurm's forms (minutes, `[D-]HH:MM:SS`, `UNLIMITED`); `None` = open-ended.
@@ -115,7 +75,7 @@ async fn pick_nodes(client: &drover_client::Client, count: usize) -> anyhow::Res
 }
 
 pub fn create(controllers: Option<&str>, words: &[&str]) -> anyhow::Result<i32> {
-    let now = super::now_ms();
+    let now = drover_common::wall::now_ms();
     let client = crate::connect::client(controllers)?;
     let rt = crate::connect::runtime();
     let mut r = Reservation { start_ms: now, ..Reservation::default() };
@@ -169,7 +129,7 @@ pub fn create(controllers: Option<&str>, words: &[&str]) -> anyhow::Result<i32> 
 }
 
 pub fn update(controllers: Option<&str>, words: &[&str]) -> anyhow::Result<i32> {
-    let now = super::now_ms();
+    let now = drover_common::wall::now_ms();
     let client = crate::connect::client(controllers)?;
     let rt = crate::connect::runtime();
     let mut u = ReservationUpdate::default();
@@ -222,45 +182,6 @@ pub fn delete(controllers: Option<&str>, word: &str) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn state_name(r: &Reservation, now_ms: u64) -> &'static str {
-    if r.active_at(now_ms) { "ACTIVE" } else { "INACTIVE" }
-}
-
-fn nodes_text(r: &Reservation) -> String {
-    if r.nodes.is_empty() { "(null)".to_string() } else { compress_hostlist(&r.nodes) }
-}
-
-fn duration_text(r: &Reservation) -> String {
-    r.end_ms.map_or("UNLIMITED".to_string(), |end| format_duration(end.saturating_sub(r.start_ms) / 1_000))
-}
-
-fn or_null(list: &[String]) -> String {
-    if list.is_empty() { "(null)".to_string() } else { list.join(",") }
-}
-
-/// Slurm's `scontrol show reservation` layout.
-pub fn show_text(r: &Reservation, now_ms: u64) -> String {
-    let flags: Vec<&str> = r.flags.iter().map(|f| f.name()).collect();
-    let tres = match r.gpu_count {
-        Some(g) => format!("gres/gpu={g}"),
-        None => "(null)".to_string(),
-    };
-    format!(
-        "ReservationName={} StartTime={} EndTime={} Duration={}\n   Nodes={} NodeCnt={} CoreCnt=0 Features=(null) PartitionName={} Flags={}\n   TRES={tres}\n   Users={} Groups=(null) Accounts={} Licenses=(null) State={} BurstBuffer=(null) Watts=n/a\n   MaxStartDelay=(null)\n",
-        r.name,
-        format_timestamp(Some(r.start_ms)),
-        r.end_ms.map_or("UNLIMITED".to_string(), |e| format_timestamp(Some(e))),
-        duration_text(r),
-        nodes_text(r),
-        r.nodes.len(),
-        r.partition.clone().unwrap_or_else(|| "(null)".to_string()),
-        if flags.is_empty() { "(null)".to_string() } else { flags.join(",") },
-        or_null(&r.users),
-        or_null(&r.accounts),
-        state_name(r, now_ms),
-    )
-}
-
 pub fn show(controllers: Option<&str>, name: Option<&str>) -> anyhow::Result<i32> {
     let client = crate::connect::client(controllers)?;
     let registry = crate::connect::runtime().block_on(client.registry(false))?;
@@ -280,33 +201,6 @@ pub fn show(controllers: Option<&str>, name: Option<&str>) -> anyhow::Result<i32
     Ok(0)
 }
 
-/// `sinfo -T`.
-pub fn sinfo_table(registry: &Registry, noheader: bool) -> String {
-    let mut out = String::new();
-    if !noheader {
-        out.push_str(&format!(
-            "{:<14} {:>8} {:>19} {:>19} {:>11}  {}\n",
-            "RESV_NAME", "STATE", "START_TIME", "END_TIME", "DURATION", "NODELIST"
-        ));
-    }
-    for r in &registry.reservations {
-        let nodes = match r.gpu_count {
-            Some(g) => format!("(gres/gpu={g})"),
-            None => nodes_text(r),
-        };
-        out.push_str(&format!(
-            "{:<14} {:>8} {:>19} {:>19} {:>11}  {}\n",
-            r.name,
-            state_name(r, registry.now_ms),
-            format_timestamp(Some(r.start_ms)),
-            r.end_ms.map_or("UNLIMITED".to_string(), |e| format_timestamp(Some(e))),
-            duration_text(r),
-            nodes
-        ));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -320,7 +214,8 @@ mod tests {
         assert_eq!(parse_start("now+1days", now).unwrap(), now + 86_400_000);
         assert!(parse_start("2026-12-03T10:00:00", now).unwrap() > 1_700_000_000_000);
         assert_eq!(parse_start("2026-12-03T10:00", now).unwrap(), parse_start("2026-12-03T10:00:00", now).unwrap());
-        assert!(parse_start("tomorrow", now).unwrap_err().to_string().contains("Invalid time specification"));
+        assert!(parse_start("tomorrow", now).unwrap() > now, "Slurm's scontrol takes every parse_time form");
+        assert!(parse_start("sideways", now).unwrap_err().to_string().contains("Invalid time specification"));
         assert!(parse_start("now+3fortnights", now).is_err());
     }
 
