@@ -5,6 +5,7 @@
 
 pub mod decay;
 pub mod hostlist;
+pub mod model;
 pub mod ranges;
 pub mod slurm_time;
 pub mod wall;

@@ -216,26 +216,9 @@ impl PendingJob {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum PartitionState {
-    #[default]
-    Up,
-    /// Nothing starts; queued jobs stay queued.
-    Down,
-    /// Nothing new starts (running jobs finish); treated like Down by the scheduler.
-    Drain,
-}
-
-/// Slurm's `PreemptMode` of a partition.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum PreemptMode {
-    /// Its jobs never preempt by partition tier (they still may by QOS, see [`Qos::preempt`]).
-    #[default]
-    Off,
-    /// `PreemptMode=REQUEUE` with `PreemptType=preempt/partition_prio`: its jobs may preempt requeue-able jobs
-    /// running in partitions of a lower `priority_tier` on the same nodes; those are requeued.
-    Requeue,
-}
+/// A partition's state and preemption mode: the state's own types. The scheduler starts nothing in a partition
+/// that is not `Up`.
+pub use drover_common::model::{PartitionState, PreemptMode};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Partition {

@@ -5,69 +5,9 @@ use serde::{Deserialize, Serialize};
 use crate::model::JobId;
 use crate::priority::PriorityBreakdown;
 
-/// Slurm's pending reasons (the `squeue` REASON column), spelled as Slurm spells them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Reason {
-    /// Higher-priority jobs are ahead of this one.
-    Priority,
-    /// The first job(s) waiting for resources in the queue: holds a reservation at its expected start.
-    Resources,
-    /// Its required nodes can never satisfy it (nodelist/constraint/partition/GPU type/size).
-    ReqNodeNotAvail,
-    /// Its advance reservation is missing, not active yet, or full.
-    Reservation,
-    Dependency,
-    DependencyNeverSatisfied,
-    QOSMaxGRESPerUser,
-    QOSMaxJobsPerUserLimit,
-    PartitionDown,
-    PartitionTimeLimit,
-    JobHeldUser,
-    /// `--begin` is still in the future.
-    BeginTime,
-    /// Its job array already runs `max_running` tasks.
-    JobArrayTaskLimit,
-    QOSMaxJobsPerAccountLimit,
-    QOSMaxGRESPerAccount,
-    /// Drover: a multi-node job without `--multi-site` that needs more nodes than any one site has (counting its
-    /// down and drained nodes too): it fits only across sites, so it starts only once a site grows, or if it is
-    /// submitted again with `--multi-site`.
-    MultiSiteRequired,
-    /// Drover: a multi-node job without `--multi-site` that some site could hold, but not with that site's nodes
-    /// that are up and undrained now; only across sites would it fit today.
-    SiteNodesNotAvail,
-}
-
-impl Reason {
-    /// Slurm's spelling, as `squeue` prints it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Reason::Priority => "Priority",
-            Reason::Resources => "Resources",
-            Reason::ReqNodeNotAvail => "ReqNodeNotAvail",
-            Reason::Reservation => "Reservation",
-            Reason::Dependency => "Dependency",
-            Reason::DependencyNeverSatisfied => "DependencyNeverSatisfied",
-            Reason::QOSMaxGRESPerUser => "QOSMaxGRESPerUser",
-            Reason::QOSMaxJobsPerUserLimit => "QOSMaxJobsPerUserLimit",
-            Reason::PartitionDown => "PartitionDown",
-            Reason::PartitionTimeLimit => "PartitionTimeLimit",
-            Reason::JobHeldUser => "JobHeldUser",
-            Reason::BeginTime => "BeginTime",
-            Reason::JobArrayTaskLimit => "JobArrayTaskLimit",
-            Reason::QOSMaxJobsPerAccountLimit => "QOSMaxJobsPerAccountLimit",
-            Reason::QOSMaxGRESPerAccount => "QOSMaxGRESPerAccount",
-            Reason::MultiSiteRequired => "MultiSiteRequired",
-            Reason::SiteNodesNotAvail => "SiteNodesNotAvail",
-        }
-    }
-}
-
-impl std::fmt::Display for Reason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// Slurm's pending reasons (the `squeue` REASON column): the state's own type, so the plan's reasons are
+/// stored as they are. A pass never gives `None` or `JobHeldAdmin` (the controller knows who held a job).
+pub use drover_common::model::PendingReason as Reason;
 
 /// GPUs a job gets on one node.
 pub type NodeAlloc = (String, Vec<u32>);

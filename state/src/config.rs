@@ -3,39 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use drover_common::model::{PartitionState, PreemptMode};
+
 /// Slurm's `MaxBatchRequeue` default.
 pub const DEFAULT_MAX_BATCH_REQUEUE: u32 = 5;
-
-/// Slurm's partition states.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum PartitionState {
-    /// Accepts and schedules jobs.
-    #[default]
-    Up,
-    /// Accepts jobs but starts none.
-    Down,
-    /// Refuses new jobs; running and pending jobs go on.
-    Drain,
-    /// Refuses new jobs and starts none.
-    Inactive,
-}
-
-impl PartitionState {
-    pub fn name(self) -> &'static str {
-        match self {
-            PartitionState::Up => "UP",
-            PartitionState::Down => "DOWN",
-            PartitionState::Drain => "DRAIN",
-            PartitionState::Inactive => "INACTIVE",
-        }
-    }
-
-    /// Whether `sbatch` may add jobs to a partition in this state.
-    pub fn accepts_jobs(self) -> bool {
-        matches!(self, PartitionState::Up | PartitionState::Down)
-    }
-}
 
 /// One partition: a named set of nodes with limits, as in `slurm.conf`'s `PartitionName=` lines.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,25 +49,6 @@ pub struct Partition {
     /// same nodes (Slurm's `preempt/partition_prio`).
     #[serde(default)]
     pub preempt_mode: PreemptMode,
-}
-
-/// Slurm's `PreemptMode` (REQUEUE is the one training clusters use: the preempted job resumes from its
-/// checkpoint).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum PreemptMode {
-    #[default]
-    Off,
-    Requeue,
-}
-
-impl PreemptMode {
-    pub fn name(self) -> &'static str {
-        match self {
-            PreemptMode::Off => "OFF",
-            PreemptMode::Requeue => "REQUEUE",
-        }
-    }
 }
 
 impl Partition {

@@ -4,6 +4,8 @@ use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use thin_vec::ThinVec;
 
+pub use drover_common::model::PendingReason;
+
 use crate::thin_str::ThinStr;
 
 /// A job id, as Slurm numbers them: sequential from the state's counter, never reused.
@@ -530,80 +532,6 @@ impl JobState {
         JobState::OutOfMemory,
         JobState::Requeued,
     ];
-}
-
-/// Why a pending job is not running, in Slurm's words (`squeue`'s `REASON` column).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub enum PendingReason {
-    #[default]
-    None,
-    Priority,
-    Resources,
-    JobHeldUser,
-    JobHeldAdmin,
-    PartitionDown,
-    BeginTime,
-    Dependency,
-    /// No node in the partition could ever satisfy the request (nodes down or drained).
-    ReqNodeNotAvail,
-    /// Its advance reservation is missing, not active yet, or full.
-    Reservation,
-    /// A dependency can never be satisfied (Slurm: `DependencyNeverSatisfied`).
-    DependencyNeverSatisfied,
-    QOSMaxGRESPerUser,
-    QOSMaxJobsPerUserLimit,
-    /// The time limit exceeds the partition's.
-    PartitionTimeLimit,
-    QOSMaxJobsPerAccountLimit,
-    QOSMaxGRESPerAccount,
-    /// Its array's `%N` limit of running tasks is reached.
-    JobArrayTaskLimit,
-    /// Drover: a multi-node job without `--multi-site` that needs more nodes than any one site has.
-    MultiSiteRequired,
-    /// Drover: a multi-node job without `--multi-site` that one site could hold, but not with that site's nodes
-    /// that are up and undrained now (it would fit across sites).
-    SiteNodesNotAvail,
-}
-
-impl PendingReason {
-    pub fn name(&self) -> &'static str {
-        match self {
-            PendingReason::None => "None",
-            PendingReason::Priority => "Priority",
-            PendingReason::Resources => "Resources",
-            PendingReason::JobHeldUser => "JobHeldUser",
-            PendingReason::JobHeldAdmin => "JobHeldAdmin",
-            PendingReason::PartitionDown => "PartitionDown",
-            PendingReason::BeginTime => "BeginTime",
-            PendingReason::Dependency => "Dependency",
-            PendingReason::ReqNodeNotAvail => "ReqNodeNotAvail",
-            PendingReason::Reservation => "Reservation",
-            PendingReason::DependencyNeverSatisfied => "DependencyNeverSatisfied",
-            PendingReason::QOSMaxGRESPerUser => "QOSMaxGRESPerUser",
-            PendingReason::QOSMaxJobsPerUserLimit => "QOSMaxJobsPerUserLimit",
-            PendingReason::PartitionTimeLimit => "PartitionTimeLimit",
-            PendingReason::QOSMaxJobsPerAccountLimit => "QOSMaxJobsPerAccountLimit",
-            PendingReason::QOSMaxGRESPerAccount => "QOSMaxGRESPerAccount",
-            PendingReason::JobArrayTaskLimit => "JobArrayTaskLimit",
-            PendingReason::MultiSiteRequired => "MultiSiteRequired",
-            PendingReason::SiteNodesNotAvail => "SiteNodesNotAvail",
-        }
-    }
-
-    /// A sentence for `scontrol show job` where the name alone does not say what to do.
-    pub fn detail(&self) -> Option<&'static str> {
-        match self {
-            PendingReason::MultiSiteRequired => Some(
-                "the job needs more nodes than any one site has; it cannot run within one site: submit it with \
-                 --multi-site to let it span sites",
-            ),
-            PendingReason::SiteNodesNotAvail => Some(
-                "the job cannot fit in one site with the nodes up there now (it would fit across sites): it waits \
-                 for them, or submit it with --multi-site",
-            ),
-            _ => None,
-        }
-    }
 }
 
 /// A job as the replicated state holds it. The script text is *not* here: it is stored once, beside the job,

@@ -267,7 +267,7 @@ impl State {
                 && !job.held
                 && job.reason != *reason
             {
-                job.reason = reason.clone();
+                job.reason = *reason;
                 changes.push(Change::PutJob(job.clone()));
             }
         }

@@ -107,7 +107,7 @@ impl State {
             }
         }
         job.state = JobState::Pending;
-        job.reason = order.hold.clone().unwrap_or(PendingReason::None);
+        job.reason = order.hold.unwrap_or(PendingReason::None);
         job.held = order.hold.is_some();
         job.restart_count += 1;
         job.incarnation += 1;

@@ -10,8 +10,7 @@ use drover_state::account::ROOT_ACCOUNT;
 use drover_state::dependents::combine;
 use drover_state::first_fit::MAX_REASON_UPDATES;
 use drover_state::{
-    Allocation, Command, DepState, DependencyKind, JobState, NodeAllocation, PartitionState, PendingReason, State,
-    job::MemRequest,
+    Allocation, Command, DepState, DependencyKind, JobState, NodeAllocation, PendingReason, State, job::MemRequest,
 };
 
 /// Stand-in for `--time=UNLIMITED` in the scheduler's timeline (it needs an end to reserve around).
@@ -186,15 +185,8 @@ fn view_without_jobs(state: &State, now_ms: u64) -> sched::ClusterView {
             name: p.name.clone(),
             max_time_s: p.max_time_s,
             priority_tier: p.priority_tier,
-            state: match p.state {
-                PartitionState::Up => sched::PartitionState::Up,
-                PartitionState::Drain => sched::PartitionState::Drain,
-                PartitionState::Down | PartitionState::Inactive => sched::PartitionState::Down,
-            },
-            preempt_mode: match p.preempt_mode {
-                drover_state::PreemptMode::Off => sched::PreemptMode::Off,
-                drover_state::PreemptMode::Requeue => sched::PreemptMode::Requeue,
-            },
+            state: p.state,
+            preempt_mode: p.preempt_mode,
         })
         .collect();
     sched::ClusterView {
@@ -496,28 +488,6 @@ fn dependency_of(job: &drover_state::Job, singletons: &Singletons) -> sched::Dep
     }
 }
 
-fn reason(r: sched::Reason) -> PendingReason {
-    match r {
-        sched::Reason::Priority => PendingReason::Priority,
-        sched::Reason::Resources => PendingReason::Resources,
-        sched::Reason::ReqNodeNotAvail => PendingReason::ReqNodeNotAvail,
-        sched::Reason::Reservation => PendingReason::Reservation,
-        sched::Reason::Dependency => PendingReason::Dependency,
-        sched::Reason::DependencyNeverSatisfied => PendingReason::DependencyNeverSatisfied,
-        sched::Reason::QOSMaxGRESPerUser => PendingReason::QOSMaxGRESPerUser,
-        sched::Reason::QOSMaxJobsPerUserLimit => PendingReason::QOSMaxJobsPerUserLimit,
-        sched::Reason::PartitionDown => PendingReason::PartitionDown,
-        sched::Reason::PartitionTimeLimit => PendingReason::PartitionTimeLimit,
-        sched::Reason::JobHeldUser => PendingReason::JobHeldUser,
-        sched::Reason::BeginTime => PendingReason::BeginTime,
-        sched::Reason::JobArrayTaskLimit => PendingReason::JobArrayTaskLimit,
-        sched::Reason::QOSMaxJobsPerAccountLimit => PendingReason::QOSMaxJobsPerAccountLimit,
-        sched::Reason::QOSMaxGRESPerAccount => PendingReason::QOSMaxGRESPerAccount,
-        sched::Reason::MultiSiteRequired => PendingReason::MultiSiteRequired,
-        sched::Reason::SiteNodesNotAvail => PendingReason::SiteNodesNotAvail,
-    }
-}
-
 /// The plan as commands: one `ApplyPlan` (starts and reasons), and one `PreemptJobs` per job that preempts.
 pub fn commands(state: &State, plan: &sched::Plan) -> Vec<Command> {
     commands_in_chunks(|translate| translate(state), plan, usize::MAX)
@@ -560,7 +530,7 @@ fn changed_reasons(state: &State, planned: &[(u64, sched::Reason)], out: &mut Ve
             return;
         }
         let Some(job) = state.jobs.get(id) else { continue };
-        let r = reason(*r);
+        let r = *r;
         if job.state == JobState::Pending && !job.held && job.reason != r {
             out.push((*id, r));
         }
