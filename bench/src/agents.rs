@@ -22,7 +22,7 @@ use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
-use drover_cli::local::{LocalCluster, UpOptions};
+use drover_testkit::local::{LocalCluster, UpOptions};
 
 /// How often the jobs bench asks whether every job has ended (the resolution of its end-to-end figure).
 const POLL_MS: u64 = 20;
@@ -42,23 +42,13 @@ const SIM_IN_FLIGHT: usize = 64;
 
 /// A trivial one-GPU `--wrap true` job whose files stay in `work_dir` and whose output goes nowhere.
 fn true_job(work_dir: &Path) -> JobSpec {
-    let (user, uid, gid) = drover_cli::identity::current_user();
     let dir = work_dir.display().to_string();
     JobSpec {
-        name: "wrap".into(),
-        user: user.into(),
-        uid,
-        gid,
-        script: drover_cli::sbatch_args::wrap_script("true").into(),
         work_dir: dir.clone().into(),
         submit_dir: dir.into(),
         stdout: Some("/dev/null".into()),
-        min_nodes: 1,
-        max_nodes: 1,
-        cpus_per_task: 1,
-        gpus_per_node: 1,
         export: ExportPolicy::None,
-        ..Default::default()
+        ..drover_testkit::local::trivial_spec()
     }
 }
 
@@ -216,7 +206,7 @@ fn clock_ticks_per_s() -> f64 {
 /// What every simulated agent shares: where to go, when to beat, and the counters the summary reads.
 struct Sim {
     /// Issues each simulated agent a certificate for its node name, as a real one has.
-    pki: drover_cli::pki::Pki,
+    pki: drover_testkit::pki::Pki,
     /// Every controller; the leader first.
     controllers: Vec<String>,
     heartbeat: Duration,

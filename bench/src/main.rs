@@ -18,7 +18,7 @@ use drover_client::{Client, JobFilter};
 use hdrhistogram::Histogram;
 
 use agents as bench_agents;
-use drover_cli::local::{LocalCluster, UpOptions, trivial_spec};
+use drover_testkit::local::{LocalCluster, UpOptions, trivial_spec};
 
 #[derive(Parser)]
 #[command(name = "drover-bench", about = "Drover's benchmarks (the figures in BENCHMARKS.md)")]
@@ -194,7 +194,7 @@ async fn submit(levels: Vec<usize>, conns: usize, duration_s: u64, dir: PathBuf)
     let connections = (0..conns).map(|_| cluster.client().map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
     println!(
         "bench submit: 3 replicas on loopback, {duration_s} s per level, clients over {conns} connection(s), {} worker thread(s) each",
-        drover_cli::local::worker_share(3)
+        drover_testkit::local::worker_share(3)
     );
     for clients in levels {
         let stop = Arc::new(AtomicBool::new(false));

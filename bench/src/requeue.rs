@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 
-use drover_cli::local::{LocalCluster, UpOptions};
+use drover_testkit::local::{LocalCluster, UpOptions};
 
 /// The job: a step every 0.1 s, a checkpoint every 5 steps, resumes from `DROVER_RESUME_FROM`. Each step is logged
 /// with its incarnation and the time, which is what the benchmark reads.
@@ -97,7 +97,7 @@ async fn one_run(fence: bool, dir: &Path) -> anyhow::Result<Duration> {
         .and_then(|l| l.split_whitespace().nth(4).map(str::to_string))
         .context("the job's node")?;
     // The node dies: its agent and its tasks.
-    drover_cli::local::fence_node(&mut cluster, &node)?;
+    drover_testkit::local::fence_node(&mut cluster, &node)?;
     let killed_ns = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
     let resumed_ns = {
         let mut found = None;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use drover_cli::local::{LocalCluster, UpOptions, trivial_spec};
+use drover_testkit::local::{LocalCluster, UpOptions, trivial_spec};
 use hdrhistogram::Histogram;
 
 use crate::wan::{Route, Wan};

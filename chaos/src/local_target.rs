@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use drover_cli::local::{LocalCluster, UpOptions};
+use drover_testkit::local::{LocalCluster, UpOptions};
 
 use crate::drill::ClusterShape;
 use crate::target::{FaultId, Member, Target, TargetError, TargetResult};

@@ -45,7 +45,7 @@ echo "end $inc $(date +%s%3N) $SLURMD_NODENAME" >> "$log"
 
 /// The job spec for drill job number `n`.
 pub fn job_spec(workload: &Workload, n: u64, logs: &Path, client_config: &Path, controllers: &str) -> JobSpec {
-    let (user, uid, gid) = drover_cli::identity::current_user();
+    let (user, uid, gid) = drover_testkit::identity::current_user();
     let gpus = workload.gpus[(n as usize) % workload.gpus.len()];
     let drover_dir =
         std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.display().to_string())).unwrap_or_default();

@@ -134,7 +134,7 @@ pub fn trivial_spec() -> drover_state::JobSpec {
         user: user.into(),
         uid,
         gid,
-        script: crate::sbatch_args::wrap_script("true").into(),
+        script: "#!/bin/sh\n# This script was created by sbatch --wrap.\n\ntrue\n".into(),
         work_dir: "/tmp".into(),
         submit_dir: "/tmp".into(),
         min_nodes: 1,
