@@ -8,6 +8,7 @@ use clap::Parser;
 use drover_state::hostlist::{compress_hostlist, expand_hostlist};
 use drover_state::{Job, JobState, goodput};
 
+use crate::command::{Bare, finish, parse_args};
 use crate::format::{SlurmState, Tres, clock, clock_limit, convert_num_unit, elapsed_s, mem_mb, timestamp_or_unknown};
 use crate::identity::current_user;
 
@@ -108,29 +109,8 @@ struct Args {
     controllers: Option<String>,
 }
 
-/// An error printed as it is (Slurm prints some without the `sacct: error:` prefix).
-#[derive(Debug)]
-struct Bare(String);
-
-impl std::fmt::Display for Bare {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Bare {}
-
 pub fn run(args: &[String]) -> i32 {
-    match sacct(args) {
-        Ok(()) => 0,
-        Err(e) => {
-            match e.downcast_ref::<Bare>() {
-                Some(bare) => eprintln!("{bare}"),
-                None => eprintln!("sacct: error: {e:#}"),
-            }
-            1
-        }
-    }
+    finish("sacct", sacct(args).map(|()| 0))
 }
 
 use crate::slurm::fields::Kind::{Date, Number, Text};
@@ -456,8 +436,7 @@ fn step_value(field: &str, job: &Job, step: &Job, cx: &Context) -> String {
 }
 
 fn sacct(args: &[String]) -> anyhow::Result<()> {
-    let args = Args::try_parse_from(std::iter::once("sacct".to_string()).chain(args.iter().cloned()))
-        .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+    let args: Args = parse_args("sacct", args)?;
     let _ = (args.all_clusters, &args.clusters, args.truncate, args.verbose);
     if args.version {
         println!("{}", crate::format::version_line());

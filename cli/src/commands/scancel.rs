@@ -77,29 +77,8 @@ struct Args {
     controllers: Option<String>,
 }
 
-/// An error printed as it is (Slurm prints some without the `scancel: error:` prefix).
-#[derive(Debug)]
-struct Bare(String);
-
-impl std::fmt::Display for Bare {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Bare {}
-
 pub fn run(args: &[String]) -> i32 {
-    match cancel(args) {
-        Ok(code) => code,
-        Err(e) => {
-            match e.downcast_ref::<Bare>() {
-                Some(bare) => eprintln!("{bare}"),
-                None => eprintln!("scancel: error: {e}"),
-            }
-            1
-        }
-    }
+    crate::command::finish("scancel", cancel(args))
 }
 
 /// Jobs the filters keep: active ones (pending, running, suspended) matching every filter given.
@@ -162,7 +141,9 @@ fn job_refs(ids: &[String]) -> anyhow::Result<Vec<drover_state::array::JobRef>> 
 fn filters(args: &Args) -> anyhow::Result<Filters> {
     let state = match &args.state {
         Some(text) => Some(SlurmState::parse(text).ok_or_else(|| {
-            Bare(format!("Invalid job state specified: {text}\nValid job states are PENDING, RUNNING, and SUSPENDED"))
+            crate::command::Bare(format!(
+                "Invalid job state specified: {text}\nValid job states are PENDING, RUNNING, and SUSPENDED"
+            ))
         })?),
         None => None,
     };
@@ -192,8 +173,7 @@ fn filters(args: &Args) -> anyhow::Result<Filters> {
 }
 
 fn cancel(args: &[String]) -> anyhow::Result<i32> {
-    let args = Args::try_parse_from(std::iter::once("scancel".to_string()).chain(args.iter().cloned()))
-        .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+    let args: Args = crate::command::parse_args("scancel", args)?;
     let _ = (args.hurry, args.ctld, &args.clusters, &args.sibling);
     if args.version {
         println!("{}", crate::format::version_line());

@@ -115,18 +115,11 @@ struct Args {
 const USAGE: &str = "Usage: sinfo [-abdelNRrsTv] [-i seconds] [-t states] [-p partition] [-n nodes]\n             [-S fields] [-o format] [-O Format] [--federation] [--local]";
 
 pub fn run(args: &[String]) -> i32 {
-    match sinfo(args) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("sinfo: error: {e:#}");
-            1
-        }
-    }
+    crate::command::finish("sinfo", sinfo(args))
 }
 
 fn sinfo(args: &[String]) -> anyhow::Result<i32> {
-    let args = Args::try_parse_from(std::iter::once("sinfo".to_string()).chain(args.iter().cloned()))
-        .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+    let args: Args = crate::command::parse_args("sinfo", args)?;
     if args.version {
         println!("{}", crate::format::version_line());
         return Ok(0);

@@ -17,18 +17,11 @@ struct Args {
 }
 
 pub fn run(args: &[String]) -> i32 {
-    match sprio(args) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("sprio: error: {e:#}");
-            1
-        }
-    }
+    crate::command::finish("sprio", sprio(args).map(|()| 0))
 }
 
 fn sprio(args: &[String]) -> anyhow::Result<()> {
-    let args = Args::try_parse_from(std::iter::once("sprio".to_string()).chain(args.iter().cloned()))
-        .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+    let args: Args = crate::command::parse_args("sprio", args)?;
     let client = crate::connect::client(args.controllers.as_deref())?;
     let rt = crate::connect::runtime();
     let ids = if args.jobs.is_empty() {

@@ -159,8 +159,7 @@ fn split(list: &Option<String>) -> Vec<String> {
 }
 
 fn list(args: &[String]) -> anyhow::Result<i32> {
-    let args = Args::try_parse_from(std::iter::once("squeue".to_string()).chain(args.iter().cloned()))
-        .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+    let args: Args = crate::command::parse_args("squeue", args)?;
     if args.version {
         println!("{}", crate::format::version_line());
         return Ok(0);

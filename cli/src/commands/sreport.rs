@@ -66,13 +66,7 @@ struct Args {
 }
 
 pub fn run(args: &[String]) -> i32 {
-    match sreport(args) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("sreport: error: {e:#}");
-            1
-        }
-    }
+    crate::command::finish("sreport", sreport(args).map(|()| 0))
 }
 
 /// The unit GPU time is printed in.
@@ -169,8 +163,7 @@ fn parse_report(words: &[String], now_s: u64) -> anyhow::Result<Report> {
 }
 
 fn sreport(args: &[String]) -> anyhow::Result<()> {
-    let args = Args::try_parse_from(std::iter::once("sreport".to_string()).chain(args.iter().cloned()))
-        .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+    let args: Args = crate::command::parse_args("sreport", args)?;
     let _ = (&args.clusters, args.verbose);
     if args.version {
         println!("{}", crate::format::version_line());

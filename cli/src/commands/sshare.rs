@@ -60,18 +60,11 @@ struct Args {
 }
 
 pub fn run(args: &[String]) -> i32 {
-    match sshare(args) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("sshare: error: {e:#}");
-            1
-        }
-    }
+    crate::command::finish("sshare", sshare(args).map(|()| 0))
 }
 
 fn sshare(args: &[String]) -> anyhow::Result<()> {
-    let args = Args::try_parse_from(std::iter::once("sshare".to_string()).chain(args.iter().cloned()))
-        .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+    let args: Args = crate::command::parse_args("sshare", args)?;
     let client = crate::connect::client(args.controllers.as_deref())?;
     let registry = crate::connect::runtime().block_on(client.registry(false))?;
     print!("{}", table(&registry, &args, &crate::identity::current_user().0)?);

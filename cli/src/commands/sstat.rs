@@ -122,13 +122,7 @@ struct Args {
 }
 
 pub fn run(args: &[String]) -> i32 {
-    match sstat(args) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("sstat: error: {e:#}");
-            1
-        }
-    }
+    crate::command::finish("sstat", sstat(args))
 }
 
 /// A step asked about: `12`, `12.batch`, `12.3`.
@@ -158,8 +152,7 @@ fn parse_steps(lists: &[String]) -> anyhow::Result<Vec<StepRef>> {
 }
 
 fn sstat(args: &[String]) -> anyhow::Result<i32> {
-    let args = Args::try_parse_from(std::iter::once("sstat".to_string()).chain(args.iter().cloned()))
-        .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+    let args: Args = crate::command::parse_args("sstat", args)?;
     if args.version {
         println!("{}", crate::format::version_line());
         return Ok(0);
