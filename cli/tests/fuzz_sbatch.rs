@@ -10,7 +10,7 @@
 //! integer overflow (debug builds panic on it) or an allocation sized by the input is a defect.
 
 use drover_cli::job_refs::{base_ids, names, parse_refs, select, split_refs};
-use drover_cli::sbatch_args::{CommandLine, ENV_OPTIONS, SubmitContext, build_spec, parse_command_line};
+use drover_cli::sbatch_args::{CommandLine, SubmitContext, build_spec, env_options, parse_command_line};
 use drover_state::{ArrayTask, Job};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
@@ -364,7 +364,7 @@ proptest! {
     /// together with options on the command line and in the script.
     #[test]
     fn sbatch_never_panics_on_input_environment_variables(
-        vars in proptest::collection::vec((proptest::sample::select(ENV_OPTIONS), value()), 0..6),
+        vars in proptest::collection::vec((proptest::sample::select(env_options().collect::<Vec<_>>()), value()), 0..6),
         args in argv(),
         script in directive_script(),
         now_ms in prop_oneof![Just(1_773_149_415_000u64), any::<u64>()],

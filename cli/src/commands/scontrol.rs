@@ -705,11 +705,28 @@ fn job_reason(job: &Job) -> String {
     }
 }
 
+/// `scontrol show job`'s lines for one job, in Slurm's order, then Drover's own.
 fn job_lines(job: &Job, now_ms: u64, details: bool) -> Vec<String> {
+    let mut lines = Vec::with_capacity(40);
+    identity_lines(job, details, &mut lines);
+    time_and_place_lines(job, now_ms, &mut lines);
+    resource_lines(job, details, &mut lines);
+    request_lines(job, &mut lines);
+    drover_lines(job, &mut lines);
+    lines
+}
+
+fn or_null(v: &Option<drover_state::ThinStr>) -> String {
+    v.as_deref().unwrap_or("(null)").to_string()
+}
+
+fn list_or_null(v: &[String]) -> String {
+    if v.is_empty() { "(null)".to_string() } else { compress_hostlist(v) }
+}
+
+/// Who and what: ids, owner, priority, state and reason, requeue and exit code.
+fn identity_lines(job: &Job, details: bool, lines: &mut Vec<String>) {
     let s = &job.spec;
-    let or_null = |v: &Option<drover_state::ThinStr>| v.as_deref().unwrap_or("(null)").to_string();
-    let list_or_null = |v: &[String]| if v.is_empty() { "(null)".to_string() } else { compress_hostlist(v) };
-    let nodes = list_or_null(&job.nodes);
     let first = match job.array.as_deref() {
         Some(a) => {
             let throttle = a.max_running.map(|m| format!(" ArrayTaskThrottle={m}")).unwrap_or_default();
@@ -722,17 +739,7 @@ fn job_lines(job: &Job, now_ms: u64, details: bool) -> Vec<String> {
     };
     let (account, qos) = (job.account_name(), job.qos_name());
     let dependency = drover_state::dependency::format_dependency(&s.dependency, s.dependency_any);
-    let eligible = crate::format::eligible_ms(job);
-    let tres = Tres::current(job);
-    let (min_mem, per) = crate::format::min_memory_mb(job);
-    let num_nodes = if job.nodes.is_empty() && s.max_nodes > s.min_nodes {
-        format!("{}-{}", s.min_nodes, s.max_nodes)
-    } else if job.nodes.is_empty() {
-        s.min_nodes.max(1).to_string()
-    } else {
-        job.nodes.len().to_string()
-    };
-    let mut lines = vec![
+    lines.extend([
         first,
         format!("UserId={}({}) GroupId={}({}) MCS_label=N/A", s.user, s.uid, group_name(s.gid), s.gid),
         format!(
@@ -749,10 +756,16 @@ fn job_lines(job: &Job, now_ms: u64, details: bool) -> Vec<String> {
             job.exit_code,
             job.exit_signal
         ),
-    ];
+    ]);
     if details {
         lines.push("DerivedExitCode=0:0".to_string());
     }
+}
+
+/// When and where: run time and limits, the job's times, partition and nodes.
+fn time_and_place_lines(job: &Job, now_ms: u64, lines: &mut Vec<String>) {
+    let s = &job.spec;
+    let eligible = crate::format::eligible_ms(job);
     lines.extend([
         format!(
             "RunTime={} TimeLimit={} TimeMin={}",
@@ -775,11 +788,24 @@ fn job_lines(job: &Job, now_ms: u64, details: bool) -> Vec<String> {
         "SuspendTime=None SecsPreSuspend=0 LastSchedEval=Unknown Scheduler=Main".to_string(),
         format!("Partition={} AllocNode:Sid=N/A", job.partition),
         format!("ReqNodeList={} ExcNodeList={}", list_or_null(&s.nodelist), list_or_null(&s.exclude)),
-        format!("NodeList={nodes}"),
+        format!("NodeList={}", list_or_null(&job.nodes)),
     ]);
     if let Some(first) = job.nodes.first() {
         lines.push(format!("BatchHost={first}"));
     }
+}
+
+/// How much: node, CPU and task counts, TRES, and (with `--details`) each node's share.
+fn resource_lines(job: &Job, details: bool, lines: &mut Vec<String>) {
+    let s = &job.spec;
+    let tres = Tres::current(job);
+    let num_nodes = if job.nodes.is_empty() && s.max_nodes > s.min_nodes {
+        format!("{}-{}", s.min_nodes, s.max_nodes)
+    } else if job.nodes.is_empty() {
+        s.min_nodes.max(1).to_string()
+    } else {
+        job.nodes.len().to_string()
+    };
     lines.extend([
         format!(
             "NumNodes={num_nodes} NumCPUs={} NumTasks={} CPUs/Task={} ReqB:S:C:T=0:0:*:*",
@@ -802,6 +828,12 @@ fn job_lines(job: &Job, now_ms: u64, details: bool) -> Vec<String> {
             lines.push(format!("  Nodes={} CPU_IDs=N/A Mem={} GRES={gres}", a.node, a.mem_mb));
         }
     }
+}
+
+/// What was asked: per-node minimums, features, reservation, sharing, command, files and per-TRES requests.
+fn request_lines(job: &Job, lines: &mut Vec<String>) {
+    let s = &job.spec;
+    let (min_mem, per) = crate::format::min_memory_mb(job);
     lines.extend([
         format!(
             "MinCPUsNode={} MinMemory{per}={} MinTmpDiskNode=0",
@@ -848,16 +880,18 @@ fn job_lines(job: &Job, now_ms: u64, details: bool) -> Vec<String> {
     if let Some(n) = s.ntasks_per_gpu {
         lines.push(format!("NtasksPerTRES={n}"));
     }
-    // Checkpoints and restarts (Drover's own lines): where this incarnation writes, what it resumes from, and
-    // how each earlier incarnation ended.
+}
+
+/// Drover's own lines: checkpoints and restarts (where this incarnation writes, what it resumes from, how each
+/// earlier incarnation ended), and placement (whether the job may span sites, what its reason asks of the user).
+fn drover_lines(job: &Job, lines: &mut Vec<String>) {
     lines.push(format!(
         "Incarnation={} CheckpointDir={} Failures={}",
         job.incarnation,
         job.checkpoint_dir(),
         job.failures
     ));
-    // Placement (Drover's own): whether the job may span sites, and what its pending reason asks of the user.
-    lines.push(format!("MultiSite={}", if s.multi_site { "yes" } else { "no" }));
+    lines.push(format!("MultiSite={}", if job.spec.multi_site { "yes" } else { "no" }));
     if job.state == JobState::Pending
         && let Some(detail) = job.reason.detail()
     {
@@ -887,7 +921,6 @@ fn job_lines(job: &Job, now_ms: u64, details: bool) -> Vec<String> {
             h.reason.replace(' ', "_")
         ));
     }
-    lines
 }
 
 /// `scontrol requeue ID[,ID...]` / `requeuehold`: running jobs end (their --signal warning first) and go back to
