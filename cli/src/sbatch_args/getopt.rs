@@ -1,7 +1,7 @@
 //! Reading arguments as `getopt_long` does, for the command line, `#SBATCH` lines and `SBATCH_*` variables alike.
 
 use super::options::{Arg, OptDef, Takes, env_options, find_long, find_short};
-use super::parsed::{Item, SbatchOption};
+use super::options::{Item, SbatchOption};
 use super::values::invalid;
 use super::{OptionError, SbatchError};
 

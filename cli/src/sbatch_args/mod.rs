@@ -102,26 +102,23 @@
 //! [`ParsedSubmit::warnings`] as `sbatch: warning: {warning}` (unless `--quiet`).
 
 //! The parser's parts: [`options`] declares every option (names, variables, value, effect) in one table;
-//! `parsed` names what parsing yields; `getopt` reads arguments against the table; `values` checks values;
-//! `script` reads the script's directives;
+//! `getopt` reads arguments against the table; `values` checks values; `script` reads the script's directives;
 //! `resolve` builds the job from the options once all are read.
 
 use drover_state::job::JobSpec;
 
 mod getopt;
 mod options;
-mod parsed;
 mod resolve;
 mod script;
 mod values;
 
-pub use options::env_options;
-pub use parsed::{Exclusive, SbatchOption};
+pub use options::{Exclusive, SbatchOption, env_options};
 pub use script::wrap_script;
 
 use getopt::{environment_options, parse_args};
+use options::Item;
 use options::SupportedOptions;
-use parsed::Item;
 use resolve::{Draft, Source};
 use script::{check_script, script_directives};
 #[cfg(test)]

@@ -5,17 +5,133 @@
 
 use std::fmt;
 
-use super::Info;
-use drover_state::job::MemRequest;
+use drover_state::job::{ArraySpec, Dependency, ExportPolicy, MemRequest};
 
-use super::parsed::{Exclusive, Item, SbatchOption};
+use super::Info;
 use super::resolve::{Draft, GpuRequest, Source};
 use super::values::{
-    gpus, option, parse_array, parse_clusters, parse_constraint, parse_date, parse_dependency, parse_exclusive,
-    parse_export, parse_gres, parse_hosts, parse_input, parse_kill_on_invalid_dep, parse_limit, parse_mail_type,
-    parse_mem_size, parse_nice, parse_no_kill, parse_nodes, parse_open_mode, parse_signal, parse_wrap, positive,
+    check_clusters, check_input, invalid, kill_on_invalid_dep_note, mail_type_note, parse_array, parse_constraint,
+    parse_date, parse_dependency, parse_export, parse_gpu_count, parse_gres, parse_hosts, parse_limit, parse_mem_size,
+    parse_nice, parse_no_kill, parse_nodes, parse_open_mode, parse_signal, positive,
 };
 use super::{DEFAULT_NICE, OptionError};
+use crate::slurm::time::TimeSpec;
+
+/// One parsed item of an argument list.
+pub(super) enum Item {
+    Option(SbatchOption),
+    Wrap(String),
+    Info(Info),
+}
+
+/// One option, its value checked and parsed. Directives, environment variables and command-line options all
+/// parse to these.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SbatchOption {
+    JobName(String),
+    Partition(String),
+    Account(String),
+    /// `--nodes`: `N` gives `min == max == N`.
+    Nodes {
+        min: u32,
+        max: u32,
+    },
+    Ntasks(u32),
+    NtasksPerNode(u32),
+    CpusPerTask(u32),
+    /// `--gres=gpu...` or `--gpus-per-node`.
+    Gpus {
+        per_node: u32,
+        gpu_type: Option<String>,
+    },
+    /// `--gpus/-G`: the job's total GPUs, spread over its nodes in [`build_spec`].
+    GpusTotal {
+        count: u32,
+        gpu_type: Option<String>,
+    },
+    /// `--gpus-per-task`: folded into GPUs per node in [`build_spec`].
+    GpusPerTask {
+        count: u32,
+        gpu_type: Option<String>,
+    },
+    /// `--cpus-per-gpu`: folded into `cpus_per_task` in [`build_spec`].
+    CpusPerGpu(u32),
+    /// `--ntasks-per-gpu` (or Slurm's hidden `--ntasks-per-tres`): folded into the task counts in [`build_spec`].
+    NtasksPerGpu(u32),
+    /// `--mem`, `--mem-per-cpu`, `--mem-per-gpu`, in MiB.
+    Mem(MemRequest),
+    /// `--array`: task ids (sorted, unique) and the `%N` limit.
+    Array(ArraySpec),
+    /// `--dependency`: the entries, and whether any one suffices (`?`) rather than all (`,`).
+    Dependency {
+        deps: Vec<Dependency>,
+        any: bool,
+    },
+    Qos(String),
+    Reservation(String),
+    /// `--nice` (100 when given without a value).
+    Nice(i32),
+    /// `--time`: seconds, `None` for UNLIMITED (or 0).
+    TimeLimit(Option<u64>),
+    /// `--time-min`: seconds, `None` for UNLIMITED (or 0).
+    TimeMin(Option<u64>),
+    /// `--begin/-b`: placed in time by [`build_spec`], against [`SubmitContext::now_ms`].
+    Begin(TimeSpec),
+    /// `--deadline`, likewise.
+    Deadline(TimeSpec),
+    Output(String),
+    Error(String),
+    Chdir(String),
+    /// `--export`: the policy, and the `VAR=value` entries that add to or override the captured environment.
+    Export {
+        policy: ExportPolicy,
+        set: Vec<(String, String)>,
+    },
+    /// `--requeue` (true) / `--no-requeue` (false).
+    Requeue(bool),
+    /// `--signal=[{R|B}:]SIG[@secs]`.
+    Signal(drover_state::WarnSignal),
+    /// `--no-kill/-k` (true), `--no-kill=off` or `=no` (false).
+    NoKill(bool),
+    /// `--open-mode=append` (true) or `truncate` (false).
+    OpenAppend(bool),
+    /// `--exclusive[=...]` and `--oversubscribe/-s`.
+    Exclusive(Exclusive),
+    /// `--constraint`: features all required (`a&b`).
+    Constraint(Vec<String>),
+    /// `--nodelist` / `--exclude`: expanded host names.
+    Nodelist(Vec<String>),
+    Exclude(Vec<String>),
+    Wckey(String),
+    Comment(String),
+    Hold,
+    /// `--multi-site` (Drover): the job's nodes may be on several sites.
+    MultiSite,
+    Parsable,
+    /// `--quiet/-Q`: acted on from the command line only.
+    Quiet,
+    /// An option Drover accepts and does not act on; [`build_spec`] drops it and, when `note` is not empty, warns
+    /// `--{flag} is ignored: {note}`.
+    Ignored {
+        /// The long name, without its dashes (`gpu-bind`).
+        flag: &'static str,
+        value: Option<String>,
+        note: &'static str,
+    },
+}
+
+/// How a job shares its nodes: `--exclusive[=MODE]` and `--oversubscribe`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exclusive {
+    /// `--exclusive`: whole nodes, shared with no other job.
+    Node,
+    /// `--exclusive=user`: Slurm shares the nodes with the same user's jobs only; Drover shares them with none.
+    User,
+    /// `--exclusive=mcs`: likewise, for jobs of the same MCS label.
+    Mcs,
+    /// `--exclusive=oversubscribe` or `--oversubscribe/-s`: not exclusive (Drover never oversubscribes).
+    Oversubscribe,
+}
 
 /// Whether an option takes a value, as getopt's `has_arg`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,14 +226,28 @@ pub(super) const OPTIONS: &[OptDef] = &[
         &["SBATCH_CLUSTER_CONSTRAINT"],
         Ignored(Arg::Required, "Drover runs a single cluster"),
     ),
-    opt("clusters", Some('M'), &["SBATCH_CLUSTERS", "SLURM_CLUSTERS"], Raw(parse_clusters)).unlisted(),
+    opt(
+        "clusters",
+        Some('M'),
+        &["SBATCH_CLUSTERS", "SLURM_CLUSTERS"],
+        Raw(|f, v| {
+            check_clusters(f, &v)?;
+            ignored("clusters", v, "")
+        }),
+    )
+    .unlisted(),
     opt(
         "container",
         None,
         &["SBATCH_CONTAINER"],
         Refused(Arg::Required, "OCI containers are not supported; start the container from inside the batch script"),
     ),
-    opt("constraint", Some('C'), &["SBATCH_CONSTRAINT"], Value(|f, v| option(parse_constraint(f, &v)?))),
+    opt(
+        "constraint",
+        Some('C'),
+        &["SBATCH_CONSTRAINT"],
+        Value(|f, v| option(SbatchOption::Constraint(parse_constraint(f, &v)?))),
+    ),
     opt("core-spec", Some('S'), &["SBATCH_CORE_SPEC"], Ignored(Arg::Required, NO_SPEC_CORES)),
     opt("cpu-freq", None, &["SBATCH_CPU_FREQ_REQ"], Ignored(Arg::Required, "Drover does not set CPU frequencies")),
     opt(
@@ -140,14 +270,30 @@ pub(super) const OPTIONS: &[OptDef] = &[
         &["SBATCH_EXCLUSIVE"],
         Optional(|| Item::Option(SbatchOption::Exclusive(Exclusive::Node)), |f, v| option(parse_exclusive(f, &v)?)),
     ),
-    opt("export", None, &["SBATCH_EXPORT"], Value(|f, v| option(parse_export(f, &v)?))),
+    opt(
+        "export",
+        None,
+        &["SBATCH_EXPORT"],
+        Value(|f, v| {
+            let (policy, set) = parse_export(f, &v)?;
+            option(SbatchOption::Export { policy, set })
+        }),
+    ),
     opt(
         "get-user-env",
         None,
         &["SBATCH_GET_USER_ENV"],
         Ignored(Arg::Optional, "the job gets the submitting environment (--export), not a login environment"),
     ),
-    opt("gres", None, &["SBATCH_GRES"], Value(|f, v| option(parse_gres(f, &v)?))),
+    opt(
+        "gres",
+        None,
+        &["SBATCH_GRES"],
+        Value(|f, v| {
+            let (per_node, gpu_type) = parse_gres(f, &v)?;
+            option(SbatchOption::Gpus { per_node, gpu_type })
+        }),
+    ),
     opt(
         "gres-flags",
         None,
@@ -211,10 +357,18 @@ pub(super) const OPTIONS: &[OptDef] = &[
         "no-kill",
         Some('k'),
         &["SBATCH_NO_KILL"],
-        Optional(|| Item::Option(SbatchOption::NoKill(true)), |f, v| option(parse_no_kill(f, &v)?)),
+        Optional(
+            || Item::Option(SbatchOption::NoKill(true)),
+            |f, v| option(SbatchOption::NoKill(parse_no_kill(f, &v)?)),
+        ),
     ),
     opt("no-requeue", None, &["SBATCH_NO_REQUEUE"], Nothing(|| Item::Option(SbatchOption::Requeue(false)))),
-    opt("open-mode", None, &["SBATCH_OPEN_MODE"], Value(|f, v| option(parse_open_mode(f, &v)?))),
+    opt(
+        "open-mode",
+        None,
+        &["SBATCH_OPEN_MODE"],
+        Value(|f, v| option(SbatchOption::OpenAppend(parse_open_mode(f, &v)?))),
+    ),
     opt("overcommit", Some('O'), &["SBATCH_OVERCOMMIT"], Ignored(Arg::No, "every task gets its own CPUs")),
     opt("partition", Some('p'), &["SBATCH_PARTITION"], Value(|_, v| option(SbatchOption::Partition(v)))),
     opt("power", None, &["SBATCH_POWER"], Ignored(Arg::Required, "Drover has no power management")),
@@ -248,21 +402,47 @@ pub(super) const OPTIONS: &[OptDef] = &[
     ),
     opt("wckey", None, &["SBATCH_WCKEY"], Value(|_, v| option(SbatchOption::Wckey(v)))),
     opt("error", Some('e'), &["SBATCH_ERROR"], Value(|_, v| option(SbatchOption::Error(v)))),
-    opt("input", Some('i'), &["SBATCH_INPUT"], Raw(parse_input)).unlisted(),
+    opt(
+        "input",
+        Some('i'),
+        &["SBATCH_INPUT"],
+        Raw(|f, v| {
+            check_input(f, &v)?;
+            ignored("input", v, "")
+        }),
+    )
+    .unlisted(),
     opt("output", Some('o'), &["SBATCH_OUTPUT"], Value(|_, v| option(SbatchOption::Output(v)))),
     opt("multi-site", None, &["SBATCH_MULTI_SITE"], Nothing(|| Item::Option(SbatchOption::MultiSite))),
     // The options with no input environment variable, in the order of Slurm's option table.
     opt("begin", Some('b'), &[], Value(|f, v| option(SbatchOption::Begin(parse_date(f, &v)?)))),
     opt("bbf", None, &[], Refused(Arg::Required, "burst buffers are not supported")),
     opt("chdir", Some('D'), &[], Value(|_, v| option(SbatchOption::Chdir(v)))),
-    opt("cluster", None, &[], Raw(parse_clusters)).unlisted(),
+    opt(
+        "cluster",
+        None,
+        &[],
+        Raw(|f, v| {
+            check_clusters(f, &v)?;
+            ignored("cluster", v, "")
+        }),
+    )
+    .unlisted(),
     opt("comment", None, &[], Value(|_, v| option(SbatchOption::Comment(v)))),
     opt("context", None, &[], Ignored(Arg::Required, "Drover sets no SELinux context")),
     opt("contiguous", None, &[], Ignored(Arg::No, "nodes are chosen without regard to their names")),
     opt("cores-per-socket", None, &[], Ignored(Arg::Required, PLACEMENT)),
     opt("cpus-per-task", Some('c'), &[], Value(|f, v| option(SbatchOption::CpusPerTask(positive(f, &v)?)))),
     opt("deadline", None, &[], Value(|f, v| option(SbatchOption::Deadline(parse_date(f, &v)?)))),
-    opt("dependency", Some('d'), &[], Value(|f, v| option(parse_dependency(f, &v)?))),
+    opt(
+        "dependency",
+        Some('d'),
+        &[],
+        Value(|f, v| {
+            let (deps, any) = parse_dependency(f, &v)?;
+            option(SbatchOption::Dependency { deps, any })
+        }),
+    ),
     opt("exclude", Some('x'), &[], Value(|f, v| option(SbatchOption::Exclude(parse_hosts(f, &v)?)))),
     opt(
         "export-file",
@@ -278,14 +458,20 @@ pub(super) const OPTIONS: &[OptDef] = &[
         Refused(Arg::Required, "only root may submit as another group; Drover takes the group from your credential"),
     ),
     opt("hold", Some('H'), &[], Nothing(|| Item::Option(SbatchOption::Hold))),
-    opt("kill-on-invalid-dep", None, &[], Raw(parse_kill_on_invalid_dep)).unlisted(),
+    opt(
+        "kill-on-invalid-dep",
+        None,
+        &[],
+        Raw(|f, v| ignored("kill-on-invalid-dep", v.clone(), kill_on_invalid_dep_note(f, &v)?)),
+    )
+    .unlisted(),
     opt(
         "licenses",
         Some('L'),
         &[],
         Ignored(Arg::Required, "Drover tracks no licenses; the job may start while none is free"),
     ),
-    opt("mail-type", None, &[], Raw(parse_mail_type)).unlisted(),
+    opt("mail-type", None, &[], Raw(|_, v| ignored("mail-type", v.clone(), mail_type_note(&v)))).unlisted(),
     opt("mail-user", None, &[], Ignored(Arg::Required, "Drover sends no mail")),
     opt("mcs-label", None, &[], Ignored(Arg::Required, "Drover has no MCS labels")),
     opt("mincpus", None, &[], Ignored(Arg::Required, "CPUs are reserved by --cpus-per-task and the task counts")),
@@ -300,7 +486,15 @@ pub(super) const OPTIONS: &[OptDef] = &[
     ),
     opt("nodefile", Some('F'), &[], Refused(Arg::Required, "not supported; list the nodes with --nodelist")),
     opt("nodelist", Some('w'), &[], Value(|f, v| option(SbatchOption::Nodelist(parse_hosts(f, &v)?)))),
-    opt("nodes", Some('N'), &[], Value(|f, v| option(parse_nodes(f, &v)?))),
+    opt(
+        "nodes",
+        Some('N'),
+        &[],
+        Value(|f, v| {
+            let (min, max) = parse_nodes(f, &v)?;
+            option(SbatchOption::Nodes { min, max })
+        }),
+    ),
     opt("ntasks", Some('n'), &[], Value(|f, v| option(SbatchOption::Ntasks(positive(f, &v)?)))),
     opt("ntasks-per-core", None, &[], Ignored(Arg::Required, PLACEMENT)),
     opt("ntasks-per-gpu", None, &[], Value(|f, v| option(SbatchOption::NtasksPerGpu(positive(f, &v)?)))),
@@ -350,6 +544,46 @@ pub(super) const OPTIONS: &[OptDef] = &[
     ),
     opt("wrap", None, &[], Raw(parse_wrap)),
 ];
+
+// What the table's entries are made of.
+
+/// An option as a parse result: the table's parsers end in this.
+pub(super) fn option(option: SbatchOption) -> Result<Item, OptionError> {
+    Ok(Item::Option(option))
+}
+
+/// `--gpus-per-node`, `--gpus`, `--gpus-per-task`: a count and an optional type, made into the option by `make`.
+pub(super) fn gpus(
+    flag: &str,
+    value: &str,
+    make: fn(u32, Option<String>) -> SbatchOption,
+) -> Result<Item, OptionError> {
+    let (count, gpu_type) = parse_gpu_count(flag, value)?;
+    option(make(count, gpu_type))
+}
+
+pub(super) fn parse_exclusive(flag: &str, value: &str) -> Result<SbatchOption, OptionError> {
+    let mode = match value.to_ascii_lowercase().as_str() {
+        "exclusive" => Exclusive::Node,
+        "user" => Exclusive::User,
+        "mcs" => Exclusive::Mcs,
+        "oversubscribe" => Exclusive::Oversubscribe,
+        _ => return Err(invalid(flag, value, "expected user, mcs or oversubscribe (or no value)")),
+    };
+    Ok(SbatchOption::Exclusive(mode))
+}
+
+pub(super) fn parse_wrap(flag: &str, value: String) -> Result<Item, OptionError> {
+    if value.is_empty() {
+        return Err(invalid(flag, &value, "expected a command to run"));
+    }
+    Ok(Item::Wrap(value))
+}
+
+/// An option accepted and not acted on; `note` (when not empty) says why, in a warning.
+fn ignored(flag: &'static str, value: String, note: &'static str) -> Result<Item, OptionError> {
+    option(SbatchOption::Ignored { flag, value: Some(value), note })
+}
 
 /// Every input environment variable and the long option it stands for, in the order they are applied.
 pub fn env_options() -> impl Iterator<Item = (&'static str, &'static str)> {

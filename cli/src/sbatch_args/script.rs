@@ -1,7 +1,7 @@
 //! The batch script: the checks Slurm makes before reading it, and its `#SBATCH` directives.
 
 use super::getopt::parse_args;
-use super::parsed::{Item, SbatchOption};
+use super::options::{Item, SbatchOption};
 use super::{MAX_SCRIPT_BYTES, OptionError, SbatchError};
 use crate::slurm::time::is_c_space;
 

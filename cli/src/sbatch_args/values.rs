@@ -1,10 +1,9 @@
 //! Checking option values, as Slurm's `sbatch` reads them: each function takes the flag as the user spelled it
 //! (for the error) and the value, and returns the checked value or an [`OptionError`] that names both.
 
-use drover_state::job::{ArraySpec, ExportPolicy};
+use drover_state::job::{ArraySpec, Dependency, ExportPolicy};
 use drover_state::{array, dependency, slurm_time};
 
-use super::parsed::{Exclusive, Item, SbatchOption};
 use super::{MAX_ARRAY_SIZE, MAX_MEM_MB, MAX_NICE, OptionError};
 use crate::slurm::time::{ACCEPTED_DATE_FORMATS, TimeSpec};
 
@@ -12,28 +11,13 @@ pub(super) fn invalid(flag: &str, value: &str, expected: impl Into<String>) -> O
     OptionError::InvalidValue { flag: flag.to_string(), value: value.to_string(), expected: expected.into() }
 }
 
-/// An option as a parse result: the table's parsers end in this.
-pub(super) fn option(option: SbatchOption) -> Result<Item, OptionError> {
-    Ok(Item::Option(option))
-}
-
-/// `--gpus-per-node`, `--gpus`, `--gpus-per-task`: a count and an optional type, made into the option by `make`.
-pub(super) fn gpus(
-    flag: &str,
-    value: &str,
-    make: fn(u32, Option<String>) -> SbatchOption,
-) -> Result<Item, OptionError> {
-    let (count, gpu_type) = parse_gpu_count(flag, value)?;
-    option(make(count, gpu_type))
-}
-
 pub(super) fn parse_array(flag: &str, value: &str) -> Result<ArraySpec, OptionError> {
     array::parse_array_value(value, MAX_ARRAY_SIZE).map_err(|e| invalid(flag, value, e))
 }
 
-pub(super) fn parse_dependency(flag: &str, value: &str) -> Result<SbatchOption, OptionError> {
-    let (deps, any) = dependency::parse_dependency_value(value).map_err(|e| invalid(flag, value, e))?;
-    Ok(SbatchOption::Dependency { deps, any })
+/// The entries, and whether any one suffices (`?`) rather than all (`,`).
+pub(super) fn parse_dependency(flag: &str, value: &str) -> Result<(Vec<Dependency>, bool), OptionError> {
+    dependency::parse_dependency_value(value).map_err(|e| invalid(flag, value, e))
 }
 
 /// `--time`, `--time-min`: seconds, `None` for UNLIMITED.
@@ -54,40 +38,29 @@ pub(super) fn parse_signal(flag: &str, value: &str) -> Result<drover_state::Warn
 }
 
 /// Slurm's `--no-kill[=set|off|no]`.
-pub(super) fn parse_no_kill(flag: &str, value: &str) -> Result<SbatchOption, OptionError> {
+pub(super) fn parse_no_kill(flag: &str, value: &str) -> Result<bool, OptionError> {
     match value.to_ascii_lowercase().as_str() {
-        "set" => Ok(SbatchOption::NoKill(true)),
-        "off" | "no" => Ok(SbatchOption::NoKill(false)),
+        "set" => Ok(true),
+        "off" | "no" => Ok(false),
         _ => Err(invalid(flag, value, "expected set, off or no (or no value)")),
     }
 }
 
-pub(super) fn parse_exclusive(flag: &str, value: &str) -> Result<SbatchOption, OptionError> {
-    let mode = match value.to_ascii_lowercase().as_str() {
-        "exclusive" => Exclusive::Node,
-        "user" => Exclusive::User,
-        "mcs" => Exclusive::Mcs,
-        "oversubscribe" => Exclusive::Oversubscribe,
-        _ => return Err(invalid(flag, value, "expected user, mcs or oversubscribe (or no value)")),
-    };
-    Ok(SbatchOption::Exclusive(mode))
-}
-
-pub(super) fn parse_open_mode(flag: &str, value: &str) -> Result<SbatchOption, OptionError> {
+/// Whether output is appended (`append`) rather than truncated.
+pub(super) fn parse_open_mode(flag: &str, value: &str) -> Result<bool, OptionError> {
     match value.to_ascii_lowercase().as_str() {
-        "append" | "a" => Ok(SbatchOption::OpenAppend(true)),
-        "truncate" | "t" => Ok(SbatchOption::OpenAppend(false)),
+        "append" | "a" => Ok(true),
+        "truncate" | "t" => Ok(false),
         _ => Err(invalid(flag, value, "expected append or truncate")),
     }
 }
 
-pub(super) fn parse_constraint(flag: &str, value: &str) -> Result<SbatchOption, OptionError> {
+/// Features, all required (`a&b`).
+pub(super) fn parse_constraint(flag: &str, value: &str) -> Result<Vec<String>, OptionError> {
     if value.contains(['|', '[', ']', '*']) {
         return Err(invalid(flag, value, "only AND constraints are supported (features joined with &)"));
     }
-    Ok(SbatchOption::Constraint(
-        value.split(['&', ',']).map(|f| f.trim().to_string()).filter(|f| !f.is_empty()).collect(),
-    ))
+    Ok(value.split(['&', ',']).map(|f| f.trim().to_string()).filter(|f| !f.is_empty()).collect())
 }
 
 /// `--nodelist`, `--exclude`: a hostlist, expanded.
@@ -95,37 +68,25 @@ pub(super) fn parse_hosts(flag: &str, value: &str) -> Result<Vec<String>, Option
     drover_state::hostlist::expand_hostlist(value).map_err(|e| invalid(flag, value, e))
 }
 
-pub(super) fn parse_wrap(flag: &str, value: String) -> Result<Item, OptionError> {
-    if value.is_empty() {
-        return Err(invalid(flag, &value, "expected a command to run"));
-    }
-    Ok(Item::Wrap(value))
-}
-
 // The options below are accepted only with the values that ask for what Drover does anyway. Their values are
 // not otherwise checked (Slurm checks some, but none of them changes what Drover runs).
 
-fn ignored(flag: &'static str, value: String, note: &'static str) -> Result<Item, OptionError> {
-    option(SbatchOption::Ignored { flag, value: Some(value), note })
+pub(super) fn mail_type_note(value: &str) -> &'static str {
+    if value.eq_ignore_ascii_case("NONE") { "" } else { "Drover sends no mail" }
 }
 
-pub(super) fn parse_mail_type(_flag: &str, value: String) -> Result<Item, OptionError> {
-    let note = if value.eq_ignore_ascii_case("NONE") { "" } else { "Drover sends no mail" };
-    ignored("mail-type", value, note)
+pub(super) fn kill_on_invalid_dep_note(flag: &str, value: &str) -> Result<&'static str, OptionError> {
+    match value.to_ascii_lowercase().as_str() {
+        "yes" => Ok("a job whose dependency can never be satisfied stays pending (DependencyNeverSatisfied)"),
+        "no" => Ok(""),
+        _ => Err(invalid(flag, value, "expected yes or no")),
+    }
 }
 
-pub(super) fn parse_kill_on_invalid_dep(flag: &str, value: String) -> Result<Item, OptionError> {
-    let note = match value.to_ascii_lowercase().as_str() {
-        "yes" => "a job whose dependency can never be satisfied stays pending (DependencyNeverSatisfied)",
-        "no" => "",
-        _ => return Err(invalid(flag, &value, "expected yes or no")),
-    };
-    ignored("kill-on-invalid-dep", value, note)
-}
-
-pub(super) fn parse_clusters(flag: &str, value: String) -> Result<Item, OptionError> {
+/// `--clusters`: only an empty list (this cluster) is accepted.
+pub(super) fn check_clusters(flag: &str, value: &str) -> Result<(), OptionError> {
     if value.is_empty() {
-        return ignored(if flag == "--cluster" { "cluster" } else { "clusters" }, value, "");
+        return Ok(());
     }
     Err(OptionError::Refused {
         flag: flag.to_string(),
@@ -133,9 +94,10 @@ pub(super) fn parse_clusters(flag: &str, value: String) -> Result<Item, OptionEr
     })
 }
 
-pub(super) fn parse_input(flag: &str, value: String) -> Result<Item, OptionError> {
+/// `--input`: only `/dev/null`, where a batch script's stdin already comes from.
+pub(super) fn check_input(flag: &str, value: &str) -> Result<(), OptionError> {
     if value == "/dev/null" {
-        return ignored("input", value, "");
+        return Ok(());
     }
     Err(OptionError::Refused {
         flag: flag.to_string(),
@@ -187,7 +149,8 @@ pub(super) fn parse_mem_size(flag: &str, value: &str) -> Result<u64, OptionError
     mb.filter(|mb| *mb <= MAX_MEM_MB).ok_or_else(too_large)
 }
 
-pub(super) fn parse_nodes(flag: &str, value: &str) -> Result<SbatchOption, OptionError> {
+/// `N` or `MIN-MAX`: the least and the most nodes.
+pub(super) fn parse_nodes(flag: &str, value: &str) -> Result<(u32, u32), OptionError> {
     const EXPECTED: &str = "expected a number or MIN-MAX";
     let (min, max) = match value.split_once('-') {
         Some((lo, hi)) => (count(lo), count(hi)),
@@ -202,7 +165,7 @@ pub(super) fn parse_nodes(flag: &str, value: &str) -> Result<SbatchOption, Optio
     if min > max {
         return Err(invalid(flag, value, format!("the minimum node count {min} is more than the maximum {max}")));
     }
-    Ok(SbatchOption::Nodes { min, max })
+    Ok((min, max))
 }
 
 /// A GPU type name: letters, digits, `_`, `-`, `.`.
@@ -210,12 +173,13 @@ pub(super) fn valid_type(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
-pub(super) fn parse_gres(flag: &str, value: &str) -> Result<SbatchOption, OptionError> {
+/// GPUs per node and their type.
+pub(super) fn parse_gres(flag: &str, value: &str) -> Result<(u32, Option<String>), OptionError> {
     if value.eq_ignore_ascii_case("none") {
-        return Ok(SbatchOption::Gpus { per_node: 0, gpu_type: None });
+        return Ok((0, None));
     }
     const EXPECTED: &str = "expected gpu, gpu:COUNT, gpu:TYPE or gpu:TYPE:COUNT";
-    let mut found: Option<SbatchOption> = None;
+    let mut found = None;
     for entry in value.split(',') {
         let mut parts = entry.split(':');
         let name = parts.next().unwrap_or_default();
@@ -241,7 +205,7 @@ pub(super) fn parse_gres(flag: &str, value: &str) -> Result<SbatchOption, Option
         if found.is_some() {
             return Err(invalid(flag, value, "gpu is listed more than once; give one gpu entry"));
         }
-        found = Some(SbatchOption::Gpus { per_node, gpu_type });
+        found = Some((per_node, gpu_type));
     }
     Ok(found.expect("split yields at least one entry"))
 }
@@ -288,7 +252,8 @@ pub(super) fn split_export(value: &str) -> Result<Vec<String>, char> {
     }
 }
 
-pub(super) fn parse_export(flag: &str, value: &str) -> Result<SbatchOption, OptionError> {
+/// The policy, and the `VAR=value` entries that add to or override the captured environment.
+pub(super) fn parse_export(flag: &str, value: &str) -> Result<(ExportPolicy, Vec<(String, String)>), OptionError> {
     const EXPECTED: &str = "expected ALL, NONE, or a comma list of VAR and VAR=value entries (optionally with ALL)";
     let entries = split_export(value).map_err(|q| invalid(flag, value, format!("unmatched {q} quote; {EXPECTED}")))?;
     let entries: Vec<String> = entries.into_iter().filter(|e| !e.is_empty()).collect();
@@ -297,10 +262,10 @@ pub(super) fn parse_export(flag: &str, value: &str) -> Result<SbatchOption, Opti
     }
     let is = |e: &str, word: &str| e.eq_ignore_ascii_case(word);
     if entries.len() == 1 && is(&entries[0], "ALL") {
-        return Ok(SbatchOption::Export { policy: ExportPolicy::All, set: Vec::new() });
+        return Ok((ExportPolicy::All, Vec::new()));
     }
     if entries.len() == 1 && is(&entries[0], "NONE") {
-        return Ok(SbatchOption::Export { policy: ExportPolicy::None, set: Vec::new() });
+        return Ok((ExportPolicy::None, Vec::new()));
     }
     let mut all = false;
     let mut names: Vec<String> = Vec::new();
@@ -334,5 +299,5 @@ pub(super) fn parse_export(flag: &str, value: &str) -> Result<SbatchOption, Opti
             }
         }
     }
-    Ok(SbatchOption::Export { policy: ExportPolicy::Vars { all, names: names.into() }, set })
+    Ok((ExportPolicy::Vars { all, names: names.into() }, set))
 }
