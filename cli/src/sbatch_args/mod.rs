@@ -17,18 +17,11 @@
 //! `--no-kill`, `--get-user-env`, `--propagate`) is taken only when attached (`--nice=5`); `--nice 5` leaves `5`
 //! as the next argument. Long names must be spelled out in full (no abbreviations).
 //!
-//! Acted on: `--job-name/-J`, `--partition/-p`, `--account/-A`, `--nodes/-N` (`N` or `MIN-MAX`), `--ntasks/-n`,
-//! `--ntasks-per-node` (or `--tasks-per-node`), `--cpus-per-task/-c`, `--gres` (`gpu`, `gpu:N`, `gpu:TYPE`,
-//! `gpu:TYPE:N`, `none`), `--gpus-per-node` (`N` or `TYPE:N`), `--gpus/-G` (`N` or `TYPE:N`, the job's total),
-//! `--gpus-per-task` (`N` or `TYPE:N`), `--cpus-per-gpu`, `--ntasks-per-gpu`, `--mem`, `--mem-per-cpu`,
-//! `--mem-per-gpu`, `--time/-t`, `--time-min`, `--begin/-b`, `--deadline`, `--output/-o`, `--error/-e`,
-//! `--chdir/-D`, `--export`, `--open-mode`, `--exclusive[=user|mcs|oversubscribe]`, `--oversubscribe/-s`,
-//! `--constraint/-C`, `--nodelist/-w`, `--exclude/-x`, `--array/-a` (`0-15`, `0,6,16-32`, `0-15:4`, with an
-//! optional `%N` limit), `--dependency/-d` (`afterok:12:13`, `afterany:5_3`, `after`, `afternotok`,
-//! `singleton`; joined by `,` or `?`), `--qos/-q`, `--reservation`, `--nice[=N]`, `--requeue`, `--no-requeue`,
-//! `--signal`, `--no-kill/-k[=off]`, `--hold/-H`, `--wckey`, `--comment`, `--parsable`, `--quiet/-Q` and `--wrap`
-//! (those two on the command line only, as in Slurm: a `#SBATCH -Q` does nothing and a `#SBATCH --wrap` is an
-//! error).
+//! Which options Drover acts on, which it accepts with a warning that says why they change nothing, and which it
+//! refuses (because ignoring them would run the job differently from what was asked) is declared per option in
+//! [`options`]'s table, with the input variables that stand for each; `sbatch --help` lists the first kind.
+//! `--parsable`, `--quiet/-Q` and `--wrap` act on the command line only, as in Slurm: a `#SBATCH -Q` does nothing
+//! and a `#SBATCH --wrap` is an error.
 //!
 //! Drover's own: `--multi-site` (also `SBATCH_MULTI_SITE`), letting a multi-node job span sites (the nodes'
 //! `site` topology label); without it all of a job's nodes are on one site.
@@ -68,28 +61,8 @@
 //! current minute means tomorrow; a date without a year not after now means next year; a date alone means its
 //! midnight. A `--deadline` before the `--begin` is an error.
 //!
-//! Accepted with a warning, because Drover does not act on them (their values are dropped): `--acctg-freq`,
-//! `--batch`, `--cluster-constraint`, `--context`, `--contiguous`, `--core-spec/-S`, `--cores-per-socket`,
-//! `--cpu-freq`, `--delay-boot`, `--distribution/-m`, `--export-file`, `--extra-node-info/-B`,
-//! `--get-user-env`, `--gpu-bind`, `--gpu-freq`, `--gres-flags`, `--hint`, `--kill-on-invalid-dep=yes`,
-//! `--licenses/-L`, `--mail-type` (not `NONE`), `--mail-user`, `--mcs-label`, `--mem-bind`, `--mincpus`,
-//! `--network`, `--ntasks-per-core`, `--ntasks-per-socket`, `--overcommit/-O`, `--power`, `--prefer`,
-//! `--priority`, `--profile`, `--propagate`, `--reboot`, `--sockets-per-node`, `--spread-job`, `--switches`,
-//! `--thread-spec`, `--threads-per-core`, `--tmp`, `--use-min-nodes`, `--verbose/-v`, `--wait-all-nodes`,
-//! `--exclusive=user|mcs` (treated as `--exclusive`) and `--oversubscribe`. Accepted silently because Drover
-//! already behaves so: `--ignore-pbs`, `--kill-on-invalid-dep=no`, `--input=/dev/null`, `--clusters=` (empty).
-//!
-//! Refused with an error, because ignoring them would run the job differently from what was asked: `--uid`,
-//! `--gid`, `--wait/-W`, `--test-only`, `--clusters/-M` (unless empty), `--bb`, `--bbf`, `--container`,
-//! `--gpus-per-socket`, `--nodefile/-F`, `--input/-i` (other than `/dev/null`).
-//!
-//! Input environment variables (sbatch 22.05's list, applied in its order): `SBATCH_ACCOUNT`, `SBATCH_ARRAY_INX`,
-//! `SBATCH_CONSTRAINT`, `SBATCH_CPUS_PER_GPU`, `SBATCH_ERROR`, `SBATCH_EXCLUSIVE`, `SBATCH_EXPORT`, `SBATCH_GPUS`,
-//! `SBATCH_GPUS_PER_NODE`, `SBATCH_GPUS_PER_TASK`, `SBATCH_GRES`, `SBATCH_JOB_NAME`, `SBATCH_MEM_PER_CPU`,
-//! `SBATCH_MEM_PER_GPU`, `SBATCH_MEM_PER_NODE`, `SBATCH_NO_KILL`, `SBATCH_NO_REQUEUE`, `SBATCH_OPEN_MODE`,
-//! `SBATCH_OUTPUT`, `SBATCH_PARTITION`, `SBATCH_QOS`, `SBATCH_REQUEUE`, `SBATCH_RESERVATION`, `SBATCH_SIGNAL`,
-//! `SBATCH_TIMELIMIT`, `SBATCH_WCKEY`, and those standing for the warned and refused options above
-//! ([`env_options`] lists them all). Slurm has no `SBATCH_TIME_MIN` or `SBATCH_CPUS_PER_TASK`. A flag variable
+//! Input environment variables: sbatch 22.05's list, applied in its order ([`env_options`] lists them). Slurm
+//! has no `SBATCH_TIME_MIN`, `SBATCH_CPUS_PER_TASK` or `SBATCH_KILL_ON_INVALID_DEP`. A flag variable
 //! (`SBATCH_REQUEUE`) is on when empty, `yes` or a non-zero number, and otherwise has no effect; an empty
 //! variable for an option that needs a value is skipped. Only `sbatch` reads them ([`SubmitContext::sbatch_env`]).
 //!

@@ -10,9 +10,9 @@ use drover_state::job::{ArraySpec, Dependency, ExportPolicy, MemRequest};
 use super::Info;
 use super::resolve::{Draft, GpuRequest, Source};
 use super::values::{
-    check_clusters, check_input, invalid, kill_on_invalid_dep_note, mail_type_note, parse_array, parse_constraint,
-    parse_date, parse_dependency, parse_export, parse_gpu_count, parse_gres, parse_hosts, parse_limit, parse_mem_size,
-    parse_nice, parse_no_kill, parse_nodes, parse_open_mode, parse_signal, positive,
+    check_clusters, check_input, invalid, mail_type_note, parse_array, parse_constraint, parse_date, parse_dependency,
+    parse_export, parse_gpu_count, parse_gres, parse_hosts, parse_limit, parse_mem_size, parse_nice, parse_no_kill,
+    parse_nodes, parse_open_mode, parse_signal, parse_yes_no, positive,
 };
 use super::{DEFAULT_NICE, OptionError};
 use crate::slurm::time::TimeSpec;
@@ -462,7 +462,13 @@ pub(super) const OPTIONS: &[OptDef] = &[
         "kill-on-invalid-dep",
         None,
         &[],
-        Raw(|f, v| ignored("kill-on-invalid-dep", v.clone(), kill_on_invalid_dep_note(f, &v)?)),
+        Raw(|f, v| {
+            let note = match parse_yes_no(f, &v)? {
+                true => "a job whose dependency can never be satisfied stays pending (DependencyNeverSatisfied)",
+                false => "",
+            };
+            ignored("kill-on-invalid-dep", v, note)
+        }),
     )
     .unlisted(),
     opt(

@@ -75,10 +75,11 @@ pub(super) fn mail_type_note(value: &str) -> &'static str {
     if value.eq_ignore_ascii_case("NONE") { "" } else { "Drover sends no mail" }
 }
 
-pub(super) fn kill_on_invalid_dep_note(flag: &str, value: &str) -> Result<&'static str, OptionError> {
+/// `yes` or `no`, in any case.
+pub(super) fn parse_yes_no(flag: &str, value: &str) -> Result<bool, OptionError> {
     match value.to_ascii_lowercase().as_str() {
-        "yes" => Ok("a job whose dependency can never be satisfied stays pending (DependencyNeverSatisfied)"),
-        "no" => Ok(""),
+        "yes" => Ok(true),
+        "no" => Ok(false),
         _ => Err(invalid(flag, value, "expected yes or no")),
     }
 }
