@@ -126,9 +126,22 @@ mod tests {
             .collect();
         let expected = Job { dropped_goodput: Some(Box::default()), ..busy_job() };
         assert_eq!(decode::<Job>(&old).unwrap(), expected);
-        assert_eq!(encode(&expected).unwrap(), old);
+        // Re-encoded, it is the old record with the fields added to the spec since then appended at the spec's
+        // end (at their defaults), its array one longer for each: nothing before them moved. So adding a spec
+        // field, as the append-only rule asks, needs no change here.
+        let now = encode(&expected).unwrap();
+        let spec_now = encode(&expected.spec).unwrap();
+        let fields_now = &spec_now[4..]; // after the tag and the array16 header
+        let head = 5; // tag, the job's array16 header, its id
+        assert_eq!(old[head..head + 3], [0xdc, 0, 49], "the old spec: an array of 49 fields");
+        assert_eq!(now[head..head + 3], spec_now[1..4], "the spec's header now");
+        let grown = now.len() - old.len();
+        let fields_old = fields_now.len() - grown;
+        assert_eq!(old[..head], now[..head]);
+        assert_eq!(old[head + 3..head + 3 + fields_old], fields_now[..fields_old], "the old fields, unmoved");
+        assert_eq!(old[head + 3 + fields_old..], now[head + 3 + fields_now.len()..], "the job's fields after it");
         // A job that never overflowed its history now stores one byte (nil) for it instead of seven zeros.
-        assert_eq!(encode(&busy_job()).unwrap().len() + 7, old.len());
+        assert_eq!(encode(&busy_job()).unwrap().len() + 7, now.len());
     }
 
     /// Records written by builds before the binary format (JSON) still read.
