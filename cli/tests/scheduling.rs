@@ -130,7 +130,12 @@ fn dependencies_hold_jobs_until_their_targets_end_the_right_way() {
     });
     let failing = sh.submit(&["--wrap", "exit 3"]);
     let cleanup = sh.submit(&["-d", &format!("afternotok:{failing}"), "--wrap", "true"]);
+    let doomed = sh.submit(&["--kill-on-invalid-dep=yes", "-d", &format!("afterok:{failing}"), "--wrap", "true"]);
     assert_eq!(sh.wait_done(&cleanup.to_string(), Duration::from_secs(30)), "COMPLETED");
+    // --kill-on-invalid-dep=yes: cancelled once its dependency can never hold, as Slurm shows it.
+    assert_eq!(sh.wait_done(&doomed.to_string(), Duration::from_secs(10)), "CANCELLED");
+    let shown = sh.ok("scontrol", &["show", "job", &doomed.to_string()]);
+    assert!(shown.contains("JobState=CANCELLED Reason=DependencyNeverSatisfied"), "{shown}");
     // singleton: the second job of the same name waits for the first.
     let one = sh.submit(&["-J", "solo", "-d", "singleton", "--wrap", "sleep 2"]);
     let two = sh.submit(&["-J", "solo", "-d", "singleton", "--wrap", "true"]);

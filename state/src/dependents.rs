@@ -7,6 +7,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::PendingReason;
 use crate::error::CommandError;
 pub use crate::fate::{FATE_CAPACITY, Fate};
 use crate::job::{ArrayTask, DepState, Dependency, DependencyKind, Job, JobId, JobState};
@@ -123,15 +124,59 @@ impl State {
         }
     }
 
-    /// After a command: record the fates of jobs that ended, and re-judge the dependencies of pending jobs whose
-    /// targets started or ended in it (their new verdicts join `changes`).
-    pub(crate) fn track_dependencies(&mut self, changes: &mut Vec<Change>) {
+    /// After a command: record the fates of jobs that ended, re-judge the dependencies of pending jobs whose
+    /// targets started or ended in it (their new verdicts join `changes`), and cancel the jobs that asked for it
+    /// (`--kill-on-invalid-dep=yes`) once their dependencies can never hold, as Slurm does. A job cancelled so is
+    /// itself a fate others may wait on, so this repeats until a round cancels nothing; each round that goes on
+    /// ends at least one active job, so it stops.
+    pub(crate) fn track_dependencies(&mut self, changes: &mut Vec<Change>, now_ms: u64) {
+        let mut from = 0;
+        loop {
+            self.rejudge(changes, from);
+            let doomed = self.doomed(&changes[from..]);
+            from = changes.len();
+            if doomed.is_empty() {
+                return;
+            }
+            for id in doomed {
+                self.cancel_never_satisfied(id, now_ms, changes);
+            }
+        }
+    }
+
+    /// Pending jobs written by `changes` that asked to be cancelled and whose dependencies can never hold now.
+    fn doomed(&self, changes: &[Change]) -> BTreeSet<JobId> {
+        changes
+            .iter()
+            .filter_map(|c| if let Change::PutJob(job) = c { Some(job.id) } else { None })
+            .filter(|id| {
+                self.jobs.get(id).is_some_and(|job| {
+                    job.state == JobState::Pending
+                        && job.spec.kill_on_invalid_dep
+                        && combine(&job.dependency_state, job.spec.dependency_any) == DepState::Never
+                })
+            })
+            .collect()
+    }
+
+    /// Ends a pending job whose dependencies can never hold: CANCELLED, with the reason Slurm gives.
+    fn cancel_never_satisfied(&mut self, id: JobId, now_ms: u64, changes: &mut Vec<Change>) {
+        let Some(mut job) = self.remove_active(id) else { return };
+        job.state = JobState::Cancelled;
+        job.reason = PendingReason::DependencyNeverSatisfied;
+        job.end_time_ms = Some(now_ms);
+        changes.push(Change::ArchiveJob(job));
+    }
+
+    /// Records the fates of jobs that ended in `changes[from..]`, and re-judges the dependencies of pending jobs
+    /// whose targets started or ended there (their new verdicts join `changes`).
+    fn rejudge(&mut self, changes: &mut Vec<Change>, from: usize) {
         // What each started or ended job means for dependencies; collected first (no clones of whole jobs: this
         // runs on every entry, plans with a thousand starts included).
         let mut keys = BTreeSet::new();
         let mut fates = Vec::new();
         let mut left_queue = Vec::new();
-        for change in changes.iter() {
+        for change in &changes[from..] {
             let job = match change {
                 Change::ArchiveJob(job) => job,
                 Change::PutJob(job) if job.state != JobState::Pending => job,

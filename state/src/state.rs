@@ -373,7 +373,7 @@ impl State {
         {
             self.audit(uid, action, detail, request.time_ms, &mut changes);
         }
-        self.track_dependencies(&mut changes);
+        self.track_dependencies(&mut changes, request.time_ms);
         if (self.meta.goodput, self.meta.goodput_since_ms) != goodput_before {
             // Once per entry, however many incarnations ended in it (a node with many jobs going down), unless
             // the entry already wrote the meta as it is now.

@@ -308,6 +308,43 @@ fn dependencies_are_judged_when_their_targets_start_and_end() {
 }
 
 #[test]
+fn kill_on_invalid_dep_cancels_what_can_never_run_and_what_waits_on_it() {
+    // As Slurm 22.05 does with --kill-on-invalid-dep=yes (tried on its peer): the job is CANCELLED with reason
+    // DependencyNeverSatisfied once a dependency can never hold, and a job waiting on it with afterok follows.
+    let mut state = cluster();
+    let a = submit(&mut state, spec("alice")).unwrap();
+    let on = |kind, job| vec![Dependency { kind, job, task: None }].into();
+    let kill = |kind, job| JobSpec { dependency: on(kind, job), kill_on_invalid_dep: true, ..spec("alice") };
+    let b = submit(&mut state, kill(DependencyKind::AfterOk, a)).unwrap();
+    let c = submit(&mut state, kill(DependencyKind::AfterOk, b)).unwrap();
+    let d = submit(&mut state, kill(DependencyKind::AfterAny, b)).unwrap();
+    let stays = submit(&mut state, JobSpec { dependency: on(DependencyKind::AfterOk, a), ..spec("alice") }).unwrap();
+    start(&mut state, a, "n1", 0, 1_000);
+    assert_eq!(state.job(b).unwrap().state, JobState::Pending, "nothing is decided while the target runs");
+    let end = JobEnd { exit_code: 3, ..JobEnd::default() };
+    let applied = state.apply(&at(2_000, Command::JobEnded { job_id: a, incarnation: 0, end }));
+    applied.response.unwrap();
+    let archived = |id| {
+        applied.changes.iter().find_map(|c| match c {
+            drover_state::Change::ArchiveJob(job) if job.id == id => Some(job.clone()),
+            _ => None,
+        })
+    };
+    for id in [b, c] {
+        assert!(state.job(id).is_none(), "job {id} left the queue");
+        let job = archived(id).expect("archived in the same entry");
+        assert_eq!(job.state, JobState::Cancelled);
+        assert_eq!(job.reason, drover_state::PendingReason::DependencyNeverSatisfied);
+        assert_eq!(job.end_time_ms, Some(2_000), "cancelled in the entry that decided it");
+    }
+    assert_eq!(state.job(d).unwrap().dependency_state, vec![DepState::Satisfied], "afterany: b ended");
+    assert_eq!(state.job(stays).unwrap().dependency_state, vec![DepState::Never], "without the option it waits");
+    // Submitted after the verdict: cancelled in its own submission.
+    let late = submit(&mut state, kill(DependencyKind::AfterOk, a)).unwrap();
+    assert!(state.job(late).is_none());
+}
+
+#[test]
 fn afterok_on_an_array_waits_for_every_task() {
     let mut state = cluster();
     let array = ArraySpec { task_ids: vec![0, 1].into(), max_running: None };

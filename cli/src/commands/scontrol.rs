@@ -701,6 +701,8 @@ fn job_reason(job: &Job) -> String {
         JobState::Timeout => "TimeLimit".to_string(),
         JobState::NodeFail => "NodeDown".to_string(),
         JobState::OutOfMemory => "OutOfMemory".to_string(),
+        // `--kill-on-invalid-dep=yes` cancels with DependencyNeverSatisfied; a cancel by a user leaves None.
+        JobState::Cancelled => job.reason.name().to_string(),
         _ => "None".to_string(),
     }
 }

@@ -107,6 +107,8 @@ pub enum SbatchOption {
     Hold,
     /// `--multi-site` (Drover): the job's nodes may be on several sites.
     MultiSite,
+    /// `--kill-on-invalid-dep=yes|no`: cancel the job once a dependency can never be satisfied.
+    KillOnInvalidDep(bool),
     Parsable,
     /// `--quiet/-Q`: acted on from the command line only.
     Quiet,
@@ -458,19 +460,7 @@ pub(super) const OPTIONS: &[OptDef] = &[
         Refused(Arg::Required, "only root may submit as another group; Drover takes the group from your credential"),
     ),
     opt("hold", Some('H'), &[], Nothing(|| Item::Option(SbatchOption::Hold))),
-    opt(
-        "kill-on-invalid-dep",
-        None,
-        &[],
-        Raw(|f, v| {
-            let note = match parse_yes_no(f, &v)? {
-                true => "a job whose dependency can never be satisfied stays pending (DependencyNeverSatisfied)",
-                false => "",
-            };
-            ignored("kill-on-invalid-dep", v, note)
-        }),
-    )
-    .unlisted(),
+    opt("kill-on-invalid-dep", None, &[], Raw(|f, v| option(SbatchOption::KillOnInvalidDep(parse_yes_no(f, &v)?)))),
     opt(
         "licenses",
         Some('L'),
@@ -711,6 +701,7 @@ impl Draft {
             SbatchOption::NoKill(v) => spec.no_kill = *v,
             SbatchOption::Hold => spec.hold = true,
             SbatchOption::MultiSite => spec.multi_site = true,
+            SbatchOption::KillOnInvalidDep(v) => spec.kill_on_invalid_dep = *v,
             SbatchOption::OpenAppend(v) => spec.open_append = *v,
             SbatchOption::Exclusive(mode) => {
                 spec.exclusive = *mode != Exclusive::Oversubscribe;

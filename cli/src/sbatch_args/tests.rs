@@ -1326,10 +1326,6 @@ fn unused_options_warn_and_take_their_values_as_getopt_does() {
         (&["--propagate=STACK,CORE"], "--propagate is ignored"),
         (&["--get-user-env"], "--get-user-env is ignored"),
         (&["--get-user-env=10L"], "--get-user-env is ignored"),
-        (
-            &["--kill-on-invalid-dep=yes"],
-            "--kill-on-invalid-dep is ignored: a job whose dependency can never be satisfied stays pending",
-        ),
         (&["--tmp=100G"], "--tmp is ignored: Drover does not track local disk space"),
         (&["--ntasks-per-core=1"], "--ntasks-per-core is ignored"),
         (&["--ntasks-per-socket", "2"], "--ntasks-per-socket is ignored"),
@@ -1768,4 +1764,16 @@ fn input_variables_are_applied_in_slurms_order() {
     ];
     let read: Vec<&str> = env_options().map(|(var, _)| var).collect();
     assert_eq!(read, expected);
+}
+
+#[test]
+fn kill_on_invalid_dep_asks_for_cancellation_when_a_dependency_can_never_hold() {
+    assert!(spec(&["--kill-on-invalid-dep=yes", "job.sh"], SCRIPT).kill_on_invalid_dep);
+    assert!(spec(&["job.sh"], "#!/bin/sh\n#SBATCH --kill-on-invalid-dep=YES\n").kill_on_invalid_dep);
+    assert!(!spec(&["--kill-on-invalid-dep=yes", "--kill-on-invalid-dep=no", "job.sh"], SCRIPT).kill_on_invalid_dep);
+    assert!(!spec(&["job.sh"], SCRIPT).kill_on_invalid_dep, "Slurm's default: stay pending");
+    assert_eq!(warnings(&["--kill-on-invalid-dep=yes", "job.sh"]), Vec::<String>::new());
+    // Slurm's sbatch reads no SBATCH_KILL_ON_INVALID_DEP (tried on its peer: the job stayed pending).
+    let s = with_env(&[("SBATCH_KILL_ON_INVALID_DEP", "yes")], &["job.sh"], SCRIPT).unwrap().spec;
+    assert!(!s.kill_on_invalid_dep);
 }
