@@ -553,42 +553,50 @@ impl State {
     /// The submit checks; `any_qos`: the job may use any QOS its partition allows (an operator's choice).
     fn validate_job(&self, spec: &JobSpec, any_qos: bool) -> Result<Resolved, CommandError> {
         let config = self.config().ok_or(CommandError::NotInitialized)?;
-        let limits = &config.limits;
-        let script_bytes = spec.script.len() as u64;
-        if script_bytes > limits.max_script_bytes {
-            return Err(CommandError::ScriptTooLarge {
-                size_bytes: script_bytes,
-                limit_bytes: limits.max_script_bytes,
-            });
-        }
-        let env_bytes: u64 = spec.environment.iter().map(|(k, v)| (k.len() + v.len() + 2) as u64).sum();
-        if env_bytes > limits.max_environment_bytes {
-            return Err(CommandError::EnvironmentTooLarge {
-                size_bytes: env_bytes,
-                limit_bytes: limits.max_environment_bytes,
-            });
-        }
-        let tasks = match &spec.array {
-            None => 1,
-            Some(array) => {
-                let max = limits.max_array_size;
-                if array.task_ids.is_empty() {
-                    return Err(CommandError::InvalidRequest("--array names no task ids".to_string()));
-                }
-                if let Some(id) = array.task_ids.iter().find(|&&id| id >= max) {
-                    return Err(CommandError::InvalidRequest(format!(
-                        "--array task id {id} is not below the cluster's MaxArraySize of {max}"
-                    )));
-                }
-                if !array.task_ids.windows(2).all(|w| w[0] < w[1]) {
-                    return Err(CommandError::InvalidRequest("--array task ids must be sorted and unique".into()));
-                }
-                if array.max_running == Some(0) {
-                    return Err(CommandError::InvalidRequest("--array's %N limit must be at least 1".into()));
-                }
-                array.task_ids.len() as u64
-            }
+        let tasks = check_sizes(spec, &config.limits)?;
+        self.check_request(spec, config, tasks)?;
+        let partition = match &spec.partition {
+            Some(name) => config.partition(name).ok_or_else(|| CommandError::InvalidPartition {
+                name: name.to_string(),
+                known: config.partitions.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(","),
+            })?,
+            None => config.default_partition(),
         };
+        if !partition.state.accepts_jobs() {
+            return Err(CommandError::PartitionClosed {
+                name: partition.name.clone(),
+                state: partition.state.name().to_string(),
+            });
+        }
+        let (min_nodes, gpus_per_node, time_limit_s) = self.check_partition_limits(spec, partition)?;
+        let account = self.resolve_account(spec, partition)?;
+        let qos = self.resolve_qos(spec, partition, &account, any_qos, time_limit_s)?;
+        self.admits_to_reservation(spec, &account)?;
+        let mut sized = spec.clone();
+        sized.min_nodes = min_nodes;
+        sized.max_nodes = spec.max_nodes.max(min_nodes);
+        sized.gpus_per_node = gpus_per_node;
+        self.check_satisfiable(&sized, &partition.name)?;
+        let dependency_state = self.judge_submission(&spec.dependency)?;
+        let submit_dir = if spec.submit_dir.is_empty() { &spec.work_dir } else { &spec.submit_dir };
+        let checkpoint_root = config.checkpoint_root(partition, submit_dir);
+        Ok(Resolved {
+            checkpoint_root,
+            partition: partition.name.clone(),
+            time_limit_s,
+            account,
+            qos,
+            min_nodes,
+            max_nodes: sized.max_nodes,
+            gpus_per_node,
+            dependency_state,
+        })
+    }
+
+    /// What the request asks of the cluster and its submitter: room in the queue, sane counts, and the rights a
+    /// negative nice or a root job need. `tasks` is how many jobs it makes (an array's task count).
+    fn check_request(&self, spec: &JobSpec, config: &ClusterConfig, tasks: u64) -> Result<(), CommandError> {
+        let limits = &config.limits;
         if self.jobs.len() as u64 + tasks > limits.max_active_jobs {
             return Err(CommandError::TooManyJobs { active: self.jobs.len() as u64 });
         }
@@ -624,19 +632,16 @@ impl State {
         if spec.dependency.len() > MAX_DEPENDENCIES {
             return Err(CommandError::DependencyProblem(format!("at most {MAX_DEPENDENCIES} dependencies per job")));
         }
-        let partition = match &spec.partition {
-            Some(name) => config.partition(name).ok_or_else(|| CommandError::InvalidPartition {
-                name: name.to_string(),
-                known: config.partitions.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(","),
-            })?,
-            None => config.default_partition(),
-        };
-        if !partition.state.accepts_jobs() {
-            return Err(CommandError::PartitionClosed {
-                name: partition.name.clone(),
-                state: partition.state.name().to_string(),
-            });
-        }
+        Ok(())
+    }
+
+    /// The partition's node, GPU and time limits against the request: the node count and GPUs per node once
+    /// `--gpus` is spread, and the time limit the job gets.
+    fn check_partition_limits(
+        &self,
+        spec: &JobSpec,
+        partition: &crate::config::Partition,
+    ) -> Result<(u32, u32, Option<u64>), CommandError> {
         let (min_nodes, gpus_per_node) = self.spread_gpus(spec, &partition.name)?;
         if let Some(max) = partition.max_nodes
             && min_nodes > max
@@ -663,37 +668,18 @@ impl State {
                 });
             }
         }
-        let account = self.resolve_account(spec, partition)?;
-        let qos = self.resolve_qos(spec, partition, &account, any_qos, time_limit_s)?;
-        if let Some(name) = &spec.reservation {
-            let invalid = |why: String| CommandError::InvalidReservation { name: name.to_string(), why };
-            let r = self.reservations.get(&**name).ok_or_else(|| invalid("no such reservation".to_string()))?;
-            if !r.admits(&spec.user, &account) {
-                return Err(invalid(format!(
-                    "Access denied: neither user {} nor account {account} may use it",
-                    spec.user
-                )));
-            }
+        Ok((min_nodes, gpus_per_node, time_limit_s))
+    }
+
+    /// `--reservation`: it exists and admits the user or the job's account.
+    fn admits_to_reservation(&self, spec: &JobSpec, account: &str) -> Result<(), CommandError> {
+        let Some(name) = &spec.reservation else { return Ok(()) };
+        let invalid = |why: String| CommandError::InvalidReservation { name: name.to_string(), why };
+        let r = self.reservations.get(&**name).ok_or_else(|| invalid("no such reservation".to_string()))?;
+        if !r.admits(&spec.user, account) {
+            return Err(invalid(format!("Access denied: neither user {} nor account {account} may use it", spec.user)));
         }
-        let mut sized = spec.clone();
-        sized.min_nodes = min_nodes;
-        sized.max_nodes = spec.max_nodes.max(min_nodes);
-        sized.gpus_per_node = gpus_per_node;
-        self.check_satisfiable(&sized, &partition.name)?;
-        let dependency_state = self.judge_submission(&spec.dependency)?;
-        let submit_dir = if spec.submit_dir.is_empty() { &spec.work_dir } else { &spec.submit_dir };
-        let checkpoint_root = config.checkpoint_root(partition, submit_dir);
-        Ok(Resolved {
-            checkpoint_root,
-            partition: partition.name.clone(),
-            time_limit_s,
-            account,
-            qos,
-            min_nodes,
-            max_nodes: sized.max_nodes,
-            gpus_per_node,
-            dependency_state,
-        })
+        Ok(())
     }
 
     /// `--gpus=N` without `--nodes`: as few nodes as the partition's largest node allows, the GPUs spread evenly.
@@ -1092,6 +1078,38 @@ mod erased {
             serde_json::to_string(self).unwrap_or_default()
         }
     }
+}
+
+/// The request's size against the cluster's limits (script, environment, array), and how many jobs it makes.
+fn check_sizes(spec: &JobSpec, limits: &crate::config::Limits) -> Result<u64, CommandError> {
+    let script_bytes = spec.script.len() as u64;
+    if script_bytes > limits.max_script_bytes {
+        return Err(CommandError::ScriptTooLarge { size_bytes: script_bytes, limit_bytes: limits.max_script_bytes });
+    }
+    let env_bytes: u64 = spec.environment.iter().map(|(k, v)| (k.len() + v.len() + 2) as u64).sum();
+    if env_bytes > limits.max_environment_bytes {
+        return Err(CommandError::EnvironmentTooLarge {
+            size_bytes: env_bytes,
+            limit_bytes: limits.max_environment_bytes,
+        });
+    }
+    let Some(array) = &spec.array else { return Ok(1) };
+    let max = limits.max_array_size;
+    if array.task_ids.is_empty() {
+        return Err(CommandError::InvalidRequest("--array names no task ids".to_string()));
+    }
+    if let Some(id) = array.task_ids.iter().find(|&&id| id >= max) {
+        return Err(CommandError::InvalidRequest(format!(
+            "--array task id {id} is not below the cluster's MaxArraySize of {max}"
+        )));
+    }
+    if !array.task_ids.windows(2).all(|w| w[0] < w[1]) {
+        return Err(CommandError::InvalidRequest("--array task ids must be sorted and unique".into()));
+    }
+    if array.max_running == Some(0) {
+        return Err(CommandError::InvalidRequest("--array's %N limit must be at least 1".into()));
+    }
+    Ok(array.task_ids.len() as u64)
 }
 
 #[cfg(test)]
