@@ -13,6 +13,14 @@ pub fn take_controllers_flag(args: &[String]) -> (Option<String>, Vec<String>) {
     (controllers, rest.to_vec())
 }
 
+/// Drover's own options, which every Slurm command takes beside Slurm's (`#[command(flatten)]`).
+#[derive(clap::Args, Debug, Default, Clone, PartialEq, Eq)]
+pub struct Common {
+    /// Controller addresses (`host:port,...`); default: `$DROVER_CONTROLLERS` or `/etc/drover/client.toml`.
+    #[arg(long = "controllers")]
+    pub controllers: Option<String>,
+}
+
 /// A command's options (without `argv[0]`) read by clap as the command `name`; clap's own text (a bad option,
 /// the usage) is the error.
 pub fn parse_args<A: clap::Parser>(name: &str, args: &[String]) -> anyhow::Result<A> {

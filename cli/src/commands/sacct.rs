@@ -8,7 +8,7 @@ use clap::Parser;
 use drover_state::hostlist::{compress_hostlist, expand_hostlist};
 use drover_state::{Job, JobState, goodput};
 
-use crate::command::{Bare, finish, parse_args};
+use crate::command::{Bare, Common, finish, parse_args};
 use crate::format::{SlurmState, Tres, clock, clock_limit, convert_num_unit, elapsed_s, mem_mb, timestamp_or_unknown};
 use crate::identity::current_user;
 
@@ -105,8 +105,8 @@ struct Args {
     verbose: u8,
     #[arg(short = 'V', long = "version")]
     version: bool,
-    #[arg(long = "controllers")]
-    controllers: Option<String>,
+    #[command(flatten)]
+    common: Common,
 }
 
 pub fn run(args: &[String]) -> i32 {
@@ -483,7 +483,7 @@ fn sacct(args: &[String]) -> anyhow::Result<()> {
         limit: MAX_JOBS,
         ..Default::default()
     };
-    let client = crate::connect::client(args.controllers.as_deref())?;
+    let client = crate::connect::client(args.common.controllers.as_deref())?;
     let rt = crate::connect::runtime();
     let (mut jobs, truncated) = rt.block_on(client.list_jobs(&filter))?;
     jobs.retain(|j| query.wants(j));

@@ -3,6 +3,7 @@
 //! go straight to the controller; a signal, `--batch` or any filter first selects among the active jobs, and an
 //! id that names none of them is reported as Slurm reports it ("Invalid job id specified").
 
+use crate::command::Common;
 use clap::Parser;
 use drover_state::hostlist::expand_hostlist;
 use drover_state::{CommandError, Job, JobState};
@@ -73,8 +74,8 @@ struct Args {
     version: bool,
     #[arg(long = "usage")]
     usage: bool,
-    #[arg(long = "controllers")]
-    controllers: Option<String>,
+    #[command(flatten)]
+    common: Common,
 }
 
 pub fn run(args: &[String]) -> i32 {
@@ -194,7 +195,7 @@ fn cancel(args: &[String]) -> anyhow::Result<i32> {
     if args.batch && args.full {
         anyhow::bail!("-b/--batch and -f/--full exclude each other");
     }
-    let client = crate::connect::client(args.controllers.as_deref())?;
+    let client = crate::connect::client(args.common.controllers.as_deref())?;
     let rt = crate::connect::runtime();
     let report = |text: String| {
         if !args.quiet {

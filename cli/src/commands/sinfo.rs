@@ -4,6 +4,7 @@
 //! every shown field prints the same for them. Scripts and dashboards that parse `sinfo -h -o ...` (node states,
 //! GPU counts, drain reasons) therefore read Drover as they read Slurm.
 
+use crate::command::Common;
 use std::cmp::Ordering;
 use std::time::Duration;
 
@@ -106,8 +107,8 @@ struct Args {
     noconvert: bool,
     #[arg(long = "usage")]
     usage: bool,
-    #[arg(long = "controllers")]
-    controllers: Option<String>,
+    #[command(flatten)]
+    common: Common,
     #[arg(long = "help", action = clap::ArgAction::Help)]
     help: Option<bool>,
 }
@@ -130,7 +131,7 @@ fn sinfo(args: &[String]) -> anyhow::Result<i32> {
     }
     let _ = (args.hide, args.local, args.federation);
     let Some(options) = options(&args)? else { return Ok(1) };
-    let client = crate::connect::client(args.controllers.as_deref())?;
+    let client = crate::connect::client(args.common.controllers.as_deref())?;
     let rt = crate::connect::runtime();
     loop {
         let mut out = String::new();

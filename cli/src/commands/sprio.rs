@@ -1,5 +1,6 @@
 //! `sprio`: the priority factors of pending jobs, as the leader's latest scheduling pass weighed them.
 
+use crate::command::Common;
 use clap::Parser;
 
 #[derive(Parser, Debug)]
@@ -10,8 +11,8 @@ struct Args {
     jobs: Vec<String>,
     #[arg(short = 'h', long = "noheader")]
     noheader: bool,
-    #[arg(long = "controllers")]
-    controllers: Option<String>,
+    #[command(flatten)]
+    common: Common,
     #[arg(long = "help", action = clap::ArgAction::Help)]
     help: Option<bool>,
 }
@@ -22,7 +23,7 @@ pub fn run(args: &[String]) -> i32 {
 
 fn sprio(args: &[String]) -> anyhow::Result<()> {
     let args: Args = crate::command::parse_args("sprio", args)?;
-    let client = crate::connect::client(args.controllers.as_deref())?;
+    let client = crate::connect::client(args.common.controllers.as_deref())?;
     let rt = crate::connect::runtime();
     let ids = if args.jobs.is_empty() {
         Vec::new()

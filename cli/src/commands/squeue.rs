@@ -1,6 +1,7 @@
 //! `squeue`: pending and running jobs, in Slurm 22.05's formats (`-o`, `-O`, `-l`) and with its filters, so that
 //! pollers (Nextflow's `squeue --noheader -o '%i %t' -t all`, dashboards) read Drover as they read Slurm.
 
+use crate::command::Common;
 use std::time::Duration;
 
 use clap::Parser;
@@ -97,8 +98,8 @@ struct Args {
     /// Read from whichever controller answers, without confirming leadership (remote sites).
     #[arg(long = "stale")]
     stale: bool,
-    #[arg(long = "controllers")]
-    controllers: Option<String>,
+    #[command(flatten)]
+    common: Common,
     #[arg(long = "help", action = clap::ArgAction::Help)]
     help: Option<bool>,
 }
@@ -179,7 +180,7 @@ fn list(args: &[String]) -> anyhow::Result<i32> {
     }
     let formatter = formatter(&args);
     let selection = selection(&args)?;
-    let client = crate::connect::client(args.controllers.as_deref())?;
+    let client = crate::connect::client(args.common.controllers.as_deref())?;
     let rt = crate::connect::runtime();
     loop {
         let code = rt.block_on(report(&args, &client, &formatter, &selection))?;

@@ -10,6 +10,7 @@
 //! the window (not rolled up per hour, so times are not rounded to the hour). Rows: one per account with usage
 //! in the window, then the cluster's total as account `TOTAL`.
 
+use crate::command::Common;
 use clap::Parser;
 use drover_state::goodput::{self, GoodputTotals, Window};
 
@@ -59,8 +60,8 @@ struct Args {
     verbose: u8,
     #[arg(short = 'V', long = "version")]
     version: bool,
-    #[arg(long = "controllers")]
-    controllers: Option<String>,
+    #[command(flatten)]
+    common: Common,
     /// `cluster goodput [Start=TIME] [End=TIME] [Accounts=A,B] [Users=U,V] [Format=F,G]`.
     words: Vec<String>,
 }
@@ -189,7 +190,7 @@ fn sreport(args: &[String]) -> anyhow::Result<()> {
         limit: MAX_JOBS,
         ..Default::default()
     };
-    let client = crate::connect::client(args.controllers.as_deref())?;
+    let client = crate::connect::client(args.common.controllers.as_deref())?;
     let rt = crate::connect::runtime();
     let (jobs, truncated) = rt.block_on(client.list_jobs(&filter))?;
     let cluster = rt.block_on(client.nodes_and_config(false))?.1.map(|c| c.cluster_name).unwrap_or_default();

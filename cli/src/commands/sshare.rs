@@ -5,6 +5,7 @@
 //! the accounts each user may charge (an account naming its users, or one naming none) with the user in the
 //! `User` column and the account's figures, which is what tools asking "which accounts are mine" read.
 
+use crate::command::Common;
 use clap::Parser;
 
 use crate::slurm::fields::{FieldDef, Kind, Layout, def, header, parse_fields_in, row};
@@ -53,8 +54,8 @@ struct Args {
     /// Accepted for compatibility: every account row is shown already.
     #[arg(short = 'a', long = "all")]
     all: bool,
-    #[arg(long = "controllers")]
-    controllers: Option<String>,
+    #[command(flatten)]
+    common: Common,
     #[arg(long = "help", action = clap::ArgAction::Help)]
     help: Option<bool>,
 }
@@ -65,7 +66,7 @@ pub fn run(args: &[String]) -> i32 {
 
 fn sshare(args: &[String]) -> anyhow::Result<()> {
     let args: Args = crate::command::parse_args("sshare", args)?;
-    let client = crate::connect::client(args.controllers.as_deref())?;
+    let client = crate::connect::client(args.common.controllers.as_deref())?;
     let registry = crate::connect::runtime().block_on(client.registry(false))?;
     print!("{}", table(&registry, &args, &crate::identity::current_user().0)?);
     Ok(())

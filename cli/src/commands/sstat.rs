@@ -8,6 +8,7 @@
 //! leaves every usage field (MaxRSS, AveCPU, the TRES usage strings, ...) empty rather than print numbers it
 //! does not have.
 
+use crate::command::Common;
 use clap::Parser;
 use drover_state::hostlist::compress_hostlist;
 use drover_state::{Job, JobState};
@@ -114,8 +115,8 @@ struct Args {
     version: bool,
     #[arg(long = "usage")]
     usage: bool,
-    #[arg(long = "controllers")]
-    controllers: Option<String>,
+    #[command(flatten)]
+    common: Common,
     /// A job list given without `-j`.
     #[arg(hide = true)]
     operands: Vec<String>,
@@ -182,7 +183,7 @@ fn sstat(args: &[String]) -> anyhow::Result<i32> {
         (true, false) => Layout::Parsable { delimiter: "|".into(), trailing: true },
         _ => Layout::Columns,
     };
-    let client = crate::connect::client(args.controllers.as_deref())?;
+    let client = crate::connect::client(args.common.controllers.as_deref())?;
     let rt = crate::connect::runtime();
     let mut out = String::new();
     if !args.noheader {
