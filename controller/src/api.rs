@@ -632,7 +632,7 @@ impl DroverService for Api {
                     Some(CommandError::PermissionDenied { id, owner: job.spec.uid, requester: caller.uid })
                 }
                 Some(job) if job.nodes.is_empty() => {
-                    Some(CommandError::NotRunning { id, state: job.state.name().to_string() })
+                    Some(CommandError::NotRunning { id, state: job.state, cancelling: false })
                 }
                 Some(job) => {
                     let target = match SignalTarget::try_from(message.target).unwrap_or(SignalTarget::Steps) {

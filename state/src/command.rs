@@ -272,7 +272,7 @@ pub enum Reply {
     /// Which planned allocations started, and which were refused (and why).
     Planned {
         started: Vec<JobId>,
-        refused: Vec<(JobId, String)>,
+        refused: Vec<(JobId, crate::error::AllocationRefusal)>,
     },
     Step {
         step_id: u32,

@@ -4,14 +4,17 @@
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::job::JobId;
+use drover_common::model::PartitionState;
+
+use crate::job::{JobId, JobState};
+use crate::role::AdminLevel;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error, Serialize, Deserialize)]
 pub enum CommandError {
     #[error("invalid partition name specified: {name:?} (partitions: {known})")]
     InvalidPartition { name: String, known: String },
-    #[error("partition {name} is in state {state} and accepts no new jobs")]
-    PartitionClosed { name: String, state: String },
+    #[error("partition {name} is in state {} and accepts no new jobs", .state.name())]
+    PartitionClosed { name: String, state: PartitionState },
     #[error(
         "Requested time limit is invalid (missing or exceeds some limit): {requested} exceeds partition {partition}'s MaxTime of {max}"
     )]
@@ -34,8 +37,8 @@ pub enum CommandError {
     AlreadyFinished { id: JobId },
     #[error("Access/permission denied for job {id}: owned by uid {owner}, requested by uid {requester}")]
     PermissionDenied { id: JobId, owner: u32, requester: u32 },
-    #[error("Job {id} is not pending (state {state}): only pending jobs can be held or released")]
-    NotPending { id: JobId, state: String },
+    #[error("Job {id} is not pending (state {}): only pending jobs can be held or released", .state.name())]
+    NotPending { id: JobId, state: JobState },
     #[error("the cluster is not initialized yet (no configuration committed)")]
     NotInitialized,
     #[error("Requested node configuration is not available: {0}")]
@@ -48,12 +51,14 @@ pub enum CommandError {
         "node {node} was declared down for its registration epoch {epoch}, but it has registered again since (epoch {current}): the decision is stale"
     )]
     StaleNodeEpoch { node: String, epoch: u64, current: u64 },
-    #[error("Job {id} is not running (state {state})")]
-    NotRunning { id: JobId, state: String },
+    /// `cancelling`: the job is COMPLETING because it was cancelled (no requeue can win over that).
+    #[error("Job {id} is not running (state {}{})", .state.name(), if *.cancelling { " (being cancelled)" } else { "" })]
+    NotRunning { id: JobId, state: JobState, cancelling: bool },
     #[error(
-        "Access/permission denied: {what} needs AdminLevel={needed} (requested by uid {uid}); an administrator can grant it with `drover admin grant USER {needed}`"
+        "Access/permission denied: {what} needs AdminLevel={level} (requested by uid {uid}); an administrator can grant it with `drover admin grant USER {level}`",
+        level = .needed.name()
     )]
-    NotAuthorized { uid: u32, what: String, needed: String },
+    NotAuthorized { uid: u32, what: String, needed: AdminLevel },
     #[error("Invalid account or account/partition combination specified: {name}: {why}")]
     InvalidAccount { name: String, why: String },
     #[error("Invalid qos specification: {name}: {why}")]
@@ -68,4 +73,47 @@ pub enum CommandError {
     TooManyUserJobs { user: String, active: u64, limit: u64 },
     #[error("Job {id} is held by an administrator: only an operator or administrator can release it")]
     AdminHold { id: JobId },
+}
+
+/// Why `apply` refused one planned allocation: the plan was made on a view the log has since moved past (or a
+/// forged plan), so the job stays pending and the next pass plans it again. Typed, so the leader and the tests
+/// match on what went wrong; the text is for the log.
+#[derive(Debug, Clone, PartialEq, Eq, Error, Serialize, Deserialize)]
+pub enum AllocationRefusal {
+    #[error("job is no longer active")]
+    Gone,
+    #[error("job is {} (held: {held})", .state.name())]
+    NotStartable { state: JobState, held: bool },
+    #[error("an earlier incarnation of the job may still run: its tasks are not yet confirmed gone")]
+    EarlierIncarnationLingers,
+    #[error("{planned} nodes planned, the job asks for {min}-{max}")]
+    NodeCount { planned: u32, min: u32, max: u32 },
+    #[error("node {node} planned twice")]
+    NodeTwice { node: String },
+    #[error("unknown node {node}")]
+    UnknownNode { node: String },
+    #[error("node {node} is {state}")]
+    NodeUnschedulable { node: String, state: String },
+    #[error("node {node} is a hot spare, kept for jobs restarting after a node failure")]
+    HotSpare { node: String },
+    #[error("node {node} is outside the job's --nodelist/--exclude/--constraint")]
+    NotAccepted { node: String },
+    #[error("--exclusive needs all of node {node} and it is shared or partly given")]
+    NotWhole { node: String },
+    #[error("node {node} is held exclusively by job {holder}")]
+    HeldExclusively { node: String, holder: JobId },
+    #[error("{planned} GPUs planned on {node}, the job asks for {asked}")]
+    GpuCount { node: String, planned: u32, asked: u32 },
+    #[error("GPU {gpu} on {node} does not exist or is planned twice")]
+    NoSuchGpu { node: String, gpu: u32 },
+    #[error("GPU {gpu} on {node} is held by job {holder}")]
+    GpuHeld { node: String, gpu: u32, holder: JobId },
+    #[error("GPU {gpu} on {node} is still held by an ended incarnation")]
+    GpuLingers { node: String, gpu: u32 },
+    #[error("{planned} CPUs planned on {node}, {free} free")]
+    Cpus { node: String, planned: u32, free: u32 },
+    #[error("{planned} MiB planned on {node}, the job asks for {asked}")]
+    MemoryMismatch { node: String, planned: u64, asked: u64 },
+    #[error("{planned} MiB planned on {node}, {free} free")]
+    Memory { node: String, planned: u64, free: u64 },
 }

@@ -38,7 +38,7 @@ pub use admin::{AdminOp, Object};
 pub use audit::AuditEntry;
 pub use command::{Allocation, Command, JobEnd, JobOutcome, JobUpdate, Reply, Request, Response, StepStart};
 pub use config::{ClusterConfig, Limit, Partition, PartitionState, PartitionUpdate, PreemptMode};
-pub use error::CommandError;
+pub use error::{AllocationRefusal, CommandError};
 pub use goodput::GoodputTotals;
 pub use job::{
     ArraySpec, ArrayTask, Checkpoint, DepState, Dependency, DependencyKind, ExportPolicy, IncarnationRecord, Job,

@@ -22,7 +22,7 @@ fn count_lingering(counts: &mut std::collections::HashMap<JobId, u32>, job: JobI
 const MAX_STEP_NAME: usize = 256;
 /// Incarnations a registration may list as still running (a node runs a few dozen at most; more is garbage).
 pub const MAX_RUNNING_SHARES: usize = 1_024;
-use crate::error::CommandError;
+use crate::error::{AllocationRefusal, CommandError};
 use crate::job::{
     Job, JobId, JobState, MAX_STEP_RECORDS, MeasuredUsage, NodeAllocation, NodeUsage, PendingReason, StepEnd,
     StepRecord,
@@ -275,79 +275,68 @@ impl State {
     }
 
     /// Whether an allocation still fits the current state exactly as planned.
-    fn check_allocation(&self, allocation: &Allocation) -> Result<(), String> {
-        let job = self.jobs.get(&allocation.job_id).ok_or("job is no longer active")?;
+    fn check_allocation(&self, allocation: &Allocation) -> Result<(), AllocationRefusal> {
+        use AllocationRefusal as R;
+        let job = self.jobs.get(&allocation.job_id).ok_or(R::Gone)?;
         if job.state != JobState::Pending || job.held {
-            return Err(format!("job is {} (held: {})", job.state.name(), job.held));
+            return Err(R::NotStartable { state: job.state, held: job.held });
         }
         if self.earlier_incarnation_lingers(job.id) {
-            return Err("an earlier incarnation of the job may still run: its tasks are not yet confirmed gone".into());
+            return Err(R::EarlierIncarnationLingers);
         }
         let count = allocation.nodes.len() as u32;
         if count < job.spec.min_nodes || count > job.spec.max_nodes {
-            return Err(format!(
-                "{count} nodes planned, the job asks for {}-{}",
-                job.spec.min_nodes, job.spec.max_nodes
-            ));
+            return Err(R::NodeCount { planned: count, min: job.spec.min_nodes, max: job.spec.max_nodes });
         }
         for (i, share) in allocation.nodes.iter().enumerate() {
+            let node_name = || share.node.clone();
             if allocation.nodes[..i].iter().any(|other| other.node == share.node) {
-                return Err(format!("node {} planned twice", share.node));
+                return Err(R::NodeTwice { node: node_name() });
             }
-            let node = self.nodes.get(&share.node).ok_or_else(|| format!("unknown node {}", share.node))?;
+            let node = self.nodes.get(&share.node).ok_or_else(|| R::UnknownNode { node: node_name() })?;
             if !node.schedulable() {
-                return Err(format!("node {} is {}", share.node, node.state_name()));
+                return Err(R::NodeUnschedulable { node: node_name(), state: node.state_name().to_string() });
             }
             if node.spare && !job.may_use_spares() {
-                return Err(format!(
-                    "node {} is a hot spare, kept for jobs restarting after a node failure",
-                    share.node
-                ));
+                return Err(R::HotSpare { node: node_name() });
             }
             if !job.spec.accepts_node(&share.node, &node.info.features) {
-                return Err(format!("node {} is outside the job's --nodelist/--exclude/--constraint", share.node));
+                return Err(R::NotAccepted { node: node_name() });
             }
             if job.spec.exclusive {
                 // A whole node: no other job on it, and every GPU to this one.
                 if !node.jobs.is_empty() || share.gpus.len() != node.info.gpus.len() {
-                    return Err(format!(
-                        "--exclusive needs all of node {} and it is shared or partly given",
-                        share.node
-                    ));
+                    return Err(R::NotWhole { node: node_name() });
                 }
             } else if let Some(other) = node.jobs.iter().find(|id| self.jobs.get(id).is_some_and(|j| j.spec.exclusive))
             {
-                return Err(format!("node {} is held exclusively by job {other}", share.node));
+                return Err(R::HeldExclusively { node: node_name(), holder: *other });
             }
             let wanted = if job.spec.exclusive { node.info.gpus.len() as u32 } else { job.spec.gpus_per_node };
             if share.gpus.len() as u32 != wanted {
-                return Err(format!(
-                    "{} GPUs planned on {}, the job asks for {}",
-                    share.gpus.len(),
-                    share.node,
-                    job.spec.gpus_per_node
-                ));
+                let (planned, asked) = (share.gpus.len() as u32, job.spec.gpus_per_node);
+                return Err(R::GpuCount { node: node_name(), planned, asked });
             }
-            for (k, gpu) in share.gpus.iter().enumerate() {
-                if !node.info.gpus.iter().any(|g| g.index == *gpu) || share.gpus[..k].contains(gpu) {
-                    return Err(format!("GPU {gpu} on {} does not exist or is planned twice", share.node));
+            for (k, &gpu) in share.gpus.iter().enumerate() {
+                if !node.info.gpus.iter().any(|g| g.index == gpu) || share.gpus[..k].contains(&gpu) {
+                    return Err(R::NoSuchGpu { node: node_name(), gpu });
                 }
-                if let Some(holder) = node.allocated_gpus.get(gpu) {
-                    return Err(format!("GPU {gpu} on {} is held by job {holder}", share.node));
+                if let Some(&holder) = node.allocated_gpus.get(&gpu) {
+                    return Err(R::GpuHeld { node: node_name(), gpu, holder });
                 }
-                if node.gpu_held(*gpu) {
-                    return Err(format!("GPU {gpu} on {} is still held by an ended incarnation", share.node));
+                if node.gpu_held(gpu) {
+                    return Err(R::GpuLingers { node: node_name(), gpu });
                 }
             }
             if share.cpus > node.free_cpus() {
-                return Err(format!("{} CPUs planned on {}, {} free", share.cpus, share.node, node.free_cpus()));
+                return Err(R::Cpus { node: node_name(), planned: share.cpus, free: node.free_cpus() });
             }
             let mem = node.mem_for(job.spec.mem_request(), share.cpus, share.gpus.len() as u32);
             if share.mem_mb != mem {
-                return Err(format!("{} MiB planned on {}, the job asks for {mem}", share.mem_mb, share.node));
+                return Err(R::MemoryMismatch { node: node_name(), planned: share.mem_mb, asked: mem });
             }
             if share.mem_mb > node.free_mem_mb() {
-                return Err(format!("{} MiB planned on {}, {} free", share.mem_mb, share.node, node.free_mem_mb()));
+                return Err(R::Memory { node: node_name(), planned: share.mem_mb, free: node.free_mem_mb() });
             }
         }
         Ok(())
@@ -467,7 +456,7 @@ impl State {
     ) -> Response {
         let job = self.active_job(id, by_uid)?;
         if job.state != JobState::Running {
-            return Err(CommandError::NotRunning { id, state: job.state.name().to_string() });
+            return Err(CommandError::NotRunning { id, state: job.state, cancelling: false });
         }
         if let Some(start) = start
             && let Some(stranger) = start.nodes.iter().find(|n| !job.nodes.contains(n))
@@ -838,7 +827,7 @@ mod tests {
         let reply = state.apply(&at(11, Command::ApplyPlan { allocations: forged, reasons: vec![] }));
         let Ok(Reply::Planned { started, refused }) = reply.response else { panic!() };
         assert!(started.is_empty());
-        assert!(refused[0].1.contains(&format!("held by job {a}")), "{refused:?}");
+        assert!(matches!(refused[0].1, AllocationRefusal::GpuHeld { holder, .. } if holder == a), "{refused:?}");
         state.check_invariants();
     }
 
@@ -991,7 +980,7 @@ mod tests {
         let forged = Allocation { job_id: pinned, nodes: vec![share("gpu01", vec![0])] };
         let reply = state.apply(&at(3, Command::ApplyPlan { allocations: vec![forged], reasons: vec![] }));
         let Ok(Reply::Planned { refused, .. }) = reply.response else { panic!() };
-        assert!(refused[0].1.contains("outside the job's --nodelist/--exclude/--constraint"), "{refused:?}");
+        assert!(matches!(&refused[0].1, AllocationRefusal::NotAccepted { node } if node == "gpu01"), "{refused:?}");
 
         let mut whole = job(1, 1, 1);
         whole.exclusive = true;
@@ -999,7 +988,7 @@ mod tests {
         let partial = Allocation { job_id: whole, nodes: vec![share("gpu02", vec![0])] };
         let reply = state.apply(&at(4, Command::ApplyPlan { allocations: vec![partial], reasons: vec![] }));
         let Ok(Reply::Planned { refused, .. }) = reply.response else { panic!() };
-        assert!(refused[0].1.contains("--exclusive needs all of node gpu02"), "{refused:?}");
+        assert!(matches!(&refused[0].1, AllocationRefusal::NotWhole { node } if node == "gpu02"), "{refused:?}");
         let all = Allocation { job_id: whole, nodes: vec![share("gpu02", vec![0, 1, 2, 3])] };
         state.apply(&at(5, Command::ApplyPlan { allocations: vec![all], reasons: vec![] }));
         assert_eq!(state.job(whole).unwrap().state, JobState::Running);
@@ -1017,7 +1006,7 @@ mod tests {
         let shared = Allocation { job_id: other, nodes: vec![share("gpu02", vec![])] };
         let reply = state.apply(&at(7, Command::ApplyPlan { allocations: vec![shared], reasons: vec![] }));
         let Ok(Reply::Planned { refused, .. }) = reply.response else { panic!() };
-        assert!(refused[0].1.contains("held exclusively"), "{refused:?}");
+        assert!(matches!(refused[0].1, AllocationRefusal::HeldExclusively { .. }), "{refused:?}");
         state.check_invariants();
     }
 

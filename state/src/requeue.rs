@@ -200,13 +200,13 @@ impl State {
             )));
         }
         if job.ending.is_some() {
-            return Err(CommandError::NotRunning { id, state: "COMPLETING (being cancelled)".to_string() });
+            return Err(CommandError::NotRunning { id, state: JobState::Completing, cancelling: true });
         }
         if job.requeue.is_some() {
             return Ok(());
         }
         if job.state != JobState::Running {
-            return Err(CommandError::NotRunning { id, state: job.state.name().to_string() });
+            return Err(CommandError::NotRunning { id, state: job.state, cancelling: false });
         }
         let held = match (hold, by_uid != job.spec.uid && self.level_of(by_uid) >= AdminLevel::Operator) {
             (false, _) => None,
@@ -275,7 +275,7 @@ impl State {
             });
         }
         if !matches!(job.state, JobState::Running | JobState::Completing) {
-            return Err(CommandError::NotRunning { id, state: job.state.name().to_string() });
+            return Err(CommandError::NotRunning { id, state: job.state, cancelling: false });
         }
         if path.is_empty() || !path.starts_with('/') || path.len() > MAX_PATH_BYTES || path.contains('\0') {
             return Err(CommandError::InvalidRequest(format!(

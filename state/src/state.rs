@@ -424,7 +424,7 @@ impl State {
         if self.level_of(uid) >= needed {
             return Ok(());
         }
-        Err(CommandError::NotAuthorized { uid, what: what.to_string(), needed: needed.name().to_string() })
+        Err(CommandError::NotAuthorized { uid, what: what.to_string(), needed })
     }
 
     /// Appends an audit entry (and drops the oldest beyond the capacity).
@@ -563,10 +563,7 @@ impl State {
             None => config.default_partition(),
         };
         if !partition.state.accepts_jobs() {
-            return Err(CommandError::PartitionClosed {
-                name: partition.name.clone(),
-                state: partition.state.name().to_string(),
-            });
+            return Err(CommandError::PartitionClosed { name: partition.name.clone(), state: partition.state });
         }
         let (min_nodes, gpus_per_node, time_limit_s) = self.check_partition_limits(spec, partition)?;
         let account = self.resolve_account(spec, partition)?;
@@ -945,7 +942,7 @@ impl State {
     ) -> Result<(), CommandError> {
         let job = self.active_job(id, by_uid)?;
         if job.state != JobState::Pending {
-            return Err(CommandError::NotPending { id, state: job.state.name().to_string() });
+            return Err(CommandError::NotPending { id, state: job.state });
         }
         let mut spec = job.spec.clone();
         let new_limit = if update.time_unlimited { Some(None) } else { update.time_limit_s.map(Some) };
@@ -1017,7 +1014,7 @@ impl State {
     fn top(&mut self, id: JobId, by_uid: u32, changes: &mut Vec<Change>) -> Result<(), CommandError> {
         let job = self.active_job(id, by_uid)?;
         if job.state != JobState::Pending {
-            return Err(CommandError::NotPending { id, state: job.state.name().to_string() });
+            return Err(CommandError::NotPending { id, state: job.state });
         }
         self.meta.next_top_rank += 1;
         let job = self.jobs.get_mut(&id).expect("checked by active_job");
@@ -1032,7 +1029,7 @@ impl State {
     fn set_hold(&mut self, id: JobId, hold: bool, by_uid: u32, changes: &mut Vec<Change>) -> Result<(), CommandError> {
         let job = self.active_job(id, by_uid)?;
         if job.state != JobState::Pending {
-            return Err(CommandError::NotPending { id, state: job.state.name().to_string() });
+            return Err(CommandError::NotPending { id, state: job.state });
         }
         let privileged = self.level_of(by_uid) >= AdminLevel::Operator;
         if !hold && job.reason == PendingReason::JobHeldAdmin && !privileged {

@@ -121,7 +121,10 @@ fn only_operators_drain_and_only_administrators_change_the_cluster() {
         requeue_jobs: false,
     };
     let err = refused(&mut state, drain(ALICE));
-    assert!(matches!(&err, CommandError::NotAuthorized { needed, .. } if needed == "Operator"), "{err}");
+    assert!(
+        matches!(&err, CommandError::NotAuthorized { needed, .. } if *needed == drover_state::AdminLevel::Operator),
+        "{err}"
+    );
     assert!(err.to_string().contains("drover admin grant"), "the message says how to get the right: {err}");
     state.apply(&at(40, drain(OLGA))).response.unwrap();
     assert!(state.nodes["n1"].drain);
@@ -136,7 +139,10 @@ fn only_operators_drain_and_only_administrators_change_the_cluster() {
     };
     for uid in [ALICE, OLGA] {
         let err = refused(&mut state, partition(uid));
-        assert!(matches!(&err, CommandError::NotAuthorized { needed, .. } if needed == "Administrator"), "{err}");
+        assert!(
+            matches!(&err, CommandError::NotAuthorized { needed, .. } if *needed == drover_state::AdminLevel::Administrator),
+            "{err}"
+        );
     }
     state.apply(&at(41, partition(ADA))).response.unwrap();
 

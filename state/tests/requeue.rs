@@ -184,7 +184,7 @@ fn gpus_on_surviving_nodes_stay_held_until_their_agent_confirms_the_old_tasks_ar
         reasons: vec![],
     };
     let Ok(Reply::Planned { refused, .. }) = state.apply(&at(40, plan)).response else { panic!() };
-    assert!(refused[0].1.contains("ended incarnation"), "{refused:?}");
+    assert!(matches!(refused[0].1, drover_state::AllocationRefusal::GpuLingers { .. }), "{refused:?}");
     // The agent on n2 confirms; a stale or repeated confirmation changes nothing.
     let release = |keys| Command::ReleaseLingering { node: "n2".into(), keys, usage: Vec::new() };
     assert!(state.apply(&at(50, release(vec![(id, 5)]))).changes.is_empty());
@@ -301,7 +301,7 @@ fn steps_are_recorded_with_their_ends_bounded_and_begin_again_with_each_incarnat
     match state.apply(&at(2_005, early)).response {
         Ok(Reply::Planned { started, refused }) => {
             assert!(started.is_empty());
-            assert!(refused[0].1.contains("earlier incarnation"), "{refused:?}");
+            assert!(matches!(refused[0].1, drover_state::AllocationRefusal::EarlierIncarnationLingers), "{refused:?}");
         }
         other => panic!("{other:?}"),
     }
