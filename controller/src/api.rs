@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 // The leader's clock for stamping entries: the wall clock, or the simulation's (see `runtime`).
+use crate::leader::LeaderHandle;
 use crate::runtime::now_ms;
 
 use drover_proto::v1::drover_service_client::DroverServiceClient;
@@ -43,10 +44,8 @@ const MAX_STEP_NAME_BYTES: usize = 4_096;
 
 pub struct Api {
     pub id: u64,
-    /// The leader's agent sessions (signals go to agents directly, not through the log).
-    pub hub: std::sync::Arc<crate::leader::agents::AgentHub>,
-    /// The latest scheduling pass's priorities and expected starts (leader only).
-    insights: crate::leader::scheduling::Insights,
+    /// What the API may ask of the leader's sessions and scheduling loop.
+    pub leader: LeaderHandle,
     /// Forwarded calls leave from this replica's own address, like its Raft traffic.
     local_ip: Option<std::net::IpAddr>,
     /// Verifies callers' credentials; makes the TLS connections to the leader.
@@ -75,17 +74,11 @@ impl Api {
         proposer: crate::propose::Proposer,
         view: StateView,
         local_ip: Option<std::net::IpAddr>,
-        hub: std::sync::Arc<crate::leader::agents::AgentHub>,
-        insights: crate::leader::scheduling::Insights,
+        leader: LeaderHandle,
         security: std::sync::Arc<Security>,
     ) -> Api {
         let raft = proposer.raft().clone();
-        Api { id, hub, insights, local_ip, security, raft, proposer, view, peers: Mutex::new(HashMap::new()) }
-    }
-
-    /// The scheduling loop's latest view and pass times.
-    pub fn insights(&self) -> &crate::leader::scheduling::Insights {
-        &self.insights
+        Api { id, leader, local_ip, security, raft, proposer, view, peers: Mutex::new(HashMap::new()) }
     }
 
     /// The leader's id and address as this replica knows them.
@@ -640,7 +633,7 @@ impl DroverService for Api {
                         SignalTarget::Batch => drover_proto::wire::SignalTarget::Batch,
                         SignalTarget::Full => drover_proto::wire::SignalTarget::Full,
                     };
-                    self.hub.signal(&job, message.signal, target);
+                    self.leader.signal(&job, message.signal, target);
                     None
                 }
             };
@@ -728,7 +721,7 @@ impl DroverService for Api {
         self.security.caller(&request)?;
         let ids = request.into_inner().job_ids;
         let mut list: Vec<drover_proto::wire::JobInsight> = {
-            let latest = self.insights.latest();
+            let latest = self.leader.insights();
             if ids.is_empty() {
                 latest.first(MAX_LIST_JOBS)
             } else {
@@ -766,9 +759,7 @@ impl DroverService for Api {
         linearizable_read!(self, request, get_registry);
         self.security.caller(&request)?;
         let now_ms = now_ms();
-        let view = &self.view;
-        let shares =
-            crate::leader::planner::share_rows(|_, walk| walk(&view.read().state), now_ms, crate::store::JOBS_PER_READ);
+        let shares = self.leader.share_rows(&self.view, now_ms);
         let registry = {
             let applied = self.view.read();
             let state = &applied.state;

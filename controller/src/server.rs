@@ -117,8 +117,7 @@ impl Controller {
             proposer.clone(),
             view.clone(),
             local_ip,
-            hub.clone(),
-            insights.clone(),
+            crate::leader::LeaderHandle::new(hub.clone(), insights.clone()),
             security.clone(),
         ));
         // Bound before the gRPC port starts serving, so a taken port fails the start with a clear error.

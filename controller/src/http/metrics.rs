@@ -15,13 +15,13 @@ pub fn exposition(api: &Api, leader_changes: u64) -> Exposition {
     raft(&mut out, api, leader_changes);
     state(&mut out, api);
     out.gauge("agent_sessions", "Agents with an open session to this replica (only the leader holds any).", {
-        api.hub.session_count() as f64
+        api.leader.session_count() as f64
     });
-    out.counter("agent_heartbeats", "Agent heartbeats this replica received while it led.", api.hub.heartbeats());
+    out.counter("agent_heartbeats", "Agent heartbeats this replica received while it led.", api.leader.heartbeats());
     out.histogram(
         "scheduler_pass_seconds",
         "Wall time of each scheduling pass on this replica while it led (plan and its translation to commands).",
-        api.insights().pass_seconds(),
+        api.leader.pass_seconds(),
     );
     out
 }
