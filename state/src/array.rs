@@ -3,7 +3,7 @@
 //!
 //! Pure functions: no state, no I/O.
 
-use crate::job::{ArraySpec, JobId};
+use crate::model::job::{ArraySpec, JobId};
 use drover_common::ranges::parse_ranges;
 
 /// The largest `MaxArraySize` Slurm allows; task ids in a job reference (`123_[...]`) must be below it.

@@ -52,7 +52,7 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::{Checkpoint, IncarnationRecord, NodeUsage};
+    use crate::model::job::{Checkpoint, IncarnationRecord, NodeUsage};
     use crate::{Command, Job, JobSpec, JobState, MeasuredUsage, Request};
 
     fn busy_job() -> Job {

@@ -3,11 +3,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ClusterConfig, PartitionUpdate};
 use crate::error::CommandError;
-use crate::job::{JobId, JobSpec, MeasuredUsage, NodeAllocation, PendingReason, Usage};
-use crate::node::{NodeInfo, RunningShare};
-use crate::registry::AdminOp;
+use crate::model::config::{ClusterConfig, PartitionUpdate};
+use crate::model::job::{JobId, JobSpec, MeasuredUsage, NodeAllocation, PendingReason, Usage};
+use crate::model::node::{NodeInfo, RunningShare};
+use crate::model::registry::AdminOp;
 
 /// What `srun` says of a step it starts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -186,7 +186,7 @@ pub struct JobUpdate {
     pub nice: Option<i32>,
     pub qos: Option<String>,
     /// `Dependency=` (empty clears them).
-    pub dependency: Option<(Vec<crate::job::Dependency>, bool)>,
+    pub dependency: Option<(Vec<crate::model::job::Dependency>, bool)>,
 }
 
 /// One job's placement in a plan.

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use crate::job::{Dependency, DependencyKind, JobId};
+use crate::model::job::{Dependency, DependencyKind, JobId};
 
 /// The dependency types Drover supports, as they are spelled in the syntax.
 pub const SUPPORTED_DEPENDENCY_TYPES: &str = "after, afterok, afterany, afternotok, singleton";

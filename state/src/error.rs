@@ -6,8 +6,8 @@ use thiserror::Error;
 
 use drover_common::model::PartitionState;
 
-use crate::job::{JobId, JobState};
-use crate::role::AdminLevel;
+use crate::model::job::{JobId, JobState};
+use crate::model::role::AdminLevel;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error, Serialize, Deserialize)]
 pub enum CommandError {

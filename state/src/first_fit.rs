@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use crate::command::Allocation;
-use crate::job::{Job, JobId, JobState, NodeAllocation, PendingReason};
-use crate::node::Node;
+use crate::model::job::{Job, JobId, JobState, NodeAllocation, PendingReason};
+use crate::model::node::Node;
 use crate::state::State;
 
 /// What one pass decided.

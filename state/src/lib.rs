@@ -4,34 +4,24 @@
 //! in the state. `apply` returns the list of records that changed, and the storage layer writes exactly those,
 //! atomically with the applied log id.
 
-pub mod account;
-pub mod admin;
+pub mod apply;
 pub mod array;
-pub mod audit;
 pub mod codec;
 pub mod command;
-pub mod config;
 pub mod dependency;
-pub mod dependents;
 pub mod error;
-mod fate;
 pub mod first_fit;
-pub mod goodput;
-mod goodput_totals;
 pub use drover_common::hostlist;
-pub mod job;
-pub mod lifecycle;
-pub mod node;
-pub mod qos;
-mod registry;
-pub mod requeue;
-pub mod reservation;
-pub mod role;
+pub mod model;
 pub mod signal;
 pub mod spare;
 pub use drover_common::slurm_time;
 pub mod state;
 pub mod thin_str;
+
+// The old public paths (`drover_state::job::JobSpec`) stay: the data lives in `model`, the handlers in `apply`.
+pub use apply::{admin, dependents, goodput, lifecycle, requeue};
+pub use model::{account, audit, config, job, node, qos, reservation, role};
 
 pub use account::{Account, AccountUpdate};
 pub use admin::{AdminOp, Object};

@@ -1,6 +1,6 @@
 //! Signal names as Slurm's commands take them (`USR1`, `SIGUSR1`, `10`), and `--signal=[{R|B}:]SIG[@secs]`.
 
-use crate::job::WarnSignal;
+use crate::model::job::WarnSignal;
 
 /// The warning lead time when `--signal` gives none (Slurm's default).
 pub const DEFAULT_WARNING_S: u32 = 60;

@@ -2,14 +2,14 @@
 //! once on its surviving nodes plus spares instead of waiting for a full set of free nodes.
 //!
 //! Who may take a spare: a pending job whose last incarnation ended in `NODE_FAIL` (its node died, was fenced, or
-//! failed a GPU health check: [`crate::job::RequeueKind::NodeFailure`]). Not a job requeued by request or by
+//! failed a GPU health check: [`crate::model::job::RequeueKind::NodeFailure`]). Not a job requeued by request or by
 //! preemption: those chose to stop (or lost to a higher priority), and letting them jump the queue onto reserved
 //! nodes would turn the pool into a way around the queue. Not a fresh job either, however large: the pool exists
 //! so that a failure costs a restart, not a wait in the queue. A spare a job starts on leaves the pool (apply clears
 //! the flag): it has become one of the job's nodes, and an operator refills the pool, e.g. with the repaired node.
 
 use crate::error::CommandError;
-use crate::job::{Job, JobState};
+use crate::model::job::{Job, JobState};
 use crate::state::{Change, State};
 
 /// Most nodes one `spare=` update names (like any node list in a command, bounded).

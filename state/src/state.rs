@@ -5,24 +5,24 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use crate::account::{Account, ROOT_ACCOUNT};
-use crate::audit::{AUDIT_CAPACITY, AuditEntry};
-use crate::fate::{Dependents, Fate};
-use crate::goodput::GoodputTotals;
-use crate::job::{ArrayTask, DepState};
-use crate::qos::{DEFAULT_QOS, Qos};
-use crate::registry::Object;
-use crate::reservation::Reservation;
-use crate::role::{AdminLevel, RoleGrant};
+use crate::apply::goodput::GoodputTotals;
+use crate::model::account::Account;
+use crate::model::audit::{AUDIT_CAPACITY, AuditEntry};
+use crate::model::fate::{Dependents, Fate};
+use crate::model::job::DepState;
+use crate::model::qos::{DEFAULT_QOS, Qos};
+use crate::model::registry::Object;
+use crate::model::reservation::Reservation;
+use crate::model::role::{AdminLevel, RoleGrant};
 use crate::thin_str::ThinStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::command::{Command, JobOutcome, Reply, Request, Response};
-use crate::config::{ClusterConfig, Limit, PartitionUpdate};
+use crate::command::{Command, Reply, Request, Response};
 use crate::error::CommandError;
-use crate::job::{Job, JobId, JobSpec, JobState, PendingReason, StepEnd};
-use crate::node::Node;
+use crate::model::config::{ClusterConfig, Limit, PartitionUpdate};
+use crate::model::job::{Job, JobId, JobState, StepEnd};
+use crate::model::node::Node;
 use crate::slurm_time::format_time_limit;
 
 /// How many client request ids are remembered for deduplicating retried submissions. A client retries within
@@ -112,7 +112,7 @@ pub enum Change {
     AddNodeUsage {
         job_id: JobId,
         incarnation: u64,
-        usage: crate::job::NodeUsage,
+        usage: crate::model::job::NodeUsage,
     },
     PutDedup {
         request_id: String,
@@ -147,8 +147,8 @@ pub struct State {
     pub jobs: BTreeMap<JobId, Box<Job>>,
     /// Registered nodes by name.
     pub nodes: BTreeMap<String, Node>,
-    dedup: HashMap<String, JobId>,
-    dedup_order: VecDeque<(u64, String)>,
+    pub(crate) dedup: HashMap<String, JobId>,
+    pub(crate) dedup_order: VecDeque<(u64, String)>,
     /// The fair-share tree (empty: no accounts defined, every job charges an implicit flat tree).
     pub accounts: BTreeMap<String, Account>,
     /// QOS by name (`normal` is implicit until defined).
@@ -157,7 +157,7 @@ pub struct State {
     /// Operators and administrators by uid (everyone else is an ordinary user; root is always an administrator).
     pub roles: BTreeMap<u32, RoleGrant>,
     /// Active (pending or running) jobs per owner uid, for MaxSubmitJobs; derived from `jobs`.
-    active_per_uid: HashMap<u32, u64>,
+    pub(crate) active_per_uid: HashMap<u32, u64>,
     /// Per job id, how many lingering holds (on any node, of any incarnation) it has; derived from `nodes`. A job
     /// listed here does not start: an earlier incarnation of it may still run somewhere.
     pub(crate) lingering_jobs: HashMap<JobId, u32>,
@@ -269,7 +269,7 @@ impl State {
     }
 
     /// The whole cluster's goodput: GPU time allocated to incarnations that ended, GPU time they lost to failures
-    /// and to preemption, their counts, and the down time after failures (definitions in `crate::goodput`).
+    /// and to preemption, their counts, and the down time after failures (definitions in `crate::apply::goodput`).
     /// Kept in the replicated state and updated in `apply` as each incarnation ends, so reading it costs nothing
     /// (metrics, the web page); running incarnations are not in it until they end. Counted since
     /// [`State::goodput_since_ms`].
@@ -354,7 +354,7 @@ impl State {
             }
             Command::PreemptJobs { victims, for_job } => self.preempt(victims, *for_job, &mut changes),
             Command::RecordCheckpoint { job_id, incarnation, path, step, by_uid } => {
-                let checkpoint = crate::job::Checkpoint {
+                let checkpoint = crate::model::job::Checkpoint {
                     path: path.clone(),
                     step: *step,
                     incarnation: *incarnation,
@@ -542,512 +542,6 @@ impl State {
         changes.push(Change::Meta(self.meta.clone()));
         Ok(Reply::Nothing)
     }
-
-    /// Checks a submission against the configuration and limits without changing anything, and resolves what
-    /// the spec leaves open. The leader calls it before proposing (to answer bad requests without a log entry);
-    /// `apply` calls it again, authoritatively.
-    pub fn validate_submit(&self, spec: &JobSpec) -> Result<Resolved, CommandError> {
-        self.validate_job(spec, self.level_of(spec.uid) >= AdminLevel::Operator)
-    }
-
-    /// The submit checks; `any_qos`: the job may use any QOS its partition allows (an operator's choice).
-    fn validate_job(&self, spec: &JobSpec, any_qos: bool) -> Result<Resolved, CommandError> {
-        let config = self.config().ok_or(CommandError::NotInitialized)?;
-        let tasks = check_sizes(spec, &config.limits)?;
-        self.check_request(spec, config, tasks)?;
-        let partition = match &spec.partition {
-            Some(name) => config.partition(name).ok_or_else(|| CommandError::InvalidPartition {
-                name: name.to_string(),
-                known: config.partitions.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(","),
-            })?,
-            None => config.default_partition(),
-        };
-        if !partition.state.accepts_jobs() {
-            return Err(CommandError::PartitionClosed { name: partition.name.clone(), state: partition.state });
-        }
-        let (min_nodes, gpus_per_node, time_limit_s) = self.check_partition_limits(spec, partition)?;
-        let account = self.resolve_account(spec, partition)?;
-        let qos = self.resolve_qos(spec, partition, &account, any_qos, time_limit_s)?;
-        self.admits_to_reservation(spec, &account)?;
-        let mut sized = spec.clone();
-        sized.min_nodes = min_nodes;
-        sized.max_nodes = spec.max_nodes.max(min_nodes);
-        sized.gpus_per_node = gpus_per_node;
-        self.check_satisfiable(&sized, &partition.name)?;
-        let dependency_state = self.judge_submission(&spec.dependency)?;
-        let submit_dir = if spec.submit_dir.is_empty() { &spec.work_dir } else { &spec.submit_dir };
-        let checkpoint_root = config.checkpoint_root(partition, submit_dir);
-        Ok(Resolved {
-            checkpoint_root,
-            partition: partition.name.clone(),
-            time_limit_s,
-            account,
-            qos,
-            min_nodes,
-            max_nodes: sized.max_nodes,
-            gpus_per_node,
-            dependency_state,
-        })
-    }
-
-    /// What the request asks of the cluster and its submitter: room in the queue, sane counts, and the rights a
-    /// negative nice or a root job need. `tasks` is how many jobs it makes (an array's task count).
-    fn check_request(&self, spec: &JobSpec, config: &ClusterConfig, tasks: u64) -> Result<(), CommandError> {
-        let limits = &config.limits;
-        if self.jobs.len() as u64 + tasks > limits.max_active_jobs {
-            return Err(CommandError::TooManyJobs { active: self.jobs.len() as u64 });
-        }
-        if spec.min_nodes == 0 || spec.max_nodes < spec.min_nodes {
-            return Err(CommandError::InvalidRequest(format!(
-                "node count {}-{} is not a valid range",
-                spec.min_nodes, spec.max_nodes
-            )));
-        }
-        if spec.cpus_per_task == 0 || spec.ntasks == Some(0) || spec.ntasks_per_node == Some(0) {
-            return Err(CommandError::InvalidRequest("task and cpu counts must be at least 1".to_string()));
-        }
-        if spec.nice < 0 && self.level_of(spec.uid) < AdminLevel::Operator {
-            return Err(CommandError::InvalidRequest(format!(
-                "--nice={}: only an operator or administrator may raise a job's priority with a negative nice",
-                spec.nice
-            )));
-        }
-        if spec.uid == 0 && !config.allow_root_jobs {
-            return Err(CommandError::InvalidRequest(
-                "jobs may not run as root on this cluster; submit as an ordinary user (an administrator can allow it with allow_root_jobs = true in [cluster])".to_string(),
-            ));
-        }
-        let active = self.active_jobs_of(spec.uid);
-        if active + tasks > limits.max_jobs_per_user {
-            return Err(CommandError::TooManyUserJobs {
-                user: spec.user.to_string(),
-                active,
-                limit: limits.max_jobs_per_user,
-            });
-        }
-        spec.check_bounds().map_err(CommandError::InvalidRequest)?;
-        if spec.dependency.len() > MAX_DEPENDENCIES {
-            return Err(CommandError::DependencyProblem(format!("at most {MAX_DEPENDENCIES} dependencies per job")));
-        }
-        Ok(())
-    }
-
-    /// The partition's node, GPU and time limits against the request: the node count and GPUs per node once
-    /// `--gpus` is spread, and the time limit the job gets.
-    fn check_partition_limits(
-        &self,
-        spec: &JobSpec,
-        partition: &crate::config::Partition,
-    ) -> Result<(u32, u32, Option<u64>), CommandError> {
-        let (min_nodes, gpus_per_node) = self.spread_gpus(spec, &partition.name)?;
-        if let Some(max) = partition.max_nodes
-            && min_nodes > max
-        {
-            return Err(CommandError::TooManyNodes { requested: min_nodes, partition: partition.name.clone(), max });
-        }
-        let gpus = u64::from(min_nodes) * u64::from(gpus_per_node);
-        if let Some(max) = partition.max_gpus_per_job
-            && gpus > u64::from(max)
-        {
-            return Err(CommandError::NodeConfigUnavailable(format!(
-                "{gpus} GPUs requested, over partition {}'s MaxTRESPerJob of gres/gpu={max}",
-                partition.name
-            )));
-        }
-        let time_limit_s = spec.time_limit_s.or(partition.default_time_s).or(partition.max_time_s);
-        if let Some(max) = partition.max_time_s {
-            let requested = time_limit_s.unwrap_or(u64::MAX);
-            if requested > max {
-                return Err(CommandError::TimeLimitExceeded {
-                    requested: format_time_limit(time_limit_s),
-                    partition: partition.name.clone(),
-                    max: format_time_limit(Some(max)),
-                });
-            }
-        }
-        Ok((min_nodes, gpus_per_node, time_limit_s))
-    }
-
-    /// `--reservation`: it exists and admits the user or the job's account.
-    fn admits_to_reservation(&self, spec: &JobSpec, account: &str) -> Result<(), CommandError> {
-        let Some(name) = &spec.reservation else { return Ok(()) };
-        let invalid = |why: String| CommandError::InvalidReservation { name: name.to_string(), why };
-        let r = self.reservations.get(&**name).ok_or_else(|| invalid("no such reservation".to_string()))?;
-        if !r.admits(&spec.user, account) {
-            return Err(invalid(format!("Access denied: neither user {} nor account {account} may use it", spec.user)));
-        }
-        Ok(())
-    }
-
-    /// `--gpus=N` without `--nodes`: as few nodes as the partition's largest node allows, the GPUs spread evenly.
-    fn spread_gpus(&self, spec: &JobSpec, partition: &str) -> Result<(u32, u32), CommandError> {
-        let Some(total) = spec.gpus_total else { return Ok((spec.min_nodes, spec.gpus_per_node)) };
-        let largest = self
-            .nodes
-            .values()
-            .filter(|n| self.node_in_partition(&n.info, partition))
-            .filter(|n| spec.gpu_type.as_ref().is_none_or(|t| n.info.gpu_type.eq_ignore_ascii_case(t)))
-            .map(|n| n.info.gpus.len() as u32)
-            .max()
-            .unwrap_or(0);
-        if total == 0 || largest == 0 {
-            return Ok((spec.min_nodes, total));
-        }
-        let nodes = total.div_ceil(largest).max(spec.min_nodes);
-        if total % nodes != 0 {
-            return Err(CommandError::NodeConfigUnavailable(format!(
-                "--gpus={total} cannot be spread evenly over {nodes} nodes of at most {largest} GPUs in partition {partition}; use --nodes with --gpus-per-node"
-            )));
-        }
-        Ok((nodes, total / nodes))
-    }
-
-    /// The account a job charges: `--account`, else the first account listing the user, else `root`. Once
-    /// accounts are defined, the account must exist and admit the user, and the partition must allow it.
-    fn resolve_account(&self, spec: &JobSpec, partition: &crate::config::Partition) -> Result<String, CommandError> {
-        let default = || {
-            let listed =
-                self.accounts.values().find(|a| a.name != ROOT_ACCOUNT && a.users.iter().any(|u| *u == spec.user));
-            listed.map_or_else(|| ROOT_ACCOUNT.to_string(), |a| a.name.clone())
-        };
-        let account = spec.account.as_deref().map_or_else(default, str::to_string);
-        let invalid = |why: String| CommandError::InvalidAccount { name: account.clone(), why };
-        if !self.accounts.is_empty() {
-            match self.accounts.get(&account) {
-                None => return Err(invalid("no such account (drover account list shows them)".to_string())),
-                Some(a) if !a.admits(&spec.user) => {
-                    return Err(invalid(format!("user {} is not a member of it", spec.user)));
-                }
-                Some(_) => {}
-            }
-        }
-        if !partition.allow_accounts.is_empty() && !partition.allow_accounts.contains(&account) {
-            return Err(invalid(format!(
-                "partition {} allows only accounts {}",
-                partition.name,
-                partition.allow_accounts.join(",")
-            )));
-        }
-        Ok(account)
-    }
-
-    /// The nearest account from `account` up to root for which `has` holds (the tree is acyclic; the walk is
-    /// bounded all the same).
-    fn nearest_account(&self, account: &str, has: impl Fn(&Account) -> bool) -> Option<&Account> {
-        let mut at = self.accounts.get(account);
-        for _ in 0..=crate::account::MAX_ACCOUNTS {
-            let a = at?;
-            if has(a) {
-                return Some(a);
-            }
-            at = a.parent.as_deref().and_then(|p| self.accounts.get(p));
-        }
-        None
-    }
-
-    /// The QOS jobs charging `account` may use: Slurm's association `QOS=` list, inherited down the account tree;
-    /// `normal` alone where no account up to root lists any (as Slurm's root association starts). An operator's
-    /// jobs may use any QOS.
-    pub fn allowed_qos(&self, account: &str) -> Vec<String> {
-        self.nearest_account(account, |a| !a.qos.is_empty())
-            .map_or_else(|| vec![DEFAULT_QOS.to_string()], |a| a.qos.clone())
-    }
-
-    /// The QOS of a job charging `account` that names none: Slurm's `DefaultQOS`, inherited; else `normal`.
-    pub fn default_qos(&self, account: &str) -> String {
-        self.nearest_account(account, |a| !a.default_qos.is_empty())
-            .map_or_else(|| DEFAULT_QOS.to_string(), |a| a.default_qos.clone())
-    }
-
-    /// The job's QOS: `--qos`, else its account's default. It must exist, be one the partition allows and, unless
-    /// `any_qos` (an operator asks), one the job's account allows: a QOS that preempts others or lifts limits is
-    /// an administrator's grant, not a user's choice.
-    fn resolve_qos(
-        &self,
-        spec: &JobSpec,
-        partition: &crate::config::Partition,
-        account: &str,
-        any_qos: bool,
-        time_limit_s: Option<u64>,
-    ) -> Result<String, CommandError> {
-        let name = spec.qos.as_deref().map_or_else(|| self.default_qos(account), str::to_string);
-        let invalid = |why: String| CommandError::InvalidQos { name: name.clone(), why };
-        let qos = self.qos_named(&name).ok_or_else(|| invalid("no such QOS".to_string()))?;
-        if !any_qos {
-            let allowed = self.allowed_qos(account);
-            if !allowed.contains(&name) {
-                return Err(invalid(format!(
-                    "account {account} allows only QOS {} (an administrator grants more: drover account modify {account} --qos ...)",
-                    allowed.join(",")
-                )));
-            }
-        }
-        if !partition.allow_qos.is_empty() && !partition.allow_qos.contains(&name) {
-            return Err(invalid(format!(
-                "partition {} allows only QOS {}",
-                partition.name,
-                partition.allow_qos.join(",")
-            )));
-        }
-        if let Some(max) = qos.max_wall_s
-            && time_limit_s.is_none_or(|t| t > max)
-        {
-            return Err(invalid(format!(
-                "time limit {} exceeds its MaxWall of {}",
-                format_time_limit(time_limit_s),
-                format_time_limit(Some(max))
-            )));
-        }
-        Ok(name)
-    }
-
-    fn submit(&mut self, spec: &JobSpec, request_id: Option<&str>, now_ms: u64, changes: &mut Vec<Change>) -> Response {
-        if let Some(rid) = request_id
-            && let Some(&job_id) = self.dedup.get(rid)
-        {
-            return Ok(Reply::Submitted { job_id, duplicate: true });
-        }
-        let resolved = self.validate_submit(spec)?;
-        let first = self.meta.next_job_id;
-        let mut stored_spec = spec.clone();
-        let script = std::mem::take(&mut stored_spec.script);
-        let environment = std::mem::take(&mut stored_spec.environment);
-        stored_spec.min_nodes = resolved.min_nodes;
-        stored_spec.max_nodes = resolved.max_nodes;
-        stored_spec.gpus_per_node = resolved.gpus_per_node;
-        // Each task is its own job; the task list itself is not copied into every one of them.
-        let array = stored_spec.array.take();
-        let tasks: Vec<Option<Box<ArrayTask>>> = match &array {
-            None => vec![None],
-            Some(a) => {
-                let (task_min, task_max) = (a.task_ids[0], *a.task_ids.last().expect("checked non-empty"));
-                let task_count = a.task_ids.len() as u32;
-                a.task_ids
-                    .iter()
-                    .map(|&task_id| {
-                        let max_running = a.max_running;
-                        Some(Box::new(ArrayTask {
-                            array_job_id: first,
-                            task_id,
-                            task_count,
-                            task_min,
-                            task_max,
-                            max_running,
-                        }))
-                    })
-                    .collect()
-            }
-        };
-        changes.push(Change::PutScript { id: first, script });
-        if !environment.is_empty() {
-            changes.push(Change::PutEnvironment { id: first, environment: environment.to_vec() });
-        }
-        for (offset, array) in tasks.into_iter().enumerate() {
-            let id = first + offset as u64;
-            let job = Box::new(Job {
-                id,
-                spec: stored_spec.clone(),
-                partition: resolved.partition.as_str().into(),
-                time_limit_s: resolved.time_limit_s,
-                state: JobState::Pending,
-                reason: if spec.hold { PendingReason::JobHeldUser } else { PendingReason::None },
-                held: spec.hold,
-                submit_time_ms: now_ms,
-                account: resolved.account.as_str().into(),
-                qos: resolved.qos.as_str().into(),
-                checkpoint_root: resolved.checkpoint_root.as_str().into(),
-                array,
-                dependency_state: resolved.dependency_state.clone().into(),
-                ..Job::default()
-            });
-            self.index_dependencies(&job);
-            changes.push(Change::PutJob(job.clone()));
-            self.insert_active(job);
-        }
-        self.meta.next_job_id = first + array.map_or(1, |a| a.task_ids.len() as u64);
-        if let Some(rid) = request_id {
-            self.remember_request(rid, first, changes);
-        }
-        changes.push(Change::Meta(self.meta.clone()));
-        Ok(Reply::Submitted { job_id: first, duplicate: false })
-    }
-
-    fn remember_request(&mut self, request_id: &str, job_id: JobId, changes: &mut Vec<Change>) {
-        let seq = self.meta.next_dedup_seq;
-        self.meta.next_dedup_seq += 1;
-        self.dedup.insert(request_id.to_string(), job_id);
-        self.dedup_order.push_back((seq, request_id.to_string()));
-        changes.push(Change::PutDedup { request_id: request_id.to_string(), job_id, seq });
-        while self.dedup_order.len() > DEDUP_CAPACITY {
-            let (old_seq, old_id) = self.dedup_order.pop_front().expect("len checked above");
-            self.dedup.remove(&old_id);
-            changes.push(Change::DeleteDedup { request_id: old_id, seq: old_seq });
-        }
-    }
-
-    fn for_each_job(
-        &mut self,
-        ids: &[JobId],
-        mut op: impl FnMut(&mut State, JobId) -> Result<(), CommandError>,
-    ) -> Reply {
-        Reply::Jobs(ids.iter().map(|&id| JobOutcome { id, result: op(self, id) }).collect())
-    }
-
-    /// The job for an operation, or why there is none: finished (archived) ids are below the counter.
-    pub(crate) fn active_job(&self, id: JobId, by_uid: u32) -> Result<&Job, CommandError> {
-        let Some(job) = self.jobs.get(&id) else {
-            if id > 0 && id < self.meta.next_job_id {
-                return Err(CommandError::AlreadyFinished { id });
-            }
-            return Err(CommandError::InvalidJobId { id });
-        };
-        if by_uid != job.spec.uid && self.level_of(by_uid) < AdminLevel::Operator {
-            return Err(CommandError::PermissionDenied { id, owner: job.spec.uid, requester: by_uid });
-        }
-        Ok(job)
-    }
-
-    fn cancel(&mut self, id: JobId, by_uid: u32, now_ms: u64, changes: &mut Vec<Change>) -> Result<(), CommandError> {
-        let job = self.active_job(id, by_uid)?;
-        match job.state {
-            // Already ending: a cancel wins over a requeue in progress (the job will not come back).
-            JobState::Completing if job.ending.is_none() => {
-                self.cancel_running(id, by_uid, changes);
-                return Ok(());
-            }
-            JobState::Completing => return Ok(()),
-            JobState::Pending => {}
-            _ => {
-                self.cancel_running(id, by_uid, changes);
-                return Ok(());
-            }
-        }
-        let mut job = self.remove_active(id).expect("checked by active_job");
-        job.state = JobState::Cancelled;
-        job.reason = PendingReason::None;
-        job.end_time_ms = Some(now_ms);
-        job.cancelled_by = Some(by_uid);
-        changes.push(Change::ArchiveJob(job));
-        Ok(())
-    }
-
-    /// `scontrol update jobid=...` on a pending job: the changed request goes through the submit checks again.
-    /// As in Slurm, only root may raise a time limit (or lift it); anyone may lower their own.
-    fn update_job(
-        &mut self,
-        id: JobId,
-        by_uid: u32,
-        update: &crate::command::JobUpdate,
-        changes: &mut Vec<Change>,
-    ) -> Result<(), CommandError> {
-        let job = self.active_job(id, by_uid)?;
-        if job.state != JobState::Pending {
-            return Err(CommandError::NotPending { id, state: job.state });
-        }
-        let mut spec = job.spec.clone();
-        let new_limit = if update.time_unlimited { Some(None) } else { update.time_limit_s.map(Some) };
-        if let Some(limit) = new_limit {
-            let raises = match (limit, job.time_limit_s) {
-                (None, Some(_)) => true,
-                (Some(new), Some(old)) => new > old,
-                _ => false,
-            };
-            if raises && self.level_of(by_uid) < AdminLevel::Operator {
-                return Err(CommandError::InvalidRequest(format!(
-                    "job {id}: only an operator or administrator may raise a time limit (lowering it is allowed)"
-                )));
-            }
-            spec.time_limit_s = limit;
-        }
-        if let Some(nice) = update.nice {
-            spec.nice = nice;
-        }
-        if let Some(qos) = &update.qos {
-            spec.qos = Some(qos.clone().into());
-        }
-        if let Some((deps, any)) = &update.dependency {
-            if deps.iter().any(|d| d.job == id) {
-                return Err(CommandError::DependencyProblem(format!("job {id} cannot depend on itself")));
-            }
-            spec.dependency = deps.clone().into();
-            spec.dependency_any = *any;
-        }
-        // The checks see one job fewer: this one is being replaced, not added.
-        let mut resolved = {
-            let old = self.remove_active(id).expect("checked by active_job");
-            // A QOS the job already had stays (an administrator may have granted it); a new one must be allowed.
-            let any_qos = update.qos.is_none()
-                || self.level_of(by_uid) >= AdminLevel::Operator
-                || self.level_of(spec.uid) >= AdminLevel::Operator;
-            let checked = self.validate_job(&spec, any_qos);
-            self.insert_active(old);
-            checked?
-        };
-        // The submit checks give a job without --time the partition's default; UNLIMITED asked for explicitly must
-        // fit under the partition's MaxTime and the QOS's MaxWall instead.
-        if new_limit == Some(None) {
-            let partition = self.config().and_then(|c| c.partition(&resolved.partition));
-            let qos_wall = self.qos_named(&resolved.qos).and_then(|q| q.max_wall_s);
-            if let Some(max) = partition.and_then(|p| p.max_time_s).or(qos_wall) {
-                return Err(CommandError::TimeLimitExceeded {
-                    requested: "UNLIMITED".to_string(),
-                    partition: resolved.partition,
-                    max: format_time_limit(Some(max)),
-                });
-            }
-            resolved.time_limit_s = None;
-        }
-        let old_targets: Vec<JobId> = self.jobs[&id].spec.dependency.iter().map(|d| d.job).collect();
-        self.unindex(id, &old_targets);
-        let job = self.jobs.get_mut(&id).expect("checked by active_job");
-        job.spec = spec;
-        job.time_limit_s = resolved.time_limit_s;
-        job.qos = resolved.qos.into();
-        job.dependency_state = resolved.dependency_state.into();
-        let job = job.clone();
-        self.index_dependencies(&job);
-        changes.push(Change::PutJob(job));
-        Ok(())
-    }
-
-    /// `scontrol top`: the job moves ahead of its owner's other pending jobs (and only those).
-    fn top(&mut self, id: JobId, by_uid: u32, changes: &mut Vec<Change>) -> Result<(), CommandError> {
-        let job = self.active_job(id, by_uid)?;
-        if job.state != JobState::Pending {
-            return Err(CommandError::NotPending { id, state: job.state });
-        }
-        self.meta.next_top_rank += 1;
-        let job = self.jobs.get_mut(&id).expect("checked by active_job");
-        job.top_rank = self.meta.next_top_rank;
-        changes.push(Change::PutJob(job.clone()));
-        changes.push(Change::Meta(self.meta.clone()));
-        Ok(())
-    }
-
-    /// `scontrol hold`/`release`. A hold placed by an operator on someone else's job is an administrator's hold
-    /// (Slurm's `JobHeldAdmin`), which its owner cannot release.
-    fn set_hold(&mut self, id: JobId, hold: bool, by_uid: u32, changes: &mut Vec<Change>) -> Result<(), CommandError> {
-        let job = self.active_job(id, by_uid)?;
-        if job.state != JobState::Pending {
-            return Err(CommandError::NotPending { id, state: job.state });
-        }
-        let privileged = self.level_of(by_uid) >= AdminLevel::Operator;
-        if !hold && job.reason == PendingReason::JobHeldAdmin && !privileged {
-            return Err(CommandError::AdminHold { id });
-        }
-        // A hold never lowers one already there: the owner's `hold` on an administrator's hold (placed by
-        // `hold` or `requeuehold`) would otherwise turn it into a user hold the owner may release.
-        let admin_hold = (by_uid != job.spec.uid && privileged) || job.reason == PendingReason::JobHeldAdmin;
-        let job = self.jobs.get_mut(&id).expect("checked by active_job");
-        job.held = hold;
-        job.reason = match (hold, admin_hold) {
-            (false, _) => PendingReason::None,
-            (true, true) => PendingReason::JobHeldAdmin,
-            (true, false) => PendingReason::JobHeldUser,
-        };
-        changes.push(Change::PutJob(job.clone()));
-        Ok(())
-    }
 }
 
 /// Which committed commands enter the audit log, by whom, and how they are described.
@@ -1077,42 +571,11 @@ mod erased {
     }
 }
 
-/// The request's size against the cluster's limits (script, environment, array), and how many jobs it makes.
-fn check_sizes(spec: &JobSpec, limits: &crate::config::Limits) -> Result<u64, CommandError> {
-    let script_bytes = spec.script.len() as u64;
-    if script_bytes > limits.max_script_bytes {
-        return Err(CommandError::ScriptTooLarge { size_bytes: script_bytes, limit_bytes: limits.max_script_bytes });
-    }
-    let env_bytes: u64 = spec.environment.iter().map(|(k, v)| (k.len() + v.len() + 2) as u64).sum();
-    if env_bytes > limits.max_environment_bytes {
-        return Err(CommandError::EnvironmentTooLarge {
-            size_bytes: env_bytes,
-            limit_bytes: limits.max_environment_bytes,
-        });
-    }
-    let Some(array) = &spec.array else { return Ok(1) };
-    let max = limits.max_array_size;
-    if array.task_ids.is_empty() {
-        return Err(CommandError::InvalidRequest("--array names no task ids".to_string()));
-    }
-    if let Some(id) = array.task_ids.iter().find(|&&id| id >= max) {
-        return Err(CommandError::InvalidRequest(format!(
-            "--array task id {id} is not below the cluster's MaxArraySize of {max}"
-        )));
-    }
-    if !array.task_ids.windows(2).all(|w| w[0] < w[1]) {
-        return Err(CommandError::InvalidRequest("--array task ids must be sorted and unique".into()));
-    }
-    if array.max_running == Some(0) {
-        return Err(CommandError::InvalidRequest("--array's %N limit must be at least 1".into()));
-    }
-    Ok(array.task_ids.len() as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Partition, PartitionState};
+    use crate::model::config::{Partition, PartitionState};
+    use crate::model::job::{JobSpec, PendingReason};
 
     fn request(time_ms: u64, command: Command) -> Request {
         Request { time_ms, command }
@@ -1172,7 +635,7 @@ mod tests {
         let environment: Vec<(String, String)> = vec![("PATH".into(), "/usr/bin".into()), ("HOME".into(), "/h".into())];
         let mut job_spec = spec(1000);
         job_spec.environment = environment.clone().into();
-        job_spec.array = Some(crate::job::ArraySpec { task_ids: vec![0, 1, 2].into(), max_running: None });
+        job_spec.array = Some(crate::model::job::ArraySpec { task_ids: vec![0, 1, 2].into(), max_running: None });
         let applied = state.apply(&request(5, Command::SubmitJob { spec: job_spec, request_id: None }));
         assert_eq!(applied.response, Ok(Reply::Submitted { job_id: 1, duplicate: false }));
         let stored: Vec<&Change> =

@@ -1,4 +1,4 @@
-//! The sums that goodput is reported in, apart from how they are counted (`crate::goodput`): jobs and accounts keep
+//! The sums that goodput is reported in, apart from how they are counted (`crate::apply::goodput`): jobs and accounts keep
 //! them, and the counting reads jobs, so the sums sit below both.
 
 use serde::{Deserialize, Serialize};

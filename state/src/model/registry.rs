@@ -1,12 +1,12 @@
 //! What the administrative commands and the registry records are, apart from how `apply` handles them
-//! (`crate::admin`): the command and storage layers name them, and the handlers sit above both.
+//! (`crate::apply::admin`): the command and storage layers name them, and the handlers sit above both.
 
 use serde::{Deserialize, Serialize};
 
-use crate::account::{Account, AccountUpdate};
-use crate::qos::Qos;
-use crate::reservation::{Reservation, ReservationUpdate};
-use crate::role::RoleGrant;
+use crate::model::account::{Account, AccountUpdate};
+use crate::model::qos::Qos;
+use crate::model::reservation::{Reservation, ReservationUpdate};
+use crate::model::role::RoleGrant;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AdminOp {

@@ -3,14 +3,14 @@
 //!
 //! Each is checked in full before anything changes, so a refused command leaves the state as it was.
 
-pub use crate::registry::{AdminOp, Object};
+pub use crate::model::registry::{AdminOp, Object};
 
-use crate::account::{Account, AccountUpdate, MAX_ACCOUNT_USERS, MAX_ACCOUNTS, ROOT_ACCOUNT};
 use crate::command::Reply;
 use crate::error::CommandError;
-use crate::qos::{DEFAULT_QOS, MAX_QOS, Qos};
-use crate::reservation::{MAX_RESERVATIONS, Reservation, ReservationUpdate};
-use crate::role::{AdminLevel, MAX_ROLE_GRANTS, RoleGrant};
+use crate::model::account::{Account, AccountUpdate, MAX_ACCOUNT_USERS, MAX_ACCOUNTS, ROOT_ACCOUNT};
+use crate::model::qos::{DEFAULT_QOS, MAX_QOS, Qos};
+use crate::model::reservation::{MAX_RESERVATIONS, Reservation, ReservationUpdate};
+use crate::model::role::{AdminLevel, MAX_ROLE_GRANTS, RoleGrant};
 use crate::state::{Change, State};
 
 /// Longest name of an account, QOS or reservation.

@@ -1,11 +1,11 @@
 //! What the dependency bookkeeping keeps in the state (finished jobs' fates, the reverse index of dependents),
-//! apart from the handlers that keep it (`crate::dependents`), which sit above the state.
+//! apart from the handlers that keep it (`crate::apply::dependents`), which sit above the state.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::{ArrayTask, Job, JobId};
+use crate::model::job::{ArrayTask, Job, JobId};
 
 /// How many finished jobs' fates are remembered (Slurm forgets a job after `MinJobAge`, 300 s by default;
 /// this covers far more than that at any realistic rate).

@@ -9,8 +9,8 @@ use std::collections::BTreeSet;
 
 use crate::PendingReason;
 use crate::error::CommandError;
-pub use crate::fate::{FATE_CAPACITY, Fate};
-use crate::job::{ArrayTask, DepState, Dependency, DependencyKind, Job, JobId, JobState};
+pub use crate::model::fate::{FATE_CAPACITY, Fate};
+use crate::model::job::{ArrayTask, DepState, Dependency, DependencyKind, Job, JobId, JobState};
 use crate::state::{Change, State};
 
 /// One covered job, as a dependency sees it.

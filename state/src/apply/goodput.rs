@@ -33,8 +33,8 @@
 //! Times are the leader's stamps in the log entries (start, checkpoint, end), in ms; GPU time is in GPU-ms.
 //! Nothing here reads a clock: a still-running incarnation is counted up to the `now_ms` its caller passes.
 
-pub use crate::goodput_totals::GoodputTotals;
-use crate::job::{IncarnationRecord, Job, JobState};
+pub use crate::model::goodput_totals::GoodputTotals;
+use crate::model::job::{IncarnationRecord, Job, JobState};
 
 /// Why an incarnation's unsaved progress counts as lost, if it does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,7 +156,7 @@ pub fn down_ms(state: JobState, failed_end_ms: u64, next_start_ms: u64, window: 
     if loss_of(state) == Some(Loss::Failure) { window.overlap_ms(failed_end_ms, next_start_ms) } else { 0 }
 }
 
-/// Every incarnation of `job` that ran, oldest first: the history's (at most [`crate::job::MAX_HISTORY`]), then
+/// Every incarnation of `job` that ran, oldest first: the history's (at most [`crate::model::job::MAX_HISTORY`]), then
 /// the current one.
 pub fn incarnations(job: &Job) -> Vec<Incarnation> {
     job.history.iter().filter_map(Incarnation::of_record).chain(Incarnation::current(job)).collect()
@@ -188,7 +188,7 @@ pub fn of_job(job: &Job, now_ms: u64) -> GoodputTotals {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::{Checkpoint, NodeAllocation};
+    use crate::model::job::{Checkpoint, NodeAllocation};
 
     const S: u64 = 1_000;
 

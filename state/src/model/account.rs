@@ -27,9 +27,9 @@ pub struct Account {
     pub usage_gpu_s: f64,
     pub usage_at_s: u64,
     /// GPU time its jobs' incarnations held and lost (not decayed), counted as each incarnation ends; see
-    /// `crate::goodput` and `State::account_goodput`.
+    /// `crate::apply::goodput` and `State::account_goodput`.
     #[serde(default)]
-    pub goodput: crate::goodput_totals::GoodputTotals,
+    pub goodput: crate::model::goodput_totals::GoodputTotals,
     /// Slurm's association `QOS=`: the QOS jobs charging this account may use. Empty: as its parent allows (and
     /// `normal` alone where no account up to root lists any). See `State::allowed_qos`.
     #[serde(default)]
@@ -49,7 +49,7 @@ impl Default for Account {
             description: String::new(),
             usage_gpu_s: 0.0,
             usage_at_s: 0,
-            goodput: crate::goodput_totals::GoodputTotals::default(),
+            goodput: crate::model::goodput_totals::GoodputTotals::default(),
             qos: Vec::new(),
             default_qos: String::new(),
         }

@@ -23,11 +23,11 @@ const MAX_STEP_NAME: usize = 256;
 /// Incarnations a registration may list as still running (a node runs a few dozen at most; more is garbage).
 pub const MAX_RUNNING_SHARES: usize = 1_024;
 use crate::error::{AllocationRefusal, CommandError};
-use crate::job::{
+use crate::model::job::{
     Job, JobId, JobState, MAX_STEP_RECORDS, MeasuredUsage, NodeAllocation, NodeUsage, PendingReason, StepEnd,
     StepRecord,
 };
-use crate::node::{Lingering, Node, NodeHealth, NodeInfo, RunningShare};
+use crate::model::node::{Lingering, Node, NodeHealth, NodeInfo, RunningShare};
 use crate::state::{Change, State};
 use crate::thin_str::ThinStr;
 
@@ -214,9 +214,9 @@ impl State {
         let half_life_s = self.config().map_or(0, |c| c.fairshare_half_life_s);
         let Some(account) = self.accounts.get_mut(job.account.as_str()) else { return };
         let gpus = job.allocated_gpus() as u32;
-        let gpu_s = crate::account::decayed_gpu_seconds(gpus, start_ms / 1_000, now_ms / 1_000, half_life_s);
+        let gpu_s = crate::model::account::decayed_gpu_seconds(gpus, start_ms / 1_000, now_ms / 1_000, half_life_s);
         account.charge(gpu_s, now_ms / 1_000, half_life_s);
-        changes.push(Change::PutObject(crate::registry::Object::Account(account.clone())));
+        changes.push(Change::PutObject(crate::model::registry::Object::Account(account.clone())));
     }
 
     pub(crate) fn drain_nodes(
@@ -359,8 +359,9 @@ impl State {
         // A restart after a failure: the job was down from the failed incarnation's end until now.
         let job = &self.jobs[&id];
         if let Some(failed) = job.history.last().filter(|h| h.incarnation + 1 == job.incarnation) {
-            let down_ms = crate::goodput::down_ms(failed.state, failed.end_ms, now_ms, crate::goodput::ALL_TIME);
-            let down = crate::goodput::GoodputTotals { down_after_failures_ms: down_ms, ..Default::default() };
+            let down_ms =
+                crate::apply::goodput::down_ms(failed.state, failed.end_ms, now_ms, crate::apply::goodput::ALL_TIME);
+            let down = crate::apply::goodput::GoodputTotals { down_after_failures_ms: down_ms, ..Default::default() };
             let account = job.account_name().to_string();
             self.count_goodput(&account, &down, now_ms, changes);
         }
@@ -524,7 +525,11 @@ impl State {
 
     /// Refuses, at submit, a request that no registered node of the partition could ever hold (Slurm's
     /// "Requested node configuration is not available"). Before any node registers, everything is accepted.
-    pub(crate) fn check_satisfiable(&self, job: &crate::job::JobSpec, partition: &str) -> Result<(), CommandError> {
+    pub(crate) fn check_satisfiable(
+        &self,
+        job: &crate::model::job::JobSpec,
+        partition: &str,
+    ) -> Result<(), CommandError> {
         let members: Vec<&Node> = self.nodes.values().filter(|n| self.node_in_partition(&n.info, partition)).collect();
         if members.is_empty() {
             return Ok(());
@@ -548,7 +553,7 @@ impl State {
         let most_gpus = members.iter().map(|n| n.info.gpus.len()).max().unwrap_or(0);
         let most_mem = members.iter().map(|n| n.info.memory_mb).max().unwrap_or(0);
         let mem = match job.mem_request() {
-            Some(crate::job::MemRequest::PerNode(0)) => " and all the memory".to_string(),
+            Some(crate::model::job::MemRequest::PerNode(0)) => " and all the memory".to_string(),
             Some(request) => format!(" and {} MiB of memory", request.on_node(cpus, job.gpus_per_node, 0)),
             None => String::new(),
         };
@@ -626,8 +631,9 @@ impl State {
         for job in self.jobs.values().filter(|j| j.state == JobState::Pending && j.incarnation == 0) {
             assert_eq!(job.dependency_state.len(), job.spec.dependency.len(), "job {} verdict count", job.id);
             for (dep, stored) in job.spec.dependency.iter().zip(&job.dependency_state) {
-                let kept = dep.kind == crate::job::DependencyKind::After && *stored == crate::job::DepState::Satisfied;
-                if dep.kind == crate::job::DependencyKind::Singleton || kept {
+                let kept = dep.kind == crate::model::job::DependencyKind::After
+                    && *stored == crate::model::job::DepState::Satisfied;
+                if dep.kind == crate::model::job::DependencyKind::Singleton || kept {
                     continue;
                 }
                 if let Some(now) = self.judge(dep) {
@@ -667,10 +673,10 @@ mod tests {
 
     use super::*;
     use crate::command::{Command, Request};
-    use crate::config::ClusterConfig;
     use crate::first_fit::first_fit;
-    use crate::job::{Dependency, DependencyKind, JobSpec};
-    use crate::node::GpuInfo;
+    use crate::model::config::ClusterConfig;
+    use crate::model::job::{Dependency, DependencyKind, JobSpec};
+    use crate::model::node::GpuInfo;
 
     fn at(time_ms: u64, command: Command) -> Request {
         Request { time_ms, command }
@@ -1068,7 +1074,7 @@ mod tests {
                             spec.dependency = vec![Dependency { kind: kinds[kind as usize], job: target, task: None }].into();
                         }
                         if tasks > 0 {
-                            spec.array = Some(crate::job::ArraySpec { task_ids: (0..=tasks).collect(), max_running: None });
+                            spec.array = Some(crate::model::job::ArraySpec { task_ids: (0..=tasks).collect(), max_running: None });
                         }
                         let _ = state.apply(&at(t, Command::SubmitJob { spec: Box::new(spec), request_id: None }));
                     }

@@ -6,18 +6,18 @@
 //! killed. Failures (not requests or preemptions) count towards the cluster's `max_batch_requeue`, after which the
 //! job stays NODE_FAIL instead of crashing again and again on bad hardware.
 
+use crate::apply::goodput::{self, ALL_TIME, GoodputTotals, Incarnation};
 use crate::command::{Reply, Response};
 use crate::error::CommandError;
-use crate::goodput::{self, ALL_TIME, GoodputTotals, Incarnation};
 use crate::hostlist::compress_hostlist;
-use crate::job::{
+use crate::model::job::{
     Checkpoint, IncarnationRecord, Job, JobId, JobState, MAX_HISTORY, MAX_PATH_BYTES, PendingReason, RequeueKind,
     RequeueOrder,
 };
-use crate::role::AdminLevel;
+use crate::model::role::AdminLevel;
 use crate::state::{Change, State};
 
-pub use crate::config::DEFAULT_MAX_BATCH_REQUEUE;
+pub use crate::model::config::DEFAULT_MAX_BATCH_REQUEUE;
 
 impl Job {
     /// Whether it may go back to the queue (`--no-requeue` and interactive allocations may not).
@@ -180,7 +180,7 @@ impl State {
         self.meta.goodput_since_ms.get_or_insert(now_ms);
         if let Some(account) = self.accounts.get_mut(account) {
             account.goodput.add(add);
-            changes.push(Change::PutObject(crate::registry::Object::Account(account.clone())));
+            changes.push(Change::PutObject(crate::model::registry::Object::Account(account.clone())));
         }
     }
 

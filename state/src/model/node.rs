@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::JobId;
+use crate::model::job::JobId;
 
 /// One GPU as NVML (or the simulated backend) reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -205,7 +205,7 @@ impl Node {
     }
 
     /// The MiB a share of `cpus` CPUs and `gpus` GPUs of a job asking for `mem` reserves here.
-    pub fn mem_for(&self, mem: Option<crate::job::MemRequest>, cpus: u32, gpus: u32) -> u64 {
+    pub fn mem_for(&self, mem: Option<crate::model::job::MemRequest>, cpus: u32, gpus: u32) -> u64 {
         match mem {
             Some(request) if self.tracks_memory() => request.on_node(cpus, gpus, self.info.memory_mb),
             _ => 0,

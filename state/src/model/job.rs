@@ -625,7 +625,7 @@ pub struct Job {
     /// the field costs every other job one word instead of seven. (Records written before it was optional hold the
     /// sums inline, which decode as `Some`.)
     #[serde(default)]
-    pub dropped_goodput: Option<Box<crate::goodput_totals::GoodputTotals>>,
+    pub dropped_goodput: Option<Box<crate::model::goodput_totals::GoodputTotals>>,
 }
 
 /// One task of a job array. The tasks of array `A` hold the consecutive job ids `A .. A + task_count`.
@@ -667,14 +667,14 @@ impl Job {
     pub fn account_name(&self) -> &str {
         match (self.account.as_str(), &self.spec.account) {
             ("", Some(asked)) => asked,
-            ("", None) => crate::account::ROOT_ACCOUNT,
+            ("", None) => crate::model::account::ROOT_ACCOUNT,
             (resolved, _) => resolved,
         }
     }
 
     /// The job's QOS (`normal` for records written before format 2).
     pub fn qos_name(&self) -> &str {
-        if self.qos.is_empty() { crate::qos::DEFAULT_QOS } else { &self.qos }
+        if self.qos.is_empty() { crate::model::qos::DEFAULT_QOS } else { &self.qos }
     }
 
     /// Where the job's script is stored: once per array, under the array's id.

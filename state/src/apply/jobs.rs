@@ -1,0 +1,187 @@
+//! What users and operators do to jobs already in the queue: cancel, hold and release, top, and update a pending
+//! job's request (checked again like a submission).
+
+use crate::command::{JobOutcome, Reply};
+use crate::error::CommandError;
+use crate::model::job::{Job, JobId, JobState, PendingReason};
+use crate::model::role::AdminLevel;
+use crate::slurm_time::format_time_limit;
+use crate::state::{Change, State};
+
+impl State {
+    pub(crate) fn for_each_job(
+        &mut self,
+        ids: &[JobId],
+        mut op: impl FnMut(&mut State, JobId) -> Result<(), CommandError>,
+    ) -> Reply {
+        Reply::Jobs(ids.iter().map(|&id| JobOutcome { id, result: op(self, id) }).collect())
+    }
+
+    /// The job for an operation, or why there is none: finished (archived) ids are below the counter.
+    pub(crate) fn active_job(&self, id: JobId, by_uid: u32) -> Result<&Job, CommandError> {
+        let Some(job) = self.jobs.get(&id) else {
+            if id > 0 && id < self.meta.next_job_id {
+                return Err(CommandError::AlreadyFinished { id });
+            }
+            return Err(CommandError::InvalidJobId { id });
+        };
+        if by_uid != job.spec.uid && self.level_of(by_uid) < AdminLevel::Operator {
+            return Err(CommandError::PermissionDenied { id, owner: job.spec.uid, requester: by_uid });
+        }
+        Ok(job)
+    }
+
+    pub(crate) fn cancel(
+        &mut self,
+        id: JobId,
+        by_uid: u32,
+        now_ms: u64,
+        changes: &mut Vec<Change>,
+    ) -> Result<(), CommandError> {
+        let job = self.active_job(id, by_uid)?;
+        match job.state {
+            // Already ending: a cancel wins over a requeue in progress (the job will not come back).
+            JobState::Completing if job.ending.is_none() => {
+                self.cancel_running(id, by_uid, changes);
+                return Ok(());
+            }
+            JobState::Completing => return Ok(()),
+            JobState::Pending => {}
+            _ => {
+                self.cancel_running(id, by_uid, changes);
+                return Ok(());
+            }
+        }
+        let mut job = self.remove_active(id).expect("checked by active_job");
+        job.state = JobState::Cancelled;
+        job.reason = PendingReason::None;
+        job.end_time_ms = Some(now_ms);
+        job.cancelled_by = Some(by_uid);
+        changes.push(Change::ArchiveJob(job));
+        Ok(())
+    }
+
+    /// `scontrol update jobid=...` on a pending job: the changed request goes through the submit checks again.
+    /// As in Slurm, only root may raise a time limit (or lift it); anyone may lower their own.
+    pub(crate) fn update_job(
+        &mut self,
+        id: JobId,
+        by_uid: u32,
+        update: &crate::command::JobUpdate,
+        changes: &mut Vec<Change>,
+    ) -> Result<(), CommandError> {
+        let job = self.active_job(id, by_uid)?;
+        if job.state != JobState::Pending {
+            return Err(CommandError::NotPending { id, state: job.state });
+        }
+        let mut spec = job.spec.clone();
+        let new_limit = if update.time_unlimited { Some(None) } else { update.time_limit_s.map(Some) };
+        if let Some(limit) = new_limit {
+            let raises = match (limit, job.time_limit_s) {
+                (None, Some(_)) => true,
+                (Some(new), Some(old)) => new > old,
+                _ => false,
+            };
+            if raises && self.level_of(by_uid) < AdminLevel::Operator {
+                return Err(CommandError::InvalidRequest(format!(
+                    "job {id}: only an operator or administrator may raise a time limit (lowering it is allowed)"
+                )));
+            }
+            spec.time_limit_s = limit;
+        }
+        if let Some(nice) = update.nice {
+            spec.nice = nice;
+        }
+        if let Some(qos) = &update.qos {
+            spec.qos = Some(qos.clone().into());
+        }
+        if let Some((deps, any)) = &update.dependency {
+            if deps.iter().any(|d| d.job == id) {
+                return Err(CommandError::DependencyProblem(format!("job {id} cannot depend on itself")));
+            }
+            spec.dependency = deps.clone().into();
+            spec.dependency_any = *any;
+        }
+        // The checks see one job fewer: this one is being replaced, not added.
+        let mut resolved = {
+            let old = self.remove_active(id).expect("checked by active_job");
+            // A QOS the job already had stays (an administrator may have granted it); a new one must be allowed.
+            let any_qos = update.qos.is_none()
+                || self.level_of(by_uid) >= AdminLevel::Operator
+                || self.level_of(spec.uid) >= AdminLevel::Operator;
+            let checked = self.validate_job(&spec, any_qos);
+            self.insert_active(old);
+            checked?
+        };
+        // The submit checks give a job without --time the partition's default; UNLIMITED asked for explicitly must
+        // fit under the partition's MaxTime and the QOS's MaxWall instead.
+        if new_limit == Some(None) {
+            let partition = self.config().and_then(|c| c.partition(&resolved.partition));
+            let qos_wall = self.qos_named(&resolved.qos).and_then(|q| q.max_wall_s);
+            if let Some(max) = partition.and_then(|p| p.max_time_s).or(qos_wall) {
+                return Err(CommandError::TimeLimitExceeded {
+                    requested: "UNLIMITED".to_string(),
+                    partition: resolved.partition,
+                    max: format_time_limit(Some(max)),
+                });
+            }
+            resolved.time_limit_s = None;
+        }
+        let old_targets: Vec<JobId> = self.jobs[&id].spec.dependency.iter().map(|d| d.job).collect();
+        self.unindex(id, &old_targets);
+        let job = self.jobs.get_mut(&id).expect("checked by active_job");
+        job.spec = spec;
+        job.time_limit_s = resolved.time_limit_s;
+        job.qos = resolved.qos.into();
+        job.dependency_state = resolved.dependency_state.into();
+        let job = job.clone();
+        self.index_dependencies(&job);
+        changes.push(Change::PutJob(job));
+        Ok(())
+    }
+
+    /// `scontrol top`: the job moves ahead of its owner's other pending jobs (and only those).
+    pub(crate) fn top(&mut self, id: JobId, by_uid: u32, changes: &mut Vec<Change>) -> Result<(), CommandError> {
+        let job = self.active_job(id, by_uid)?;
+        if job.state != JobState::Pending {
+            return Err(CommandError::NotPending { id, state: job.state });
+        }
+        self.meta.next_top_rank += 1;
+        let job = self.jobs.get_mut(&id).expect("checked by active_job");
+        job.top_rank = self.meta.next_top_rank;
+        changes.push(Change::PutJob(job.clone()));
+        changes.push(Change::Meta(self.meta.clone()));
+        Ok(())
+    }
+
+    /// `scontrol hold`/`release`. A hold placed by an operator on someone else's job is an administrator's hold
+    /// (Slurm's `JobHeldAdmin`), which its owner cannot release.
+    pub(crate) fn set_hold(
+        &mut self,
+        id: JobId,
+        hold: bool,
+        by_uid: u32,
+        changes: &mut Vec<Change>,
+    ) -> Result<(), CommandError> {
+        let job = self.active_job(id, by_uid)?;
+        if job.state != JobState::Pending {
+            return Err(CommandError::NotPending { id, state: job.state });
+        }
+        let privileged = self.level_of(by_uid) >= AdminLevel::Operator;
+        if !hold && job.reason == PendingReason::JobHeldAdmin && !privileged {
+            return Err(CommandError::AdminHold { id });
+        }
+        // A hold never lowers one already there: the owner's `hold` on an administrator's hold (placed by
+        // `hold` or `requeuehold`) would otherwise turn it into a user hold the owner may release.
+        let admin_hold = (by_uid != job.spec.uid && privileged) || job.reason == PendingReason::JobHeldAdmin;
+        let job = self.jobs.get_mut(&id).expect("checked by active_job");
+        job.held = hold;
+        job.reason = match (hold, admin_hold) {
+            (false, _) => PendingReason::None,
+            (true, true) => PendingReason::JobHeldAdmin,
+            (true, false) => PendingReason::JobHeldUser,
+        };
+        changes.push(Change::PutJob(job.clone()));
+        Ok(())
+    }
+}
