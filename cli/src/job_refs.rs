@@ -34,7 +34,7 @@ pub fn split_refs(args: &[String]) -> Vec<String> {
 }
 
 /// Parses every reference (refusing a malformed one with Slurm's words).
-pub fn parse_refs(args: &[String]) -> Result<Vec<JobRef>, String> {
+pub fn parse_refs(args: &[String]) -> Result<Vec<JobRef>, drover_state::array::InvalidJobRef> {
     split_refs(args).iter().map(|r| parse_job_ref(r)).collect()
 }
 

@@ -1,18 +1,37 @@
 //! Lists of small ids as Slurm and the kernel write them: `0-3,5,7-15:2` (array indices, GPU indices, CPU lists).
 
+/// What is wrong with a list of ids; the text names the entry and says what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RangeError {
+    #[error("{entry:?} is not a {item} or range; expected N, N-M or N-M:STEP")]
+    NotAnId { entry: String, item: &'static str },
+    #[error("{item} {shown} is not below {max_name} {max}")]
+    TooLarge { item: &'static str, shown: String, max_name: &'static str, max: u32 },
+    #[error("an entry is empty (a doubled, leading or trailing comma?)")]
+    EmptyEntry,
+    #[error("{entry:?} has a step but no range; expected N, N-M or N-M:STEP")]
+    StepWithoutRange { entry: String },
+    #[error("{entry:?} has a bad step {step:?}; expected N, N-M or N-M:STEP")]
+    BadStep { entry: String, step: String },
+    #[error("step 0 in {entry:?} must be at least 1")]
+    ZeroStep { entry: String },
+    #[error("range end {end} is below its start {start}")]
+    Backwards { start: u32, end: u32 },
+}
+
 /// Parses comma-separated `N`, `N-M`, `N-M:STEP` entries into sorted, unique ids, each below `max` (named
 /// `max_name` in the error); `item` names one id in errors ("task id").
-pub fn parse_ranges(body: &str, item: &str, max: u32, max_name: &str) -> Result<Vec<u32>, String> {
-    const EXPECTED: &str = "expected N, N-M or N-M:STEP";
-    let id = |text: &str, entry: &str| -> Result<u32, String> {
+pub fn parse_ranges(body: &str, item: &'static str, max: u32, max_name: &'static str) -> Result<Vec<u32>, RangeError> {
+    let id = |text: &str, entry: &str| -> Result<u32, RangeError> {
         if !is_digits(text) {
-            return Err(format!("{entry:?} is not a {item} or range; {EXPECTED}"));
+            return Err(RangeError::NotAnId { entry: entry.to_string(), item });
         }
         match text.parse::<u64>() {
             Ok(n) if n < u64::from(max) => Ok(n as u32),
             _ => {
                 let shown = text.trim_start_matches('0');
-                Err(format!("{item} {} is not below {max_name} {max}", if shown.is_empty() { "0" } else { shown }))
+                let shown = if shown.is_empty() { "0" } else { shown }.to_string();
+                Err(RangeError::TooLarge { item, shown, max_name, max })
             }
         }
     };
@@ -22,7 +41,7 @@ pub fn parse_ranges(body: &str, item: &str, max: u32, max_name: &str) -> Result<
     let squeeze_at = (max as usize).saturating_mul(2).max(1024);
     for entry in body.split(',') {
         if entry.is_empty() {
-            return Err("an entry is empty (a doubled, leading or trailing comma?)".to_string());
+            return Err(RangeError::EmptyEntry);
         }
         let (range, step) = match entry.split_once(':') {
             Some((range, step)) => (range, Some(step)),
@@ -30,22 +49,22 @@ pub fn parse_ranges(body: &str, item: &str, max: u32, max_name: &str) -> Result<
         };
         let (start, end) = match range.split_once('-') {
             Some((lo, hi)) => (id(lo, entry)?, id(hi, entry)?),
-            None if step.is_some() => {
-                return Err(format!("{entry:?} has a step but no range; {EXPECTED}"));
-            }
+            None if step.is_some() => return Err(RangeError::StepWithoutRange { entry: entry.to_string() }),
             None => (id(range, entry)?, id(range, entry)?),
         };
         let step = match step {
             None => 1,
-            Some(s) if !is_digits(s) => return Err(format!("{entry:?} has a bad step {s:?}; {EXPECTED}")),
+            Some(s) if !is_digits(s) => {
+                return Err(RangeError::BadStep { entry: entry.to_string(), step: s.to_string() });
+            }
             Some(s) => match s.parse::<u32>() {
-                Ok(0) => return Err(format!("step 0 in {entry:?} must be at least 1")),
+                Ok(0) => return Err(RangeError::ZeroStep { entry: entry.to_string() }),
                 Ok(n) => n,
                 Err(_) => u32::MAX,
             },
         };
         if end < start {
-            return Err(format!("range end {end} is below its start {start}"));
+            return Err(RangeError::Backwards { start, end });
         }
         ids.extend((start..=end).step_by(step as usize));
         if ids.len() > squeeze_at {
@@ -84,10 +103,12 @@ mod tests {
     #[test]
     fn ranges_lists_and_steps_parse_sorted_and_unique() {
         assert_eq!(parse_ranges("0-3,5,7-11:2,2", "task id", 100, "MaxArraySize"), Ok(vec![0, 1, 2, 3, 5, 7, 9, 11]));
-        assert!(parse_ranges("5-2", "task id", 100, "MaxArraySize").unwrap_err().contains("below its start"));
-        assert!(parse_ranges("1,,2", "task id", 100, "MaxArraySize").unwrap_err().contains("empty"));
+        assert!(
+            parse_ranges("5-2", "task id", 100, "MaxArraySize").unwrap_err().to_string().contains("below its start")
+        );
+        assert!(parse_ranges("1,,2", "task id", 100, "MaxArraySize").unwrap_err().to_string().contains("empty"));
         let err = parse_ranges("100", "task id", 100, "MaxArraySize").unwrap_err();
-        assert_eq!(err, "task id 100 is not below MaxArraySize 100");
+        assert_eq!(err.to_string(), "task id 100 is not below MaxArraySize 100");
     }
 
     #[test]

@@ -4,7 +4,37 @@
 //! Pure functions: no state, no I/O.
 
 use crate::model::job::{ArraySpec, JobId};
-use drover_common::ranges::parse_ranges;
+use drover_common::ranges::{RangeError, parse_ranges};
+
+/// What is wrong with an `--array` value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArrayError {
+    #[error("the value is empty")]
+    Empty,
+    #[error("\"%\" must be followed by the most tasks to run at once, e.g. 0-15%4")]
+    LimitMissing,
+    #[error("\"%{0}\" is not a task limit; expected %N with N at least 1")]
+    LimitNotANumber(String),
+    #[error("%0 would let no task run; the limit after % must be at least 1")]
+    LimitZero,
+    #[error("no task ids before %{0}")]
+    NoTaskIds(String),
+    #[error(transparent)]
+    TaskIds(#[from] RangeError),
+}
+
+/// An `--array` value that does not parse, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid --array value {text:?}: {problem}")]
+pub struct InvalidArray {
+    pub text: String,
+    pub problem: ArrayError,
+}
+
+/// A job reference that names no job (Slurm's words).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Invalid job id specified: {0}")]
+pub struct InvalidJobRef(pub String);
 
 /// The largest `MaxArraySize` Slurm allows; task ids in a job reference (`123_[...]`) must be below it.
 pub const SLURM_MAX_ARRAY_SIZE: u32 = 4_000_001;
@@ -14,15 +44,15 @@ pub const SLURM_MAX_ARRAY_SIZE: u32 = 4_000_001;
 /// sorted and without duplicates.
 ///
 /// The error is one line naming the problem: `invalid --array value "5-1": range end 1 is below its start 5`.
-pub fn parse_array_spec(text: &str, max_tasks: u32) -> Result<ArraySpec, String> {
-    parse_array_value(text, max_tasks).map_err(|problem| format!("invalid --array value {text:?}: {problem}"))
+pub fn parse_array_spec(text: &str, max_tasks: u32) -> Result<ArraySpec, InvalidArray> {
+    parse_array_value(text, max_tasks).map_err(|problem| InvalidArray { text: text.to_string(), problem })
 }
 
 /// [`parse_array_spec`] with the error holding only the problem (`range end 1 is below its start 5`), for callers
 /// that wrap it in a message of their own (the option as the user spelled it, `-a`).
-pub fn parse_array_value(text: &str, max_tasks: u32) -> Result<ArraySpec, String> {
+pub fn parse_array_value(text: &str, max_tasks: u32) -> Result<ArraySpec, ArrayError> {
     if text.is_empty() {
-        return Err("the value is empty".to_string());
+        return Err(ArrayError::Empty);
     }
     let (body, limit) = match text.split_once('%') {
         Some((body, limit)) => (body, Some(limit)),
@@ -30,21 +60,17 @@ pub fn parse_array_value(text: &str, max_tasks: u32) -> Result<ArraySpec, String
     };
     let max_running = match limit {
         None => None,
-        Some("") => {
-            return Err("\"%\" must be followed by the most tasks to run at once, e.g. 0-15%4".to_string());
-        }
-        Some(limit) if !is_digits(limit) => {
-            return Err(format!("\"%{limit}\" is not a task limit; expected %N with N at least 1"));
-        }
+        Some("") => return Err(ArrayError::LimitMissing),
+        Some(limit) if !is_digits(limit) => return Err(ArrayError::LimitNotANumber(limit.to_string())),
         Some(limit) => match limit.parse::<u32>() {
-            Ok(0) => return Err("%0 would let no task run; the limit after % must be at least 1".to_string()),
+            Ok(0) => return Err(ArrayError::LimitZero),
             Ok(n) => Some(n),
             // More than u32 can hold: no limit could be tighter than the array itself.
             Err(_) => Some(u32::MAX),
         },
     };
     if body.is_empty() {
-        return Err(format!("no task ids before %{}", limit.unwrap_or_default()));
+        return Err(ArrayError::NoTaskIds(limit.unwrap_or_default().to_string()));
     }
     let task_ids = parse_ranges(body, "task id", max_tasks, "MaxArraySize")?;
     Ok(ArraySpec { task_ids: task_ids.into(), max_running })
@@ -94,8 +120,8 @@ pub enum JobRef {
 /// Parses `123`, `123_4` or `123_[1-5,7]` (entries as in `--array`, steps allowed, no `%`). Job ids start at 1;
 /// bracketed task ids must be below [`SLURM_MAX_ARRAY_SIZE`]. The error is Slurm's:
 /// `Invalid job id specified: {text}`.
-pub fn parse_job_ref(text: &str) -> Result<JobRef, String> {
-    let bad = || format!("Invalid job id specified: {text}");
+pub fn parse_job_ref(text: &str) -> Result<JobRef, InvalidJobRef> {
+    let bad = || InvalidJobRef(text.to_string());
     let (job, task) = match text.split_once('_') {
         Some((job, task)) => (job, Some(task)),
         None => (text, None),
@@ -138,7 +164,7 @@ mod tests {
     fn err(text: &str) -> String {
         match parse_array_spec(text, 1001) {
             Ok(spec) => panic!("{text:?} should fail, got {spec:?}"),
-            Err(e) => e,
+            Err(e) => e.to_string(),
         }
     }
 
@@ -208,8 +234,8 @@ mod tests {
 
     #[test]
     fn value_errors_have_no_prefix() {
-        assert_eq!(parse_array_value("5-1", 1001).unwrap_err(), "range end 1 is below its start 5");
-        assert_eq!(parse_array_value("4", 4).unwrap_err(), "task id 4 is not below MaxArraySize 4");
+        assert_eq!(parse_array_value("5-1", 1001).unwrap_err().to_string(), "range end 1 is below its start 5");
+        assert_eq!(parse_array_value("4", 4).unwrap_err().to_string(), "task id 4 is not below MaxArraySize 4");
         assert_eq!(parse_array_value("3", 4).unwrap().task_ids, vec![3]);
     }
 
@@ -270,7 +296,11 @@ mod tests {
             "123_[4000001]",
             "123_[1-2]x",
         ] {
-            assert_eq!(parse_job_ref(bad), Err(format!("Invalid job id specified: {bad}")), "{bad:?}");
+            assert_eq!(
+                parse_job_ref(bad).map_err(|e| e.to_string()),
+                Err(format!("Invalid job id specified: {bad}")),
+                "{bad:?}"
+            );
         }
         assert_eq!(parse_job_ref("123_[4000000]"), Ok(JobRef::Tasks(123, vec![4_000_000])));
     }

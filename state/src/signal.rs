@@ -7,10 +7,21 @@ pub const DEFAULT_WARNING_S: u32 = 60;
 /// The longest lead time accepted (Slurm's limit).
 pub const MAX_WARNING_S: u32 = 65_535;
 
+/// What is wrong with a signal or a `--signal` value, in Slurm's words where it has them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignalError {
+    #[error("Invalid signal: {0}")]
+    Invalid(String),
+    #[error("unknown --signal flag {0:?}: expected B or R before ':'")]
+    UnknownFlag(char),
+    #[error("--signal lead time {0:?} must be whole seconds, at most {MAX_WARNING_S}")]
+    LeadTime(String),
+}
+
 /// A signal by number (1..=64) or name, with or without `SIG`, in any case.
-pub fn parse_signal(text: &str) -> Result<i32, String> {
+pub fn parse_signal(text: &str) -> Result<i32, SignalError> {
     if let Ok(n) = text.parse::<i32>() {
-        return if (1..=64).contains(&n) { Ok(n) } else { Err(format!("Invalid signal: {text}")) };
+        return if (1..=64).contains(&n) { Ok(n) } else { Err(SignalError::Invalid(text.to_string())) };
     }
     let upper = text.to_ascii_uppercase();
     let name = upper.strip_prefix("SIG").unwrap_or(&upper);
@@ -32,13 +43,13 @@ pub fn parse_signal(text: &str) -> Result<i32, String> {
         "XCPU" => libc::SIGXCPU,
         "XFSZ" => libc::SIGXFSZ,
         "WINCH" => libc::SIGWINCH,
-        _ => return Err(format!("Invalid signal: {text}")),
+        _ => return Err(SignalError::Invalid(text.to_string())),
     };
     Ok(n)
 }
 
 /// `--signal=[{R|B}:]SIG[@secs]`: `B:` signals only the batch shell, `R:` is accepted (reservation end).
-pub fn parse_warn_signal(value: &str) -> Result<WarnSignal, String> {
+pub fn parse_warn_signal(value: &str) -> Result<WarnSignal, SignalError> {
     let (flags, rest) = match value.split_once(':') {
         Some((flags, rest)) => (flags, rest),
         None => ("", value),
@@ -48,7 +59,7 @@ pub fn parse_warn_signal(value: &str) -> Result<WarnSignal, String> {
         match flag.to_ascii_uppercase() {
             'B' => warning.batch_only = true,
             'R' => warning.reservation = true,
-            other => return Err(format!("unknown --signal flag {other:?}: expected B or R before ':'")),
+            other => return Err(SignalError::UnknownFlag(other)),
         }
     }
     let (signal, secs) = match rest.split_once('@') {
@@ -61,7 +72,7 @@ pub fn parse_warn_signal(value: &str) -> Result<WarnSignal, String> {
             .parse::<u32>()
             .ok()
             .filter(|s| *s <= MAX_WARNING_S)
-            .ok_or_else(|| format!("--signal lead time {secs:?} must be whole seconds, at most {MAX_WARNING_S}"))?;
+            .ok_or_else(|| SignalError::LeadTime(secs.to_string()))?;
     }
     Ok(warning)
 }

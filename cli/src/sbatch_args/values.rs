@@ -12,7 +12,7 @@ pub(super) fn invalid(flag: &str, value: &str, expected: impl Into<String>) -> O
 }
 
 pub(super) fn parse_array(flag: &str, value: &str) -> Result<ArraySpec, OptionError> {
-    array::parse_array_value(value, MAX_ARRAY_SIZE).map_err(|e| invalid(flag, value, e))
+    array::parse_array_value(value, MAX_ARRAY_SIZE).map_err(|e| invalid(flag, value, e.to_string()))
 }
 
 /// The entries, and whether any one suffices (`?`) rather than all (`,`).
@@ -34,7 +34,7 @@ pub(super) fn parse_date(flag: &str, value: &str) -> Result<TimeSpec, OptionErro
 }
 
 pub(super) fn parse_signal(flag: &str, value: &str) -> Result<drover_state::WarnSignal, OptionError> {
-    drover_state::signal::parse_warn_signal(value).map_err(|e| invalid(flag, value, e))
+    drover_state::signal::parse_warn_signal(value).map_err(|e| invalid(flag, value, e.to_string()))
 }
 
 /// Slurm's `--no-kill[=set|off|no]`.

@@ -94,7 +94,7 @@ impl State {
                 limit: limits.max_jobs_per_user,
             });
         }
-        spec.check_bounds().map_err(CommandError::InvalidRequest)?;
+        spec.check_bounds().map_err(|e| CommandError::InvalidRequest(e.to_string()))?;
         if spec.dependency.len() > MAX_DEPENDENCIES {
             return Err(CommandError::DependencyProblem(format!("at most {MAX_DEPENDENCIES} dependencies per job")));
         }

@@ -310,11 +310,28 @@ pub const MAX_NODES_PER_JOB: u32 = 100_000;
 pub const MAX_TASKS_PER_JOB: u32 = 10_000_000;
 pub const MAX_PER_TASK_OR_NODE: u32 = 100_000;
 
+/// Which bound of [`JobSpec::check_bounds`] a request breaks, naming the field as the user wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OutOfBounds {
+    #[error("{field}={value} is over the limit of {max}")]
+    Count { field: &'static str, value: u32, max: u32 },
+    #[error("{field} is {bytes} bytes, over the limit of {max}")]
+    Bytes { field: &'static str, bytes: usize, max: usize },
+    #[error("{field} contains a NUL byte")]
+    Nul { field: &'static str },
+    #[error("{field} names {entries} entries, over the limit of {MAX_LIST_ITEMS}")]
+    Entries { field: &'static str, entries: usize },
+    #[error("the script's arguments are {bytes} bytes in {items} items, over the limits")]
+    ScriptArgs { bytes: usize, items: usize },
+    #[error("the submit environment holds a variable with an empty name, '=' in its name, or a NUL byte")]
+    Environment,
+}
+
 impl JobSpec {
     /// Checks every string and list against the bounds above, naming the field that is too large.
-    pub fn check_bounds(&self) -> Result<(), String> {
-        let count = |field: &str, value: u32, max: u32| {
-            if value > max { Err(format!("{field}={value} is over the limit of {max}")) } else { Ok(()) }
+    pub fn check_bounds(&self) -> Result<(), OutOfBounds> {
+        let count = |field: &'static str, value: u32, max: u32| {
+            if value > max { Err(OutOfBounds::Count { field, value, max }) } else { Ok(()) }
         };
         count("--nodes (minimum)", self.min_nodes, MAX_NODES_PER_JOB)?;
         count("--nodes (maximum)", self.max_nodes, MAX_NODES_PER_JOB)?;
@@ -324,17 +341,18 @@ impl JobSpec {
         count("GPUs per node", self.gpus_per_node, MAX_PER_TASK_OR_NODE)?;
         count("--gpus", self.gpus_total.unwrap_or(0), MAX_TASKS_PER_JOB)?;
         count("--gpus-per-task", self.gpus_per_task.unwrap_or(0), MAX_PER_TASK_OR_NODE)?;
-        let text = |field: &str, value: &str, max: usize| {
+        let text = |field: &'static str, value: &str, max: usize| {
             if value.len() > max {
-                return Err(format!("{field} is {} bytes, over the limit of {max}", value.len()));
+                return Err(OutOfBounds::Bytes { field, bytes: value.len(), max });
             }
             if value.contains('\0') {
-                return Err(format!("{field} contains a NUL byte"));
+                return Err(OutOfBounds::Nul { field });
             }
             Ok(())
         };
-        let opt =
-            |field: &str, value: &Option<ThinStr>, max: usize| value.as_deref().map_or(Ok(()), |v| text(field, v, max));
+        let opt = |field: &'static str, value: &Option<ThinStr>, max: usize| {
+            value.as_deref().map_or(Ok(()), |v| text(field, v, max))
+        };
         text("--job-name", &self.name, MAX_NAME_BYTES)?;
         text("user", &self.user, MAX_NAME_BYTES)?;
         text("--chdir", &self.work_dir, MAX_PATH_BYTES)?;
@@ -352,7 +370,7 @@ impl JobSpec {
             [("--constraint", &self.constraint), ("--nodelist", &self.nodelist), ("--exclude", &self.exclude)]
         {
             if list.len() > MAX_LIST_ITEMS {
-                return Err(format!("{field} names {} entries, over the limit of {MAX_LIST_ITEMS}", list.len()));
+                return Err(OutOfBounds::Entries { field, entries: list.len() });
             }
             for item in list.iter() {
                 text(field, item, MAX_NAME_BYTES)?;
@@ -360,20 +378,15 @@ impl JobSpec {
         }
         let args: usize = self.script_args.iter().map(|a| a.len() + 1).sum();
         if self.script_args.len() > MAX_LIST_ITEMS || args > MAX_SCRIPT_ARGS_BYTES {
-            return Err(format!(
-                "the script's arguments are {args} bytes in {} items, over the limits",
-                self.script_args.len()
-            ));
+            return Err(OutOfBounds::ScriptArgs { bytes: args, items: self.script_args.len() });
         }
         if let ExportPolicy::Vars { names, .. } = &self.export
             && names.len() > MAX_LIST_ITEMS
         {
-            return Err(format!("--export names {} variables, over the limit of {MAX_LIST_ITEMS}", names.len()));
+            return Err(OutOfBounds::Entries { field: "--export", entries: names.len() });
         }
         if self.environment.iter().any(|(k, v)| k.is_empty() || k.contains(['=', '\0']) || v.contains('\0')) {
-            return Err(
-                "the submit environment holds a variable with an empty name, '=' in its name, or a NUL byte".into()
-            );
+            return Err(OutOfBounds::Environment);
         }
         Ok(())
     }

@@ -48,10 +48,20 @@ pub struct NodeInfo {
 /// The longest host name DNS allows.
 const MAX_HOST_LEN: usize = 253;
 
+/// A node's host that is neither an IP address nor a DNS host name (its first 80 characters).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "host {shown:?} is neither an IP address nor a DNS host name (letters, digits, '-' and '.', at most \
+     {MAX_HOST_LEN} characters)"
+)]
+pub struct BadHost {
+    pub shown: String,
+}
+
 /// Whether `host` is an IP address or a DNS host name (RFC 1123 labels: letters, digits, `-`, not at either end,
 /// 1-63 characters each). A node's host goes into `MASTER_ADDR` and the operators' fence command: anything else (a
 /// space, `;`, `$(...)`) is refused at registration, not carried into them.
-pub fn check_host(host: &str) -> Result<(), String> {
+pub fn check_host(host: &str) -> Result<(), BadHost> {
     if host.parse::<std::net::IpAddr>().is_ok() {
         return Ok(());
     }
@@ -63,11 +73,7 @@ pub fn check_host(host: &str) -> Result<(), String> {
     };
     let name = host.strip_suffix('.').unwrap_or(host);
     if name.is_empty() || host.len() > MAX_HOST_LEN || !name.split('.').all(label_ok) {
-        return Err(format!(
-            "host {:?} is neither an IP address nor a DNS host name (letters, digits, '-' and '.', at most \
-             {MAX_HOST_LEN} characters)",
-            host.chars().take(80).collect::<String>()
-        ));
+        return Err(BadHost { shown: host.chars().take(80).collect() });
     }
     Ok(())
 }
