@@ -778,6 +778,14 @@ pub fn parse_long_token(token: &str) -> (&str, usize, bool, &str) {
     }
 }
 
+/// A `%X` field no format knows, in the format it came in.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Invalid job format specification: {code} (in {format:?}; see squeue --help for the % fields)")]
+pub struct InvalidFormat {
+    pub code: String,
+    pub format: String,
+}
+
 /// Formats jobs as `squeue -o` (`%.18i %j`) or `squeue -O` (`JobID:20,State:.10`) says.
 #[derive(Debug)]
 pub struct JobFormatter {
@@ -786,12 +794,10 @@ pub struct JobFormatter {
 
 impl JobFormatter {
     /// A `-o` format. An unknown `%X` is refused (Drover's stricter reading; see [`JobFormatter::lenient`]).
-    pub fn new(format: &str) -> Result<JobFormatter, String> {
+    pub fn new(format: &str) -> Result<JobFormatter, InvalidFormat> {
         let (formatter, invalid) = JobFormatter::lenient(format);
         match invalid.first() {
-            Some(code) => Err(format!(
-                "Invalid job format specification: {code} (in {format:?}; see squeue --help for the % fields)"
-            )),
+            Some(code) => Err(InvalidFormat { code: code.to_string(), format: format.to_string() }),
             None => Ok(formatter),
         }
     }
@@ -941,7 +947,7 @@ mod tests {
         let (lenient, invalid) = JobFormatter::lenient("%i %9");
         assert_eq!(invalid, Vec::<String>::new());
         assert_eq!(lenient.header(), "JOBID %9");
-        assert!(JobFormatter::new("%i %!").unwrap_err().contains("Invalid job format specification: !"));
+        assert!(JobFormatter::new("%i %!").unwrap_err().to_string().contains("Invalid job format specification: !"));
     }
 
     #[test]

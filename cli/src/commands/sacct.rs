@@ -552,7 +552,8 @@ fn query(args: &Args, now_ms: u64) -> anyhow::Result<Query> {
             SlurmState::parse(&s).ok_or_else(|| Bare(format!("sacct: fatal: unrecognized job state value '{s}'")))?;
         states.push(state);
     }
-    let parse = |text: &str| parse_time(text, now_ms / 1000, true).map(|s| s as u64 * 1000).map_err(Bare);
+    let parse =
+        |text: &str| parse_time(text, now_ms / 1000, true).map(|s| s as u64 * 1000).map_err(|e| Bare(e.to_string()));
     let mut start = args.start.as_deref().map(parse).transpose()?;
     let mut end = args.end.as_deref().map(parse).transpose()?;
     if !states.is_empty() {

@@ -140,12 +140,20 @@ impl std::fmt::Display for TimeError {
     }
 }
 
+/// A time Slurm's `parse_time` refuses, and where in the text it gave up (Slurm's `pos=`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Invalid time specification (pos={pos}): {text}")]
+pub struct InvalidTime {
+    pub pos: i64,
+    pub text: String,
+}
+
 /// Slurm's `parse_time` (src/common/parse_time.c) in this host's zone: every form [`TimeSpec::parse`] reads,
 /// `past` resolving a date or time of day without the rest toward the past (`sacct`, `sreport`) rather than the
 /// future (`scontrol ... StartTime=`). The error is Slurm's line: `Invalid time specification (pos=N): TEXT`;
 /// nothing at all is time 0, as in Slurm.
-pub fn parse_time(text: &str, now_s: u64, past: bool) -> Result<i64, String> {
-    let bad = |pos: i64| format!("Invalid time specification (pos={pos}): {text}");
+pub fn parse_time(text: &str, now_s: u64, past: bool) -> Result<i64, InvalidTime> {
+    let bad = |pos: i64| InvalidTime { pos, text: text.to_string() };
     match TimeSpec::parse(text) {
         // Slurm reports a date `mktime` refuses at the end of the text.
         Ok(spec) => spec
@@ -598,7 +606,10 @@ mod tests {
         assert_eq!(t("06/01/25"), mktime(125, 5, 1, 0, 0, 0));
         assert_eq!(t("06/01/00"), mktime(126, 5, 1, 0, 0, 0), "year 00 is no year (Slurm's _get_date)");
         assert_eq!(t("uts1800000000"), 1_800_000_000);
-        assert_eq!(parse_time("sideways", now, true).unwrap_err(), "Invalid time specification (pos=0): sideways");
+        assert_eq!(
+            parse_time("sideways", now, true).unwrap_err().to_string(),
+            "Invalid time specification (pos=0): sideways"
+        );
         assert!(parse_time("now+1fortnight", now, true).is_err());
         assert!(parse_time("25:00", now, true).is_err());
     }
@@ -645,7 +656,7 @@ mod tests {
             ("tomorrow 25:00", 9),
         ] {
             assert_eq!(
-                parse_time(text, now, true).unwrap_err(),
+                parse_time(text, now, true).unwrap_err().to_string(),
                 format!("Invalid time specification (pos={pos}): {text}")
             );
         }
