@@ -333,6 +333,138 @@ pub struct Pass<'a> {
     preempt: Option<preempt::Preempt<'a>>,
 }
 
+/// What [`Pass::run`] resolves per job before placing any, in view order (see `Pass::resolve_jobs`).
+struct Resolved<'a> {
+    pre: Vec<JobPre>,
+    breakdowns: Vec<PriorityBreakdown>,
+    /// Submit times for the sort key; the rest of it is in `pre` and `breakdowns`. (Reading them back from the
+    /// jobs would be another walk over the big, strided `PendingJob`s; a full key vector, more scratch memory.)
+    submits: Vec<u64>,
+    shapes: Vec<ShapeMemo>,
+    shape_filters: Vec<Filter>,
+    /// Whether any job was moved up by `scontrol top`.
+    any_top: bool,
+    qos_index: FxMap<&'a str, usize>,
+    /// Per QOS: whether it has limits (only those need usage counts).
+    qos_limited: Vec<bool>,
+    /// Users and accounts, interned for the QOS limits (running jobs' too); job arrays for their throttles.
+    user_ids: FxMap<&'a str, u32>,
+    account_ids: FxMap<&'a str, u32>,
+    array_ids: FxMap<u64, u32>,
+}
+
+/// The main loop's state as it walks the jobs in priority order.
+struct Walk<'a> {
+    usage: Usage,
+    plan: Plan,
+    /// Preemptors that claimed their windows before the walk, and when they start.
+    claimed: FxMap<JobId, u64>,
+    preempt: Option<preempt::Preempt<'a>>,
+    shapes: Vec<ShapeMemo>,
+    shape_filters: Vec<Filter>,
+    blocked_in_partition: Vec<bool>,
+    any_blocked: bool,
+    /// Jobs that reached the resource checks (Slurm's bf_max_job_test counts these).
+    examined: usize,
+    reservations_made: usize,
+}
+
+/// A reason a job waits that needs no pass state: held, not yet eligible, its dependencies, its partition.
+fn early_reason(view: &ClusterView, job: &PendingJob, p: Option<usize>, now_s: u64) -> Option<Reason> {
+    if job.held {
+        return Some(Reason::JobHeldUser);
+    }
+    if job.begin_s > now_s {
+        return Some(Reason::BeginTime);
+    }
+    match job.dependency {
+        DependencyState::Satisfied => {}
+        DependencyState::Waiting => return Some(Reason::Dependency),
+        DependencyState::NeverSatisfied => return Some(Reason::DependencyNeverSatisfied),
+    }
+    let Some(p) = p else {
+        return Some(Reason::ReqNodeNotAvail);
+    };
+    let part = &view.partitions[p];
+    if part.state != PartitionState::Up {
+        return Some(Reason::PartitionDown);
+    }
+    if part.max_time_s.is_some_and(|m| job.time_limit_s > m) {
+        return Some(Reason::PartitionTimeLimit);
+    }
+    if job.nodes == 0 || job.time_limit_s == 0 {
+        return Some(Reason::ReqNodeNotAvail);
+    }
+    None
+}
+
+/// The jobs in the order the pass visits them (partition tier, priority after `scontrol top`, submit time, id),
+/// and each one's priority breakdown for the plan.
+fn priority_order(
+    view: &ClusterView,
+    pre: Vec<JobPre>,
+    mut breakdowns: Vec<PriorityBreakdown>,
+    submits: Vec<u64>,
+    any_top: bool,
+) -> (Vec<JobPre>, Vec<(u64, PriorityBreakdown)>) {
+    if any_top {
+        // `scontrol top` permutes priority values within users, after they are computed and before ordering.
+        let mut prio: Vec<u64> = breakdowns.iter().map(|b| b.priority).collect();
+        apply_top(&view.pending, &mut prio);
+        for (b, p) in breakdowns.iter_mut().zip(prio) {
+            b.priority = p;
+        }
+    }
+    let tier_of = |p: u8| if p == NO_PARTITION { 0 } else { view.partitions[p as usize].priority_tier };
+    let order = scheduling_order(view.pending.len(), |i| OrderKey {
+        tier: tier_of(pre[i].p),
+        priority: breakdowns[i].priority,
+        top_rank: view.pending[i].top_rank,
+        submit_s: submits[i],
+        id: pre[i].id,
+    });
+    drop(submits);
+    // Gathers into priority order, each in one tight loop (which keeps many loads in flight), and each reading
+    // one random place per job (the ids come from the already sorted `pre`). Every big buffer is dropped as
+    // soon as it is used, so the next one can reuse its memory instead of growing the heap.
+    let pre: Vec<JobPre> = {
+        let by_view = pre;
+        order.iter().map(|&i| by_view[i as usize]).collect()
+    };
+    let priorities: Vec<(u64, PriorityBreakdown)> =
+        pre.iter().map(|pj| (pj.id, breakdowns[pj.idx as usize].clone())).collect();
+    drop(breakdowns);
+    drop(order);
+    (pre, priorities)
+}
+
+/// What running jobs already count against QOS limits and array throttles.
+fn running_usage<'a>(
+    view: &'a ClusterView,
+    qos_index: &FxMap<&'a str, usize>,
+    qos_limited: &[bool],
+    user_ids: &mut FxMap<&'a str, u32>,
+    account_ids: &mut FxMap<&'a str, u32>,
+    array_ids: &FxMap<u64, u32>,
+) -> Usage {
+    let mut usage = Usage { array: vec![0; array_ids.len()], ..Usage::default() };
+    for job in &view.running {
+        let q = qos_index.get(job.qos.as_str()).copied().filter(|&q| qos_limited[q]);
+        // Only arrays with a throttled task pending matter.
+        let array = job.array_id.and_then(|a| array_ids.get(&a).copied()).unwrap_or(NONE);
+        if q.is_none() && array == NONE {
+            continue;
+        }
+        let (user, account) = match q {
+            Some(_) => (intern(user_ids, job.user.as_str()), intern(account_ids, job.account.as_str())),
+            None => (NONE, NONE),
+        };
+        let gpus = job.alloc.iter().map(|(_, g)| g.len() as u64).sum::<u64>();
+        usage.add(q.map_or(NONE, |q| q as u32), user, account, array, gpus);
+    }
+    usage
+}
+
 /// Dense ids for names (or other keys) in first-seen order.
 fn intern<K: std::hash::Hash + Eq>(ids: &mut FxMap<K, u32>, key: K) -> u32 {
     let next = ids.len() as u32;
@@ -414,18 +546,20 @@ fn scheduling_order(n: usize, key: impl Fn(usize) -> OrderKey) -> Vec<u32> {
     }
 }
 
-impl<'a> Pass<'a> {
-    pub fn new(view: &'a ClusterView, config: &'a SchedulerConfig) -> Result<Self, ScheduleError> {
+/// The nodes as a pass works on them, and the dense ids their names, features and GPU types got (the first stage
+/// of [`Pass::new`]).
+struct NodeTables<'a> {
+    nodes: Vec<NodeRt>,
+    node_index: FxMap<&'a str, u32>,
+    node_names: Vec<&'a str>,
+    feature_index: FxMap<&'a str, u32>,
+    gpu_type_index: FxMap<&'a str, u32>,
+}
+
+impl<'a> NodeTables<'a> {
+    /// Checks each node of the view and turns it into bit masks and ids, before any job is placed on it.
+    fn build(view: &'a ClusterView, part_index: &FxMap<&'a str, usize>) -> Result<Self, ScheduleError> {
         let now_s = view.now_s;
-        let mut part_index = FxMap::default();
-        for (i, p) in view.partitions.iter().enumerate() {
-            if part_index.insert(p.name.as_str(), i).is_some() {
-                return Err(ScheduleError::Duplicate { kind: "partition", name: p.name.clone() });
-            }
-        }
-        if part_index.len() > MAX_DISTINCT_BITS {
-            return Err(ScheduleError::TooManyDistinct { kind: "partitions", max: MAX_DISTINCT_BITS });
-        }
         let mut feature_index: FxMap<&str, u32> = FxMap::default();
         let mut gpu_type_index: FxMap<&str, u32> = FxMap::default();
         let mut topo_index: FxMap<(&str, &str, &str), u32> = FxMap::default();
@@ -440,20 +574,7 @@ impl<'a> Pass<'a> {
                 return Err(ScheduleError::Duplicate { kind: "node", name: n.name.clone() });
             }
             node_names.push(n.name.as_str());
-            if n.gpus_total > MAX_GPUS_PER_NODE {
-                return Err(ScheduleError::TooManyGpus {
-                    node: n.name.clone(),
-                    gpus: n.gpus_total,
-                    max: MAX_GPUS_PER_NODE,
-                });
-            }
-            let mut free_mask = 0u64;
-            for &g in &n.free_gpus {
-                if g >= n.gpus_total || free_mask & (1 << g) != 0 {
-                    return Err(ScheduleError::BadGpuIndex { node: n.name.clone(), index: g });
-                }
-                free_mask |= 1 << g;
-            }
+            let free_mask = free_mask_of(n)?;
             // Like topology, partition and feature lists repeat from node to node; the masks are reused then.
             let part_mask = match prev_parts {
                 Some((pp, m)) if pp == n.partitions.as_slice() => m,
@@ -527,14 +648,41 @@ impl<'a> Pass<'a> {
                 avail_now: 0,
             });
         }
+        Ok(NodeTables { nodes, node_index, node_names, feature_index, gpu_type_index })
+    }
+}
 
-        // Running jobs give their GPUs back at their expected end. One still running past it is about to be
-        // killed; it gives them back "just after now" so nothing is planned onto GPUs it still holds. One being
-        // preempted gives them back within KillWait; while preemption is on, only to preemptors (see `preempt`).
-        let mut preempt = preempt::Preempt::new(view, config, &part_index, nodes.len());
-        let preempting = preempt.is_some();
+/// A node's free GPUs as a bit mask, refusing a node with more GPUs than a mask holds or a free GPU it lacks.
+fn free_mask_of(n: &crate::model::Node) -> Result<u64, ScheduleError> {
+    if n.gpus_total > MAX_GPUS_PER_NODE {
+        return Err(ScheduleError::TooManyGpus { node: n.name.clone(), gpus: n.gpus_total, max: MAX_GPUS_PER_NODE });
+    }
+    let mut free_mask = 0u64;
+    for &g in &n.free_gpus {
+        if g >= n.gpus_total || free_mask & (1 << g) != 0 {
+            return Err(ScheduleError::BadGpuIndex { node: n.name.clone(), index: g });
+        }
+        free_mask |= 1 << g;
+    }
+    Ok(free_mask)
+}
+
+/// When a running job gives its GPUs back, as the pass plans with them: at its expected end. One still running
+/// past it is about to be killed: it gives them back "just after now", so nothing is planned onto GPUs it still
+/// holds. One being preempted gives them back within KillWait; while preemption is on, only to preemptors (see
+/// `preempt`).
+struct Release {
+    now_s: u64,
+    kill_at: u64,
+    preempting: bool,
+    /// Preemptors still waiting in this view for their victims to end, sorted.
+    waiting: Vec<JobId>,
+}
+
+impl Release {
+    fn new(view: &ClusterView, config: &SchedulerConfig, preempting: bool) -> Release {
+        let now_s = view.now_s;
         let kill_at = now_s.saturating_add(config.kill_wait_s.max(1));
-        // Preemptors still waiting in this view for their victims to end.
         let waiting: Vec<JobId> = if preempting {
             let mut targets: Vec<JobId> = view.running.iter().filter_map(|r| r.preempted_for).collect();
             targets.sort_unstable();
@@ -546,112 +694,156 @@ impl<'a> Pass<'a> {
         } else {
             Vec::new()
         };
-        let release_s = |job: &RunningJob| {
-            let end_s = job.expected_end_s();
-            if job.preempting && !(preempting && preempt::Preempt::holds_back(job)) {
-                end_s.min(kill_at).max(now_s + 1)
-            } else if job.preempting && job.preempted_for.is_some_and(|f| waiting.binary_search(&f).is_ok()) {
-                // Held back for its waiting preemptor even when its time limit runs out first: released to
-                // everyone only after `kill_at`, or a job ahead of the preemptor could take the GPUs it was
-                // killed for, and the preemptor would preempt again in the next pass.
-                end_s.max(kill_at + 1)
-            } else {
-                end_s.max(now_s + 1)
+        Release { now_s, kill_at, preempting, waiting }
+    }
+
+    fn at(&self, job: &RunningJob) -> u64 {
+        let (now_s, kill_at) = (self.now_s, self.kill_at);
+        let end_s = job.expected_end_s();
+        if job.preempting && !(self.preempting && preempt::Preempt::holds_back(job)) {
+            end_s.min(kill_at).max(now_s + 1)
+        } else if job.preempting && job.preempted_for.is_some_and(|f| self.waiting.binary_search(&f).is_ok()) {
+            // Held back for its waiting preemptor even when its time limit runs out first: released to
+            // everyone only after `kill_at`, or a job ahead of the preemptor could take the GPUs it was
+            // killed for, and the preemptor would preempt again in the next pass.
+            end_s.max(kill_at + 1)
+        } else {
+            end_s.max(now_s + 1)
+        }
+    }
+}
+
+/// Running jobs hold their GPUs on the profiles until they give them back; the preemption state learns who holds
+/// what.
+fn place_running<'a>(
+    view: &'a ClusterView,
+    part_index: &FxMap<&'a str, usize>,
+    node_index: &FxMap<&'a str, u32>,
+    nodes: &mut [NodeRt],
+    preempt: &mut Option<preempt::Preempt<'a>>,
+    release: &Release,
+) -> Result<(), ScheduleError> {
+    let now_s = view.now_s;
+    let preempting = preempt.is_some();
+    for job in &view.running {
+        let end_s = release.at(job);
+        let mut held = Vec::new();
+        for (name, gpus) in &job.alloc {
+            let Some(&ni) = node_index.get(name.as_str()) else {
+                return Err(ScheduleError::Unknown { kind: "node of a running job", name: name.clone() });
+            };
+            let node = &mut nodes[ni as usize];
+            for &g in gpus {
+                if g >= node.total || node.free_mask & (1 << g) != 0 {
+                    return Err(ScheduleError::BadGpuIndex { node: name.clone(), index: g });
+                }
             }
-        };
-        for job in &view.running {
-            let end_s = release_s(job);
-            let mut held = Vec::new();
-            for (name, gpus) in &job.alloc {
-                let Some(&ni) = node_index.get(name.as_str()) else {
-                    return Err(ScheduleError::Unknown { kind: "node of a running job", name: name.clone() });
-                };
-                let node = &mut nodes[ni as usize];
-                for &g in gpus {
-                    if g >= node.total || node.free_mask & (1 << g) != 0 {
-                        return Err(ScheduleError::BadGpuIndex { node: name.clone(), index: g });
-                    }
-                }
-                node.general.add(end_s, u64::MAX, gpus.len() as i32);
-                let mut taken = gpus.len() as i32;
-                if job.exclusive {
-                    // It owns the node's other GPUs too until it ends.
-                    let rest = node.free_mask.count_ones() as i32;
-                    node.free_mask = 0;
-                    node.general.add(now_s, end_s, -rest);
-                    taken += rest;
-                }
-                if preempting && taken > 0 {
-                    held.push((ni, taken));
-                }
+            node.general.add(end_s, u64::MAX, gpus.len() as i32);
+            let mut taken = gpus.len() as i32;
+            if job.exclusive {
+                // It owns the node's other GPUs too until it ends.
+                let rest = node.free_mask.count_ones() as i32;
+                node.free_mask = 0;
+                node.general.add(now_s, end_s, -rest);
+                taken += rest;
             }
-            if let Some(pre) = preempt.as_mut() {
-                pre.add_running(job, &part_index, end_s, held);
+            if preempting && taken > 0 {
+                held.push((ni, taken));
             }
         }
         if let Some(pre) = preempt.as_mut() {
-            pre.seal(view);
+            pre.add_running(job, part_index, end_s, held);
         }
+    }
+    if let Some(pre) = preempt.as_mut() {
+        pre.seal(view);
+    }
+    Ok(())
+}
 
-        // Advance reservations: their GPUs leave the general profile for their window and become a separate
-        // capacity that only their own jobs draw from.
-        let mut resv_index = FxMap::default();
-        let mut resvs = Vec::with_capacity(view.reservations.len());
-        for (ri, r) in view.reservations.iter().enumerate() {
-            if resv_index.insert(r.name.as_str(), ri).is_some() {
-                return Err(ScheduleError::Duplicate { kind: "reservation", name: r.name.clone() });
-            }
-            let (start_s, end_s) = (r.start_s, r.end_s());
-            resvs.push(Resv { start_s, end_s, users: r.users.clone(), accounts: r.accounts.clone() });
-            if end_s <= now_s {
-                continue;
-            }
-            let grant = |node: &mut NodeRt, gpus: u32| {
-                node.general.add(start_s, end_s, -(gpus as i32));
-                let mut p = Profile::new(now_s, 0);
-                p.add(start_s, end_s, gpus as i32);
-                node.resv.push((ri, p));
-            };
-            if !r.nodes.is_empty() {
-                for name in &r.nodes {
-                    let Some(&ni) = node_index.get(name.as_str()) else {
-                        return Err(ScheduleError::Unknown { kind: "node of a reservation", name: name.clone() });
-                    };
-                    let node = &mut nodes[ni as usize];
-                    let total = node.total;
-                    grant(node, total);
-                }
-            } else if let Some(count) = r.gpu_count {
-                // A GPU-count reservation is pinned to the first schedulable nodes in view order, whole nodes first
-                // used up: deterministic, and it keeps the reserved GPUs together.
-                let mut left = count;
-                for node in nodes.iter_mut().filter(|n| n.schedulable) {
-                    if left == 0 {
-                        break;
-                    }
-                    let take = left.min(node.total);
-                    grant(node, take);
-                    left -= take;
-                }
-            }
+/// Advance reservations: their GPUs leave the general profile for their window and become a separate capacity
+/// that only their own jobs draw from; a running job inside one holds the reservation's GPUs, not the general
+/// ones.
+fn carve_reservations<'a>(
+    view: &'a ClusterView,
+    node_index: &FxMap<&'a str, u32>,
+    nodes: &mut [NodeRt],
+    release: &Release,
+) -> Result<(FxMap<&'a str, usize>, Vec<Resv>), ScheduleError> {
+    let now_s = view.now_s;
+    let mut resv_index = FxMap::default();
+    let mut resvs = Vec::with_capacity(view.reservations.len());
+    for (ri, r) in view.reservations.iter().enumerate() {
+        if resv_index.insert(r.name.as_str(), ri).is_some() {
+            return Err(ScheduleError::Duplicate { kind: "reservation", name: r.name.clone() });
         }
-        for job in &view.running {
-            let Some(rname) = &job.reservation else { continue };
-            let Some(&ri) = resv_index.get(rname.as_str()) else { continue };
-            let (rs, re) = (resvs[ri].start_s, resvs[ri].end_s);
-            let end_s = release_s(job);
-            for (name, gpus) in &job.alloc {
-                let Some(&ni) = node_index.get(name.as_str()) else { continue };
+        let (start_s, end_s) = (r.start_s, r.end_s());
+        resvs.push(Resv { start_s, end_s, users: r.users.clone(), accounts: r.accounts.clone() });
+        if end_s <= now_s {
+            continue;
+        }
+        let grant = |node: &mut NodeRt, gpus: u32| {
+            node.general.add(start_s, end_s, -(gpus as i32));
+            let mut p = Profile::new(now_s, 0);
+            p.add(start_s, end_s, gpus as i32);
+            node.resv.push((ri, p));
+        };
+        if !r.nodes.is_empty() {
+            for name in &r.nodes {
+                let Some(&ni) = node_index.get(name.as_str()) else {
+                    return Err(ScheduleError::Unknown { kind: "node of a reservation", name: name.clone() });
+                };
                 let node = &mut nodes[ni as usize];
-                let g = gpus.len() as i32;
-                // Its GPUs were counted both as busy and as reserved; they are the reservation's.
-                node.general.add(rs.max(now_s), re.min(end_s), g);
-                if let Some((_, p)) = node.resv.iter_mut().find(|(r, _)| *r == ri) {
-                    p.add(now_s, end_s, -g);
+                let total = node.total;
+                grant(node, total);
+            }
+        } else if let Some(count) = r.gpu_count {
+            // A GPU-count reservation is pinned to the first schedulable nodes in view order, whole nodes first
+            // used up: deterministic, and it keeps the reserved GPUs together.
+            let mut left = count;
+            for node in nodes.iter_mut().filter(|n| n.schedulable) {
+                if left == 0 {
+                    break;
                 }
+                let take = left.min(node.total);
+                grant(node, take);
+                left -= take;
             }
         }
+    }
+    for job in &view.running {
+        let Some(rname) = &job.reservation else { continue };
+        let Some(&ri) = resv_index.get(rname.as_str()) else { continue };
+        let (rs, re) = (resvs[ri].start_s, resvs[ri].end_s);
+        let end_s = release.at(job);
+        for (name, gpus) in &job.alloc {
+            let Some(&ni) = node_index.get(name.as_str()) else { continue };
+            let node = &mut nodes[ni as usize];
+            let g = gpus.len() as i32;
+            // Its GPUs were counted both as busy and as reserved; they are the reservation's.
+            node.general.add(rs.max(now_s), re.min(end_s), g);
+            if let Some((_, p)) = node.resv.iter_mut().find(|(r, _)| *r == ri) {
+                p.add(now_s, end_s, -g);
+            }
+        }
+    }
+    Ok((resv_index, resvs))
+}
 
+/// Per partition, the indexes a placement searches: nodes by GPUs free now, level counts, its nodes and spares,
+/// and whether it lies on one site.
+struct PartitionIndexes {
+    part_free: Vec<Vec<NodeBits>>,
+    part_levels: Vec<[u32; MAX_GPUS_PER_NODE as usize + 1]>,
+    part_nodes: Vec<Vec<u32>>,
+    part_spares: Vec<Vec<u32>>,
+    part_one_site: Vec<bool>,
+}
+
+impl PartitionIndexes {
+    /// Also settles each node's GPUs free now, once running jobs and reservations are on its profile.
+    fn build(view: &ClusterView, nodes: &mut [NodeRt]) -> PartitionIndexes {
+        let now_s = view.now_s;
         let max_level = nodes.iter().map(|n| n.total).max().unwrap_or(0) as usize;
         let mut part_free = vec![vec![NodeBits::new(nodes.len()); max_level + 1]; view.partitions.len()];
         let mut part_levels = vec![[0u32; MAX_GPUS_PER_NODE as usize + 1]; view.partitions.len()];
@@ -681,6 +873,30 @@ impl<'a> Pass<'a> {
             .iter()
             .map(|ns| ns.first().is_none_or(|&f| ns.iter().all(|&i| nodes[i as usize].site == nodes[f as usize].site)))
             .collect();
+        PartitionIndexes { part_free, part_levels, part_nodes, part_spares, part_one_site }
+    }
+}
+
+impl<'a> Pass<'a> {
+    pub fn new(view: &'a ClusterView, config: &'a SchedulerConfig) -> Result<Self, ScheduleError> {
+        let now_s = view.now_s;
+        let mut part_index = FxMap::default();
+        for (i, p) in view.partitions.iter().enumerate() {
+            if part_index.insert(p.name.as_str(), i).is_some() {
+                return Err(ScheduleError::Duplicate { kind: "partition", name: p.name.clone() });
+            }
+        }
+        if part_index.len() > MAX_DISTINCT_BITS {
+            return Err(ScheduleError::TooManyDistinct { kind: "partitions", max: MAX_DISTINCT_BITS });
+        }
+        let NodeTables { mut nodes, node_index, node_names, feature_index, gpu_type_index } =
+            NodeTables::build(view, &part_index)?;
+        let mut preempt = preempt::Preempt::new(view, config, &part_index, nodes.len());
+        let release = Release::new(view, config, preempt.is_some());
+        place_running(view, &part_index, &node_index, &mut nodes, &mut preempt, &release)?;
+        let (resv_index, resvs) = carve_reservations(view, &node_index, &mut nodes, &release)?;
+        let PartitionIndexes { part_free, part_levels, part_nodes, part_spares, part_one_site } =
+            PartitionIndexes::build(view, &mut nodes);
         Ok(Self {
             view,
             config,
@@ -706,6 +922,45 @@ impl<'a> Pass<'a> {
     /// Runs the pass and returns the plan.
     pub fn run(mut self) -> Result<Plan, ScheduleError> {
         let view = self.view;
+        let resolved = self.resolve_jobs()?;
+        let Resolved { pre, breakdowns, submits, shapes, shape_filters, any_top, qos_index, qos_limited, .. } =
+            resolved;
+        let (mut user_ids, mut account_ids, array_ids) = (resolved.user_ids, resolved.account_ids, resolved.array_ids);
+        let (pre, priorities) = priority_order(view, pre, breakdowns, submits, any_top);
+        let usage = running_usage(view, &qos_index, &qos_limited, &mut user_ids, &mut account_ids, &array_ids);
+        let plan = Plan {
+            starts: Vec::new(),
+            reasons: Vec::with_capacity(view.pending.len()),
+            expected_start: Vec::new(),
+            priorities,
+            preemptions: Vec::new(),
+        };
+        let mut walk = Walk {
+            usage,
+            plan,
+            claimed: FxMap::default(),
+            preempt: self.preempt.take(),
+            shapes,
+            shape_filters,
+            blocked_in_partition: vec![false; view.partitions.len()],
+            any_blocked: false,
+            examined: 0,
+            reservations_made: 0,
+        };
+        self.claim_windows(&pre, &mut walk);
+        for pj in &pre {
+            if let Some(reason) = self.place(pj, &mut walk) {
+                walk.plan.reasons.push((pj.id, reason));
+            }
+        }
+        Ok(walk.plan)
+    }
+
+    /// Everything per job that does not depend on what the pass has done so far, resolved in view order (the
+    /// main loop goes in priority order and would otherwise chase every job's strings at random): priority
+    /// factors, a reason that needs no pass state, QOS and array interning, and the memoized shape.
+    fn resolve_jobs(&self) -> Result<Resolved<'a>, ScheduleError> {
+        let view = self.view;
         let config = self.config;
         let now_s = self.now_s;
         let tree = FairShareTree::new(&view.accounts)?;
@@ -718,23 +973,21 @@ impl<'a> Pass<'a> {
         };
         // Fair-share factors once per account, not per job.
         let mut fs_cache: FxMap<&str, f64> = FxMap::default();
-        // Users and accounts, interned for the QOS limits (running jobs' too); job arrays for their throttles.
-        let mut user_ids: FxMap<&str, u32> = FxMap::default();
-        let mut account_ids: FxMap<&str, u32> = FxMap::default();
-        let mut array_ids: FxMap<u64, u32> = FxMap::default();
-        // Only a QOS with a limit needs usage counts.
-        let qos_limited: Vec<bool> = view.qos.iter().map(Qos::has_limits).collect();
-        let mut any_top = false;
-        let mut shapes: Vec<ShapeMemo> = Vec::new();
-        let mut shape_filters: Vec<Filter> = Vec::new();
+        let mut r = Resolved {
+            pre: Vec::with_capacity(view.pending.len()),
+            breakdowns: Vec::with_capacity(view.pending.len()),
+            submits: Vec::with_capacity(view.pending.len()),
+            shapes: Vec::new(),
+            shape_filters: Vec::new(),
+            any_top: false,
+            // Only a QOS with a limit needs usage counts.
+            qos_limited: view.qos.iter().map(Qos::has_limits).collect(),
+            qos_index,
+            user_ids: FxMap::default(),
+            account_ids: FxMap::default(),
+            array_ids: FxMap::default(),
+        };
         let mut shape_index: FxMap<ShapeKey, u32> = FxMap::default();
-        let mut breakdowns = Vec::with_capacity(view.pending.len());
-        // Submit times for the sort key; the rest of it is in `pre` and `breakdowns`. (Reading them back from the
-        // jobs would be another walk over the big, strided `PendingJob`s; a full key vector, more scratch memory.)
-        let mut submits: Vec<u64> = Vec::with_capacity(view.pending.len());
-        let mut pre: Vec<JobPre> = Vec::with_capacity(view.pending.len());
-        // Everything per job that does not depend on what the pass has done so far, resolved in view order (the
-        // main loop goes in priority order and would otherwise chase every job's strings at random).
         // Consecutive jobs mostly share partition and QOS: comparing with the previous job's names is cheaper than
         // hashing them again.
         let mut prev_part: Option<(&str, Option<usize>)> = None;
@@ -749,41 +1002,15 @@ impl<'a> Pass<'a> {
             let tier = p.map_or(0, |p| view.partitions[p].priority_tier);
             let q = match prev_qos {
                 Some((name, q)) if name == job.qos => q,
-                _ => qos_index.get(job.qos.as_str()).copied(),
+                _ => r.qos_index.get(job.qos.as_str()).copied(),
             };
             prev_qos = Some((job.qos.as_str(), q));
             let qos_prio = q.map_or(0, |q| view.qos[q].priority);
             let b = PriorityBreakdown::compute(job, &config.weights, &ctx, fs, tier, qos_prio);
-            submits.push(job.submit_s);
-            breakdowns.push(b);
-            let early = 'early: {
-                if job.held {
-                    break 'early Some(Reason::JobHeldUser);
-                }
-                if job.begin_s > now_s {
-                    break 'early Some(Reason::BeginTime);
-                }
-                match job.dependency {
-                    DependencyState::Satisfied => {}
-                    DependencyState::Waiting => break 'early Some(Reason::Dependency),
-                    DependencyState::NeverSatisfied => break 'early Some(Reason::DependencyNeverSatisfied),
-                }
-                let Some(p) = p else {
-                    break 'early Some(Reason::ReqNodeNotAvail);
-                };
-                let part = &view.partitions[p];
-                if part.state != PartitionState::Up {
-                    break 'early Some(Reason::PartitionDown);
-                }
-                if part.max_time_s.is_some_and(|m| job.time_limit_s > m) {
-                    break 'early Some(Reason::PartitionTimeLimit);
-                }
-                if job.nodes == 0 || job.time_limit_s == 0 {
-                    break 'early Some(Reason::ReqNodeNotAvail);
-                }
-                None
-            };
-            let q_limited = q.filter(|&q| qos_limited[q]);
+            r.submits.push(job.submit_s);
+            r.breakdowns.push(b);
+            let early = early_reason(view, job, p, now_s);
+            let q_limited = q.filter(|&q| r.qos_limited[q]);
             let preempt_q = match (&self.preempt, p) {
                 (Some(pre), Some(p)) if pre.may_preempt_some(q, p) => match q {
                     Some(q) if q + 1 < usize::from(u16::MAX) => q as u16 + 1,
@@ -791,37 +1018,16 @@ impl<'a> Pass<'a> {
                 },
                 _ => 0,
             };
-            any_top |= job.top_rank != 0;
+            r.any_top |= job.top_rank != 0;
             let (array, array_max) = match job.array {
-                Some(a) => (intern(&mut array_ids, a.array_id), a.max_running),
+                Some(a) => (intern(&mut r.array_ids, a.array_id), a.max_running),
                 None => (NONE, u32::MAX),
             };
-            let mut shape = NO_SHAPE;
-            if let (None, Some(p), None) = (early, p, &job.reservation)
-                && let Some(filter) = self.filter(job, p)
-                && filter.nodelist.is_empty()
-                && filter.exclude.is_empty()
-            {
-                let key = ShapeKey {
-                    partition: p,
-                    nodes: job.nodes,
-                    gpus_per_node: job.gpus_per_node,
-                    cpus_per_node: job.cpus_per_node,
-                    mem_per_node_mb: job.mem_per_node_mb,
-                    gpu_type: filter.gpu_type,
-                    features: filter.features,
-                    exclusive: job.exclusive,
-                    multi_site: job.allow_multi_site,
-                    spares: job.may_use_spares,
-                };
-                let next = shapes.len() as u32;
-                shape = *shape_index.entry(key).or_insert(next);
-                if shape == next {
-                    shapes.push(ShapeMemo { req: Req::of(job), failed_limit: u64::MAX, never: None });
-                    shape_filters.push(filter);
-                }
-            }
-            pre.push(JobPre {
+            let shape = match (early, p) {
+                (None, Some(p)) => self.shape_of(job, p, &mut shape_index, &mut r),
+                _ => NO_SHAPE,
+            };
+            r.pre.push(JobPre {
                 idx: i as u32,
                 id: job.id,
                 time_limit_s: job.time_limit_s,
@@ -829,244 +1035,240 @@ impl<'a> Pass<'a> {
                 early,
                 p: p.map_or(NO_PARTITION, |p| p as u8),
                 q_limited: q_limited.map_or(NONE, |q| q as u32),
-                user: if q_limited.is_some() { intern(&mut user_ids, job.user.as_str()) } else { NONE },
-                account: if q_limited.is_some() { intern(&mut account_ids, job.account.as_str()) } else { NONE },
+                user: if q_limited.is_some() { intern(&mut r.user_ids, job.user.as_str()) } else { NONE },
+                account: if q_limited.is_some() { intern(&mut r.account_ids, job.account.as_str()) } else { NONE },
                 array,
                 array_max,
                 shape,
                 preempt_q,
             });
         }
-        if any_top {
-            // `scontrol top` permutes priority values within users, after they are computed and before ordering.
-            let mut prio: Vec<u64> = breakdowns.iter().map(|b| b.priority).collect();
-            apply_top(&view.pending, &mut prio);
-            for (b, p) in breakdowns.iter_mut().zip(prio) {
-                b.priority = p;
-            }
-        }
-        let tier_of = |p: u8| if p == NO_PARTITION { 0 } else { view.partitions[p as usize].priority_tier };
-        let order = scheduling_order(view.pending.len(), |i| OrderKey {
-            tier: tier_of(pre[i].p),
-            priority: breakdowns[i].priority,
-            top_rank: view.pending[i].top_rank,
-            submit_s: submits[i],
-            id: pre[i].id,
-        });
-        drop(submits);
-        // Gathers into priority order, each in one tight loop (which keeps many loads in flight), and each reading
-        // one random place per job (the ids come from the already sorted `pre`). Every big buffer is dropped as
-        // soon as it is used, so the next one can reuse its memory instead of growing the heap.
-        let pre: Vec<JobPre> = {
-            let by_view = pre;
-            order.iter().map(|&i| by_view[i as usize]).collect()
-        };
-        let priorities: Vec<(u64, PriorityBreakdown)> =
-            pre.iter().map(|pj| (pj.id, breakdowns[pj.idx as usize].clone())).collect();
-        drop(breakdowns);
-        drop(order);
+        Ok(r)
+    }
 
-        let mut usage = Usage { array: vec![0; array_ids.len()], ..Usage::default() };
-        for job in &view.running {
-            let q = qos_index.get(job.qos.as_str()).copied().filter(|&q| qos_limited[q]);
-            // Only arrays with a throttled task pending matter.
-            let array = job.array_id.and_then(|a| array_ids.get(&a).copied()).unwrap_or(NONE);
-            if q.is_none() && array == NONE {
+    /// The memoized shape of a job that could be placed (no node list, exclusions or advance reservation), made
+    /// on first sight; else NO_SHAPE.
+    fn shape_of(
+        &self,
+        job: &PendingJob,
+        p: usize,
+        shape_index: &mut FxMap<ShapeKey, u32>,
+        r: &mut Resolved<'a>,
+    ) -> u32 {
+        if job.reservation.is_some() {
+            return NO_SHAPE;
+        }
+        let Some(filter) = self.filter(job, p) else { return NO_SHAPE };
+        if !filter.nodelist.is_empty() || !filter.exclude.is_empty() {
+            return NO_SHAPE;
+        }
+        let key = ShapeKey {
+            partition: p,
+            nodes: job.nodes,
+            gpus_per_node: job.gpus_per_node,
+            cpus_per_node: job.cpus_per_node,
+            mem_per_node_mb: job.mem_per_node_mb,
+            gpu_type: filter.gpu_type,
+            features: filter.features,
+            exclusive: job.exclusive,
+            multi_site: job.allow_multi_site,
+            spares: job.may_use_spares,
+        };
+        let next = r.shapes.len() as u32;
+        let shape = *shape_index.entry(key).or_insert(next);
+        if shape == next {
+            r.shapes.push(ShapeMemo { req: Req::of(job), failed_limit: u64::MAX, never: None });
+            r.shape_filters.push(filter);
+        }
+        shape
+    }
+
+    /// Preemptors whose victims are already ending for them take their windows before anyone else is placed
+    /// (see `Pass::claim`); in their turn they only report it.
+    fn claim_windows(&mut self, pre: &[JobPre], walk: &mut Walk<'a>) {
+        let view = self.view;
+        let Some(pre_state) = walk.preempt.as_mut() else { return };
+        if !pre_state.any_waiting() {
+            return;
+        }
+        for pj in pre {
+            if pj.early.is_some() || pj.preempt_q == 0 || !pre_state.waits_for_victims(pj.id) {
                 continue;
             }
-            let (user, account) = match q {
-                Some(_) => (intern(&mut user_ids, job.user.as_str()), intern(&mut account_ids, job.account.as_str())),
-                None => (NONE, NONE),
+            if walk.usage.limit_reason(pj, &view.qos).is_some() {
+                continue;
+            }
+            let job = &view.pending[pj.idx as usize];
+            if job.reservation.is_some() {
+                continue;
+            }
+            let p = pj.p as usize;
+            let shape = (pj.shape != NO_SHAPE).then_some(pj.shape as usize);
+            let req = match shape {
+                Some(s) => Req { time_limit_s: pj.time_limit_s, ..walk.shapes[s].req },
+                None => Req::of(job),
             };
-            let gpus = job.alloc.iter().map(|(_, g)| g.len() as u64).sum::<u64>();
-            usage.add(q.map_or(NONE, |q| q as u32), user, account, array, gpus);
-        }
-
-        let mut plan = Plan {
-            starts: Vec::new(),
-            reasons: Vec::with_capacity(view.pending.len()),
-            expected_start: Vec::new(),
-            priorities,
-            preemptions: Vec::new(),
-        };
-        let mut preempt = self.preempt.take();
-        // Preemptors whose victims are already ending for them take their windows before anyone else is placed
-        // (see `Pass::claim`); in their turn they only report it.
-        let mut claimed: FxMap<JobId, u64> = FxMap::default();
-        if let Some(pre_state) = preempt.as_mut()
-            && pre_state.any_waiting()
-        {
-            for pj in &pre {
-                if pj.early.is_some() || pj.preempt_q == 0 || !pre_state.waits_for_victims(pj.id) {
-                    continue;
+            let own_filter;
+            let filter = match shape {
+                Some(s) => &walk.shape_filters[s],
+                None => {
+                    let Some(f) = self.filter(job, p) else { continue };
+                    own_filter = f;
+                    &own_filter
                 }
-                if usage.limit_reason(pj, &view.qos).is_some() {
-                    continue;
-                }
-                let job = &view.pending[pj.idx as usize];
-                if job.reservation.is_some() {
-                    continue;
-                }
-                let p = pj.p as usize;
-                let shape = (pj.shape != NO_SHAPE).then_some(pj.shape as usize);
-                let req = match shape {
-                    Some(s) => Req { time_limit_s: pj.time_limit_s, ..shapes[s].req },
-                    None => Req::of(job),
-                };
-                let own_filter;
-                let filter = match shape {
-                    Some(s) => &shape_filters[s],
-                    None => {
-                        let Some(f) = self.filter(job, p) else { continue };
-                        own_filter = f;
-                        &own_filter
-                    }
-                };
-                if let Some(t) = self.claim(pre_state, (job, pj.id, pj.preempt_q), &req, filter, p) {
-                    claimed.insert(pj.id, t);
-                }
+            };
+            if let Some(t) = self.claim(pre_state, (job, pj.id, pj.preempt_q), &req, filter, p) {
+                walk.claimed.insert(pj.id, t);
             }
         }
-        let mut blocked_in_partition = vec![false; view.partitions.len()];
-        let mut any_blocked = false;
-        let mut examined = 0usize;
-        let mut reservations_made = 0usize;
+    }
 
-        'jobs: for pj in &pre {
-            let i = pj.idx as usize;
-            let reason = 'job: {
-                if let Some(r) = pj.early {
-                    break 'job r;
-                }
-                let p = pj.p as usize;
-                if let Some(&t) = claimed.get(&pj.id) {
-                    // Slurm shows a job waiting for its preempted jobs to end as waiting for resources.
-                    plan.expected_start.push((pj.id, t));
-                    any_blocked = true;
-                    blocked_in_partition[p] = true;
-                    break 'job Reason::Resources;
-                }
-                if !config.backfill && any_blocked {
-                    // Strict priority order: nothing passes a blocked job.
-                    break 'job Reason::Priority;
-                }
-                if config.max_backfill_jobs.is_some_and(|m| examined >= m) {
-                    break 'job Reason::Priority;
-                }
-                // Counts only jobs that reach the resource checks, like Slurm's bf_max_job_test.
-                examined = examined.saturating_add(1);
-                // Over a limit: it waits without a reservation (it could not use one).
-                if let Some(r) = usage.limit_reason(pj, &view.qos) {
-                    break 'job r;
-                }
-                let job = &view.pending[i];
-                // A memoized shape has no node list or exclusions and no advance reservation.
-                let shape = (pj.shape != NO_SHAPE).then_some(pj.shape as usize);
-                let req = match shape {
-                    Some(s) => Req { time_limit_s: pj.time_limit_s, ..shapes[s].req },
-                    None => Req::of(job),
-                };
-                let own_filter;
-                let filter = match shape {
-                    Some(s) => &shape_filters[s],
-                    None => {
-                        let Some(f) = self.filter(job, p) else {
-                            break 'job Reason::ReqNodeNotAvail;
-                        };
-                        own_filter = f;
-                        &own_filter
-                    }
-                };
-
-                if shape.is_none()
-                    && let Some(rname) = &job.reservation
-                {
-                    let Some(&ri) = self.resv_index.get(rname.as_str()) else {
-                        break 'job Reason::Reservation;
-                    };
-                    let r = &self.resvs[ri];
-                    let allowed = (r.users.is_empty() && r.accounts.is_empty())
-                        || r.users.iter().any(|u| *u == job.user)
-                        || r.accounts.iter().any(|a| *a == job.account);
-                    if !allowed || now_s < r.start_s || now_s >= r.end_s {
-                        break 'job Reason::Reservation;
-                    }
-                    match self.try_start_in_reservation(&req, filter, ri) {
-                        Some(alloc) => {
-                            usage.add(pj.q_limited, pj.user, pj.account, pj.array, pj.total_gpus);
-                            plan.starts.push((pj.id, alloc));
-                            continue 'jobs;
-                        }
-                        None => {
-                            any_blocked = true;
-                            break 'job Reason::Reservation;
-                        }
-                    }
-                }
-
-                // Resources only shrink within a pass: a shape that failed with a time limit fails with any longer one.
-                let known_fail = shape.is_some_and(|s| shapes[s].failed_limit <= pj.time_limit_s);
-                if !known_fail {
-                    let now = self.try_start_now(&req, filter, p);
-                    // A job restarting after a node failure takes hot spares rather than wait for normal nodes.
-                    let now = match now {
-                        None if req.may_use_spares => self.try_start_with_spares(&req, filter, p),
-                        now => now,
-                    };
-                    if let Some(alloc) = now {
-                        usage.add(pj.q_limited, pj.user, pj.account, pj.array, pj.total_gpus);
-                        plan.starts.push((pj.id, alloc));
-                        continue 'jobs;
-                    }
-                    if let Some(s) = shape {
-                        shapes[s].failed_limit = shapes[s].failed_limit.min(pj.time_limit_s);
-                    }
-                }
-                any_blocked = true;
-                let never = match shape {
-                    Some(s) => match shapes[s].never {
-                        Some(c) => c,
-                        None => {
-                            let c = self.never_reason(&req, filter, p);
-                            shapes[s].never = Some(c);
-                            c
-                        }
-                    },
-                    None => self.never_reason(&req, filter, p),
-                };
-                if let Some(r) = never {
-                    break 'job r;
-                }
-                let first = !blocked_in_partition[p];
-                blocked_in_partition[p] = true;
-                // Its earliest start on the profiles, when the preemption check already computed it.
-                let mut earliest = None;
-                if pj.preempt_q != 0
-                    && let Some(pre) = preempt.as_mut()
-                {
-                    match self.try_preempt(pre, (job, pj.id, pj.preempt_q), &req, filter, p, shape) {
-                        preempt::Outcome::Reserved { t, victims } => {
-                            plan.expected_start.push((pj.id, t));
-                            plan.preemptions
-                                .extend(victims.into_iter().map(|victim| Preemption { victim, for_job: pj.id }));
-                            // Slurm shows a job waiting for its preempted jobs to end as waiting for resources.
-                            break 'job Reason::Resources;
-                        }
-                        preempt::Outcome::Normal(e) => earliest = e,
-                    }
-                }
-                if config.backfill && reservations_made < config.max_reservations {
-                    reservations_made += 1;
-                    if let Some((t, chosen)) = earliest.unwrap_or_else(|| self.find_earliest(&req, filter, p)) {
-                        self.take_window(&req, &chosen, t);
-                        plan.expected_start.push((pj.id, t));
-                    }
-                }
-                if first { Reason::Resources } else { Reason::Priority }
-            };
-            plan.reasons.push((pj.id, reason));
+    /// Whether a job's turn reaches the resource checks, or the reason it waits without them: an early reason, a
+    /// window its preemptor already claimed, strict priority order, the backfill depth, a QOS limit.
+    fn admit(&self, pj: &JobPre, walk: &mut Walk<'a>) -> Result<(), Reason> {
+        let config = self.config;
+        if let Some(r) = pj.early {
+            return Err(r);
         }
-        Ok(plan)
+        let p = pj.p as usize;
+        if let Some(&t) = walk.claimed.get(&pj.id) {
+            // Slurm shows a job waiting for its preempted jobs to end as waiting for resources.
+            walk.plan.expected_start.push((pj.id, t));
+            walk.any_blocked = true;
+            walk.blocked_in_partition[p] = true;
+            return Err(Reason::Resources);
+        }
+        if !config.backfill && walk.any_blocked {
+            // Strict priority order: nothing passes a blocked job.
+            return Err(Reason::Priority);
+        }
+        if config.max_backfill_jobs.is_some_and(|m| walk.examined >= m) {
+            return Err(Reason::Priority);
+        }
+        // Counts only jobs that reach the resource checks, like Slurm's bf_max_job_test.
+        walk.examined = walk.examined.saturating_add(1);
+        // Over a limit: it waits without a reservation (it could not use one).
+        match walk.usage.limit_reason(pj, &self.view.qos) {
+            Some(r) => Err(r),
+            None => Ok(()),
+        }
+    }
+
+    /// One job's turn in priority order: it starts now (None: its start is in the plan), or gets the reason it
+    /// waits, with a reservation of its earliest start when backfill makes one.
+    fn place(&mut self, pj: &JobPre, walk: &mut Walk<'a>) -> Option<Reason> {
+        let view = self.view;
+        let config = self.config;
+        let now_s = self.now_s;
+        if let Err(r) = self.admit(pj, walk) {
+            return Some(r);
+        }
+        let p = pj.p as usize;
+        let job = &view.pending[pj.idx as usize];
+        // A memoized shape has no node list or exclusions and no advance reservation.
+        let shape = (pj.shape != NO_SHAPE).then_some(pj.shape as usize);
+        let req = match shape {
+            Some(s) => Req { time_limit_s: pj.time_limit_s, ..walk.shapes[s].req },
+            None => Req::of(job),
+        };
+        let own_filter;
+        let filter = match shape {
+            Some(s) => &walk.shape_filters[s],
+            None => {
+                let Some(f) = self.filter(job, p) else {
+                    return Some(Reason::ReqNodeNotAvail);
+                };
+                own_filter = f;
+                &own_filter
+            }
+        };
+
+        if shape.is_none()
+            && let Some(rname) = &job.reservation
+        {
+            let Some(&ri) = self.resv_index.get(rname.as_str()) else {
+                return Some(Reason::Reservation);
+            };
+            let r = &self.resvs[ri];
+            let allowed = (r.users.is_empty() && r.accounts.is_empty())
+                || r.users.iter().any(|u| *u == job.user)
+                || r.accounts.iter().any(|a| *a == job.account);
+            if !allowed || now_s < r.start_s || now_s >= r.end_s {
+                return Some(Reason::Reservation);
+            }
+            return match self.try_start_in_reservation(&req, filter, ri) {
+                Some(alloc) => {
+                    walk.usage.add(pj.q_limited, pj.user, pj.account, pj.array, pj.total_gpus);
+                    walk.plan.starts.push((pj.id, alloc));
+                    None
+                }
+                None => {
+                    walk.any_blocked = true;
+                    Some(Reason::Reservation)
+                }
+            };
+        }
+
+        // Resources only shrink within a pass: a shape that failed with a time limit fails with any longer one.
+        let known_fail = shape.is_some_and(|s| walk.shapes[s].failed_limit <= pj.time_limit_s);
+        if !known_fail {
+            let now = self.try_start_now(&req, filter, p);
+            // A job restarting after a node failure takes hot spares rather than wait for normal nodes.
+            let now = match now {
+                None if req.may_use_spares => self.try_start_with_spares(&req, filter, p),
+                now => now,
+            };
+            if let Some(alloc) = now {
+                walk.usage.add(pj.q_limited, pj.user, pj.account, pj.array, pj.total_gpus);
+                walk.plan.starts.push((pj.id, alloc));
+                return None;
+            }
+            if let Some(s) = shape {
+                walk.shapes[s].failed_limit = walk.shapes[s].failed_limit.min(pj.time_limit_s);
+            }
+        }
+        walk.any_blocked = true;
+        let never = match shape {
+            Some(s) => match walk.shapes[s].never {
+                Some(c) => c,
+                None => {
+                    let c = self.never_reason(&req, filter, p);
+                    walk.shapes[s].never = Some(c);
+                    c
+                }
+            },
+            None => self.never_reason(&req, filter, p),
+        };
+        if let Some(r) = never {
+            return Some(r);
+        }
+        let first = !walk.blocked_in_partition[p];
+        walk.blocked_in_partition[p] = true;
+        // Its earliest start on the profiles, when the preemption check already computed it.
+        let mut earliest = None;
+        if pj.preempt_q != 0
+            && let Some(pre) = walk.preempt.as_mut()
+        {
+            match self.try_preempt(pre, (job, pj.id, pj.preempt_q), &req, filter, p, shape) {
+                preempt::Outcome::Reserved { t, victims } => {
+                    walk.plan.expected_start.push((pj.id, t));
+                    walk.plan
+                        .preemptions
+                        .extend(victims.into_iter().map(|victim| Preemption { victim, for_job: pj.id }));
+                    // Slurm shows a job waiting for its preempted jobs to end as waiting for resources.
+                    return Some(Reason::Resources);
+                }
+                preempt::Outcome::Normal(e) => earliest = e,
+            }
+        }
+        if config.backfill && walk.reservations_made < config.max_reservations {
+            walk.reservations_made += 1;
+            if let Some((t, chosen)) = earliest.unwrap_or_else(|| self.find_earliest(&req, filter, p)) {
+                self.take_window(&req, &chosen, t);
+                walk.plan.expected_start.push((pj.id, t));
+            }
+        }
+        Some(if first { Reason::Resources } else { Reason::Priority })
     }
 
     /// Resolves the job's static node filter; None when it names an unknown node, feature or GPU type (then no

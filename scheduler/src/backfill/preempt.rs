@@ -37,8 +37,9 @@ pub const MAX_PREEMPT_WORK: usize = 200_000;
 /// greedily (largest first, then dropping the most expensive while it still fits).
 const MAX_ENUMERATED: usize = 10;
 
+/// Where a running job stands as a possible victim of this pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
+enum VictimState {
     /// May be chosen.
     Candidate,
     /// Already ending (a view's `preempting` job, or chosen earlier in this pass), for this job if known.
@@ -54,7 +55,7 @@ struct Victim {
     start_s: u64,
     /// The nodes it holds GPUs on (what it holds on each is in [`Preempt::by_node`]).
     nodes: Vec<u32>,
-    state: State,
+    state: VictimState,
 }
 
 /// GPUs handed back early: (when the general profile gets them back anyway, how many).
@@ -81,8 +82,16 @@ struct Slot {
     used: bool,
 }
 
-/// What a victim set costs: fewer victims, then lower priorities, then less run time lost; ids break ties.
-type Cost = (usize, u128, u128);
+/// What a victim set costs, compared field by field in this order: fewer victims, then lower priorities, then
+/// less run time lost; ids break ties where costs are compared.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+struct Cost {
+    victims: usize,
+    /// The victims' priorities, summed.
+    priority: u128,
+    /// The run time they lose, summed.
+    lost_s: u128,
+}
 
 pub(super) struct Preempt<'a> {
     pub(super) kill_at: u64,
@@ -217,7 +226,7 @@ impl<'a> Preempt<'a> {
             if let Some(f) = job.preempted_for {
                 self.ending_for.insert(f, false);
             }
-            State::Ending(job.preempted_for)
+            VictimState::Ending(job.preempted_for)
         } else {
             let by_qos = qos != NONE && self.qos_targeted[qos as usize];
             let by_tier = part != NONE && self.max_requeue_tier.is_some_and(|t| self.part_tier[part as usize] < t);
@@ -226,7 +235,7 @@ impl<'a> Preempt<'a> {
             if !job.requeueable || exempt || !(by_qos || by_tier) {
                 return;
             }
-            State::Candidate
+            VictimState::Candidate
         };
         let v = self.victims.len() as u32;
         for &(ni, g) in &held {
@@ -249,12 +258,17 @@ impl<'a> Preempt<'a> {
     /// Finishes setup once every running job is recorded.
     pub(super) fn seal(&mut self, view: &ClusterView) {
         self.victim_nodes.sort_unstable();
-        self.ending_nodes =
-            self.victims.iter().filter(|v| v.state != State::Candidate).flat_map(|v| v.nodes.iter().copied()).collect();
+        self.ending_nodes = self
+            .victims
+            .iter()
+            .filter(|v| v.state != VictimState::Candidate)
+            .flat_map(|v| v.nodes.iter().copied())
+            .collect();
         self.ending_nodes.sort_unstable();
         self.ending_nodes.dedup();
-        self.order =
-            (0..self.victims.len() as u32).filter(|&v| self.victims[v as usize].state == State::Candidate).collect();
+        self.order = (0..self.victims.len() as u32)
+            .filter(|&v| self.victims[v as usize].state == VictimState::Candidate)
+            .collect();
         let mut order = std::mem::take(&mut self.order);
         order.sort_by_key(|&v| self.order_key(v));
         self.order = order;
@@ -295,10 +309,10 @@ impl<'a> Preempt<'a> {
     /// Whether the job may use the GPUs `v` gives back early (or choose it).
     fn usable(&self, who: Who, v: &Victim) -> bool {
         match v.state {
-            State::Candidate => self.may(who, v),
-            State::Ending(Some(f)) if f == who.id => true,
-            State::Ending(Some(f)) if self.ending_for.get(&f) == Some(&true) => false,
-            State::Ending(_) => self.may(who, v),
+            VictimState::Candidate => self.may(who, v),
+            VictimState::Ending(Some(f)) if f == who.id => true,
+            VictimState::Ending(Some(f)) if self.ending_for.get(&f) == Some(&true) => false,
+            VictimState::Ending(_) => self.may(who, v),
         }
     }
 
@@ -332,8 +346,8 @@ impl<'a> Preempt<'a> {
                 continue;
             }
             match v.state {
-                State::Candidate => cands.push((slot.v, slot.end_s, slot.gpus)),
-                State::Ending(_) => ending.push((slot.end_s, slot.gpus)),
+                VictimState::Candidate => cands.push((slot.v, slot.end_s, slot.gpus)),
+                VictimState::Ending(_) => ending.push((slot.end_s, slot.gpus)),
             }
         }
     }
@@ -341,7 +355,7 @@ impl<'a> Preempt<'a> {
     /// Whether node `i` holds victims ending for some other job that is pending in this view.
     fn earmarked_elsewhere(&self, i: u32, who: Who) -> bool {
         self.by_node[i as usize].iter().any(|s| match self.victims[s.v as usize].state {
-            State::Ending(Some(f)) => f != who.id && self.ending_for.get(&f) == Some(&true),
+            VictimState::Ending(Some(f)) => f != who.id && self.ending_for.get(&f) == Some(&true),
             _ => false,
         })
     }
@@ -362,7 +376,7 @@ impl<'a> Preempt<'a> {
             .filter(|&k| {
                 let s = &self.by_node[i as usize][k];
                 let v = &self.victims[s.v as usize];
-                !s.used && matches!(v.state, State::Ending(_)) && self.usable(who, v)
+                !s.used && matches!(v.state, VictimState::Ending(_)) && self.usable(who, v)
             })
             .collect();
         slots.sort_by_key(|&k| std::cmp::Reverse(self.by_node[i as usize][k].end_s));
@@ -382,7 +396,7 @@ impl<'a> Preempt<'a> {
     fn cost(&self, set: &[u32]) -> Cost {
         let prio = set.iter().map(|&v| u128::from(self.victims[v as usize].priority)).sum();
         let lost = set.iter().map(|&v| u128::from(self.now_s.saturating_sub(self.victims[v as usize].start_s))).sum();
-        (set.len(), prio, lost)
+        Cost { victims: set.len(), priority: prio, lost_s: lost }
     }
 
     /// The victim order when costs tie: lower priority, then most recently started, then lower id.
@@ -529,7 +543,7 @@ impl<'a> Pass<'a> {
         let mut victims: Vec<JobId> = Vec::with_capacity(set.len());
         for &v in &set {
             let v = &mut pre.victims[v as usize];
-            v.state = State::Ending(Some(id));
+            v.state = VictimState::Ending(Some(id));
             victims.push(v.id);
             pre.ending_nodes.extend(v.nodes.iter().copied());
         }
@@ -583,7 +597,7 @@ impl<'a> Pass<'a> {
         let own = |i: u32| {
             pre.by_node[i as usize]
                 .iter()
-                .any(|s| !s.used && pre.victims[s.v as usize].state == State::Ending(Some(id)))
+                .any(|s| !s.used && pre.victims[s.v as usize].state == VictimState::Ending(Some(id)))
         };
         let nodes: &[u32] = if req.nodes == 1 { &pre.ending_nodes } else { &self.part_nodes[p] };
         let mut cands: Vec<Candidate> = Vec::new();
@@ -621,9 +635,35 @@ impl<'a> Pass<'a> {
         Some(pre.kill_at)
     }
 
-    /// A placement at `kill_at` and the victims it needs (empty: GPUs already ending for the job suffice).
+    /// A placement at `kill_at` and the victims it needs (empty: GPUs already ending for the job suffice): the
+    /// nodes that could host the job and what each would cost (`gather`), the cheapest placement over them
+    /// (`pick`), then only the victims it cannot do without (`trim`).
     fn preempt_search(&self, pre: &Preempt<'a>, who: Who, req: &Req, filter: &Filter) -> Option<(Vec<u32>, Vec<u32>)> {
         let window = (pre.kill_at, pre.kill_at.saturating_add(req.time_limit_s));
+        let (free, options) = self.gather(pre, who, req, filter, window);
+        let (chosen, mut set) = self.pick(pre, who, (req, filter), window, &free, options)?;
+        set.sort_unstable();
+        set.dedup();
+        if set.is_empty() {
+            return Some((chosen, set));
+        }
+        let (chosen, mut set) = self.trim(pre, who, (req, filter), &free, chosen, set)?;
+        // Victims with no GPUs on the final nodes are not needed by it.
+        set.retain(|&v| pre.victims[v as usize].nodes.iter().any(|i| chosen.contains(i)));
+        Some((chosen, set))
+    }
+
+    /// The nodes that fit the job over `window` with what already ends for it (`free`), and for the others the
+    /// cheapest victims that would make them fit (`options`). One node: GPUs already ending for it first, then one
+    /// victim, then several on one node. Several nodes: every node of the partition.
+    fn gather(
+        &self,
+        pre: &Preempt<'a>,
+        who: Who,
+        req: &Req,
+        filter: &Filter,
+        window: (u64, u64),
+    ) -> (Vec<Candidate>, Vec<NodeOption>) {
         let want = req.nodes as usize;
         let p = who.p as usize;
         let mut free: Vec<Candidate> = Vec::new();
@@ -656,7 +696,7 @@ impl<'a> Pass<'a> {
                 // One victim: the cheapest whose absence makes one of its nodes fit.
                 'one: for &v in &pre.order {
                     let vic = &pre.victims[v as usize];
-                    if vic.state != State::Candidate || !pre.may(who, vic) {
+                    if vic.state != VictimState::Candidate || !pre.may(who, vic) {
                         continue;
                     }
                     for &i in &vic.nodes {
@@ -706,8 +746,22 @@ impl<'a> Pass<'a> {
             }
         }
         pre.work.set(pre.work.get() + work.get());
+        (free, options)
+    }
+
+    /// The cheapest placement over the gathered nodes, and the victims it takes.
+    fn pick(
+        &self,
+        pre: &Preempt<'a>,
+        who: Who,
+        (req, filter): (&Req, &Filter),
+        window: (u64, u64),
+        free: &[Candidate],
+        options: Vec<NodeOption>,
+    ) -> Option<(Vec<u32>, Vec<u32>)> {
+        let want = req.nodes as usize;
         let multi = req.allow_multi_site;
-        let (mut chosen, mut set) = if want == 1 {
+        let picked = if want == 1 {
             if free.is_empty() {
                 let best = options.iter().min_by(|a, b| (a.cost, &a.set, a.node).cmp(&(b.cost, &b.set, b.node)))?;
                 (vec![best.node], best.set.clone())
@@ -717,7 +771,7 @@ impl<'a> Pass<'a> {
                 // wait after all while its victims are killed.
                 let clear: Vec<Candidate> =
                     free.iter().filter(|c| !pre.earmarked_elsewhere(c.node, who)).cloned().collect();
-                let pool = if clear.is_empty() { &free } else { &clear };
+                let pool: &[Candidate] = if clear.is_empty() { free } else { &clear };
                 (choose_nodes(pool, 1, multi)?, Vec::new())
             }
         } else {
@@ -732,20 +786,30 @@ impl<'a> Pass<'a> {
                 single.truncate(keep);
                 top.extend(single);
                 top.sort_by_key(|o| o.node);
-                match self.cover(pre, who, (req, filter), window, &free, top) {
+                match self.cover(pre, who, (req, filter), window, free, top) {
                     Some(found) => found,
-                    None => self.cover(pre, who, (req, filter), window, &free, options)?,
+                    None => self.cover(pre, who, (req, filter), window, free, options)?,
                 }
             } else {
-                self.cover(pre, who, (req, filter), window, &free, options)?
+                self.cover(pre, who, (req, filter), window, free, options)?
             }
         };
-        set.sort_unstable();
-        set.dedup();
-        if set.is_empty() {
-            return Some((chosen, set));
-        }
-        // Irredundant: drop the most expensive victim whose absence still leaves a placement, until none can go.
+        Some(picked)
+    }
+
+    /// Irredundant: drops the most expensive victim whose absence still leaves a placement, until none can go;
+    /// the placement is chosen again when any went.
+    fn trim(
+        &self,
+        pre: &Preempt<'a>,
+        who: Who,
+        (req, filter): (&Req, &Filter),
+        free: &[Candidate],
+        mut chosen: Vec<u32>,
+        mut set: Vec<u32>,
+    ) -> Option<(Vec<u32>, Vec<u32>)> {
+        let want = req.nodes as usize;
+        let p = who.p as usize;
         let touched: Vec<u32> = {
             let mut t: Vec<u32> = set.iter().flat_map(|&v| pre.victims[v as usize].nodes.iter().copied()).collect();
             t.sort_unstable();
@@ -761,7 +825,7 @@ impl<'a> Pass<'a> {
             if by_count {
                 free.len() + extra.len() >= want
             } else {
-                choose_nodes(&[&free[..], extra].concat(), want, multi).is_some()
+                choose_nodes(&[free, extra].concat(), want, multi).is_some()
             }
         };
         let mut dropped_any = false;
@@ -784,10 +848,8 @@ impl<'a> Pass<'a> {
         }
         if dropped_any {
             let extra = self.fitting_with(pre, who, (req, filter), &free_nodes, &touched, &set);
-            chosen = choose_nodes(&[&free[..], &extra[..]].concat(), want, multi)?;
+            chosen = choose_nodes(&[free, &extra[..]].concat(), want, multi)?;
         }
-        // Victims with no GPUs on the final nodes are not needed by it.
-        set.retain(|&v| pre.victims[v as usize].nodes.iter().any(|i| chosen.contains(i)));
         Some((chosen, set))
     }
 
@@ -916,7 +978,7 @@ impl<'a> Pass<'a> {
                 let base = n.general.min_over_plus(window.0, window.1, &ending);
                 let o = &mut options[s];
                 if base >= need {
-                    (o.set, o.have, o.cost) = (Vec::new(), base, (0, 0, 0));
+                    (o.set, o.have, o.cost) = (Vec::new(), base, Cost::default());
                 } else if let Some((set, have)) = pre.best_on_node(n, window, need, &ending, &mut cands) {
                     o.cost = pre.cost(&set);
                     (o.set, o.have) = (set, have);
