@@ -99,142 +99,174 @@ fn passwd_entry(uid: u32) -> Option<(String, String, String)> {
 }
 
 pub fn task_environment(p: &Placement, base: Vec<(String, String)>) -> Vec<(String, String)> {
-    let job = p.job;
-    let spec = &job.spec;
-    let mut env: Vec<(String, String)> = base;
+    let spec = &p.job.spec;
+    let mut env = Env(base);
     // Without the submit environment (anything but --export=ALL), Slurm still gives the task its user's login
     // variables from the node's user database, and says which export it was (checked against Slurm 22.05):
     // scripts run with --export=NONE rely on HOME and USER.
     let exports_all = matches!(spec.export, ExportPolicy::All | ExportPolicy::Vars { all: true, .. });
     if !exports_all {
         for (name, value) in login_environment(spec.uid, &spec.user) {
-            if !env.iter().any(|(n, _)| *n == name) {
-                env.push((name.to_string(), value));
+            if !env.0.iter().any(|(n, _)| *n == name) {
+                env.0.push((name.to_string(), value));
             }
         }
     }
-    let mut set = |k: &str, v: String| {
-        env.retain(|(name, _)| name != k);
-        env.push((k.to_string(), v));
-    };
     if spec.export == ExportPolicy::None {
-        set("SLURM_EXPORT_ENV", "NONE".to_string());
+        env.set("SLURM_EXPORT_ENV", "NONE".to_string());
     }
-    let nodelist = compress_hostlist(&job.nodes);
-    let job_tasks: Vec<u32> = job.allocation.iter().map(|a| a.tasks).collect();
-    let gpus = p.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
-    set("SLURM_JOB_ID", job.id.to_string());
-    set("SLURM_JOBID", job.id.to_string());
-    set("SLURM_JOB_NAME", spec.name.to_string());
-    set("SLURM_JOB_USER", spec.user.to_string());
-    set("SLURM_JOB_UID", spec.uid.to_string());
-    set("SLURM_JOB_GID", spec.gid.to_string());
-    set("SLURM_JOB_PARTITION", job.partition.to_string());
-    set("SLURM_JOB_ACCOUNT", job.account_name().to_string());
-    set("SLURM_JOB_QOS", job.qos_name().to_string());
+    job_variables(&mut env, p);
+    resource_variables(&mut env, p);
+    node_variables(&mut env, p);
+    step_variables(&mut env, p);
+    let mut env = env.0;
+    if !env.iter().any(|(k, _)| k == "PATH") {
+        env.push(("PATH".to_string(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()));
+    }
+    env
+}
+
+/// The task's environment as it is built: a variable set again replaces the earlier value and moves to the end.
+struct Env(Vec<(String, String)>);
+
+impl Env {
+    fn set(&mut self, k: &str, v: String) {
+        self.0.retain(|(name, _)| name != k);
+        self.0.push((k.to_string(), v));
+    }
+}
+
+/// Who and what the job is: ids, owner, partition, account, QOS, reservation, array.
+fn job_variables(env: &mut Env, p: &Placement) {
+    let job = p.job;
+    let spec = &job.spec;
+    env.set("SLURM_JOB_ID", job.id.to_string());
+    env.set("SLURM_JOBID", job.id.to_string());
+    env.set("SLURM_JOB_NAME", spec.name.to_string());
+    env.set("SLURM_JOB_USER", spec.user.to_string());
+    env.set("SLURM_JOB_UID", spec.uid.to_string());
+    env.set("SLURM_JOB_GID", spec.gid.to_string());
+    env.set("SLURM_JOB_PARTITION", job.partition.to_string());
+    env.set("SLURM_JOB_ACCOUNT", job.account_name().to_string());
+    env.set("SLURM_JOB_QOS", job.qos_name().to_string());
     if let Some(r) = &spec.reservation {
-        set("SLURM_JOB_RESERVATION", r.to_string());
+        env.set("SLURM_JOB_RESERVATION", r.to_string());
     }
     if let Some(g) = spec.gpus_per_task {
-        set("SLURM_GPUS_PER_TASK", g.to_string());
+        env.set("SLURM_GPUS_PER_TASK", g.to_string());
     }
     if let Some(a) = job.array.as_deref() {
-        set("SLURM_ARRAY_JOB_ID", a.array_job_id.to_string());
-        set("SLURM_ARRAY_TASK_ID", a.task_id.to_string());
-        set("SLURM_ARRAY_TASK_COUNT", a.task_count.to_string());
-        set("SLURM_ARRAY_TASK_MIN", a.task_min.to_string());
-        set("SLURM_ARRAY_TASK_MAX", a.task_max.to_string());
+        env.set("SLURM_ARRAY_JOB_ID", a.array_job_id.to_string());
+        env.set("SLURM_ARRAY_TASK_ID", a.task_id.to_string());
+        env.set("SLURM_ARRAY_TASK_COUNT", a.task_count.to_string());
+        env.set("SLURM_ARRAY_TASK_MIN", a.task_min.to_string());
+        env.set("SLURM_ARRAY_TASK_MAX", a.task_max.to_string());
     }
-    set("SLURM_JOB_NODELIST", nodelist.clone());
-    set("SLURM_NODELIST", nodelist);
-    set("SLURM_JOB_NUM_NODES", job.nodes.len().to_string());
-    set("SLURM_NNODES", job.nodes.len().to_string());
-    set("SLURM_NTASKS", job_tasks.iter().sum::<u32>().to_string());
-    set("SLURM_NPROCS", job_tasks.iter().sum::<u32>().to_string());
+}
+
+/// What the job holds: its nodes, tasks, CPUs and memory.
+fn resource_variables(env: &mut Env, p: &Placement) {
+    let job = p.job;
+    let spec = &job.spec;
+    let nodelist = compress_hostlist(&job.nodes);
+    let job_tasks: Vec<u32> = job.allocation.iter().map(|a| a.tasks).collect();
+    env.set("SLURM_JOB_NODELIST", nodelist.clone());
+    env.set("SLURM_NODELIST", nodelist);
+    env.set("SLURM_JOB_NUM_NODES", job.nodes.len().to_string());
+    env.set("SLURM_NNODES", job.nodes.len().to_string());
+    env.set("SLURM_NTASKS", job_tasks.iter().sum::<u32>().to_string());
+    env.set("SLURM_NPROCS", job_tasks.iter().sum::<u32>().to_string());
     if let Some(per_node) = spec.ntasks_per_node {
-        set("SLURM_NTASKS_PER_NODE", per_node.to_string());
+        env.set("SLURM_NTASKS_PER_NODE", per_node.to_string());
     }
-    set("SLURM_TASKS_PER_NODE", tasks_per_node_string(&job_tasks));
-    set("SLURM_CPUS_PER_TASK", spec.cpus_per_task.to_string());
+    env.set("SLURM_TASKS_PER_NODE", tasks_per_node_string(&job_tasks));
+    env.set("SLURM_CPUS_PER_TASK", spec.cpus_per_task.to_string());
     // The CPUs the job holds per node, in the same compressed form (MPI launchers and Dask read it).
     let job_cpus: Vec<u32> = job.allocation.iter().map(|a| a.cpus).collect();
-    set("SLURM_JOB_CPUS_PER_NODE", tasks_per_node_string(&job_cpus));
-    set("SLURM_CPUS_ON_NODE", job_cpus.get(p.node_index as usize).copied().unwrap_or(0).to_string());
+    env.set("SLURM_JOB_CPUS_PER_NODE", tasks_per_node_string(&job_cpus));
+    env.set("SLURM_CPUS_ON_NODE", job_cpus.get(p.node_index as usize).copied().unwrap_or(0).to_string());
     if let Some(n) = spec.cpus_per_gpu {
-        set("SLURM_CPUS_PER_GPU", n.to_string());
+        env.set("SLURM_CPUS_PER_GPU", n.to_string());
     }
     if let Some(n) = spec.ntasks_per_gpu {
-        set("SLURM_NTASKS_PER_GPU", n.to_string());
+        env.set("SLURM_NTASKS_PER_GPU", n.to_string());
     }
     // As Slurm sets them: the request in MiB, under the name of its kind (--mem=0 shows the node's share).
     match spec.mem {
         Some(MemRequest::PerNode(0)) => {
             let share = job.allocation.get(p.node_index as usize).map_or(0, |a| a.mem_mb);
-            set("SLURM_MEM_PER_NODE", share.to_string());
+            env.set("SLURM_MEM_PER_NODE", share.to_string());
         }
-        Some(MemRequest::PerNode(mb)) => set("SLURM_MEM_PER_NODE", mb.to_string()),
-        Some(MemRequest::PerCpu(mb)) => set("SLURM_MEM_PER_CPU", mb.to_string()),
-        Some(MemRequest::PerGpu(mb)) => set("SLURM_MEM_PER_GPU", mb.to_string()),
+        Some(MemRequest::PerNode(mb)) => env.set("SLURM_MEM_PER_NODE", mb.to_string()),
+        Some(MemRequest::PerCpu(mb)) => env.set("SLURM_MEM_PER_CPU", mb.to_string()),
+        Some(MemRequest::PerGpu(mb)) => env.set("SLURM_MEM_PER_GPU", mb.to_string()),
         None => {}
     }
-    set("SLURM_NODEID", p.node_index.to_string());
-    set("SLURMD_NODENAME", p.node_name.to_string());
-    set("SLURM_TOPOLOGY_ADDR", p.node_name.to_string());
-    set("SLURM_GPUS_ON_NODE", p.gpus.len().to_string());
+}
+
+/// This node's part, the job's checkpoints and restarts, and where its ranks meet and the controllers are.
+fn node_variables(env: &mut Env, p: &Placement) {
+    let job = p.job;
+    let spec = &job.spec;
+    let gpus = p.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    env.set("SLURM_NODEID", p.node_index.to_string());
+    env.set("SLURMD_NODENAME", p.node_name.to_string());
+    env.set("SLURM_TOPOLOGY_ADDR", p.node_name.to_string());
+    env.set("SLURM_GPUS_ON_NODE", p.gpus.len().to_string());
     if !p.gpus.is_empty() {
-        set("SLURM_JOB_GPUS", gpus.clone());
-        set("SLURM_STEP_GPUS", gpus.clone());
-        set("CUDA_VISIBLE_DEVICES", gpus);
+        env.set("SLURM_JOB_GPUS", gpus.clone());
+        env.set("SLURM_STEP_GPUS", gpus.clone());
+        env.set("CUDA_VISIBLE_DEVICES", gpus);
     }
-    set("SLURM_SUBMIT_DIR", spec.submit_dir.to_string());
-    set("SLURM_RESTART_COUNT", job.restart_count.to_string());
+    env.set("SLURM_SUBMIT_DIR", spec.submit_dir.to_string());
+    env.set("SLURM_RESTART_COUNT", job.restart_count.to_string());
     // Checkpoints: where this incarnation writes them, and the latest an earlier one recorded (resume from it).
-    set("DROVER_CHECKPOINT_DIR", job.checkpoint_dir());
-    set("DROVER_INCARNATION", job.incarnation.to_string());
+    env.set("DROVER_CHECKPOINT_DIR", job.checkpoint_dir());
+    env.set("DROVER_INCARNATION", job.incarnation.to_string());
     if let Some(checkpoint) = job.resume_from() {
-        set("DROVER_RESUME_FROM", checkpoint.path.clone());
+        env.set("DROVER_RESUME_FROM", checkpoint.path.clone());
         if let Some(step) = checkpoint.step {
-            set("DROVER_RESUME_STEP", step.to_string());
+            env.set("DROVER_RESUME_STEP", step.to_string());
         }
     }
-    set("MASTER_ADDR", p.hosts.first().cloned().unwrap_or_else(|| "localhost".to_string()));
-    set("MASTER_PORT", master_port(job.id).to_string());
-    set("DROVER_CONTROLLERS", p.controllers.to_string());
+    env.set("MASTER_ADDR", p.hosts.first().cloned().unwrap_or_else(|| "localhost".to_string()));
+    env.set("MASTER_PORT", master_port(job.id).to_string());
+    env.set("DROVER_CONTROLLERS", p.controllers.to_string());
     if !p.client_config.is_empty() {
-        set("DROVER_CONFIG", p.client_config.to_string());
+        env.set("DROVER_CONFIG", p.client_config.to_string());
     }
+}
+
+/// The batch step's rank, or a job step's layout and this task's ranks (Slurm's names and torchrun's).
+fn step_variables(env: &mut Env, p: &Placement) {
     match &p.step {
         None => {
-            set("SLURM_PROCID", "0".to_string());
-            set("SLURM_LOCALID", "0".to_string());
-            set("SLURM_STEP_ID", "4294967291".to_string());
+            env.set("SLURM_PROCID", "0".to_string());
+            env.set("SLURM_LOCALID", "0".to_string());
+            env.set("SLURM_STEP_ID", "4294967291".to_string());
         }
         Some(step) => {
             let total: u32 = step.tasks_per_node.iter().sum();
             let here = step.tasks_per_node.get(p.node_index as usize).copied().unwrap_or(1);
-            set("SLURM_STEP_ID", step.step_id.to_string());
-            set("SLURM_STEPID", step.step_id.to_string());
-            set("SLURM_STEP_NODELIST", compress_hostlist(step.nodes));
-            set("SLURM_STEP_NUM_NODES", step.nodes.len().to_string());
-            set("SLURM_STEP_NUM_TASKS", total.to_string());
-            set("SLURM_STEP_TASKS_PER_NODE", tasks_per_node_string(step.tasks_per_node));
+            env.set("SLURM_STEP_ID", step.step_id.to_string());
+            env.set("SLURM_STEPID", step.step_id.to_string());
+            env.set("SLURM_STEP_NODELIST", compress_hostlist(step.nodes));
+            env.set("SLURM_STEP_NUM_NODES", step.nodes.len().to_string());
+            env.set("SLURM_STEP_NUM_TASKS", total.to_string());
+            env.set("SLURM_STEP_TASKS_PER_NODE", tasks_per_node_string(step.tasks_per_node));
             // The global ranks on this node (block layout), as Slurm lists them.
             let first: u32 = step.tasks_per_node.iter().take(p.node_index as usize).sum();
-            set("SLURM_GTIDS", (first..first + here).map(|r| r.to_string()).collect::<Vec<_>>().join(","));
-            set("SLURM_NTASKS", total.to_string());
-            set("SLURM_NPROCS", total.to_string());
-            set("SLURM_PROCID", step.rank.to_string());
-            set("SLURM_LOCALID", step.local_rank.to_string());
-            set("WORLD_SIZE", total.to_string());
-            set("RANK", step.rank.to_string());
-            set("LOCAL_RANK", step.local_rank.to_string());
-            set("LOCAL_WORLD_SIZE", here.to_string());
+            env.set("SLURM_GTIDS", (first..first + here).map(|r| r.to_string()).collect::<Vec<_>>().join(","));
+            env.set("SLURM_NTASKS", total.to_string());
+            env.set("SLURM_NPROCS", total.to_string());
+            env.set("SLURM_PROCID", step.rank.to_string());
+            env.set("SLURM_LOCALID", step.local_rank.to_string());
+            env.set("WORLD_SIZE", total.to_string());
+            env.set("RANK", step.rank.to_string());
+            env.set("LOCAL_RANK", step.local_rank.to_string());
+            env.set("LOCAL_WORLD_SIZE", here.to_string());
         }
     }
-    if !env.iter().any(|(k, _)| k == "PATH") {
-        env.push(("PATH".to_string(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()));
-    }
-    env
 }
 
 #[cfg(test)]

@@ -528,13 +528,47 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
         Ok(Err((failure, stderr))) => return failed(log, stderr.as_ref(), failure),
         Err(e) => return failed(log, None, Failure::setup(format!("cannot switch to uid {}: {e}", launch.uid), None)),
     };
+    let started = match spawn_task(&launch, creds.as_ref(), prepared, log) {
+        Ok(started) => started,
+        Err(result) => return *result,
+    };
+    let pid = started.child.id() as i32;
+    let pgid = pid; // the child made itself a group leader before exec
+    TASK_PGID.store(pgid, Ordering::SeqCst);
+    if TERM_PENDING.swap(false, Ordering::SeqCst) {
+        // SAFETY: kill has no memory-safety preconditions; pgid is our live child's group.
+        unsafe { libc::kill(-pgid, libc::SIGTERM) };
+    }
+    let error = record_task(dir, pid, pgid, log);
+    record_in_journal(dir, &launch, crate::journal::JournalEvent::Start, log);
+    await_task(dir, &launch, started, error, log)
+}
+
+/// A task that has been spawned: its process, when it started, and its memory cgroup with the OOM kills counted
+/// there before it (other tasks of the job share the cgroup: any new one is this task's).
+struct Started {
+    child: std::process::Child,
+    started_ms: u64,
+    memory_cgroup: Option<PathBuf>,
+    oom_before: u64,
+}
+
+/// Starts the task as its user: the job's cgroups joined between fork and exec (so nothing it allocates or
+/// spends escapes them), its output files, its environment. A task that cannot start is the result, with why.
+fn spawn_task(
+    launch: &TaskLaunch,
+    creds: Option<&Credentials>,
+    prepared: Prepared,
+    log: &mut Log,
+) -> Result<Started, Box<TaskResult>> {
+    let failed = |log: &mut Log, stderr: Option<&File>, failure| Box::new(failed(log, stderr, failure));
     let Prepared { stdout, stderr, program } = prepared;
     let stderr_for_errors = stderr.try_clone().ok();
     // The job's cgroups, joined by the task itself between fork and exec (so nothing it allocates or spends
     // escapes them).
     let joining = match launch.cgroup.as_ref().map(|c| join_points(c, log)).transpose() {
         Ok(joining) => joining,
-        Err(failure) => return failed(log, Some(&stderr), failure),
+        Err(failure) => return Err(failed(log, Some(&stderr), failure)),
     };
     // At most two to join (memory, v1 cpuacct): a fixed array, since the child may not allocate.
     let mut procs_fds = [-1; 2];
@@ -551,7 +585,9 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
 
     let (stage_read, stage_write) = match pipe() {
         Ok(fds) => fds,
-        Err(e) => return failed(log, Some(&stderr), Failure::setup(format!("cannot create a pipe: {e}"), None)),
+        Err(e) => {
+            return Err(failed(log, Some(&stderr), Failure::setup(format!("cannot create a pipe: {e}"), None)));
+        }
     };
     let mut command = Command::new(&program);
     command
@@ -563,7 +599,7 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
         .stdout(stdout)
         .stderr(stderr);
     let stage_fd = stage_write.as_raw_fd();
-    let child_creds = creds.clone();
+    let child_creds = creds.cloned();
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe calls (signal, setpgid,
     // setgroups, setgid, setuid, write) on data prepared before the fork; it allocates nothing.
     unsafe { command.pre_exec(move || prepare_child(stage_fd, procs_fds, cpuset_fd, child_creds.as_ref())) };
@@ -588,18 +624,16 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
         Err(e) => {
             let mut stages = Vec::new();
             let _ = File::from(stage_read).read_to_end(&mut stages);
-            let failure = Failure::from_child_setup(stages.last().copied(), &launch, &e);
-            return failed(log, stderr_for_errors.as_ref(), failure);
+            let failure = Failure::from_child_setup(stages.last().copied(), launch, &e);
+            return Err(failed(log, stderr_for_errors.as_ref(), failure));
         }
     };
-    let pid = child.id() as i32;
-    let pgid = pid; // the child made itself a group leader before exec
-    TASK_PGID.store(pgid, Ordering::SeqCst);
-    if TERM_PENDING.swap(false, Ordering::SeqCst) {
-        // SAFETY: kill has no memory-safety preconditions; pgid is our live child's group.
-        unsafe { libc::kill(-pgid, libc::SIGTERM) };
-    }
+    Ok(Started { child, started_ms, memory_cgroup, oom_before })
+}
 
+/// Records the task's pid, group and start time where the agent finds them; a task nobody can signal cannot be
+/// cancelled or fenced, so one whose record fails is killed at once (the error says why).
+fn record_task(dir: &Path, pid: i32, pgid: i32, log: &mut Log) -> Option<String> {
     let task_pid_path = dir.join(TASK_PID_FILE);
     let recorded = match proc_stat(pid as u32) {
         Some(stat) => {
@@ -607,17 +641,23 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
         }
         None => Err(io::Error::other(format!("cannot read /proc/{pid}/stat"))),
     };
-    let mut error = None;
     if let Err(e) = recorded {
         // A task nobody can signal cannot be cancelled or fenced: do not let it run.
         let message = format!("cannot record the task's pid in {}: {e}", task_pid_path.display());
         log.line(&message);
-        // SAFETY: pgid is our unreaped child's group, see below.
+        // SAFETY: pgid is our unreaped child's group (it is reaped only after `await_task` waited for it).
         unsafe { libc::kill(-pgid, libc::SIGKILL) };
-        error = Some(message);
+        return Some(message);
     }
-    record_in_journal(dir, &launch, crate::journal::JournalEvent::Start, log);
+    None
+}
 
+/// Waits for the task to end (or its lease to run out), kills what it left behind, reaps it, and says how it
+/// ended.
+fn await_task(dir: &Path, launch: &TaskLaunch, started: Started, error: Option<String>, log: &mut Log) -> TaskResult {
+    let Started { child, started_ms, memory_cgroup, oom_before } = started;
+    let pid = child.id() as i32;
+    let pgid = pid;
     let fenced = match launch.lease_file.as_deref() {
         Some(lease) => wait_within_lease(pid, pgid, Path::new(lease), log),
         None => {
@@ -634,7 +674,7 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
     reap_leftovers(log, Instant::now() + LEFTOVER_DEADLINE);
     // Nothing of the task is left to hold its GPUs (a process stuck in the kernel past the deadline aside, which
     // the log says).
-    record_in_journal(dir, &launch, crate::journal::JournalEvent::End, log);
+    record_in_journal(dir, launch, crate::journal::JournalEvent::End, log);
 
     let usage = children_usage();
     let (exit_code, signal) = decode_wait_status(wait_status);
