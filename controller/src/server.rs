@@ -58,22 +58,66 @@ pub struct Controller {
     db: crate::store::Db,
 }
 
+/// Opens the data directory and loads the state machine from it, saying how long each took.
+fn open_state(config: &ControllerConfig) -> Result<(crate::store::Db, StateMachineStore), StartError> {
+    let started = std::time::Instant::now();
+    let db = open_db(&config.data_dir)?;
+    let opened_ms = started.elapsed().as_millis();
+    let sm = StateMachineStore::open(db.clone()).map_err(|e| StartError::StateMachine {
+        path: config.data_dir.display().to_string(),
+        message: e.to_string(),
+    })?;
+    tracing::info!(
+        opened_ms,
+        loaded_ms = started.elapsed().as_millis() - opened_ms,
+        active_jobs = sm.view().read().state.jobs.len(),
+        "data directory opened and the state loaded"
+    );
+    Ok((db, sm))
+}
+
+/// Serves Raft, the agents' gateway and the client API on the replica's port, over mutual TLS, until shutdown.
+fn serve_grpc(
+    listener: tokio::net::TcpListener,
+    security: &crate::security::Security,
+    raft_server: RaftServer,
+    hub: Arc<AgentHub>,
+    api: Arc<Api>,
+    mut shutdown_rx: watch::Receiver<bool>,
+) {
+    // Only controllers speak Raft and only agents open agent sessions: a client certificate is refused
+    // there before any message is decoded.
+    let raft_service = RaftServiceServer::new(raft_server).max_decoding_message_size(256 << 20);
+    let gateway = AgentGatewayServer::new(Gateway(hub))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(256 << 20);
+    let router = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        // Bound concurrent streams per connection so one client cannot hog a replica.
+        .max_concurrent_streams(1024)
+        .add_service(InterceptedService::new(raft_service, require_peer(RoleKind::Controller)))
+        .add_service(InterceptedService::new(gateway, require_peer(RoleKind::Agent)))
+        .add_service(
+            DroverServiceServer::from_arc(api)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(256 << 20),
+        );
+    // Mutual TLS on every connection (the accept loop also sets TCP_NODELAY on accepted sockets).
+    let incoming = drover_auth::tls::incoming(listener, security.server_tls.clone());
+    tokio::spawn(async move {
+        let stop = async move {
+            let _ = shutdown_rx.wait_for(|s| *s).await;
+        };
+        if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
+            tracing::error!("gRPC server stopped: {e}");
+        }
+    });
+}
+
 impl Controller {
     pub async fn start(config: ControllerConfig) -> Result<Controller, StartError> {
-        let started = std::time::Instant::now();
-        let db = open_db(&config.data_dir)?;
-        let opened_ms = started.elapsed().as_millis();
-        let sm = StateMachineStore::open(db.clone()).map_err(|e| StartError::StateMachine {
-            path: config.data_dir.display().to_string(),
-            message: e.to_string(),
-        })?;
+        let (db, sm) = open_state(&config)?;
         let view = sm.view();
-        tracing::info!(
-            opened_ms,
-            loaded_ms = started.elapsed().as_millis() - opened_ms,
-            active_jobs = view.read().state.jobs.len(),
-            "data directory opened and the state loaded"
-        );
         // After the data directory (whose problems are the more urgent to report), before anything listens.
         let security = crate::security::Security::load(&config.security)?;
         let raft_config = Arc::new(config.openraft_config().map_err(StartError::RaftConfig)?);
@@ -93,7 +137,7 @@ impl Controller {
         let addr = listener
             .local_addr()
             .map_err(|e| StartError::Listen { addr: config.listen.clone(), message: e.to_string() })?;
-        let (shutdown, mut shutdown_rx) = watch::channel(false);
+        let (shutdown, shutdown_rx) = watch::channel(false);
 
         let heard = crate::leader_watch::LastHeard::default();
         let raft_server = RaftServer {
@@ -129,33 +173,7 @@ impl Controller {
             ),
             None => None,
         };
-        // Only controllers speak Raft and only agents open agent sessions: a client certificate is refused
-        // there before any message is decoded.
-        let raft_service = RaftServiceServer::new(raft_server).max_decoding_message_size(256 << 20);
-        let gateway = AgentGatewayServer::new(Gateway(hub.clone()))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(256 << 20);
-        let router = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
-            // Bound concurrent streams per connection so one client cannot hog a replica.
-            .max_concurrent_streams(1024)
-            .add_service(InterceptedService::new(raft_service, require_peer(RoleKind::Controller)))
-            .add_service(InterceptedService::new(gateway, require_peer(RoleKind::Agent)))
-            .add_service(
-                DroverServiceServer::from_arc(api.clone())
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                    .max_encoding_message_size(256 << 20),
-            );
-        // Mutual TLS on every connection (the accept loop also sets TCP_NODELAY on accepted sockets).
-        let incoming = drover_auth::tls::incoming(listener, security.server_tls.clone());
-        tokio::spawn(async move {
-            let stop = async move {
-                let _ = shutdown_rx.wait_for(|s| *s).await;
-            };
-            if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
-                tracing::error!("gRPC server stopped: {e}");
-            }
-        });
+        serve_grpc(listener, &security, raft_server, hub.clone(), api.clone(), shutdown_rx);
 
         let http_addr = match http_listener {
             Some(listener) => {

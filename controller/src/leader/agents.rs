@@ -571,126 +571,163 @@ async fn run_session(
     // Server metrics change only with leadership or membership. (The full metrics change on every Raft event:
     // waking every session on each of them cost a core at 2,000 agents.)
     let mut metrics = hub.raft.server_metrics();
-    let mut last_sent: Option<Fingerprint> = None;
-    let mut refused_leases = 0u64;
-    changed.notify_one();
+    let mut session = LiveSession { hub, name, epoch, tx, changed, last_sent: None, refused_leases: 0 };
+    session.changed.notify_one();
     loop {
-        tokio::select! {
-            message = inbound.message() => {
-                let envelope = match message {
-                    Ok(Some(envelope)) => envelope,
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::info!(node = %name, "agent session ended: {}", e.message());
-                        break;
-                    }
-                };
-                hub.seen(&name);
-                match decode::<AgentMessage>(&envelope.json) {
-                    Ok(AgentMessage::Heartbeat { seq, problems }) => {
-                        if !problems.is_empty() {
-                            drain_for_problems(&hub, &name, &problems);
-                        }
-                        // No lease unless this leader can vouch for the node's epoch (the module's comment): the
-                        // agent's lease then runs out and it looks for the leader the quorum elected, or, for a
-                        // node that is down or registered anew, the session ends and the agent registers again.
-                        match hub.heartbeat(&name, epoch) {
-                            Ok(lease_ms) => {
-                                refused_leases = 0;
-                                let lease = ControllerMessage::Lease { seq, lease_ms, epoch };
-                                if tx.try_send(lease).is_err() {
-                                    tracing::warn!(node = %name, "agent is not reading its session; closing it");
-                                    break;
-                                }
-                            }
-                            Err(NoLease::Reregister(why)) => {
-                                tracing::info!(node = %name, "closing the agent's session so that it registers again: {why}");
-                                break;
-                            }
-                            Err(why) => {
-                                refused_leases += 1;
-                                if refused_leases == 1 {
-                                    tracing::warn!(node = %name, ?why, "not renewing the node's lease");
-                                }
-                            }
-                        }
-                    }
-                    Ok(AgentMessage::Checkpoint { job_id, incarnation, path, step }) => {
-                        let (hub, name) = (hub.clone(), name.clone());
-                        tokio::spawn(async move { hub.checkpoint(&name, job_id, incarnation, path, step).await });
-                    }
-                    Ok(AgentMessage::Released { keys, usage }) => {
-                        let (hub, name) = (hub.clone(), name.clone());
-                        tokio::spawn(async move { hub.released(&name, keys, usage).await });
-                    }
-                    Ok(AgentMessage::JobEnded { job_id, incarnation, end }) => {
-                        let (hub, name, tx) = (hub.clone(), name.clone(), tx.clone());
-                        tokio::spawn(async move { hub.job_ended(&name, &tx, job_id, incarnation, end).await });
-                    }
-                    Ok(AgentMessage::Register { info, running }) => {
-                        if info.name != name {
-                            tracing::warn!(node = %name, "agent tried to rename itself to {}", info.name);
-                            break;
-                        }
-                        match hub.register(&info, &running).await {
-                            // A registration that started a new epoch is a new session's: the agent learns the
-                            // epoch from its welcome.
-                            Ok(now) if now == epoch => {}
-                            Ok(_) => break,
-                            Err(e) => tracing::warn!(node = %name, "re-registration failed: {}", e.message()),
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(node = %name, "dropping agent session: {e}");
-                        break;
-                    }
+        let flow = tokio::select! {
+            message = inbound.message() => match message {
+                Ok(Some(envelope)) => session.on_message(envelope).await,
+                Ok(None) => Flow::Close,
+                Err(e) => {
+                    tracing::info!(node = %session.name, "agent session ended: {}", e.message());
+                    Flow::Close
                 }
-            }
-            _ = changed.notified() => {
-                tokio::time::sleep(Duration::from_millis(ASSIGNMENT_COALESCE_MS)).await;
-                if !hub.is_caught_up() {
-                    // Not before this leader has applied what was committed before it: wait for the catch-up.
-                    let (hub, changed) = (hub.clone(), changed.clone());
-                    tokio::spawn(async move {
-                        let caught_up = hub.caught_up.notified();
-                        if !hub.is_caught_up() {
-                            let _ = tokio::time::timeout(Duration::from_millis(500), caught_up).await;
-                        }
-                        changed.notify_one();
-                    });
-                    continue;
-                }
-                let message = hub.assignments(&name);
-                let ControllerMessage::Assignments { jobs, lingering, allow_root_jobs, epoch: now, .. } = &message else {
-                    unreachable!("assignments() makes Assignments")
-                };
-                if *now != epoch || hub.node_epoch(&name).is_none_or(|(_, up)| !up) {
-                    // Declared down, or registered anew through another session: this one speaks for an epoch
-                    // that is over. The agent registers again (listing what still runs) and gets a new one.
-                    tracing::info!(node = %name, epoch, "the node's registration changed; closing its session");
-                    break;
-                }
-                let jobs: Vec<(JobId, u64, bool)> =
-                    jobs.iter().map(|a| (a.job.id, a.job.incarnation, a.cancelled())).collect();
-                let fingerprint = (jobs, lingering.clone(), *allow_root_jobs);
-                if last_sent.as_ref() != Some(&fingerprint) {
-                    if tx.send(message).await.is_err() {
-                        break;
-                    }
-                    last_sent = Some(fingerprint);
-                }
-            }
+            },
+            _ = session.changed.notified() => session.on_change().await,
             changed_metrics = metrics.changed() => {
-                if changed_metrics.is_err() || metrics.borrow_watched().current_leader != Some(hub.id) {
-                    tracing::info!(node = %name, "no longer the leader; closing the agent session");
-                    break;
+                if changed_metrics.is_err() || metrics.borrow_watched().current_leader != Some(session.hub.id) {
+                    tracing::info!(node = %session.name, "no longer the leader; closing the agent session");
+                    Flow::Close
+                } else {
+                    Flow::Continue
                 }
             }
+        };
+        if flow == Flow::Close {
+            break;
         }
     }
-    let mut sessions = hub.sessions.lock().expect("sessions poisoned");
-    if sessions.get(&name).is_some_and(|s| s.token == token) {
-        sessions.remove(&name);
+    let mut sessions = session.hub.sessions.lock().expect("sessions poisoned");
+    if sessions.get(&session.name).is_some_and(|s| s.token == token) {
+        sessions.remove(&session.name);
+    }
+}
+
+/// Whether an agent's session goes on after an event.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Close,
+}
+
+/// One agent's session on the leader while it runs, for one registration epoch of its node.
+struct LiveSession {
+    hub: Arc<AgentHub>,
+    name: String,
+    epoch: u64,
+    tx: mpsc::Sender<ControllerMessage>,
+    /// Woken when the node's assignments may have changed.
+    changed: Arc<Notify>,
+    /// What the agent was last sent, so an unchanged list is not sent again.
+    last_sent: Option<Fingerprint>,
+    /// Heartbeats in a row whose lease was refused (the first is logged).
+    refused_leases: u64,
+}
+
+impl LiveSession {
+    /// A message from the agent: a heartbeat renews its lease (when this leader can vouch for the node's epoch);
+    /// reports of checkpoints, releases and job ends are proposed in the background.
+    async fn on_message(&mut self, envelope: AgentEnvelope) -> Flow {
+        let (hub, name, epoch, tx) = (&self.hub, &self.name, self.epoch, &self.tx);
+        hub.seen(name);
+        match decode::<AgentMessage>(&envelope.json) {
+            Ok(AgentMessage::Heartbeat { seq, problems }) => {
+                if !problems.is_empty() {
+                    drain_for_problems(hub, name, &problems);
+                }
+                // No lease unless this leader can vouch for the node's epoch (the module's comment): the
+                // agent's lease then runs out and it looks for the leader the quorum elected, or, for a
+                // node that is down or registered anew, the session ends and the agent registers again.
+                match hub.heartbeat(name, epoch) {
+                    Ok(lease_ms) => {
+                        self.refused_leases = 0;
+                        let lease = ControllerMessage::Lease { seq, lease_ms, epoch };
+                        if tx.try_send(lease).is_err() {
+                            tracing::warn!(node = %name, "agent is not reading its session; closing it");
+                            return Flow::Close;
+                        }
+                    }
+                    Err(NoLease::Reregister(why)) => {
+                        tracing::info!(node = %name, "closing the agent's session so that it registers again: {why}");
+                        return Flow::Close;
+                    }
+                    Err(why) => {
+                        self.refused_leases += 1;
+                        if self.refused_leases == 1 {
+                            tracing::warn!(node = %name, ?why, "not renewing the node's lease");
+                        }
+                    }
+                }
+            }
+            Ok(AgentMessage::Checkpoint { job_id, incarnation, path, step }) => {
+                let (hub, name) = (hub.clone(), name.clone());
+                tokio::spawn(async move { hub.checkpoint(&name, job_id, incarnation, path, step).await });
+            }
+            Ok(AgentMessage::Released { keys, usage }) => {
+                let (hub, name) = (hub.clone(), name.clone());
+                tokio::spawn(async move { hub.released(&name, keys, usage).await });
+            }
+            Ok(AgentMessage::JobEnded { job_id, incarnation, end }) => {
+                let (hub, name, tx) = (hub.clone(), name.clone(), tx.clone());
+                tokio::spawn(async move { hub.job_ended(&name, &tx, job_id, incarnation, end).await });
+            }
+            Ok(AgentMessage::Register { info, running }) => {
+                if info.name != *name {
+                    tracing::warn!(node = %name, "agent tried to rename itself to {}", info.name);
+                    return Flow::Close;
+                }
+                match hub.register(&info, &running).await {
+                    // A registration that started a new epoch is a new session's: the agent learns the
+                    // epoch from its welcome.
+                    Ok(now) if now == epoch => {}
+                    Ok(_) => return Flow::Close,
+                    Err(e) => tracing::warn!(node = %name, "re-registration failed: {}", e.message()),
+                }
+            }
+            Err(e) => {
+                tracing::warn!(node = %name, "dropping agent session: {e}");
+                return Flow::Close;
+            }
+        }
+        Flow::Continue
+    }
+
+    /// The node's assignments may have changed: send them, once this leader has caught up, unless they are what
+    /// the agent already has; a session whose epoch is over closes.
+    async fn on_change(&mut self) -> Flow {
+        let (hub, name, epoch, tx) = (&self.hub, &self.name, self.epoch, &self.tx);
+        tokio::time::sleep(Duration::from_millis(ASSIGNMENT_COALESCE_MS)).await;
+        if !hub.is_caught_up() {
+            // Not before this leader has applied what was committed before it: wait for the catch-up.
+            let (hub, changed) = (hub.clone(), self.changed.clone());
+            tokio::spawn(async move {
+                let caught_up = hub.caught_up.notified();
+                if !hub.is_caught_up() {
+                    let _ = tokio::time::timeout(Duration::from_millis(500), caught_up).await;
+                }
+                changed.notify_one();
+            });
+            return Flow::Continue;
+        }
+        let message = hub.assignments(name);
+        let ControllerMessage::Assignments { jobs, lingering, allow_root_jobs, epoch: now, .. } = &message else {
+            unreachable!("assignments() makes Assignments")
+        };
+        if *now != epoch || hub.node_epoch(name).is_none_or(|(_, up)| !up) {
+            // Declared down, or registered anew through another session: this one speaks for an epoch
+            // that is over. The agent registers again (listing what still runs) and gets a new one.
+            tracing::info!(node = %name, epoch, "the node's registration changed; closing its session");
+            return Flow::Close;
+        }
+        let jobs: Vec<(JobId, u64, bool)> = jobs.iter().map(|a| (a.job.id, a.job.incarnation, a.cancelled())).collect();
+        let fingerprint = (jobs, lingering.clone(), *allow_root_jobs);
+        if self.last_sent.as_ref() != Some(&fingerprint) {
+            if tx.send(message).await.is_err() {
+                return Flow::Close;
+            }
+            self.last_sent = Some(fingerprint);
+        }
+        Flow::Continue
     }
 }
 
