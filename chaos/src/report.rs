@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use crate::checker::Violation;
-use crate::history::{EventKind, History};
+use crate::history::{Event, EventKind, History};
 
 /// The numbers of one drill.
 #[derive(Debug, Clone, PartialEq)]
@@ -202,34 +202,74 @@ fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
+/// What the timeline draws, gathered from the history: each replica's roles over time, the faults (start, heal,
+/// name), acknowledgements per second, and +1/-1 steps of running incarnations in time order.
+struct Timeline {
+    roles: BTreeMap<u64, Vec<(u64, String)>>,
+    faults: Vec<(u64, Option<u64>, String)>,
+    acks_per_s: BTreeMap<u64, u64>,
+    running: Vec<(u64, i64)>,
+}
+
+impl Timeline {
+    fn of(events: &[Event]) -> Timeline {
+        let mut roles: BTreeMap<u64, Vec<(u64, String)>> = BTreeMap::new();
+        let mut faults: Vec<(u64, Option<u64>, String)> = Vec::new();
+        let mut acks_per_s: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut running: Vec<(u64, i64)> = Vec::new();
+        for e in events {
+            match &e.kind {
+                EventKind::RoleObserved { replica, role, .. } => {
+                    roles.entry(*replica).or_default().push((e.at_ms, role.clone()))
+                }
+                EventKind::FaultStarted { name } => faults.push((e.at_ms, None, name.clone())),
+                EventKind::FaultHealed { name } => {
+                    if let Some(f) = faults.iter_mut().find(|f| f.1.is_none() && &f.2 == name) {
+                        f.1 = Some(e.at_ms);
+                    }
+                }
+                EventKind::SubmitAcked { .. } => *acks_per_s.entry(e.at_ms / 1000).or_default() += 1,
+                EventKind::IncarnationStarted { .. } => running.push((e.at_ms, 1)),
+                EventKind::IncarnationEnded { .. } => running.push((e.at_ms, -1)),
+                _ => {}
+            }
+        }
+        running.sort_unstable();
+        Timeline { roles, faults, acks_per_s, running }
+    }
+}
+
+/// The running-incarnations chart: a step line from the +1/-1 steps.
+fn running_chart(s: &mut String, running: &[(u64, i64)], x: &dyn Fn(u64) -> f64, chart2_y: f64, end_ms: u64) {
+    let mut level = 0i64;
+    let mut steps = vec![format!("{:.1},{:.1}", x(0), chart2_y + CHART)];
+    let max_running = running
+        .iter()
+        .scan(0i64, |l, (_, d)| {
+            *l += d;
+            Some(*l)
+        })
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let yv = |v: i64| chart2_y + CHART - v.max(0) as f64 / max_running as f64 * CHART;
+    for (at, d) in running {
+        steps.push(format!("{:.1},{:.1}", x(*at), yv(level)));
+        level += d;
+        steps.push(format!("{:.1},{:.1}", x(*at), yv(level)));
+    }
+    steps.push(format!("{:.1},{:.1}", x(end_ms), yv(level)));
+    chart_frame(s, chart2_y, &format!("running jobs (max {max_running})"));
+    let _ =
+        writeln!(s, r##"<polyline fill="none" stroke="#6a1b9a" stroke-width="1.5" points="{}"/>"##, steps.join(" "));
+}
+
 /// The timeline as an SVG document.
 pub fn timeline_svg(history: &History, title: &str) -> String {
     let events = &history.events;
     let end_ms = events.last().map_or(1, |e| e.at_ms).max(1);
     let x = |ms: u64| LEFT + (ms as f64 / end_ms as f64) * (WIDTH - LEFT - RIGHT);
-    // Role segments per replica.
-    let mut roles: BTreeMap<u64, Vec<(u64, String)>> = BTreeMap::new();
-    let mut faults: Vec<(u64, Option<u64>, String)> = Vec::new();
-    let mut acks_per_s: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut running: Vec<(u64, i64)> = Vec::new();
-    for e in events {
-        match &e.kind {
-            EventKind::RoleObserved { replica, role, .. } => {
-                roles.entry(*replica).or_default().push((e.at_ms, role.clone()))
-            }
-            EventKind::FaultStarted { name } => faults.push((e.at_ms, None, name.clone())),
-            EventKind::FaultHealed { name } => {
-                if let Some(f) = faults.iter_mut().find(|f| f.1.is_none() && &f.2 == name) {
-                    f.1 = Some(e.at_ms);
-                }
-            }
-            EventKind::SubmitAcked { .. } => *acks_per_s.entry(e.at_ms / 1000).or_default() += 1,
-            EventKind::IncarnationStarted { .. } => running.push((e.at_ms, 1)),
-            EventKind::IncarnationEnded { .. } => running.push((e.at_ms, -1)),
-            _ => {}
-        }
-    }
-    running.sort_unstable();
+    let Timeline { roles, faults, acks_per_s, running } = Timeline::of(events);
     let replicas_y = 60.0;
     let chart1_y = replicas_y + roles.len() as f64 * ROW + 40.0;
     let chart2_y = chart1_y + CHART + 40.0;
@@ -300,27 +340,7 @@ pub fn timeline_svg(history: &History, title: &str) -> String {
     let _ =
         writeln!(s, r##"<polyline fill="none" stroke="#1565c0" stroke-width="1.5" points="{}"/>"##, points.join(" "));
     // Running incarnations.
-    let mut level = 0i64;
-    let mut steps = vec![format!("{:.1},{:.1}", x(0), chart2_y + CHART)];
-    let max_running = running
-        .iter()
-        .scan(0i64, |l, (_, d)| {
-            *l += d;
-            Some(*l)
-        })
-        .max()
-        .unwrap_or(1)
-        .max(1);
-    let yv = |v: i64| chart2_y + CHART - v.max(0) as f64 / max_running as f64 * CHART;
-    for (at, d) in &running {
-        steps.push(format!("{:.1},{:.1}", x(*at), yv(level)));
-        level += d;
-        steps.push(format!("{:.1},{:.1}", x(*at), yv(level)));
-    }
-    steps.push(format!("{:.1},{:.1}", x(end_ms), yv(level)));
-    chart_frame(&mut s, chart2_y, &format!("running jobs (max {max_running})"));
-    let _ =
-        writeln!(s, r##"<polyline fill="none" stroke="#6a1b9a" stroke-width="1.5" points="{}"/>"##, steps.join(" "));
+    running_chart(&mut s, &running, &x, chart2_y, end_ms);
     // Time axis.
     let tick_s = [1, 2, 5, 10, 20, 30, 60, 120, 300].into_iter().find(|t| end_ms / 1000 / t <= 12).unwrap_or(600);
     let axis_y = chart2_y + CHART + 18.0;

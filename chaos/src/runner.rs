@@ -104,12 +104,46 @@ pub async fn run(drill: &Drill, target: &mut dyn Target, out_dir: &Path) -> anyh
         make_spec,
     ));
 
-    // The faults and their heals, in time order.
+    let workload_end_ms = workload_start_ms + drill.workload.duration_s * 1000;
+    play_schedule(&mut runner, schedule, &recorder, workload_start_ms, (&stop_submitting, &stop_probes)).await?;
+    let now = recorder.now_ms();
+    if workload_end_ms > now {
+        tokio::time::sleep(Duration::from_millis(workload_end_ms - now)).await;
+    }
+    stop_submitting.store(true, Ordering::Relaxed);
+    submitter.await?;
+
+    // Liveness: every acknowledged job must end within the bound.
+    await_acknowledged(&client, &recorder, Duration::from_secs(drill.bounds.finish_within_s)).await;
+    stop_probes.store(true, Ordering::Relaxed);
+    let _ = prober.await;
+    let _ = poller.await;
+    let (jobs, _) = client
+        .list_jobs(&JobFilter { include_finished: true, ..Default::default() })
+        .await
+        .context("the final listing of jobs (the cluster should be whole again by now)")?;
+    recorder.record(EventKind::FinalJobs { jobs: jobs.iter().map(|j| (j.id, j.state.name().to_string())).collect() });
+
+    // The jobs' own logs.
+    read_job_logs(&logs, &recorder, drill.workload.step_ms as u64)?;
+    let history = recorder.history();
+    std::fs::write(out_dir.join("history.jsonl"), history.to_json_lines())?;
+    let violations = check(&history, Bounds { finish_within_ms: Some(drill.bounds.finish_within_s * 1000) });
+    Ok(Outcome { history, violations, out_dir: out_dir.to_path_buf() })
+}
+
+/// Injects the schedule's faults and heals them, in time order, on the workload's clock.
+async fn play_schedule(
+    runner: &mut Runner<'_>,
+    schedule: Vec<ScheduledFault>,
+    recorder: &Recorder,
+    workload_start_ms: u64,
+    (stop_submitting, stop_probes): (&AtomicBool, &AtomicBool),
+) -> anyhow::Result<()> {
     let mut queue: BTreeMap<(u64, u64), Action> = BTreeMap::new();
     for (seq, fault) in schedule.into_iter().enumerate() {
         queue.insert((workload_start_ms + fault.at_ms, seq as u64 * 2), Action::Start(fault));
     }
-    let workload_end_ms = workload_start_ms + drill.workload.duration_s * 1000;
     let mut heals_pending = 0usize;
     // How late the schedule runs: an injection or heal that took long (a replica slow to stop) shifts everything
     // after it, so that faults keep their order and spacing. Firing overdue faults at once instead would stack
@@ -155,15 +189,11 @@ pub async fn run(drill: &Drill, target: &mut dyn Target, out_dir: &Path) -> anyh
         }
     }
     debug_assert_eq!(heals_pending, 0);
-    let now = recorder.now_ms();
-    if workload_end_ms > now {
-        tokio::time::sleep(Duration::from_millis(workload_end_ms - now)).await;
-    }
-    stop_submitting.store(true, Ordering::Relaxed);
-    submitter.await?;
+    Ok(())
+}
 
-    // Liveness: every acknowledged job must end within the bound.
-    let bound = Duration::from_secs(drill.bounds.finish_within_s);
+/// Waits until every acknowledged job has ended, or `bound` has passed (the checker then names what did not).
+async fn await_acknowledged(client: &Client, recorder: &Recorder, bound: Duration) {
     let waited = tokio::time::Instant::now();
     loop {
         let acked: Vec<u64> = crate::history::acked_jobs(&recorder.history().events).collect();
@@ -181,31 +211,22 @@ pub async fn run(drill: &Drill, target: &mut dyn Target, out_dir: &Path) -> anyh
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    stop_probes.store(true, Ordering::Relaxed);
-    let _ = prober.await;
-    let _ = poller.await;
-    let (jobs, _) = client
-        .list_jobs(&JobFilter { include_finished: true, ..Default::default() })
-        .await
-        .context("the final listing of jobs (the cluster should be whole again by now)")?;
-    recorder.record(EventKind::FinalJobs { jobs: jobs.iter().map(|j| (j.id, j.state.name().to_string())).collect() });
+}
 
-    // The jobs' own logs.
-    for entry in std::fs::read_dir(&logs)? {
+/// The jobs' own logs, as events in the history.
+fn read_job_logs(logs: &Path, recorder: &Recorder, step_ms: u64) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(logs)? {
         let path = entry?.path();
         let Some(job) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".log")) else {
             continue;
         };
         let Ok(job) = job.parse::<u64>() else { continue };
         let text = std::fs::read_to_string(&path)?;
-        for e in workload::events_from_job_log(job, &text, &recorder, drill.workload.step_ms as u64) {
+        for e in workload::events_from_job_log(job, &text, recorder, step_ms) {
             recorder.record_at(e.at_ms, e.kind);
         }
     }
-    let history = recorder.history();
-    std::fs::write(out_dir.join("history.jsonl"), history.to_json_lines())?;
-    let violations = check(&history, Bounds { finish_within_ms: Some(drill.bounds.finish_within_s * 1000) });
-    Ok(Outcome { history, violations, out_dir: out_dir.to_path_buf() })
+    Ok(())
 }
 
 enum Action {

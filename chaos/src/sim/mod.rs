@@ -459,6 +459,118 @@ enum Pending {
     Reconnect(String),
 }
 
+/// The fault phase: until `options.fault_phase_ms`, a fault every 0.1-1.2 s (seeded), each undone after it
+/// lasts; returns how many started and those still to undo. The order of the random draws is the schedule's
+/// identity: a seed replays only while it stays the same.
+async fn fault_phase(
+    net: &Net,
+    seed: u64,
+    options: &SimOptions,
+    ids: &[u64],
+    oracle: &Arc<Mutex<Oracle>>,
+    setup_errors: &mut Vec<String>,
+    started: tokio::time::Instant,
+) -> (u64, Vec<(u64, Pending)>) {
+    // The simulation's clock, from its start (not the phase's).
+    let now_ms = || started.elapsed().as_millis() as u64;
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0x6661_756c_7473);
+    let mut pending: Vec<(u64, Pending)> = Vec::new();
+    let mut faults = 0u64;
+    let mut wiped = false;
+    let minority = (options.replicas - 1) / 2;
+    while now_ms() < options.fault_phase_ms {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(100..1_200))).await;
+        let now = now_ms();
+        let (due, later): (Vec<_>, Vec<_>) = pending.into_iter().partition(|(at, _)| *at <= now);
+        pending = later;
+        for (_, p) in due {
+            undo(net, p, setup_errors).await;
+        }
+        if options.planted == Some(PlantedBug::WipeAllDisks) && !wiped && now >= options.fault_phase_ms / 2 {
+            wiped = true;
+            wipe_all(net, ids, setup_errors).await;
+            oracle.lock().expect("oracle lock").digests.clear();
+            oracle.lock().expect("oracle lock").observed_index = 0;
+            continue;
+        }
+        let kind = match options.faults {
+            Faults::None => continue,
+            Faults::All => rng.random_range(0..6),
+            Faults::AgentsOnly => 5,
+        };
+        // A node-return drill needs a leader that stays until its node is declared down: no replica fault then
+        // (the numbers below are still drawn, so the rest of the schedule does not shift).
+        let drill_running = lock(net).conditions.drill_running;
+        let node = format!("gpu{:02}", rng.random_range(1..=options.nodes));
+        let a = ids[rng.random_range(0..ids.len())];
+        let b = ids[rng.random_range(0..ids.len())];
+        let lasts_ms = rng.random_range(100..3_000);
+        let (down, a_live) = {
+            let net = lock(net);
+            (ids.len() - net.replicas.len(), net.replicas.contains_key(&a))
+        };
+        let name = match kind {
+            0..=4 if drill_running => continue,
+            0 if down < minority as usize && a_live => {
+                crash_replica(net, a).await;
+                pending.push((now + lasts_ms, Pending::Restart(a)));
+                format!("crash replica {a} for {lasts_ms} ms")
+            }
+            1 => {
+                let links: Vec<(u64, u64)> = ids.iter().filter(|x| **x != a).flat_map(|x| [(a, *x), (*x, a)]).collect();
+                lock(net).conditions.blocked.extend(links.iter().copied());
+                pending.push((now + lasts_ms, Pending::Unblock(links)));
+                format!("isolate replica {a} for {lasts_ms} ms")
+            }
+            2 if a != b => {
+                lock(net).conditions.blocked.insert((a, b));
+                pending.push((now + lasts_ms, Pending::Unblock(vec![(a, b)])));
+                format!("cut link {a}->{b} one way for {lasts_ms} ms")
+            }
+            3 => {
+                let permille = rng.random_range(50..400);
+                lock(net).conditions.loss_permille = permille;
+                pending.push((now + lasts_ms, Pending::ResetLoss));
+                format!("lose {permille}/1000 messages for {lasts_ms} ms")
+            }
+            4 => {
+                let max = rng.random_range(20..300);
+                lock(net).conditions.max_delay_ms = max;
+                pending.push((now + lasts_ms, Pending::ResetDelay));
+                format!("delay messages up to {max} ms for {lasts_ms} ms")
+            }
+            // Long enough, sometimes, for the agent to fence itself and the leader to declare its node down.
+            // One cut per agent at a time: an overlapping one's heal would end the longer one early.
+            5 if !lock(net).conditions.agents_cut.contains(&node) => {
+                let lasts_ms = rng.random_range(500..12_000);
+                lock(net).conditions.agents_cut.insert(node.clone());
+                pending.push((now + lasts_ms, Pending::Reconnect(node.clone())));
+                format!("cut agent {node} off for {lasts_ms} ms")
+            }
+            _ => continue,
+        };
+        faults += 1;
+        lock(net).event(EventKind::FaultStarted { name });
+    }
+    (faults, pending)
+}
+
+/// Heals everything: links, loss, delays, and restarts whoever is down.
+async fn heal_all(net: &Net, pending: Vec<(u64, Pending)>, ids: &[u64], setup_errors: &mut Vec<String>) {
+    for (_, p) in pending {
+        undo(net, p, setup_errors).await;
+    }
+    lock(net).conditions = Conditions { max_delay_ms: BASE_MAX_DELAY_MS, ..Conditions::default() };
+    for id in ids {
+        if !lock(net).replicas.contains_key(id)
+            && let Err(e) = start_replica(net, *id).await
+        {
+            setup_errors.push(e);
+        }
+    }
+    lock(net).event(EventKind::FaultHealed { name: "all".into() });
+}
+
 async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
     let _simulated = enter_simulation(seed, EPOCH_MS);
     let started = tokio::time::Instant::now();
@@ -500,102 +612,11 @@ async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
         tokio::spawn(return_drills(net.clone(), seed, options.nodes, options.fault_phase_ms, options.gpus_per_node))
     });
 
-    // The fault phase.
-    let mut rng = SmallRng::seed_from_u64(seed ^ 0x6661_756c_7473);
-    let mut pending: Vec<(u64, Pending)> = Vec::new();
-    let mut faults = 0u64;
-    let mut wiped = false;
-    let minority = (options.replicas - 1) / 2;
-    while now_ms() < options.fault_phase_ms {
-        tokio::time::sleep(Duration::from_millis(rng.random_range(100..1_200))).await;
-        let now = now_ms();
-        let (due, later): (Vec<_>, Vec<_>) = pending.into_iter().partition(|(at, _)| *at <= now);
-        pending = later;
-        for (_, p) in due {
-            undo(&net, p, &mut setup_errors).await;
-        }
-        if options.planted == Some(PlantedBug::WipeAllDisks) && !wiped && now >= options.fault_phase_ms / 2 {
-            wiped = true;
-            wipe_all(&net, &ids, &mut setup_errors).await;
-            oracle.lock().expect("oracle lock").digests.clear();
-            oracle.lock().expect("oracle lock").observed_index = 0;
-            continue;
-        }
-        let kind = match options.faults {
-            Faults::None => continue,
-            Faults::All => rng.random_range(0..6),
-            Faults::AgentsOnly => 5,
-        };
-        // A node-return drill needs a leader that stays until its node is declared down: no replica fault then
-        // (the numbers below are still drawn, so the rest of the schedule does not shift).
-        let drill_running = lock(&net).conditions.drill_running;
-        let node = format!("gpu{:02}", rng.random_range(1..=options.nodes));
-        let a = ids[rng.random_range(0..ids.len())];
-        let b = ids[rng.random_range(0..ids.len())];
-        let lasts_ms = rng.random_range(100..3_000);
-        let (down, a_live) = {
-            let net = lock(&net);
-            (ids.len() - net.replicas.len(), net.replicas.contains_key(&a))
-        };
-        let name = match kind {
-            0..=4 if drill_running => continue,
-            0 if down < minority as usize && a_live => {
-                crash_replica(&net, a).await;
-                pending.push((now + lasts_ms, Pending::Restart(a)));
-                format!("crash replica {a} for {lasts_ms} ms")
-            }
-            1 => {
-                let links: Vec<(u64, u64)> = ids.iter().filter(|x| **x != a).flat_map(|x| [(a, *x), (*x, a)]).collect();
-                lock(&net).conditions.blocked.extend(links.iter().copied());
-                pending.push((now + lasts_ms, Pending::Unblock(links)));
-                format!("isolate replica {a} for {lasts_ms} ms")
-            }
-            2 if a != b => {
-                lock(&net).conditions.blocked.insert((a, b));
-                pending.push((now + lasts_ms, Pending::Unblock(vec![(a, b)])));
-                format!("cut link {a}->{b} one way for {lasts_ms} ms")
-            }
-            3 => {
-                let permille = rng.random_range(50..400);
-                lock(&net).conditions.loss_permille = permille;
-                pending.push((now + lasts_ms, Pending::ResetLoss));
-                format!("lose {permille}/1000 messages for {lasts_ms} ms")
-            }
-            4 => {
-                let max = rng.random_range(20..300);
-                lock(&net).conditions.max_delay_ms = max;
-                pending.push((now + lasts_ms, Pending::ResetDelay));
-                format!("delay messages up to {max} ms for {lasts_ms} ms")
-            }
-            // Long enough, sometimes, for the agent to fence itself and the leader to declare its node down.
-            // One cut per agent at a time: an overlapping one's heal would end the longer one early.
-            5 if !lock(&net).conditions.agents_cut.contains(&node) => {
-                let lasts_ms = rng.random_range(500..12_000);
-                lock(&net).conditions.agents_cut.insert(node.clone());
-                pending.push((now + lasts_ms, Pending::Reconnect(node.clone())));
-                format!("cut agent {node} off for {lasts_ms} ms")
-            }
-            _ => continue,
-        };
-        faults += 1;
-        lock(&net).event(EventKind::FaultStarted { name });
-    }
-    // Heal everything: links, loss, delays, and restart whoever is down.
+    let (faults, pending) = fault_phase(&net, seed, options, &ids, &oracle, &mut setup_errors, started).await;
     if let Some(drills) = drills {
         drills.abort();
     }
-    for (_, p) in pending.drain(..) {
-        undo(&net, p, &mut setup_errors).await;
-    }
-    lock(&net).conditions = Conditions { max_delay_ms: BASE_MAX_DELAY_MS, ..Conditions::default() };
-    for id in &ids {
-        if !lock(&net).replicas.contains_key(id)
-            && let Err(e) = start_replica(&net, *id).await
-        {
-            setup_errors.push(e);
-        }
-    }
-    lock(&net).event(EventKind::FaultHealed { name: "all".into() });
+    heal_all(&net, pending, &ids, &mut setup_errors).await;
 
     // The settle phase: wait for every acknowledged job to end and every replica to catch up.
     let healed_ms = now_ms();

@@ -366,19 +366,7 @@ pub async fn agent(net: Net, seed: u64, name: String, gpus: u32, until_ms: u64, 
             epoch = None;
             continue;
         }
-        let assigned: BTreeMap<(u64, u64), Assigned> = jobs
-            .iter()
-            .map(|a| {
-                let gpus = a
-                    .job
-                    .allocation
-                    .iter()
-                    .find(|share| share.node == name)
-                    .map(|s| s.gpus.clone())
-                    .unwrap_or_default();
-                ((a.job.id, a.job.incarnation), Assigned { batch: a.node_index == 0, stopping: a.cancelled(), gpus })
-            })
-            .collect();
+        let assigned = assigned_here(&jobs, &name);
         let lingering: Vec<(u64, u64)> = {
             let Some(Leader { view, .. }) = leader(&net) else { continue };
             let applied = view.read();
@@ -387,92 +375,131 @@ pub async fn agent(net: Net, seed: u64, name: String, gpus: u32, until_ms: u64, 
         .unwrap_or_default();
         let (reports, gone) = {
             let mut guard = state.lock().expect("agent state lock");
-            let now = now_ms();
-            let may_start = now < guard.lease_until_ms && guard.lease_epoch == assigned_epoch;
-            for (key, a) in &assigned {
-                if guard.running.contains_key(key) || guard.done.contains(key) {
-                    continue;
-                }
-                if a.stopping {
-                    // Cancelled before it started here: nothing to kill, but the batch node says it is gone.
-                    guard.done.insert(*key);
-                    if a.batch {
-                        guard.reports.push((*key, JobEnd { signal: SIGTERM, ..JobEnd::default() }));
-                    }
-                    continue;
-                }
-                if !may_start {
-                    continue;
-                }
-                if let Some(holder) = guard.gpu_holder(*key, &a.gpus) {
-                    lock(&net).trace.record(format_args!("agent {name}: {key:?} waits for {holder:?}'s GPUs"), &[]);
-                    continue;
-                }
-                let exits_at_ms = now + rng.random_range(100..3_000);
-                guard
-                    .running
-                    .insert(*key, Task { exits_at_ms, batch: a.batch, gpus: a.gpus.clone(), dies_at_ms: None });
-                lock(&net).event(EventKind::IncarnationStarted {
-                    job: key.0,
-                    incarnation: key.1,
-                    node: name.clone(),
-                    gpus: a.gpus.clone(),
-                });
-            }
-            // Stop what is no longer assigned (requeued, ended by its batch node) or is stopping: it dies a little
-            // later, as a real task does after its SIGTERM.
-            for (key, task) in guard.running.iter_mut() {
-                if task.dies_at_ms.is_none() && assigned.get(key).is_none_or(|a| a.stopping) {
-                    task.dies_at_ms = Some(now + rng.random_range(0..MAX_STOP_MS));
-                }
-            }
-            let ended: Vec<(u64, u64)> = guard
-                .running
-                .iter()
-                .filter(|(_, task)| task.dies_at_ms.map_or(task.exits_at_ms, |at| at.min(task.exits_at_ms)) <= now)
-                .map(|(key, _)| *key)
-                .collect();
-            for key in ended {
-                let task = guard.running.remove(&key).expect("listed above");
-                guard.done.insert(key);
-                lock(&net).event(EventKind::IncarnationEnded { job: key.0, incarnation: key.1, node: name.clone() });
-                if let Some(a) = assigned.get(&key).filter(|_| task.batch) {
-                    let signal = if a.stopping { SIGTERM } else { 0 };
-                    guard.reports.push((key, JobEnd { signal, ..JobEnd::default() }));
-                }
-            }
-            let gone: Vec<(u64, u64)> = lingering.into_iter().filter(|key| !guard.running.contains_key(key)).collect();
-            (std::mem::take(&mut guard.reports), gone)
+            guard.advance(now_ms(), (&assigned, assigned_epoch), lingering, &mut rng, (&net, &name))
         };
-        // Reports go out one attempt per pass; one that does not commit waits for the next pass.
-        let mut unsent = Vec::new();
-        for (key, end) in reports {
-            let command = Command::JobEnded { job_id: key.0, incarnation: key.1, end: end.clone() };
-            let what = match write_once(&net, &name, command).await {
-                Outcome::Committed(reply) => format!("committed: {reply:?}"),
-                Outcome::Refused(e) => format!("refused: {e}"),
-                Outcome::GaveUp(e) => {
-                    unsent.push((key, end));
-                    format!("not committed: {e}")
-                }
-            };
-            lock(&net).trace.record(format_args!("agent {name} reported {key:?} ended: {what}"), &[]);
-        }
-        if !unsent.is_empty() {
-            let mut guard = state.lock().expect("agent state lock");
-            unsent.append(&mut guard.reports);
-            guard.reports = unsent;
-        }
-        // Confirm gone what lingers here and no longer runs.
-        if !gone.is_empty() {
-            let command = Command::ReleaseLingering { node: name.clone(), keys: gone, usage: Vec::new() };
-            if let Outcome::GaveUp(e) = write_once(&net, &name, command).await {
-                lock(&net).trace.record(format_args!("agent {name} release not committed: {e}"), &[]);
-            }
-        }
+        send_reports(&net, &name, &state, reports, gone).await;
     }
     if let Some(task) = lease_task {
         task.abort();
+    }
+}
+
+/// The node's share of each job assigned to it, by (job, incarnation).
+fn assigned_here(jobs: &[drover_proto::wire::Assignment], name: &str) -> BTreeMap<(u64, u64), Assigned> {
+    jobs.iter()
+        .map(|a| {
+            let gpus =
+                a.job.allocation.iter().find(|share| share.node == name).map(|s| s.gpus.clone()).unwrap_or_default();
+            ((a.job.id, a.job.incarnation), Assigned { batch: a.node_index == 0, stopping: a.cancelled(), gpus })
+        })
+        .collect()
+}
+
+/// Job ends a batch node reports, by (job, incarnation), oldest first.
+type Ends = Vec<((u64, u64), JobEnd)>;
+
+impl AgentState {
+    /// One poll's work on the node, under the lock: start what is assigned and may start (a lease of the
+    /// assignments' epoch, GPUs no other incarnation holds), stop what is no longer assigned, end what exited or
+    /// died; returns the ends to report and the lingering incarnations that are gone from here.
+    fn advance(
+        &mut self,
+        now: u64,
+        (assigned, assigned_epoch): (&BTreeMap<(u64, u64), Assigned>, u64),
+        lingering: Vec<(u64, u64)>,
+        rng: &mut SmallRng,
+        (net, name): (&Net, &str),
+    ) -> (Ends, Vec<(u64, u64)>) {
+        let may_start = now < self.lease_until_ms && self.lease_epoch == assigned_epoch;
+        for (key, a) in assigned {
+            if self.running.contains_key(key) || self.done.contains(key) {
+                continue;
+            }
+            if a.stopping {
+                // Cancelled before it started here: nothing to kill, but the batch node says it is gone.
+                self.done.insert(*key);
+                if a.batch {
+                    self.reports.push((*key, JobEnd { signal: SIGTERM, ..JobEnd::default() }));
+                }
+                continue;
+            }
+            if !may_start {
+                continue;
+            }
+            if let Some(holder) = self.gpu_holder(*key, &a.gpus) {
+                lock(net).trace.record(format_args!("agent {name}: {key:?} waits for {holder:?}'s GPUs"), &[]);
+                continue;
+            }
+            let exits_at_ms = now + rng.random_range(100..3_000);
+            self.running.insert(*key, Task { exits_at_ms, batch: a.batch, gpus: a.gpus.clone(), dies_at_ms: None });
+            lock(net).event(EventKind::IncarnationStarted {
+                job: key.0,
+                incarnation: key.1,
+                node: name.to_string(),
+                gpus: a.gpus.clone(),
+            });
+        }
+        // Stop what is no longer assigned (requeued, ended by its batch node) or is stopping: it dies a little
+        // later, as a real task does after its SIGTERM.
+        for (key, task) in self.running.iter_mut() {
+            if task.dies_at_ms.is_none() && assigned.get(key).is_none_or(|a| a.stopping) {
+                task.dies_at_ms = Some(now + rng.random_range(0..MAX_STOP_MS));
+            }
+        }
+        let ended: Vec<(u64, u64)> = self
+            .running
+            .iter()
+            .filter(|(_, task)| task.dies_at_ms.map_or(task.exits_at_ms, |at| at.min(task.exits_at_ms)) <= now)
+            .map(|(key, _)| *key)
+            .collect();
+        for key in ended {
+            let task = self.running.remove(&key).expect("listed above");
+            self.done.insert(key);
+            lock(net).event(EventKind::IncarnationEnded { job: key.0, incarnation: key.1, node: name.to_string() });
+            if let Some(a) = assigned.get(&key).filter(|_| task.batch) {
+                let signal = if a.stopping { SIGTERM } else { 0 };
+                self.reports.push((key, JobEnd { signal, ..JobEnd::default() }));
+            }
+        }
+        let gone: Vec<(u64, u64)> = lingering.into_iter().filter(|key| !self.running.contains_key(key)).collect();
+        (std::mem::take(&mut self.reports), gone)
+    }
+}
+
+/// Sends the ends the batch node has to report (one attempt each per poll; what does not commit waits for the
+/// next) and confirms gone what lingers here and no longer runs.
+async fn send_reports(
+    net: &Net,
+    name: &str,
+    state: &std::sync::Mutex<AgentState>,
+    reports: Ends,
+    gone: Vec<(u64, u64)>,
+) {
+    // Reports go out one attempt per pass; one that does not commit waits for the next pass.
+    let mut unsent = Vec::new();
+    for (key, end) in reports {
+        let command = Command::JobEnded { job_id: key.0, incarnation: key.1, end: end.clone() };
+        let what = match write_once(net, name, command).await {
+            Outcome::Committed(reply) => format!("committed: {reply:?}"),
+            Outcome::Refused(e) => format!("refused: {e}"),
+            Outcome::GaveUp(e) => {
+                unsent.push((key, end));
+                format!("not committed: {e}")
+            }
+        };
+        lock(net).trace.record(format_args!("agent {name} reported {key:?} ended: {what}"), &[]);
+    }
+    if !unsent.is_empty() {
+        let mut guard = state.lock().expect("agent state lock");
+        unsent.append(&mut guard.reports);
+        guard.reports = unsent;
+    }
+    // Confirm gone what lingers here and no longer runs.
+    if !gone.is_empty() {
+        let command = Command::ReleaseLingering { node: name.to_string(), keys: gone, usage: Vec::new() };
+        if let Outcome::GaveUp(e) = write_once(net, name, command).await {
+            lock(net).trace.record(format_args!("agent {name} release not committed: {e}"), &[]);
+        }
     }
 }
 
