@@ -489,10 +489,43 @@ pub async fn heartbeats(agents: usize, heartbeat_ms: u64, duration_s: u64, dir: 
     }
 
     tokio::time::sleep(2 * sim.heartbeat).await;
-    let ticks = clock_ticks_per_s();
     // The leader now, which is the one measured (a change during the ramp is reported above).
     let (leader, _, log_before) = leader_of(&client).await?;
     let pid = cluster.process(leader).and_then(|p| p.pid).context("the leader has no recorded pid")?;
+    let m = measure_window(&sim, pid, duration_s).await;
+    let (leader_after, _, log_after) = leader_of(&client).await?;
+    let names: HashSet<String> = (0..agents).map(|i| sim_node(i).name).collect();
+    let nodes = client.list_nodes(false).await?;
+    let up = nodes.iter().filter(|n| names.contains(&n.info.name) && n.health == NodeHealth::Up).count();
+    let log_entries = log_after as i64 - log_before as i64;
+    print_window(&sim, &m, (leader, leader_after), (registered, agents, up), (heartbeat_ms, log_entries));
+
+    let _ = stop_tx.send(true);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for task in tasks {
+        let _ = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), task).await;
+    }
+    drop(cluster);
+    Ok(())
+}
+
+/// What one measured window saw: CPU ticks of the leader and of this process at its ends, the simulated agents'
+/// counters at its ends, its length, and the leader's memory.
+struct Window {
+    ticks: f64,
+    leader_cpu: (Option<u64>, Option<u64>),
+    self_cpu: (Option<u64>, Option<u64>),
+    /// (heartbeats sent, answered, sessions lost, reopened, outbox full) at its start and end.
+    before: (u64, u64, usize, usize, u64),
+    after: (u64, u64, usize, usize, u64),
+    window_s: f64,
+    rss_max_kib: u64,
+    rss_end_kib: u64,
+}
+
+/// Measures the leader (`pid`) over `duration_s` with every simulated agent heartbeating.
+async fn measure_window(sim: &Sim, pid: u32, duration_s: u64) -> Window {
+    let ticks = clock_ticks_per_s();
     let (leader_cpu0, self_cpu0) = (cpu_ticks(&pid.to_string()), cpu_ticks("self"));
     let snapshot = |sim: &Sim| {
         (
@@ -503,7 +536,7 @@ pub async fn heartbeats(agents: usize, heartbeat_ms: u64, duration_s: u64, dir: 
             sim.outbox_full.load(Ordering::Relaxed),
         )
     };
-    let before = snapshot(&sim);
+    let before = snapshot(sim);
     sim.measuring.store(true, Ordering::Relaxed);
     let window_start = Instant::now();
     let mut rss_max = rss_kib(pid);
@@ -513,22 +546,38 @@ pub async fn heartbeats(agents: usize, heartbeat_ms: u64, duration_s: u64, dir: 
         rss_max = rss_max.max(rss_kib(pid));
     }
     let (leader_cpu1, self_cpu1) = (cpu_ticks(&pid.to_string()), cpu_ticks("self"));
-    let window = window_start.elapsed().as_secs_f64();
+    let window_s = window_start.elapsed().as_secs_f64();
     sim.measuring.store(false, Ordering::Relaxed);
-    let after = snapshot(&sim);
+    let after = snapshot(sim);
+    Window {
+        ticks,
+        leader_cpu: (leader_cpu0, leader_cpu1),
+        self_cpu: (self_cpu0, self_cpu1),
+        before,
+        after,
+        window_s,
+        rss_max_kib: rss_max,
+        rss_end_kib: rss_kib(pid),
+    }
+}
+
+/// The window's line: the leader's CPU per heartbeat and memory, the round trips, and anything that went wrong.
+fn print_window(
+    sim: &Sim,
+    m: &Window,
+    (leader, leader_after): (u64, u64),
+    (registered, agents, up): (usize, usize, usize),
+    (heartbeat_ms, log_entries): (u64, i64),
+) {
+    let (ticks, window) = (m.ticks, m.window_s);
+    let (before, after) = (m.before, m.after);
     let (sent, answered, lost, reconnected, full) =
         (after.0 - before.0, after.1 - before.1, after.2 - before.2, after.3 - before.3, after.4 - before.4);
-    let (leader_after, _, log_after) = leader_of(&client).await?;
-    let rss_end = rss_kib(pid);
-
-    let names: HashSet<String> = (0..agents).map(|i| sim_node(i).name).collect();
-    let nodes = client.list_nodes(false).await?;
-    let up = nodes.iter().filter(|n| names.contains(&n.info.name) && n.health == NodeHealth::Up).count();
-
     let percent = |a: Option<u64>, b: Option<u64>| match (a, b) {
         (Some(a), Some(b)) => format!("{:.1}%", b.saturating_sub(a) as f64 / ticks / window * 100.0),
         _ => "n/a".to_string(),
     };
+    let (leader_cpu0, leader_cpu1) = m.leader_cpu;
     let leader_cpu_s = leader_cpu0.zip(leader_cpu1).map(|(a, b)| b.saturating_sub(a) as f64 / ticks);
     let per_heartbeat = match leader_cpu_s {
         Some(s) if sent > 0 => format!(" = {:.0} µs per heartbeat", s * 1e6 / sent as f64),
@@ -555,22 +604,13 @@ pub async fn heartbeats(agents: usize, heartbeat_ms: u64, duration_s: u64, dir: 
     let trouble = if trouble.is_empty() { String::new() } else { format!("; {}", trouble.join("; ")) };
     println!(
         "heartbeats: {registered} simulated agents x 1 per {heartbeat_ms} ms, {window:.1} s on leader replica {leader}: \
-         leader CPU {} of one core{per_heartbeat}, RSS {} MiB (max {} MiB); Raft log +{} entries; {sent} heartbeats \
-         sent ({:.0}/s), {answered} answered (p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms); {up}/{agents} nodes \
-         Up; bench process CPU {}{trouble}",
+         leader CPU {} of one core{per_heartbeat}, RSS {} MiB (max {} MiB); Raft log +{log_entries} entries; {sent} \
+         heartbeats sent ({:.0}/s), {answered} answered (p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms); \
+         {up}/{agents} nodes Up; bench process CPU {}{trouble}",
         percent(leader_cpu0, leader_cpu1),
-        rss_end / 1024,
-        rss_max / 1024,
-        log_after as i64 - log_before as i64,
+        m.rss_end_kib / 1024,
+        m.rss_max_kib / 1024,
         sent as f64 / window,
-        percent(self_cpu0, self_cpu1),
+        percent(m.self_cpu.0, m.self_cpu.1),
     );
-
-    let _ = stop_tx.send(true);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    for task in tasks {
-        let _ = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), task).await;
-    }
-    drop(cluster);
-    Ok(())
 }

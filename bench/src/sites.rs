@@ -11,7 +11,7 @@ use drover_testkit::local::{LocalCluster, UpOptions, trivial_spec};
 use hdrhistogram::Histogram;
 
 use crate::wan::{Route, Wan};
-use crate::{Fault, kill_under_load, percentile_ms};
+use crate::{Fault, KillResult, kill_under_load, percentile_ms};
 
 /// The site of replica `id` (1-based): two at a, two at b, one at c. Any one site holds at most two of the five,
 /// so the other three are a quorum.
@@ -150,19 +150,7 @@ pub async fn sites(args: SitesArgs, dir: PathBuf) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(args.rest_s)).await;
     let term_rest = term(&client).await;
 
-    // Sequential submissions from one client, after a warm-up that finds the leader and opens the connection.
-    let spec = trivial_spec();
-    for _ in 0..10 {
-        client.submit(&spec).await?;
-    }
-    let mut hist = Histogram::<u64>::new(3)?;
-    let started = Instant::now();
-    for _ in 0..args.submissions {
-        let t = Instant::now();
-        client.submit(&spec).await?;
-        hist.record(t.elapsed().as_micros() as u64)?;
-    }
-    let rate = args.submissions as f64 / started.elapsed().as_secs_f64();
+    let (hist, rate) = sequential_submissions(&client, args.submissions).await?;
     let term_after = term(&client).await;
     let leader_after = cluster.wait_ready(Duration::from_secs(30)).await?;
     println!(
@@ -189,6 +177,39 @@ pub async fn sites(args: SitesArgs, dir: PathBuf) -> anyhow::Result<()> {
     faults.extend(lose.iter().map(|site| Fault::Replicas(site_replicas(site))));
     let settle = Duration::from_millis(1_500);
     let result = kill_under_load(&mut cluster, client.clone(), args.clients, &faults, settle, &preferred).await?;
+    print_rounds(&result, &args, &lose);
+    println!(
+        "acknowledged={} lost={} duplicate_ids={}; elections in all: term {term_before} -> {}",
+        result.acknowledged,
+        result.lost,
+        result.duplicates,
+        term(&client).await
+    );
+    Ok(())
+}
+
+/// Sequential submissions from one client, after a warm-up that finds the leader and opens the connection: each
+/// one's latency in µs, and the rate.
+async fn sequential_submissions(
+    client: &drover_client::Client,
+    submissions: usize,
+) -> anyhow::Result<(Histogram<u64>, f64)> {
+    let spec = trivial_spec();
+    for _ in 0..10 {
+        client.submit(&spec).await?;
+    }
+    let mut hist = Histogram::<u64>::new(3)?;
+    let started = Instant::now();
+    for _ in 0..submissions {
+        let t = Instant::now();
+        client.submit(&spec).await?;
+        hist.record(t.elapsed().as_micros() as u64)?;
+    }
+    Ok((hist, submissions as f64 / started.elapsed().as_secs_f64()))
+}
+
+/// The leader kills' and the site losses' figures, a line each.
+fn print_rounds(result: &KillResult, args: &SitesArgs, lose: &[String]) {
     let (kills, losses) = result.rounds.split_at(args.kills);
     if !kills.is_empty() {
         let gaps: Vec<Duration> = kills.iter().map(|r| r.gap).collect();
@@ -215,14 +236,6 @@ pub async fn sites(args: SitesArgs, dir: PathBuf) -> anyhow::Result<()> {
             SITES[round.leader_after as usize - 1]
         );
     }
-    println!(
-        "acknowledged={} lost={} duplicate_ids={}; elections in all: term {term_before} -> {}",
-        result.acknowledged,
-        result.lost,
-        result.duplicates,
-        term(&client).await
-    );
-    Ok(())
 }
 
 #[cfg(test)]
