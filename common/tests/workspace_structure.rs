@@ -294,3 +294,84 @@ fn the_wall_clock_is_read_in_one_place() {
     }
     assert!(found.is_empty(), "use drover_common::wall::now_ms instead of another clock in: {found:?}");
 }
+
+/// Non-test functions longer than `limit` lines in `code`: (first line, name, lines). A function runs from its
+/// `fn` line to the first line that closes at the `fn`'s own indentation.
+fn long_functions(code: &str, limit: usize) -> Vec<(usize, String, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        let indent = line.len() - line.trim_start().len();
+        let mut rest = line.trim_start();
+        for prefix in ["pub(crate) ", "pub(super) ", "pub ", "async ", "const ", "unsafe "] {
+            rest = rest.strip_prefix(prefix).unwrap_or(rest);
+        }
+        let Some(after) = rest.strip_prefix("fn ") else {
+            i += 1;
+            continue;
+        };
+        let name: String = after.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        // Its body starts on the line that ends with `{` (a declaration without a body ends with `;`).
+        let mut open = i;
+        while open < lines.len() && !lines[open].trim_end().ends_with('{') && !lines[open].trim_end().ends_with(';') {
+            open += 1;
+        }
+        if open >= lines.len() || lines[open].trim_end().ends_with(';') {
+            i = open + 1;
+            continue;
+        }
+        let close = " ".repeat(indent) + "}";
+        let end = (open + 1..lines.len()).find(|&k| lines[k].trim_end() == close).unwrap_or(lines.len() - 1);
+        let count = end - i + 1;
+        if count > limit {
+            out.push((i + 1, name, count));
+        }
+        i = end + 1;
+    }
+    out
+}
+
+/// What the structure issue asked: no function over ~120 lines, so each reads as one step with a name.
+#[test]
+fn no_function_is_longer_than_120_lines() {
+    let mut found = Vec::new();
+    for krate in crates() {
+        let mut files = Vec::new();
+        rust_files(&krate.join("src"), &mut files);
+        for f in files {
+            for (line, name, count) in long_functions(&code_of(&f), 120) {
+                found.push(format!("{}:{line} fn {name}: {count} lines", f.display()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "split these into named steps:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_length_finder_counts_a_function_to_its_closing_brace() {
+    let body: String = (0..130).map(|i| format!("    let x{i} = {i};\n")).collect();
+    let code = format!("fn short() {{\n}}\n\npub async fn long(\n    a: u32,\n) -> u32 {{\n{body}    a\n}}\n");
+    assert_eq!(long_functions(&code, 120), vec![(4, "long".to_string(), 135)]);
+    assert_eq!(long_functions("trait T {\n    fn f(&self);\n}\n", 0), Vec::new());
+}
+
+/// Slurm's time forms are read in one place, `cli/src/slurm/time.rs` (issue 29 found three readers).
+#[test]
+fn slurms_time_forms_are_read_in_one_place() {
+    let allowed = workspace().join("cli/src/slurm/time.rs");
+    let mut found = Vec::new();
+    for krate in crates() {
+        let mut files = Vec::new();
+        rust_files(&krate.join("src"), &mut files);
+        for f in files {
+            let code = code_of(&f);
+            let defines = ["fn parse_time(", "struct TimeSpec", "enum TimeSpec"].iter().any(|d| code.contains(d));
+            if defines && f != allowed {
+                found.push(f.display().to_string());
+            }
+        }
+    }
+    assert!(found.is_empty(), "read Slurm's time forms with crate::slurm::time, not in: {found:?}");
+}
