@@ -28,16 +28,13 @@ const MAX_USERS: usize = 10_000;
 const MAX_ROWS: usize = 100_000;
 
 pub fn run(args: &[String]) -> i32 {
-    match sacctmgr(args) {
-        Ok(out) => {
+    crate::command::finish(
+        "sacctmgr",
+        sacctmgr(args).map(|out| {
             print!("{out}");
             0
-        }
-        Err(e) => {
-            eprintln!("sacctmgr: error: {e:#}");
-            1
-        }
-    }
+        }),
+    )
 }
 
 fn sacctmgr(args: &[String]) -> anyhow::Result<String> {

@@ -23,13 +23,7 @@ const AGENT_CONNECT_TIMEOUT_MS: u64 = 3_000;
 const INTERRUPTED: i32 = 130;
 
 pub fn run(args: &[String]) -> i32 {
-    match crate::connect::runtime().block_on(srun(args)) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("srun: error: {e:#}");
-            1
-        }
-    }
+    crate::command::finish("srun", crate::connect::runtime().block_on(srun(args)))
 }
 
 /// srun's own flags, taken out before the sbatch-style options are parsed.
