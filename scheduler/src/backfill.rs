@@ -265,6 +265,16 @@ struct JobPre {
 
 const _: () = assert!(std::mem::size_of::<JobPre>() <= 56);
 
+impl JobPre {
+    /// The job's requirements: its memoized shape's, with its own time limit, or its own.
+    fn req(&self, job: &PendingJob, shapes: &[ShapeMemo]) -> Req {
+        match self.shape {
+            NO_SHAPE => Req::of(job),
+            s => Req { time_limit_s: self.time_limit_s, ..shapes[s as usize].req },
+        }
+    }
+}
+
 struct Resv {
     start_s: u64,
     end_s: u64,
@@ -1104,10 +1114,7 @@ impl<'a> Pass<'a> {
             }
             let p = pj.p as usize;
             let shape = (pj.shape != NO_SHAPE).then_some(pj.shape as usize);
-            let req = match shape {
-                Some(s) => Req { time_limit_s: pj.time_limit_s, ..walk.shapes[s].req },
-                None => Req::of(job),
-            };
+            let req = pj.req(job, &walk.shapes);
             let own_filter;
             let filter = match shape {
                 Some(s) => &walk.shape_filters[s],
@@ -1167,10 +1174,7 @@ impl<'a> Pass<'a> {
         let job = &view.pending[pj.idx as usize];
         // A memoized shape has no node list or exclusions and no advance reservation.
         let shape = (pj.shape != NO_SHAPE).then_some(pj.shape as usize);
-        let req = match shape {
-            Some(s) => Req { time_limit_s: pj.time_limit_s, ..walk.shapes[s].req },
-            None => Req::of(job),
-        };
+        let req = pj.req(job, &walk.shapes);
         let own_filter;
         let filter = match shape {
             Some(s) => &walk.shape_filters[s],
