@@ -13,12 +13,23 @@ use crate::node::NodeAgent;
 use crate::patterns::{PatternContext, expand_output_path};
 use crate::supervise::{self, TaskCgroup, TaskLaunch, TaskResult};
 
+/// A root job on a cluster that does not allow them.
+#[derive(Debug, thiserror::Error)]
+#[error("jobs may not run as root on this cluster (allow_root_jobs is off)")]
+pub struct RootRefused;
+
+impl From<RootRefused> for String {
+    fn from(e: RootRefused) -> String {
+        e.to_string()
+    }
+}
+
 impl NodeAgent {
     /// Root jobs only where the cluster allows them (the leader says so in its welcome); checked here too, so a
     /// confused or compromised controller cannot make a root agent run one.
-    fn may_run_as(&self, uid: u32) -> Result<(), String> {
+    fn may_run_as(&self, uid: u32) -> Result<(), RootRefused> {
         if uid == 0 && !self.timing().allow_root_jobs {
-            return Err("jobs may not run as root on this cluster (allow_root_jobs is off)".to_string());
+            return Err(RootRefused);
         }
         Ok(())
     }
@@ -33,8 +44,8 @@ impl NodeAgent {
             tracing::error!(job = key.0, "cannot create {}: {e}", dir.display());
             return;
         }
-        if let Err(message) = self.may_run_as(spec.uid) {
-            write_failed_result(&dir, &message);
+        if let Err(refused) = self.may_run_as(spec.uid) {
+            write_failed_result(&dir, &refused.to_string());
             return;
         }
         let script = a.script.clone().unwrap_or_default();

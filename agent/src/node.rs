@@ -19,6 +19,32 @@ use crate::gpu::GpuBackend;
 use crate::lease;
 use crate::supervise::{self, TaskStatus};
 
+/// Why a task may not start on this node now (each says what the user can do: try again, or wait).
+#[derive(Debug, thiserror::Error)]
+pub enum NotNow {
+    #[error("this node holds no lease from the controllers right now; try again")]
+    NoLease,
+    #[error("this node has not heard its assignments from the leader yet; try again")]
+    NotSynced,
+    #[error(
+        "this node's lease (registration {lease}) and assignments (registration {assignments}) disagree; try again"
+    )]
+    EpochsDisagree { lease: u64, assignments: u64 },
+    #[error("GPU {gpu} is still held by job {} incarnation {} (task {}), which is being stopped", .holder.0, .holder.1, .task.display())]
+    GpuHeldByTask { gpu: u32, holder: JobKey, task: PathBuf },
+    #[error("GPU {gpu} is still used by process(es) {pids:?}")]
+    GpuUsedBy { gpu: u32, pids: Vec<u32> },
+    #[error("{why}; gave up after {after_s} s")]
+    GaveUp { why: Box<NotNow>, after_s: u64 },
+}
+
+/// The step port answers srun in words.
+impl From<NotNow> for String {
+    fn from(e: NotNow) -> String {
+        e.to_string()
+    }
+}
+
 /// How often the task directories are checked (task ends, time limits, kill deadlines).
 pub const RECONCILE_INTERVAL_MS: u64 = 10;
 /// Batch scripts started at once in one reconcile pass.
@@ -306,19 +332,16 @@ impl NodeAgent {
     /// Whether tasks may start now, and if not, why: only under a valid lease, once this session's assignments
     /// arrived, and while the lease and the assignments are for the same registration epoch (the controller's
     /// `agents` module explains why that keeps a job from running twice).
-    pub fn may_start_tasks(&self) -> Result<(), String> {
+    pub fn may_start_tasks(&self) -> Result<(), NotNow> {
         let inner = self.lock();
         if inner.lease_until <= Instant::now() {
-            return Err("this node holds no lease from the controllers right now; try again".to_string());
+            return Err(NotNow::NoLease);
         }
         if !inner.synced {
-            return Err("this node has not heard its assignments from the leader yet; try again".to_string());
+            return Err(NotNow::NotSynced);
         }
         if inner.lease_epoch != inner.assignments_epoch {
-            return Err(format!(
-                "this node's lease (registration {}) and assignments (registration {}) disagree; try again",
-                inner.lease_epoch, inner.assignments_epoch
-            ));
+            return Err(NotNow::EpochsDisagree { lease: inner.lease_epoch, assignments: inner.assignments_epoch });
         }
         Ok(())
     }
@@ -363,7 +386,7 @@ impl NodeAgent {
     /// Whether `gpus` are free for a task of `key`: no task here of another incarnation that may still run was
     /// given any of them, and, before the first task of `key` starts here, no process holds them (where the GPU
     /// backend can tell). `Err` names the holder.
-    pub fn gpus_free_for(&self, key: JobKey, gpus: &[u32], dirs: &[TaskDir]) -> Result<(), String> {
+    pub fn gpus_free_for(&self, key: JobKey, gpus: &[u32], dirs: &[TaskDir]) -> Result<(), NotNow> {
         if gpus.is_empty() {
             return Ok(());
         }
@@ -378,12 +401,7 @@ impl NodeAgent {
             }
             let Ok(launch) = supervise::read_launch(&dir.path) else { continue };
             if let Some(gpu) = launch.gpus.iter().find(|g| gpus.contains(g)) {
-                return Err(format!(
-                    "GPU {gpu} is still held by job {} incarnation {} (task {}), which is being stopped",
-                    dir.key.0,
-                    dir.key.1,
-                    dir.path.display()
-                ));
+                return Err(NotNow::GpuHeldByTask { gpu: *gpu, holder: dir.key, task: dir.path.clone() });
             }
         }
         if !first_here {
@@ -393,7 +411,7 @@ impl NodeAgent {
             match self.gpus.compute_processes(gpu) {
                 Ok(pids) if !pids.is_empty() => {
                     self.lock().foreign_holders.entry(gpu).or_insert_with(Instant::now);
-                    return Err(format!("GPU {gpu} is still used by process(es) {pids:?}"));
+                    return Err(NotNow::GpuUsedBy { gpu, pids });
                 }
                 Ok(_) => {
                     self.lock().foreign_holders.remove(&gpu);
@@ -406,13 +424,13 @@ impl NodeAgent {
     }
 
     /// Waits (blocking, at most `STEP_GPU_WAIT_MS`) until `gpus` are free for a task of `key`.
-    pub(crate) fn wait_for_gpus(&self, key: JobKey, gpus: &[u32]) -> Result<(), String> {
+    pub(crate) fn wait_for_gpus(&self, key: JobKey, gpus: &[u32]) -> Result<(), NotNow> {
         let deadline = Instant::now() + Duration::from_millis(STEP_GPU_WAIT_MS);
         loop {
             match self.gpus_free_for(key, gpus, &self.task_dirs()) {
                 Ok(()) => return Ok(()),
                 Err(why) if Instant::now() >= deadline => {
-                    return Err(format!("{why}; gave up after {} s", STEP_GPU_WAIT_MS / 1_000));
+                    return Err(NotNow::GaveUp { why: Box::new(why), after_s: STEP_GPU_WAIT_MS / 1_000 });
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(100)),
             }

@@ -68,15 +68,18 @@ fn the_lease_lives_on_disk_for_the_supervisors_and_a_restarted_agent() {
 fn tasks_start_only_under_a_lease_of_the_epoch_their_assignments_are_for() {
     let tmp = tempfile::tempdir().unwrap();
     let agent = agent(tmp.path());
-    assert!(agent.may_start_tasks().unwrap_err().contains("no lease"));
+    assert!(agent.may_start_tasks().unwrap_err().to_string().contains("no lease"));
     agent.renew(Instant::now() + Duration::from_secs(30), 2);
-    assert!(agent.may_start_tasks().unwrap_err().contains("assignments"), "not before the assignments arrive");
+    assert!(
+        agent.may_start_tasks().unwrap_err().to_string().contains("assignments"),
+        "not before the assignments arrive"
+    );
     // Assignments of the node's previous registration (a leader that had not seen it come back).
     agent.set_assignments(AssignmentUpdate { applied_index: 1, epoch: 1, ..AssignmentUpdate::default() });
-    let refused = agent.may_start_tasks().unwrap_err();
+    let refused = agent.may_start_tasks().unwrap_err().to_string();
     assert!(refused.contains("registration 2") && refused.contains("registration 1"), "{refused}");
     agent.set_assignments(AssignmentUpdate { applied_index: 2, epoch: 2, ..AssignmentUpdate::default() });
-    assert_eq!(agent.may_start_tasks(), Ok(()));
+    assert!(agent.may_start_tasks().is_ok());
 }
 
 /// A task of an earlier incarnation that may still run keeps its GPUs: a registration lists it, and no task of
@@ -108,10 +111,10 @@ fn a_task_that_may_still_run_keeps_its_gpus_until_it_is_gone() {
     drover_agent::supervise::spawn(std::path::Path::new(env!("CARGO_BIN_EXE_drover-agent")), &dir, &launch).unwrap();
     let running = agent.running_shares();
     assert_eq!(running, [drover_state::RunningShare { job: 1, incarnation: 0, gpus: vec![0] }]);
-    let held = agent.gpus_free_for((2, 0), &[0, 1], &agent.task_dirs()).unwrap_err();
+    let held = agent.gpus_free_for((2, 0), &[0, 1], &agent.task_dirs()).unwrap_err().to_string();
     assert!(held.contains("GPU 0") && held.contains("job 1 incarnation 0"), "{held}");
-    assert_eq!(agent.gpus_free_for((2, 0), &[1], &agent.task_dirs()), Ok(()), "GPU 1 is free");
-    assert_eq!(agent.gpus_free_for((1, 0), &[0], &agent.task_dirs()), Ok(()), "its own incarnation shares them");
+    assert!(agent.gpus_free_for((2, 0), &[1], &agent.task_dirs()).is_ok(), "GPU 1 is free");
+    assert!(agent.gpus_free_for((1, 0), &[0], &agent.task_dirs()).is_ok(), "its own incarnation shares them");
     // Signalled once the task has started (the supervisor writes its pid right after the exec).
     let deadline = Instant::now() + Duration::from_secs(10);
     while drover_agent::supervise::signal(&dir, libc::SIGKILL).is_err() {
