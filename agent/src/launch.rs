@@ -79,7 +79,8 @@ impl NodeAgent {
             controllers: &self.config.controllers.join(","),
             client_config: &self.client_config_path(),
         };
-        let mut argv = vec!["/bin/bash".to_string(), script_path.display().to_string()];
+        let mut argv = interpreter_argv(&script);
+        argv.push(script_path.display().to_string());
         argv.extend(spec.script_args.iter().cloned());
         let launch = TaskLaunch {
             argv,
@@ -260,5 +261,32 @@ pub(crate) fn write_failed_result(dir: &Path, message: &str) {
     let tmp = dir.join("result.json.tmp");
     if std::fs::write(&tmp, json).and_then(|_| std::fs::rename(&tmp, dir.join(supervise::RESULT_FILE))).is_err() {
         tracing::error!("cannot record the failed launch in {}", dir.display());
+    }
+}
+
+/// How the batch script is started: by the interpreter its `#!` line names (with the one argument a kernel would
+/// pass, `#!/usr/bin/env python3`), as Slurm's exec of the script does; `--wrap` scripts say `#!/bin/sh`. A script
+/// without one (sbatch refuses those) falls back to bash.
+fn interpreter_argv(script: &str) -> Vec<String> {
+    let first = script.lines().next().unwrap_or_default();
+    let Some(line) = first.strip_prefix("#!").map(str::trim).filter(|l| !l.is_empty()) else {
+        return vec!["/bin/bash".to_string()];
+    };
+    match line.split_once([' ', '\t']) {
+        Some((interpreter, arg)) if !arg.trim().is_empty() => vec![interpreter.to_string(), arg.trim().to_string()],
+        _ => vec![line.split_whitespace().next().unwrap_or(line).to_string()],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::interpreter_argv;
+
+    #[test]
+    fn a_batch_script_runs_under_the_interpreter_its_first_line_names() {
+        assert_eq!(interpreter_argv("#!/bin/sh\n# wrap\ntrue\n"), ["/bin/sh"]);
+        assert_eq!(interpreter_argv("#!/usr/bin/env python3\nprint(1)\n"), ["/usr/bin/env", "python3"]);
+        assert_eq!(interpreter_argv("#! /bin/bash -l\n"), ["/bin/bash", "-l"]);
+        assert_eq!(interpreter_argv("echo no interpreter\n"), ["/bin/bash"]);
     }
 }
