@@ -555,7 +555,11 @@ impl Col {
             Col::CpusPerTask => spec.cpus_per_task.to_string(),
             Col::CpusPerTres => spec.cpus_per_gpu.map_or_else(|| "N/A".into(), |n| format!("gres:gpu:{n}")),
             Col::Deadline => format_timestamp(spec.deadline_ms),
-            Col::Dependency => drover_state::dependency::format_dependency(&spec.dependency, spec.dependency_any),
+            Col::Dependency => drover_state::dependency::format_dependency_status(
+                &spec.dependency,
+                spec.dependency_any,
+                &job.dependency_state,
+            ),
             Col::EligibleTime => format_timestamp(eligible_ms(job)),
             Col::EndTime => format_timestamp(expected_end_ms(job)),
             Col::ExcNodes => list_or_empty(&spec.exclude),

@@ -151,7 +151,7 @@ fn dependencies_hold_jobs_until_their_targets_end_the_right_way() {
     sh.ok("scontrol", &["update", &format!("jobid={held}"), "TimeLimit=5:00", "Nice=5", &dep]);
     let shown = sh.ok("scontrol", &["show", "job", &held.to_string()]);
     assert!(shown.contains(&format!("Dependency=afterok:{failing}")) && shown.contains("Nice=5"), "{shown}");
-    assert!(shown.contains("TimeLimit=5:00"), "{shown}");
+    assert!(shown.contains("TimeLimit=00:05:00"), "scontrol pads its times as Slurm's does: {shown}");
     let err = sh.err("scontrol", &["update", &format!("jobid={held}"), "QOS=gold"]);
     assert!(err.contains("Invalid qos specification: gold"), "{err}");
     sh.ok("scancel", &[&held.to_string()]);

@@ -132,7 +132,7 @@ pub fn format_duration(secs: u64) -> String {
     }
 }
 
-/// A time limit as `squeue`/`scontrol` print it: [`format_duration`], or `UNLIMITED` for `None`.
+/// A time limit as `squeue` prints it: [`format_duration`], or `UNLIMITED` for `None`.
 pub fn format_time_limit(limit: Option<u64>) -> String {
     match limit {
         Some(secs) => format_duration(secs),
@@ -140,9 +140,34 @@ pub fn format_time_limit(limit: Option<u64>) -> String {
     }
 }
 
+/// A duration as `scontrol show` prints its times (`RunTime`, `TimeLimit`, `MaxTime`): always `HH:MM:SS`, and
+/// `D-HH:MM:SS` from a day on (Slurm's `secs2time_str`, where squeue's columns use the short form).
+pub fn format_duration_long(secs: u64) -> String {
+    let (days, hours, minutes, seconds) = (secs / 86_400, (secs / 3600) % 24, (secs / 60) % 60, secs % 60);
+    if days > 0 {
+        format!("{days}-{hours:02}:{minutes:02}:{seconds:02}")
+    } else {
+        format!("{hours:02}:{minutes:02}:{seconds:02}")
+    }
+}
+
+/// A time limit as `scontrol show` prints it: [`format_duration_long`], or `UNLIMITED` for `None`.
+pub fn format_time_limit_long(limit: Option<u64>) -> String {
+    limit.map_or_else(|| "UNLIMITED".to_string(), format_duration_long)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scontrol_pads_what_squeue_shortens() {
+        assert_eq!(format_duration(90), "1:30");
+        assert_eq!(format_duration_long(90), "00:01:30");
+        assert_eq!(format_duration_long(5400), "01:30:00");
+        assert_eq!(format_duration_long(93_780), "1-02:03:00");
+        assert_eq!(format_time_limit_long(None), "UNLIMITED");
+    }
 
     fn ok(text: &str) -> Option<u64> {
         parse_time_limit(text).unwrap_or_else(|e| panic!("{text:?} should parse: {e}"))

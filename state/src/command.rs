@@ -187,6 +187,18 @@ pub struct JobUpdate {
     pub qos: Option<String>,
     /// `Dependency=` (empty clears them).
     pub dependency: Option<(Vec<crate::model::job::Dependency>, bool)>,
+    /// `JobName=`, `Comment=`: allowed on a running job too, as in Slurm.
+    pub name: Option<String>,
+    pub comment: Option<String>,
+    /// `Partition=`: a pending job only; checked again like a submission.
+    pub partition: Option<String>,
+}
+
+impl JobUpdate {
+    /// Whether it changes only what Slurm lets a running job change: its time limit, name and comment.
+    pub fn fits_a_running_job(&self) -> bool {
+        self.nice.is_none() && self.qos.is_none() && self.dependency.is_none() && self.partition.is_none()
+    }
 }
 
 /// One job's placement in a plan.

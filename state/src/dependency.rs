@@ -136,6 +136,26 @@ pub fn format_dependency(deps: &[Dependency], any: bool) -> String {
     entries.join(if any { "?" } else { "," })
 }
 
+/// The dependencies as Slurm 22.05 shows a job's (`scontrol show job`, `squeue %E`): those still waiting marked
+/// `(unfulfilled)`, those that can never hold `(failed)`, satisfied ones left out, and `(null)` once none is left.
+/// `states` is the job's `dependency_state` (an entry it lacks counts as waiting).
+pub fn format_dependency_status(deps: &[Dependency], any: bool, states: &[crate::model::job::DepState]) -> String {
+    use crate::model::job::DepState;
+    let entries: Vec<String> = deps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, dep)| {
+            let mark = match states.get(i).copied().unwrap_or_default() {
+                DepState::Satisfied => return None,
+                DepState::Waiting => "unfulfilled",
+                DepState::Never => "failed",
+            };
+            Some(format!("{}({mark})", format_dependency(std::slice::from_ref(dep), false)))
+        })
+        .collect();
+    if entries.is_empty() { "(null)".to_string() } else { entries.join(if any { "?" } else { "," }) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,5 +273,21 @@ mod tests {
             let (deps, any) = ok(text);
             assert_eq!(format_dependency(&deps, any), text);
         }
+    }
+
+    #[test]
+    fn a_jobs_dependencies_show_what_is_left_as_slurm_shows_them() {
+        use crate::model::job::DepState::{Never, Satisfied, Waiting};
+        let (deps, any) = ok("afterok:12,afterany:5_3,singleton");
+        assert_eq!(
+            format_dependency_status(&deps, any, &[]),
+            "afterok:12(unfulfilled),afterany:5_3(unfulfilled),singleton(unfulfilled)"
+        );
+        assert_eq!(
+            format_dependency_status(&deps, any, &[Satisfied, Never, Waiting]),
+            "afterany:5_3(failed),singleton(unfulfilled)"
+        );
+        assert_eq!(format_dependency_status(&deps, any, &[Satisfied, Satisfied, Satisfied]), "(null)");
+        assert_eq!(format_dependency_status(&[], false, &[]), "(null)");
     }
 }

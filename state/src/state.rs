@@ -475,6 +475,7 @@ impl State {
             return Reply::Initialized { already: true };
         }
         self.meta.config = Some(config.clone().normalized());
+        self.meta.next_job_id = self.meta.next_job_id.max(config.first_job_id);
         self.meta.goodput_since_ms = Some(now_ms);
         changes.push(Change::Meta(self.meta.clone()));
         Reply::Initialized { already: false }

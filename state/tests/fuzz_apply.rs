@@ -272,13 +272,19 @@ fn job_update() -> impl Strategy<Value = JobUpdate> {
         prop::option::of(any::<i32>()),
         prop::option::of(name()),
         prop::option::of((prop::collection::vec(dependency(), 0..3), any::<bool>())),
+        prop::option::of(name()),
+        prop::option::of(name()),
+        prop::option::of(name()),
     )
-        .prop_map(|(time_limit_s, time_unlimited, nice, qos, dependency)| JobUpdate {
+        .prop_map(|(time_limit_s, time_unlimited, nice, qos, dependency, name, comment, partition)| JobUpdate {
             time_limit_s,
             time_unlimited,
             nice,
             qos,
             dependency,
+            name,
+            comment,
+            partition,
         })
 }
 

@@ -4,7 +4,7 @@
 //! options (`-o` one line per record, `-d` details, `-Q` quiet), anywhere on the line.
 
 use drover_state::hostlist::{compress_hostlist, expand_hostlist};
-use drover_state::slurm_time::{format_duration, format_time_limit};
+use drover_state::slurm_time::{format_duration_long, format_time_limit_long};
 use drover_state::{ClusterConfig, Job, JobState, Limit, Node};
 
 mod reservation;
@@ -28,7 +28,10 @@ pub fn run(args: &[String]) -> i32 {
         Ok(code) => code,
         Err(e) => {
             if !options.quiet {
-                eprintln!("scontrol: error: {e}");
+                match e.downcast_ref::<crate::command::Bare>() {
+                    Some(bare) => eprintln!("{bare}"),
+                    None => eprintln!("scontrol: error: {e}"),
+                }
             }
             1
         }
@@ -155,7 +158,9 @@ fn dispatch(options: &Options, args: &[String]) -> anyhow::Result<i32> {
         [_, ids @ ..] if matches!(verb, "hold" | "release" | "uhold" | "top") && !ids.is_empty() => {
             hold_release(controllers.as_deref(), verb, &job_list(ids))
         }
-        _ => anyhow::bail!("invalid command {:?}; {USAGE}", args.join(" ")),
+        // Slurm's words, on stderr, exit 1 (`scontrol --help` lists the commands).
+        [first, ..] => Err(crate::command::Bare(format!("invalid keyword: {first}")).into()),
+        [] => anyhow::bail!("no command; {USAGE}"),
     }
 }
 
@@ -233,7 +238,7 @@ fn config_pairs(
         ("ClusterName", config.cluster_name.clone()),
         ("DefMemPerNode", "UNLIMITED".to_string()),
         ("EnforcePartLimits", "ALL".to_string()),
-        ("FirstJobId", "1".to_string()),
+        ("FirstJobId", config.first_job_id.to_string()),
         ("GresTypes", "gpu".to_string()),
         ("JobRequeue", "1".to_string()),
         ("MaxArraySize", config.limits.max_array_size.to_string()),
@@ -292,32 +297,60 @@ fn write_batch_script(controllers: Option<&str>, id: &str, file: Option<&str>) -
     Ok(0)
 }
 
-/// `scontrol update jobid=12 TimeLimit=1:00:00 Nice=10 QOS=debug Dependency=afterok:11` (a pending job, or every
-/// task of an array).
+/// `scontrol update jobid=12 TimeLimit=1:00:00 Nice=10 QOS=debug Dependency=afterok:11 JobName=N Comment=C
+/// Partition=P` (a pending job, or every task of an array; a running one may change TimeLimit, also `+T`/`-T`,
+/// JobName and Comment).
 fn update_job(controllers: Option<&str>, first: &str, words: &[&str]) -> anyhow::Result<i32> {
     let id = first.split_once('=').map(|(_, v)| v).unwrap_or_default().to_string();
     let mut update = drover_state::JobUpdate::default();
+    let mut relative_limit: Option<(bool, u64)> = None;
+    let parse_limit_value = |v: &str| match drover_state::slurm_time::parse_time_limit(v) {
+        Ok(Some(s)) => Ok(s),
+        _ => Err(anyhow::anyhow!("Invalid time limit {v:?}")),
+    };
     for word in words {
         let (key, value) = word.split_once('=').ok_or_else(|| anyhow::anyhow!("invalid update argument {word:?}"))?;
         match key.to_ascii_lowercase().as_str() {
+            // `+T`/`-T` move the current limit (Slurm's relative form).
+            "timelimit" if value.starts_with(['+', '-']) && value.len() > 1 && value != "-1" => {
+                relative_limit = Some((value.starts_with('+'), parse_limit_value(&value[1..])?));
+            }
             "timelimit" => match drover_state::slurm_time::parse_time_limit(value) {
                 Ok(Some(s)) => update.time_limit_s = Some(s),
                 Ok(None) => update.time_unlimited = true,
                 Err(e) => anyhow::bail!("Invalid time limit {value:?}: {e}"),
             },
+            "jobname" | "name" => update.name = Some(value.to_string()),
+            "comment" => update.comment = Some(value.to_string()),
+            "partition" => update.partition = Some(value.to_string()),
             "nice" => update.nice = Some(value.parse().map_err(|_| anyhow::anyhow!("Invalid Nice {value:?}"))?),
             "qos" => update.qos = Some(value.to_string()),
             "dependency" => {
                 update.dependency =
                     Some(drover_state::dependency::parse_dependency_value(value).map_err(|e| anyhow::anyhow!(e))?)
             }
-            other => anyhow::bail!("Update of job {other} is not supported (TimeLimit, Nice, QOS, Dependency)"),
+            // Slurm's words (the fields Drover updates: TimeLimit, Nice, QOS, Dependency, JobName, Comment).
+            _ => {
+                return Err(crate::command::Bare(format!(
+                    "Update of this parameter is not supported: {word}\nRequest aborted"
+                ))
+                .into());
+            }
         }
     }
     let client = crate::connect::client(controllers)?;
     let rt = crate::connect::runtime();
     let mut code = 0;
     for job in rt.block_on(crate::job_refs::resolve(&client, &[id], false))? {
+        let mut update = update.clone();
+        if let Some((up, by_s)) = relative_limit {
+            let (current, _) = rt.block_on(client.get_job(job, false, false))?;
+            let Some(now_s) = current.time_limit_s else {
+                anyhow::bail!("job {job} has no time limit to move by {by_s} s");
+            };
+            update.time_limit_s =
+                Some(if up { now_s.saturating_add(by_s) } else { now_s.saturating_sub(by_s).max(60) });
+        }
         if let Err(e) = rt.block_on(client.update_job(job, &update)) {
             eprintln!("scontrol: error: job {job}: {e}");
             code = 1;
@@ -424,8 +457,8 @@ fn show_partitions(controllers: Option<&str>, name: Option<&str>) -> anyhow::Res
             p.priority_tier,
             p.preempt_mode.name(),
             p.max_nodes.map_or("UNLIMITED".to_string(), |n| n.to_string()),
-            format_time_limit(p.max_time_s),
-            p.default_time_s.map_or("NONE".to_string(), |t| format_time_limit(Some(t))),
+            format_time_limit_long(p.max_time_s),
+            p.default_time_s.map_or("NONE".to_string(), |t| format_time_limit_long(Some(t))),
             p.max_gpus_per_job.map_or("(null)".to_string(), |g| format!("gres/gpu={g}")),
             if members.is_empty() { "(null)".to_string() } else { compress_hostlist(&members) },
             cpus,
@@ -435,7 +468,8 @@ fn show_partitions(controllers: Option<&str>, name: Option<&str>) -> anyhow::Res
         );
     }
     if shown == 0 {
-        eprintln!("Partition {} not found", name.unwrap_or(""));
+        // Slurm prints this one on stdout.
+        println!("Partition {} not found", name.unwrap_or(""));
         return Ok(1);
     }
     Ok(0)
@@ -522,7 +556,13 @@ fn record(lines: &[String], one_liner: bool) -> String {
 /// Slurm 22.05's `scontrol show node` layout, with Drover's topology labels after the reason.
 fn show_nodes(options: &Options, name: Option<&str>) -> anyhow::Result<i32> {
     let client = crate::connect::client(options.controllers.as_deref())?;
-    let nodes = crate::connect::runtime().block_on(client.list_nodes(false))?;
+    let (nodes, config) = crate::connect::runtime().block_on(client.nodes_and_config(false))?;
+    let mut state = drover_state::State::default();
+    state.meta.config = config;
+    let partitions_of = |node: &Node| -> Vec<String> {
+        let config = state.config().map(|c| c.partitions.as_slice()).unwrap_or_default();
+        config.iter().filter(|p| state.node_in_partition(&node.info, &p.name)).map(|p| p.name.clone()).collect()
+    };
     let wanted = match name {
         Some(list) => Some(expand_hostlist(list).map_err(|e| anyhow::anyhow!(e))?),
         None => None,
@@ -531,7 +571,7 @@ fn show_nodes(options: &Options, name: Option<&str>) -> anyhow::Result<i32> {
     let mut shown = 0;
     for node in nodes.iter().filter(|n| wanted.as_ref().is_none_or(|w| w.contains(&n.info.name))) {
         shown += 1;
-        out.push_str(&record(&node_lines(node, options.details), options.one_liner));
+        out.push_str(&record(&node_lines(node, &partitions_of(node), options.details), options.one_liner));
     }
     print!("{out}");
     if shown == 0 {
@@ -577,7 +617,7 @@ pub fn node_alloc_tres(node: &Node) -> String {
     parts.join(",")
 }
 
-fn node_lines(node: &Node, details: bool) -> Vec<String> {
+fn node_lines(node: &Node, partitions: &[String], details: bool) -> Vec<String> {
     let info = &node.info;
     let features = if info.features.is_empty() { "(null)".to_string() } else { info.features.join(",") };
     let topology: Vec<String> = info.topology.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -602,10 +642,7 @@ fn node_lines(node: &Node, details: bool) -> Vec<String> {
             node.free_mem_mb()
         ),
         format!("State={} ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A", node_state(node)),
-        format!(
-            "Partitions={} ",
-            if info.partitions.is_empty() { "(default)".to_string() } else { info.partitions.join(",") }
-        ),
+        format!("Partitions={} ", if partitions.is_empty() { "(null)".to_string() } else { partitions.join(",") }),
         format!("BootTime=None SlurmdStartTime={since}"),
         format!("LastBusyTime={since}"),
         format!("CfgTRES={}", node_cfg_tres(node)),
@@ -644,8 +681,19 @@ fn print_hostlist(list: &str, sorted: bool) -> anyhow::Result<i32> {
     if sorted {
         hosts.sort();
         hosts.dedup();
+        println!("{}", compress_hostlist(&hosts));
+        return Ok(0);
     }
-    println!("{}", compress_hostlist(&hosts));
+    // Unsorted, as Slurm's: names keep their order, and only neighbours with the same prefix share brackets.
+    let prefix = |h: &str| h.trim_end_matches(|c: char| c.is_ascii_digit()).to_string();
+    let mut runs: Vec<Vec<String>> = Vec::new();
+    for host in hosts {
+        match runs.last_mut() {
+            Some(run) if prefix(&run[0]) == prefix(&host) => run.push(host),
+            _ => runs.push(vec![host]),
+        }
+    }
+    println!("{}", runs.iter().map(|run| compress_hostlist(run)).collect::<Vec<_>>().join(","));
     Ok(0)
 }
 
@@ -740,7 +788,8 @@ fn identity_lines(job: &Job, details: bool, lines: &mut Vec<String>) {
         None => format!("JobId={} JobName={}", job.id, s.name),
     };
     let (account, qos) = (job.account_name(), job.qos_name());
-    let dependency = drover_state::dependency::format_dependency(&s.dependency, s.dependency_any);
+    let dependency =
+        drover_state::dependency::format_dependency_status(&s.dependency, s.dependency_any, &job.dependency_state);
     lines.extend([
         first,
         format!("UserId={}({}) GroupId={}({}) MCS_label=N/A", s.user, s.uid, group_name(s.gid), s.gid),
@@ -752,9 +801,11 @@ fn identity_lines(job: &Job, details: bool, lines: &mut Vec<String>) {
         ),
         format!("JobState={} Reason={} Dependency={dependency}", job.state.name(), job_reason(job)),
         format!(
-            "Requeue={} Restarts={} BatchFlag=1 Reboot=0 ExitCode={}:{}",
+            "Requeue={} Restarts={} BatchFlag={} Reboot=0 ExitCode={}:{}",
             u8::from(s.requeue.unwrap_or(true)),
             job.restart_count,
+            // An allocation (salloc) runs no batch script.
+            u8::from(!s.interactive),
             job.exit_code,
             job.exit_signal
         ),
@@ -771,9 +822,9 @@ fn time_and_place_lines(job: &Job, now_ms: u64, lines: &mut Vec<String>) {
     lines.extend([
         format!(
             "RunTime={} TimeLimit={} TimeMin={}",
-            format_duration(elapsed_s(job, now_ms)),
-            format_time_limit(job.time_limit_s),
-            s.time_min_s.map_or_else(|| "N/A".to_string(), |t| format_time_limit(Some(t)))
+            format_duration_long(elapsed_s(job, now_ms)),
+            format_time_limit_long(job.time_limit_s),
+            s.time_min_s.map_or_else(|| "N/A".to_string(), |t| format_time_limit_long(Some(t)))
         ),
         format!(
             "SubmitTime={} EligibleTime={}",

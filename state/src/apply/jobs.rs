@@ -61,8 +61,9 @@ impl State {
         Ok(())
     }
 
-    /// `scontrol update jobid=...` on a pending job: the changed request goes through the submit checks again.
-    /// As in Slurm, only root may raise a time limit (or lift it); anyone may lower their own.
+    /// `scontrol update jobid=...` on a pending job: the changed request goes through the submit checks again. A
+    /// running job may change its time limit, name and comment, as in Slurm. Only root may raise a time limit (or
+    /// lift it); anyone may lower their own.
     pub(crate) fn update_job(
         &mut self,
         id: JobId,
@@ -71,7 +72,8 @@ impl State {
         changes: &mut Vec<Change>,
     ) -> Result<(), CommandError> {
         let job = self.active_job(id, by_uid)?;
-        if job.state != JobState::Pending {
+        let running = matches!(job.state, JobState::Running | JobState::Suspended);
+        if job.state != JobState::Pending && !(running && update.fits_a_running_job()) {
             return Err(CommandError::NotPending { id, state: job.state });
         }
         let mut spec = job.spec.clone();
@@ -88,6 +90,25 @@ impl State {
                 )));
             }
             spec.time_limit_s = limit;
+        }
+        if let Some(name) = &update.name {
+            spec.name = name.clone().into();
+        }
+        if let Some(comment) = &update.comment {
+            spec.comment = Some(comment.clone().into());
+        }
+        if let Some(partition) = &update.partition {
+            spec.partition = Some(partition.clone().into());
+        }
+        if running {
+            spec.check_bounds().map_err(|e| CommandError::InvalidRequest(e.to_string()))?;
+            // Its resources are held already: nothing to check again but who may raise the limit (above). The
+            // agents end it at the new limit, counted from its start, as they read the job record.
+            let job = self.jobs.get_mut(&id).expect("checked by active_job");
+            job.time_limit_s = spec.time_limit_s;
+            job.spec = spec;
+            changes.push(Change::PutJob(job.clone()));
+            return Ok(());
         }
         if let Some(nice) = update.nice {
             spec.nice = nice;
@@ -133,6 +154,7 @@ impl State {
         job.spec = spec;
         job.time_limit_s = resolved.time_limit_s;
         job.qos = resolved.qos.into();
+        job.partition = resolved.partition.as_str().into();
         job.dependency_state = resolved.dependency_state.into();
         let job = job.clone();
         self.index_dependencies(&job);
@@ -164,6 +186,10 @@ impl State {
         changes: &mut Vec<Change>,
     ) -> Result<(), CommandError> {
         let job = self.active_job(id, by_uid)?;
+        // Slurm answers a hold or release of a running job with success and changes nothing that matters.
+        if matches!(job.state, JobState::Running | JobState::Suspended | JobState::Completing) {
+            return Ok(());
+        }
         if job.state != JobState::Pending {
             return Err(CommandError::NotPending { id, state: job.state });
         }

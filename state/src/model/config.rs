@@ -220,6 +220,14 @@ pub struct ClusterConfig {
     pub max_batch_requeue: u32,
     /// Where checkpoints go when the partition names no `checkpoint_dir`; unset: `SUBMIT_DIR/.drover/checkpoints`.
     pub checkpoint_dir: Option<String>,
+    /// Slurm's `FirstJobId`: the id the cluster's first job gets (ids count up from it). Taken when the cluster
+    /// is initialized; a site moving from Slurm starts above its old ids so no script confuses the two.
+    #[serde(default = "default_first_job_id")]
+    pub first_job_id: u64,
+}
+
+fn default_first_job_id() -> u64 {
+    1
 }
 
 fn default_max_batch_requeue() -> u32 {
@@ -270,6 +278,7 @@ impl Default for ClusterConfig {
             allow_root_jobs: false,
             max_batch_requeue: DEFAULT_MAX_BATCH_REQUEUE,
             checkpoint_dir: None,
+            first_job_id: default_first_job_id(),
         }
         .normalized()
     }
