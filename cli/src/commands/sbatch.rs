@@ -4,7 +4,7 @@ use std::io::Read;
 
 use crate::command::take_controllers_flag;
 use crate::identity::current_user;
-use crate::sbatch_args::{MAX_SCRIPT_BYTES, SubmitContext, build_spec, parse_command_line};
+use crate::sbatch_args::{MAX_SCRIPT_BYTES, OptionError, SbatchError, SubmitContext, build_spec, parse_command_line};
 use crate::slurm::time::local_clock;
 
 /// Why `sbatch` failed, for its exit status and wording, as Slurm 22.05's (checked on this machine).
@@ -24,11 +24,8 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
 /// Runs `sbatch ARGS...` and returns the process exit code.
 pub fn run(args: &[String]) -> i32 {
     match submit(args) {
-        Ok(()) => 0,
-        Err(Failure::Options(e)) => {
-            eprintln!("sbatch: error: {e}");
-            255
-        }
+        Ok(code) => code,
+        Err(Failure::Options(e)) => report_bad_submission(&e),
         Err(Failure::Other(e)) => {
             // The controllers' refusal reads as Slurm's: "Batch job submission failed: <reason>".
             let refused =
@@ -43,12 +40,44 @@ pub fn run(args: &[String]) -> i32 {
     }
 }
 
-fn submit(args: &[String]) -> Result<(), Failure> {
+/// Prints why the options or the script are wrong, and returns the exit status: Slurm's words and status where
+/// scripts may test them (checked against Slurm 22.05 by the differential suite), else 255 with Drover's reason.
+fn report_bad_submission(e: &anyhow::Error) -> i32 {
+    let script_error = |lines: &[&str]| {
+        for line in lines {
+            eprintln!("sbatch: error: {line}");
+        }
+        1
+    };
+    match e.downcast_ref::<SbatchError>() {
+        Some(SbatchError::CommandLine(OptionError::Unknown { flag })) => {
+            eprintln!("{}", crate::command::unrecognized_option("sbatch", flag));
+            255
+        }
+        Some(SbatchError::NotABatchScript) => script_error(&[
+            "This does not look like a batch script.  The first",
+            "line must start with #! followed by the path to an interpreter.",
+            "For instance: #!/bin/sh",
+        ]),
+        Some(SbatchError::EmptyScript) => script_error(&["Batch script is empty!"]),
+        Some(SbatchError::WhitespaceScript) => script_error(&["Batch script contains only whitespace!"]),
+        Some(SbatchError::WrapWithScript { .. }) => {
+            script_error(&["Script arguments not permitted with --wrap option"])
+        }
+        _ => {
+            eprintln!("sbatch: error: {e}");
+            255
+        }
+    }
+}
+
+/// Submits; the exit code is 0, or with `--wait` the job's.
+fn submit(args: &[String]) -> Result<i32, Failure> {
     let (controllers, args) = take_controllers_flag(args);
     let cmd = parse_command_line(&args).map_err(|e| Failure::Options(e.into()))?;
     if let Some(info) = cmd.info {
         println!("{}", info.text());
-        return Ok(());
+        return Ok(0);
     }
     let script_text = if cmd.wrap.is_some() {
         None
@@ -85,5 +114,33 @@ fn submit(args: &[String]) -> Result<(), Failure> {
         (false, true) => println!("{job_id}"),
         (false, false) => println!("Submitted batch job {job_id}"),
     }
-    Ok(())
+    if !parsed.wait {
+        return Ok(0);
+    }
+    let tasks = parsed.spec.array.as_ref().map_or(1, |a| a.task_ids.len() as u64);
+    Ok(wait_for_end(controllers.as_deref(), job_id, tasks)?)
+}
+
+/// How often `sbatch --wait` asks whether the job has ended (Slurm's polls, too, starting at 2 s).
+const WAIT_POLL_MS: u64 = 500;
+
+/// `--wait`: polls until the job (and every task of an array, whose ids follow the first) has ended; the exit
+/// code is the highest task's, as Slurm's: the script's exit status, or 128 + the signal that ended it.
+fn wait_for_end(controllers: Option<&str>, first: u64, tasks: u64) -> anyhow::Result<i32> {
+    let client = crate::connect::client(controllers)?;
+    crate::connect::runtime().block_on(async {
+        let mut code = 0;
+        for id in first..first + tasks {
+            loop {
+                let (job, _) = client.get_job(id, false, false).await?;
+                if job.state.is_terminal() {
+                    let this = if job.exit_signal != 0 { 128 + job.exit_signal } else { job.exit_code };
+                    code = code.max(this);
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(WAIT_POLL_MS)).await;
+            }
+        }
+        Ok(code)
+    })
 }

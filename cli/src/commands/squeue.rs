@@ -108,7 +108,10 @@ pub fn run(args: &[String]) -> i32 {
     match list(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("squeue: error: {e}");
+            match e.downcast_ref::<crate::command::Bare>() {
+                Some(bare) => eprintln!("{bare}"),
+                None => eprintln!("squeue: error: {e}"),
+            }
             1
         }
     }

@@ -395,6 +395,11 @@ async fn follow_step(
     let mut exited = 0u32;
     let mut worst = 0i32;
     let mut interrupt = Box::pin(tokio::signal::ctrl_c());
+    // USR1 and USR2 are what training frameworks checkpoint on: Slurm's srun forwards them to its tasks and
+    // keeps running, so a `kill -USR1 <srun>` or `scancel --signal=USR1` reaches the ranks, never ends the step.
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut usr1 = signal(SignalKind::user_defined1())?;
+    let mut usr2 = signal(SignalKind::user_defined2())?;
     loop {
         let item = tokio::select! {
             item = rx.recv() => item,
@@ -403,6 +408,8 @@ async fn follow_step(
                 outcome.cancelled = true;
                 return Ok((INTERRUPTED, outcome));
             }
+            _ = usr1.recv() => { forward_signal(client, job.id, libc::SIGUSR1).await; continue }
+            _ = usr2.recv() => { forward_signal(client, job.id, libc::SIGUSR2).await; continue }
         };
         let Some((node, event)) = item else { break };
         match event {
@@ -443,6 +450,20 @@ async fn follow_step(
         outcome.exit_code = outcome.exit_code.max(1);
     }
     Ok((worst, outcome))
+}
+
+/// Sends `signal` to the job's step tasks (Drover addresses steps per job, so concurrent steps of the same job get
+/// it too); a failure is said, not fatal: the step goes on either way.
+async fn forward_signal(client: &Client, job_id: u64, signal: i32) {
+    let target = drover_proto::v1::SignalTarget::Steps;
+    match client.signal(&[job_id], signal, target).await {
+        Ok(outcomes) => {
+            for o in outcomes.iter().filter(|o| !o.ok) {
+                eprintln!("srun: error: forwarding signal {signal} to job {job_id}: {}", o.error);
+            }
+        }
+        Err(e) => eprintln!("srun: error: forwarding signal {signal} to job {job_id}: {e}"),
+    }
 }
 
 fn describe_exit(exit_code: i32, signal: i32) -> String {

@@ -138,6 +138,8 @@ pub struct ParsedSubmit {
     pub spec: JobSpec,
     /// `--parsable` (on the command line or in a directive): print only the job id.
     pub parsable: bool,
+    /// `--wait/-W`: sbatch returns once the job (every task of an array) has ended, with its exit code.
+    pub wait: bool,
     /// `--quiet/-Q` on the command line: print neither the job id nor the warnings, only errors.
     pub quiet: bool,
     /// The script path from the command line, as given (`None` for `--wrap` or a script read from stdin).

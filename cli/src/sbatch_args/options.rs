@@ -110,6 +110,8 @@ pub enum SbatchOption {
     /// `--kill-on-invalid-dep=yes|no`: cancel the job once a dependency can never be satisfied.
     KillOnInvalidDep(bool),
     Parsable,
+    /// `--wait/-W`: sbatch returns once the job has ended, with its exit code.
+    Wait,
     /// `--quiet/-Q`: acted on from the command line only.
     Quiet,
     /// An option Drover accepts and does not act on; [`build_spec`] drops it and, when `note` is not empty, warns
@@ -390,12 +392,7 @@ pub(super) const OPTIONS: &[OptDef] = &[
         &["SBATCH_USE_MIN_NODES"],
         Ignored(Arg::No, "the scheduler picks the node count within --nodes"),
     ),
-    opt(
-        "wait",
-        Some('W'),
-        &["SBATCH_WAIT"],
-        Refused(Arg::No, "not supported yet; sbatch returns once the job is queued (follow it with squeue or sacct)"),
-    ),
+    opt("wait", Some('W'), &["SBATCH_WAIT"], Nothing(|| Item::Option(SbatchOption::Wait))),
     opt(
         "wait-all-nodes",
         None,
@@ -725,6 +722,7 @@ impl Draft {
             SbatchOption::Wckey(v) => spec.wckey = Some(v.clone().into()),
             SbatchOption::Comment(v) => spec.comment = Some(v.clone().into()),
             SbatchOption::Parsable => self.parsable = true,
+            SbatchOption::Wait => self.wait = true,
             // Slurm reads --quiet in its first pass over the command line only; elsewhere it does nothing.
             SbatchOption::Quiet if source == Source::Script => {
                 self.warnings.push("--quiet in a #SBATCH line has no effect; give it on the command line".to_string());

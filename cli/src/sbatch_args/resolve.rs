@@ -18,6 +18,8 @@ pub(super) struct Draft {
     /// `--export`'s `VAR=value` entries.
     pub export_set: Vec<(String, String)>,
     pub parsable: bool,
+    /// `--wait`: return when the job has ended.
+    pub wait: bool,
     pub nodes_given: bool,
     /// The last GPU option given (they replace each other entirely).
     pub gpus: Option<GpuRequest>,
@@ -56,6 +58,7 @@ impl Draft {
             chdir: None,
             export_set: Vec::new(),
             parsable: false,
+            wait: false,
             nodes_given: false,
             gpus: None,
             gpus_per_task_given: false,
@@ -80,7 +83,7 @@ impl Draft {
     ) -> Result<ParsedSubmit, SbatchError> {
         self.resolve_resources()?;
         self.resolve_times(ctx)?;
-        let Draft { mut spec, name, chdir, export_set, parsable, warnings, .. } = self;
+        let Draft { mut spec, name, chdir, export_set, parsable, wait, warnings, .. } = self;
         spec.name = name.unwrap_or(default_name).into();
         spec.work_dir = match &chdir {
             Some(dir) => resolve_dir(&ctx.cwd, dir).into(),
@@ -97,6 +100,7 @@ impl Draft {
         Ok(ParsedSubmit {
             spec,
             parsable: parsable || cmd.parsable,
+            wait,
             quiet: cmd.quiet,
             script_path: cmd.script_path.clone(),
             warnings: unique,

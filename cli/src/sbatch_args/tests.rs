@@ -709,7 +709,7 @@ fn unknown_options() {
         assert!(msg.contains(listed), "{listed}: {msg}");
     }
     // Only what Drover acts on is listed; hidden aliases neither.
-    for unlisted in ["mail-type", "gpu-bind", "--uid", "--wait", "--tasks-per-node", "ntasks-per-tres"] {
+    for unlisted in ["mail-type", "gpu-bind", "--uid", "--test-only", "--tasks-per-node", "ntasks-per-tres"] {
         assert!(!msg.contains(unlisted), "{unlisted}: {msg}");
     }
     assert!(cmd_err(&["-Z", "job.sh"]).starts_with("unrecognized option \"-Z\""));
@@ -1462,8 +1462,6 @@ fn options_drover_refuses() {
     let cases: &[(&[&str], &str)] = &[
         (&["--uid=0"], "--uid: only root may submit as another user; Drover takes the user from your credential"),
         (&["--gid", "wheel"], "--gid: only root may submit as another group"),
-        (&["--wait"], "--wait: not supported yet"),
-        (&["-W"], "-W: not supported yet"),
         (&["--test-only"], "--test-only: not supported yet"),
         (&["--clusters=other"], "--clusters: Drover runs a single cluster"),
         (&["-M", "a,b"], "-M: Drover runs a single cluster"),
@@ -1482,7 +1480,7 @@ fn options_drover_refuses() {
         assert!(msg.starts_with(error), "{list:?}: {msg}");
     }
     // Even bundled, and in a directive.
-    assert!(cmd_err(&["-HW"]).starts_with("-W: not supported yet"));
+    assert!(cmd_err(&["-HF", "hosts"]).starts_with("-F: not supported"), "{}", cmd_err(&["-HF", "hosts"]));
     let err = script_err("#!/bin/sh\n#SBATCH --uid=root\n");
     assert!(matches!(err, SbatchError::Directive { line: 2, error: OptionError::Refused { .. }, .. }), "{err}");
 }
@@ -1623,10 +1621,9 @@ fn flag_variables_follow_slurms_truth_rules() {
     assert_eq!(s.warnings.len(), 1);
     let s = with_env(&[("SBATCH_NO_KILL", "off")], &["job.sh"], SCRIPT).unwrap().spec;
     assert!(!s.no_kill);
-    // A waiting sbatch is refused, unless the variable turns it off.
-    let err = with_env(&[("SBATCH_WAIT", "1")], &["job.sh"], SCRIPT).unwrap_err();
-    assert!(err.to_string().starts_with("environment variable SBATCH_WAIT: --wait: not supported yet"), "{err}");
-    assert!(with_env(&[("SBATCH_WAIT", "0")], &["job.sh"], SCRIPT).is_ok());
+    // SBATCH_WAIT waits, unless it says no.
+    assert!(with_env(&[("SBATCH_WAIT", "1")], &["job.sh"], SCRIPT).unwrap().wait);
+    assert!(!with_env(&[("SBATCH_WAIT", "0")], &["job.sh"], SCRIPT).unwrap().wait);
 }
 
 #[test]
