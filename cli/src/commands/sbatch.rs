@@ -54,6 +54,13 @@ fn report_bad_submission(e: &anyhow::Error) -> i32 {
             eprintln!("{}", crate::command::unrecognized_option("sbatch", flag));
             255
         }
+        // A count that is a number but not a positive one: Slurm's sbatch says so and exits 1.
+        Some(SbatchError::CommandLine(OptionError::InvalidValue { flag, value, .. }))
+            if value.parse::<i64>().is_ok_and(|n| n <= 0) && count_option(flag).is_some() =>
+        {
+            let option = count_option(flag).unwrap_or_default();
+            script_error(&[&format!("Invalid numeric value \"{value}\" for {option}.")])
+        }
         Some(SbatchError::NotABatchScript) => script_error(&[
             "This does not look like a batch script.  The first",
             "line must start with #! followed by the path to an interpreter.",
@@ -68,6 +75,15 @@ fn report_bad_submission(e: &anyhow::Error) -> i32 {
             eprintln!("sbatch: error: {e}");
             255
         }
+    }
+}
+
+/// The long name Slurm's "Invalid numeric value" message gives a task or CPU count option.
+fn count_option(flag: &str) -> Option<&'static str> {
+    match flag {
+        "-c" | "--cpus-per-task" => Some("--cpus-per-task"),
+        "-n" | "--ntasks" => Some("--ntasks"),
+        _ => None,
     }
 }
 
