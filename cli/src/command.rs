@@ -40,6 +40,16 @@ pub fn parse_args<A: clap::Parser>(name: &str, args: &[String]) -> anyhow::Resul
     })
 }
 
+/// How a command's error reads: a [`Bare`] one as it is, else `NAME: error: ...`, with its causes when asked
+/// (squeue and scontrol word their causes into their own messages).
+pub fn error_text(name: &str, e: &anyhow::Error, with_causes: bool) -> String {
+    match e.downcast_ref::<Bare>() {
+        Some(bare) => bare.to_string(),
+        None if with_causes => format!("{name}: error: {e:#}"),
+        None => format!("{name}: error: {e}"),
+    }
+}
+
 /// glibc getopt's words for an option nobody knows, and Slurm's hint after them.
 pub fn unrecognized_option(name: &str, flag: &str) -> String {
     let what = match flag.strip_prefix('-') {
@@ -78,10 +88,7 @@ pub fn finish(name: &str, outcome: anyhow::Result<i32>) -> i32 {
                 }
                 return 255;
             }
-            match e.downcast_ref::<Bare>() {
-                Some(bare) => eprintln!("{bare}"),
-                None => eprintln!("{name}: error: {e:#}"),
-            }
+            eprintln!("{}", error_text(name, &e, true));
             1
         }
     }

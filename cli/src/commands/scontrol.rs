@@ -28,10 +28,7 @@ pub fn run(args: &[String]) -> i32 {
         Ok(code) => code,
         Err(e) => {
             if !options.quiet {
-                match e.downcast_ref::<crate::command::Bare>() {
-                    Some(bare) => eprintln!("{bare}"),
-                    None => eprintln!("scontrol: error: {e}"),
-                }
+                eprintln!("{}", crate::command::error_text("scontrol", &e, false));
             }
             1
         }

@@ -108,10 +108,7 @@ pub fn run(args: &[String]) -> i32 {
     match list(args) {
         Ok(code) => code,
         Err(e) => {
-            match e.downcast_ref::<crate::command::Bare>() {
-                Some(bare) => eprintln!("{bare}"),
-                None => eprintln!("squeue: error: {e}"),
-            }
+            eprintln!("{}", crate::command::error_text("squeue", &e, false));
             1
         }
     }
