@@ -237,14 +237,21 @@ enum Action {
 /// Waits until a leader serves and every agent's node is up.
 async fn wait_ready(client: &Client, agents: usize) -> anyhow::Result<()> {
     let start = tokio::time::Instant::now();
+    // What the last try saw, so a cluster that never comes up says whether no leader answered or which nodes were
+    // missing (a CI log is all there is to go on).
     loop {
-        if let Ok(nodes) = client.list_nodes(false).await
-            && nodes.iter().filter(|n| n.health == drover_state::NodeHealth::Up).count() >= agents
-        {
-            return Ok(());
-        }
+        let seen = match client.list_nodes(false).await {
+            Ok(nodes) => {
+                if nodes.iter().filter(|n| n.health == drover_state::NodeHealth::Up).count() >= agents {
+                    return Ok(());
+                }
+                let listed: Vec<String> = nodes.iter().map(|n| format!("{} {:?}", n.info.name, n.health)).collect();
+                format!("a leader answered with nodes [{}]", listed.join(", "))
+            }
+            Err(e) => format!("no leader answered: {e}"),
+        };
         if start.elapsed() > Duration::from_secs(60) {
-            bail!("the cluster did not elect a leader with all {agents} agents up within 60 s");
+            bail!("the cluster did not elect a leader with all {agents} agents up within 60 s (last try: {seen})");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

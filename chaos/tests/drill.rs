@@ -24,7 +24,7 @@ fn the_smoke_drill_kills_the_leader_twice_and_every_promise_holds() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the drill failed:\n{stdout}\n{stderr}");
+    assert!(out.status.success(), "the drill failed:\n{stdout}\n{stderr}\n{}", log_tails(&dir.path().join("drill")));
     for line in ["faults injected      2 (kill x2)", "lost acknowledged    0", "invariants           all kept"] {
         assert!(stdout.contains(line), "{line:?} missing from the report:\n{stdout}");
     }
@@ -45,6 +45,28 @@ fn the_smoke_drill_kills_the_leader_twice_and_every_promise_holds() {
     let rules = Command::new("iptables").args(["-S", "INPUT"]).output().unwrap();
     let cluster = std::fs::read_to_string(dir.path().join("drill/cluster/ip_base")).unwrap();
     assert!(!String::from_utf8_lossy(&rules.stdout).contains(cluster.trim()), "rules left behind");
+}
+
+/// The last lines of every log under `dir`: the temporary directory goes with the test, and a failure in CI must
+/// still say which process did what.
+fn log_tails(dir: &std::path::Path) -> String {
+    let mut out = String::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "log") {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = &lines[lines.len().saturating_sub(20)..];
+                out.push_str(&format!("--- {} (last {} lines)\n{}\n", path.display(), tail.len(), tail.join("\n")));
+            }
+        }
+    }
+    out
 }
 
 #[test]
