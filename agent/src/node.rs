@@ -57,6 +57,8 @@ const TIMED_OUT_MARKER: &str = "timed_out";
 const FENCED_MARKER: &str = "fenced";
 /// Written into a batch directory once the job got its `--signal` warning before its time limit.
 const WARNED_MARKER: &str = "warned";
+/// How long the stop signal waits for the supervisor to write the stop notice into the task's stderr.
+const NOTICE_WAIT_MS: u64 = 1_000;
 /// The longest warning lead time honoured before a requeue or a preemption stops a job.
 const MAX_WARNING_S: u32 = 300;
 /// Confirmations of lingering incarnations are repeated this often while the leader still lists them.
@@ -585,7 +587,9 @@ impl NodeAgent {
                 if over_time && !a.cancelled() && a.node_index == 0 {
                     self.mark(key, TIMED_OUT_MARKER);
                 }
-                if self.warned_before_stopping(a, &mine) {
+                if self.warned_before_stopping(a, &mine)
+                    && (a.node_index != 0 || self.stop_notice_written(a, over_time))
+                {
                     for dir in &mine {
                         self.stop(&dir.path, timing);
                     }
@@ -728,11 +732,16 @@ impl NodeAgent {
         }
     }
 
-    /// A job told to stop for a requeue or a preemption first gets its `--signal` warning and up to its lead
+    /// A job told to stop for a preemption or a drain first gets its `--signal` warning and up to its lead
     /// time (at most `MAX_WARNING_S`) to checkpoint; then the usual SIGTERM, KillWait, SIGKILL. True once it is
     /// time for those.
     fn warned_before_stopping(&self, a: &Assignment, mine: &[&TaskDir]) -> bool {
-        let (Some(_), Some(warning)) = (&a.job.requeue, a.job.spec.signal) else { return true };
+        let (Some(order), Some(warning)) = (&a.job.requeue, a.job.spec.signal) else { return true };
+        if order.kind == drover_state::RequeueKind::Requested {
+            // `scontrol requeue` stops the job at once, as Slurm's does: a framework that saves on the warning and
+            // then asks for the requeue itself must not be warned a second time.
+            return true;
+        }
         let key = (a.job.id, a.job.incarnation);
         let running = mine.iter().any(|d| matches!(supervise::status(&d.path), TaskStatus::Running { .. }));
         if !running {
@@ -841,6 +850,32 @@ impl NodeAgent {
         }
     }
 
+    /// Slurm's `*** JOB N ON host CANCELLED AT time [DUE TO ...] ***` for the batch task's stderr, once, before
+    /// its first stop signal (scripts and log scrapers grep for it). The supervisor writes it through the task's
+    /// own file (see [`supervise::NOTICE_FILE`]); true once it has, or once it had [`NOTICE_WAIT_MS`] to, so a
+    /// supervisor that does not answer delays the stop by no more than that.
+    fn stop_notice_written(&self, a: &Assignment, over_time: bool) -> bool {
+        let dir = self.batch_dir((a.job.id, a.job.incarnation));
+        if dir.join(supervise::NOTICE_WRITTEN_FILE).exists()
+            || !matches!(supervise::status(&dir), TaskStatus::Running { .. })
+        {
+            return true;
+        }
+        let notice = dir.join(supervise::NOTICE_FILE);
+        if let Ok(left) = std::fs::metadata(&notice).and_then(|m| m.modified()) {
+            return left.elapsed().is_ok_and(|e| e >= Duration::from_millis(NOTICE_WAIT_MS));
+        }
+        let at = drover_common::wall::local_iso(now_ms()).unwrap_or_else(|| "Unknown".into());
+        let line = stop_notice(a.job.id, &self.info.name, &at, a.job.requeue.as_ref().map(|r| r.kind), over_time);
+        // Whole or not at all: the supervisor reads it when a file is closed or moved into its directory.
+        let partial = dir.join("notice.partial");
+        if let Err(e) = std::fs::write(&partial, line).and_then(|()| std::fs::rename(&partial, &notice)) {
+            tracing::debug!(job = a.job.id, "cannot leave the stop notice: {e}");
+            return true;
+        }
+        false
+    }
+
     /// SIGTERM first; SIGKILL once the grace period has passed.
     fn stop(&self, dir: &Path, timing: Timing) {
         if !matches!(supervise::status(dir), TaskStatus::Running { .. }) {
@@ -852,6 +887,10 @@ impl NodeAgent {
             Some(at) if at.elapsed() > Duration::from_millis(timing.kill_wait_ms) => libc::SIGKILL,
             Some(_) => return,
         };
+        if signal == libc::SIGTERM {
+            // As slurmstepd: SIGCONT first, so a stopped task (suspended, or under a debugger) gets the SIGTERM.
+            let _ = supervise::signal(dir, libc::SIGCONT);
+        }
         match supervise::signal(dir, signal) {
             Ok(_) => {
                 if first.is_none() {
@@ -951,5 +990,41 @@ impl NodeAgent {
             Err(e) => problems.push(format!("GPU health check failed: {e}")),
         }
         problems
+    }
+}
+
+/// The line slurmstepd writes into a batch job's stderr when the job is stopped, with Slurm's reasons: a
+/// requeue (`scontrol requeue`, or a drained GPU), a preemption, or the time limit; a plain cancel has none.
+fn stop_notice(
+    job: JobId,
+    node: &str,
+    at: &str,
+    requeue: Option<drover_state::RequeueKind>,
+    over_time: bool,
+) -> String {
+    let why = match requeue {
+        Some(drover_state::RequeueKind::Preempted) => " DUE TO PREEMPTION",
+        Some(_) => " DUE TO JOB REQUEUE",
+        None if over_time => " DUE TO TIME LIMIT",
+        None => "",
+    };
+    format!("slurmstepd-{node}: error: *** JOB {job} ON {node} CANCELLED AT {at}{why} ***\n")
+}
+
+#[cfg(test)]
+mod stop_notice_tests {
+    use super::stop_notice;
+    use drover_state::RequeueKind;
+
+    #[test]
+    fn the_stop_notice_names_the_job_the_node_and_why_as_slurmstepd_does() {
+        let at = "2026-12-06T21:30:00";
+        assert_eq!(
+            stop_notice(1000, "node01", at, None, false),
+            "slurmstepd-node01: error: *** JOB 1000 ON node01 CANCELLED AT 2026-12-06T21:30:00 ***\n"
+        );
+        assert!(stop_notice(7, "n", at, None, true).ends_with(" DUE TO TIME LIMIT ***\n"));
+        assert!(stop_notice(7, "n", at, Some(RequeueKind::Requested), true).ends_with(" DUE TO JOB REQUEUE ***\n"));
+        assert!(stop_notice(7, "n", at, Some(RequeueKind::Preempted), false).ends_with(" DUE TO PREEMPTION ***\n"));
     }
 }

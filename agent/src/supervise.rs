@@ -61,6 +61,13 @@ pub const SUPERVISOR_PID_FILE: &str = "supervisor.pid";
 pub const TASK_PID_FILE: &str = "task.pid";
 /// How the task ended; its presence means the task is over.
 pub const RESULT_FILE: &str = "result.json";
+/// A line the agent leaves for the task's stderr when it stops the task (Slurm's `*** JOB N ON host CANCELLED AT
+/// ... ***`): the supervisor writes it through the file it opened as the job's user, so the agent never opens a
+/// user's path as root.
+pub const NOTICE_FILE: &str = "notice";
+/// Left by the supervisor once the notice is in the task's stderr: the agent sends its stop signal only then, so
+/// the line comes before whatever the task writes as it stops (as slurmstepd's does).
+pub const NOTICE_WRITTEN_FILE: &str = "notice.written";
 /// The supervisor's own log.
 pub const SUPERVISOR_LOG: &str = "supervisor.log";
 
@@ -551,6 +558,8 @@ struct Started {
     started_ms: u64,
     memory_cgroup: Option<PathBuf>,
     oom_before: u64,
+    /// The task's stderr, shared with it (one offset), for the agent's notice when it stops the task.
+    stderr: Option<File>,
 }
 
 /// Starts the task as its user: the job's cgroups joined between fork and exec (so nothing it allocates or
@@ -611,7 +620,6 @@ fn spawn_task(
     let memory_cgroup = joining.map(|j| j.cgroup.memory);
     let child = match spawned {
         Ok(child) => {
-            drop(stderr_for_errors);
             // The stages the task went through before its exec (the pipe closed at the exec): a cpuset it could
             // not join left it unpinned, which costs it nothing but is worth a line.
             let mut stages = Vec::new();
@@ -628,7 +636,7 @@ fn spawn_task(
             return Err(failed(log, stderr_for_errors.as_ref(), failure));
         }
     };
-    Ok(Started { child, started_ms, memory_cgroup, oom_before })
+    Ok(Started { child, started_ms, memory_cgroup, oom_before, stderr: stderr_for_errors })
 }
 
 /// Records the task's pid, group and start time where the agent finds them; a task nobody can signal cannot be
@@ -655,11 +663,12 @@ fn record_task(dir: &Path, pid: i32, pgid: i32, log: &mut Log) -> Option<String>
 /// Waits for the task to end (or its lease to run out), kills what it left behind, reaps it, and says how it
 /// ended.
 fn await_task(dir: &Path, launch: &TaskLaunch, started: Started, error: Option<String>, log: &mut Log) -> TaskResult {
-    let Started { child, started_ms, memory_cgroup, oom_before } = started;
+    let Started { child, started_ms, memory_cgroup, oom_before, stderr } = started;
     let pid = child.id() as i32;
     let pgid = pid;
+    let mut notice = Notice::watch(dir, stderr, log);
     let fenced = match launch.lease_file.as_deref() {
-        Some(lease) => wait_within_lease(pid, pgid, Path::new(lease), log),
+        Some(lease) => wait_within_lease(pid, pgid, Path::new(lease), &mut notice, log),
         None => {
             wait_for_exit_without_reaping(pid, log);
             false
@@ -675,6 +684,8 @@ fn await_task(dir: &Path, launch: &TaskLaunch, started: Started, error: Option<S
     // Nothing of the task is left to hold its GPUs (a process stuck in the kernel past the deadline aside, which
     // the log says).
     record_in_journal(dir, launch, crate::journal::JournalEvent::End, log);
+    // A notice left while nothing watched (no lease file to wait on) still reaches the file, after the task's output.
+    notice.deliver(log);
 
     let usage = children_usage();
     let (exit_code, signal) = decode_wait_status(wait_status);
@@ -703,6 +714,63 @@ fn await_task(dir: &Path, launch: &TaskLaunch, started: Started, error: Option<S
         error,
         fenced,
         oom,
+    }
+}
+
+/// The agent's notice of why it stops the task (see [`NOTICE_FILE`]), watched for with inotify on the task's
+/// directory so it is written the moment it is left, through the task's own stderr.
+struct Notice {
+    dir: PathBuf,
+    stderr: Option<File>,
+    /// inotify on `dir` (closes and creations of files there); `None` where the kernel gives none.
+    watch: Option<OwnedFd>,
+    written: bool,
+}
+
+impl Notice {
+    fn watch(dir: &Path, stderr: Option<File>, log: &mut Log) -> Notice {
+        let watch = stderr.as_ref().and_then(|_| {
+            // SAFETY: inotify_init1 takes flags and returns a new descriptor or -1.
+            let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
+            if fd < 0 {
+                log.line(format_args!("no inotify for the stop notice: {}", io::Error::last_os_error()));
+                return None;
+            }
+            // SAFETY: a descriptor the kernel just gave us, owned by nobody else.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
+            // SAFETY: a valid inotify descriptor and a NUL-terminated path.
+            let wd = unsafe {
+                libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), libc::IN_CLOSE_WRITE | libc::IN_MOVED_TO)
+            };
+            (wd >= 0).then_some(fd)
+        });
+        Notice { dir: dir.to_path_buf(), stderr, watch, written: false }
+    }
+
+    /// Drains the watch's events (they only say "look again").
+    fn drain(&self) {
+        let Some(fd) = &self.watch else { return };
+        let mut buf = [0u8; 4096];
+        // SAFETY: reads into a buffer of the given length; the descriptor is non-blocking.
+        while unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+    }
+
+    /// Writes the notice to the task's stderr if the agent left one and it is not written yet.
+    fn deliver(&mut self, log: &mut Log) {
+        self.drain();
+        if self.written {
+            return;
+        }
+        let Some(stderr) = self.stderr.as_mut() else { return };
+        let Ok(bytes) = read_limited(&self.dir.join(NOTICE_FILE), MAX_SMALL_FILE_BYTES) else { return };
+        self.written = true;
+        if let Err(e) = stderr.write_all(&bytes) {
+            log.line(format_args!("cannot write the stop notice to the task's stderr: {e}"));
+        }
+        if let Err(e) = fs::write(self.dir.join(NOTICE_WRITTEN_FILE), b"1") {
+            log.line(format_args!("cannot mark the stop notice written: {e}"));
+        }
     }
 }
 
@@ -1172,10 +1240,11 @@ fn ignore_hangup_and_interrupt() {
 ///
 /// It sleeps until the task exits or the lease, as last read, runs out (a pidfd wakes it at the exit itself), then
 /// reads the lease again: a renewed lease costs one wake-up per lease period, and an exit is noticed at once.
-fn wait_within_lease(pid: i32, pgid: i32, lease: &Path, log: &mut Log) -> bool {
+fn wait_within_lease(pid: i32, pgid: i32, lease: &Path, notice: &mut Notice, log: &mut Log) -> bool {
     let pidfd = open_pidfd(pid);
     let mut fenced = false;
     loop {
+        notice.deliver(log);
         if exited_without_reaping(pid, log) {
             return fenced;
         }
@@ -1183,7 +1252,7 @@ fn wait_within_lease(pid: i32, pgid: i32, lease: &Path, log: &mut Log) -> bool {
         match crate::lease::read(lease) {
             Some(expires) if expires > now => {
                 let wait_ms = (expires - now).min(crate::lease::MAX_CHECK_INTERVAL_MS);
-                wait_for_exit_or_timeout(pidfd.as_ref(), wait_ms);
+                wait_for_exit_or_timeout(pidfd.as_ref(), notice.watch.as_ref(), wait_ms);
             }
             _ if !fenced => {
                 log.line(format_args!("the node's lease ({}) expired: killing the task (fenced)", lease.display()));
@@ -1191,7 +1260,7 @@ fn wait_within_lease(pid: i32, pgid: i32, lease: &Path, log: &mut Log) -> bool {
                 unsafe { libc::kill(-pgid, libc::SIGKILL) };
                 fenced = true;
             }
-            _ => wait_for_exit_or_timeout(pidfd.as_ref(), crate::lease::MAX_CHECK_INTERVAL_MS),
+            _ => wait_for_exit_or_timeout(pidfd.as_ref(), notice.watch.as_ref(), crate::lease::MAX_CHECK_INTERVAL_MS),
         }
     }
 }
@@ -1229,13 +1298,19 @@ fn open_pidfd(pid: i32) -> Option<OwnedFd> {
     Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-fn wait_for_exit_or_timeout(pidfd: Option<&OwnedFd>, timeout_ms: u64) {
+/// Sleeps until the task exits, the notice watch fires, or `timeout_ms` passes.
+fn wait_for_exit_or_timeout(pidfd: Option<&OwnedFd>, watch: Option<&OwnedFd>, timeout_ms: u64) {
     let timeout = timeout_ms.min(i32::MAX as u64) as i32;
     match pidfd {
         Some(fd) => {
-            let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-            // SAFETY: one valid pollfd; EINTR just means "look again", which the caller does.
-            unsafe { libc::poll(&mut pfd, 1, timeout) };
+            let mut fds = [libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }; 2];
+            let mut n = 1;
+            if let Some(w) = watch {
+                fds[1] = libc::pollfd { fd: w.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                n = 2;
+            }
+            // SAFETY: `n` valid pollfds; EINTR just means "look again", which the caller does.
+            unsafe { libc::poll(fds.as_mut_ptr(), n, timeout) };
         }
         None => std::thread::sleep(Duration::from_millis(timeout_ms.min(crate::lease::CHECK_INTERVAL_MS))),
     }

@@ -67,22 +67,7 @@ pub fn timestamp_or_unknown(ms: Option<u64>) -> String {
 }
 
 fn timestamp_or(ms: Option<u64>, none: &str) -> String {
-    let Some(ms) = ms else { return none.into() };
-    let secs = (ms / 1000) as libc::time_t;
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    // SAFETY: localtime_r writes only into `tm`.
-    if unsafe { libc::localtime_r(&secs, &mut tm) }.is_null() {
-        return none.into();
-    }
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
-        tm.tm_year + 1900,
-        tm.tm_mon + 1,
-        tm.tm_mday,
-        tm.tm_hour,
-        tm.tm_min,
-        tm.tm_sec
-    )
+    ms.and_then(drover_common::wall::local_iso).unwrap_or_else(|| none.into())
 }
 
 /// Time the job has run (or ran).
@@ -604,7 +589,7 @@ impl Col {
             Col::ReqNodes => list_or_empty(&spec.nodelist),
             Col::Requeue => u8::from(spec.requeue.unwrap_or(true)).to_string(),
             Col::Reservation => or_null(&spec.reservation),
-            Col::RestartCnt => job.restart_count.to_string(),
+            Col::RestartCnt => job.restarts().to_string(),
             Col::StartTime => format_timestamp(job.start_time_ms),
             Col::State => job.state.name().to_string(),
             Col::StateCompact => job.state.short().to_string(),

@@ -35,6 +35,8 @@ pub enum PendingReason {
     /// Drover: a multi-node job without `--multi-site` that one site could hold, but not with that site's nodes
     /// that are up and undrained now (it would fit across sites).
     SiteNodesNotAvail,
+    /// `scontrol requeuehold` by the job's owner (or root on its own job): a user's hold that Slurm names apart.
+    RequeuedHeld,
 }
 
 impl PendingReason {
@@ -59,6 +61,7 @@ impl PendingReason {
             PendingReason::JobArrayTaskLimit => "JobArrayTaskLimit",
             PendingReason::MultiSiteRequired => "MultiSiteRequired",
             PendingReason::SiteNodesNotAvail => "SiteNodesNotAvail",
+            PendingReason::RequeuedHeld => "job_requeued_in_held_state",
         }
     }
 
