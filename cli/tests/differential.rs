@@ -7,8 +7,8 @@
 //! A scenario that does not agree is either an *intended* difference (`intended.toml`, with the reason) or a
 //! *known divergence* still to be fixed (`divergent.toml`, with what differs). Anything else fails the test, as
 //! does a listed scenario that now agrees (the lists only ever shrink to the truth) and a `RESULTS.md` that no
-//! longer matches the run (`DROVER_DIFF_BLESS=1` rewrites it). `DROVER_DIFF_ONLY=TEXT` runs the scenarios whose
-//! name contains TEXT and checks nothing but prints every difference: the way to write new scenarios.
+//! longer matches the run (`DROVER_DIFF_BLESS=1` rewrites it). `DROVER_DIFF_ONLY=TEXT[,TEXT...]` runs the scenarios
+//! whose name contains one of them and checks nothing but prints every difference: the way to write new scenarios.
 //!
 //! Scenarios run one at a time on each system (the two systems side by side), each on an idle cluster and in a
 //! directory of its own, so a scenario sees the whole node as the other system does. Needs root (slurmd runs
@@ -299,8 +299,10 @@ fn drover_agrees_with_slurm_on_every_scenario_but_the_listed_ones() {
         "the differential suite needs Slurm 22.05: apt-get install -y slurm-wlm (.ci/run does)"
     );
     let only = std::env::var("DROVER_DIFF_ONLY").ok();
-    let scenarios: Vec<Scenario> =
-        load_scenarios().into_iter().filter(|s| only.as_ref().is_none_or(|o| s.name.contains(o.as_str()))).collect();
+    let scenarios: Vec<Scenario> = load_scenarios()
+        .into_iter()
+        .filter(|s| only.as_ref().is_none_or(|o| o.split(',').any(|o| s.name.contains(o))))
+        .collect();
     let dir = tempfile::Builder::new().prefix("differential").tempdir().unwrap();
     let keep = std::env::var("DROVER_DIFF_KEEP").is_ok();
 

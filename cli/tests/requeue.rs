@@ -274,7 +274,7 @@ fn a_dead_node_s_job_resumes_on_the_other_node_from_its_checkpoint() {
     assert!(incarnations[1].resumed_at >= 15, "from its latest checkpoint: {incarnations:?}");
     // scontrol and sacct show the restart history and the checkpoint.
     let show = sh.ok("scontrol", &["show", "job", &id.to_string()]);
-    assert!(show.contains("Restarts=1") && show.contains("Restart[0]: State=NODE_FAIL"), "{show}");
+    assert!(show.contains("Restarts=1") && show.contains("Restart[0]=State:NODE_FAIL"), "{show}");
     assert!(show.contains("CheckpointStep=60"), "{show}");
     let acct = sh.ok("sacct", &["-X", "-j", &id.to_string(), "-D", "-n", "-P", "-o", "State,NodeList,Incarnation"]);
     assert_eq!(
@@ -460,7 +460,7 @@ fn a_controller_outage_longer_than_the_lease_fences_and_the_job_resumes_from_its
     let incarnations = check_log(&sh);
     assert!(incarnations.len() >= 2, "{incarnations:?}");
     let show = sh.ok("scontrol", &["show", "job", &id.to_string()]);
-    assert!(show.contains("Restart[0]: State=NODE_FAIL"), "{show}");
+    assert!(show.contains("Restart[0]=State:NODE_FAIL"), "{show}");
 }
 
 #[test]
@@ -496,7 +496,7 @@ fn an_injected_xid_drains_the_node_warns_the_job_and_requeues_it_from_its_checkp
     assert_eq!(incarnations.len(), 2, "{incarnations:?}");
     assert_ne!(incarnations[1].node, node, "requeued away from the drained node");
     let show = sh.ok("scontrol", &["show", "job", &id.to_string()]);
-    assert!(show.contains("Restart[0]: State=NODE_FAIL") && show.contains("XID_79"), "{show}");
+    assert!(show.contains("Restart[0]=State:NODE_FAIL") && show.contains("XID_79"), "{show}");
     let warned = std::fs::read_to_string(sh.cwd.join("warned.log")).unwrap_or_default();
     assert_eq!(warned.lines().count(), 1, "the warning signal came once, before the stop: {warned:?}");
 }
@@ -572,7 +572,7 @@ fn scontrol_requeue_from_inside_the_job_restarts_it_from_its_checkpoint() {
     assert_eq!(incarnations.len(), 2, "{incarnations:?}");
     assert_eq!(incarnations[1].resumed_at, 10, "from the checkpoint at step 10");
     let show = sh.ok("scontrol", &["show", "job", &id.to_string()]);
-    assert!(show.contains("Restart[0]: State=REQUEUED") && show.contains("Failures=0"), "{show}");
+    assert!(show.contains("Restart[0]=State:REQUEUED") && show.contains("Failures=0"), "{show}");
 }
 
 #[test]
@@ -608,7 +608,7 @@ fn a_preempted_job_is_warned_requeued_and_resumes_from_its_checkpoint_after_the_
     let incarnations = check_log(&sh);
     assert_eq!(incarnations.len(), 2, "{incarnations:?}");
     let show = sh.ok("scontrol", &["show", "job", &id.to_string()]);
-    assert!(show.contains("Restart[0]: State=PREEMPTED") && show.contains("Failures=0"), "{show}");
+    assert!(show.contains("Restart[0]=State:PREEMPTED") && show.contains("Failures=0"), "{show}");
     assert!(show.contains(&format!("preempted_by_job_{urgent}")), "{show}");
     assert_eq!(std::fs::read_to_string(sh.cwd.join("warned.log")).unwrap_or_default().lines().count(), 1);
     // The urgent job ran between the two incarnations.

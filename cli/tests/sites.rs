@@ -120,7 +120,7 @@ fn a_large_job_that_loses_a_node_restarts_at_once_on_the_survivors_and_a_hot_spa
     });
     eprintln!("node killed -> job running again with the spare: {:?}", killed.elapsed());
     let show = sh.show_job(big);
-    assert!(show.contains("Restarts=1") && show.contains("Restart[0]: State=NODE_FAIL"), "{show}");
+    assert!(show.contains("Restarts=1") && show.contains("Restart[0]=State:NODE_FAIL"), "{show}");
     // The spare has become one of the job's nodes: the pool is empty until an operator refills it.
     assert!(sh.ok("scontrol", &["show", "node", "node04"]).contains("Spare=no"));
     assert_eq!(sh.ok("sinfo", &["-h", "-t", "spare", "-o", "%N"]).trim(), "");

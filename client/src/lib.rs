@@ -381,14 +381,14 @@ impl Client {
     }
 
     async fn job_ids(&self, kind: JobIdsKind, ids: &[u64]) -> Result<Vec<JobOutcome>, ClientError> {
-        let request = JobIdsRequest { job_ids: ids.to_vec() };
+        let request = JobIdsRequest { job_ids: ids.to_vec(), user_hold: matches!(kind, JobIdsKind::UserHold) };
         let reply = self
             .call(|mut c| {
                 let request = request.clone();
                 async move {
                     match kind {
                         JobIdsKind::Cancel => c.cancel_jobs(request).await,
-                        JobIdsKind::Hold => c.hold_jobs(request).await,
+                        JobIdsKind::Hold | JobIdsKind::UserHold => c.hold_jobs(request).await,
                         JobIdsKind::Release => c.release_jobs(request).await,
                         JobIdsKind::Top => c.top_jobs(request).await,
                     }
@@ -404,6 +404,11 @@ impl Client {
 
     pub async fn hold(&self, ids: &[u64]) -> Result<Vec<JobOutcome>, ClientError> {
         self.job_ids(JobIdsKind::Hold, ids).await
+    }
+
+    /// `scontrol uhold`: a hold the job's owner may release, even when an operator places it.
+    pub async fn uhold(&self, ids: &[u64]) -> Result<Vec<JobOutcome>, ClientError> {
+        self.job_ids(JobIdsKind::UserHold, ids).await
     }
 
     pub async fn release(&self, ids: &[u64]) -> Result<Vec<JobOutcome>, ClientError> {
@@ -470,6 +475,7 @@ impl Client {
             states: filter.states.clone(),
             include_finished: filter.include_finished,
             limit: filter.limit,
+            finished_since_ms: filter.finished_since_ms,
         };
         let reply = self
             .read(filter.stale, |mut c| {
@@ -607,7 +613,7 @@ impl Client {
 
     /// The leader's latest priorities and expected starts of pending jobs (all of them when `ids` is empty).
     pub async fn job_insights(&self, ids: &[u64]) -> Result<Vec<drover_proto::wire::JobInsight>, ClientError> {
-        let request = JobIdsRequest { job_ids: ids.to_vec() };
+        let request = JobIdsRequest { job_ids: ids.to_vec(), user_hold: false };
         let reply = self
             .call(|mut c| {
                 let request = request.clone();
@@ -655,6 +661,7 @@ impl Client {
 enum JobIdsKind {
     Cancel,
     Hold,
+    UserHold,
     Release,
     Top,
 }
@@ -672,6 +679,8 @@ pub struct JobFilter {
     pub include_finished: bool,
     pub stale: bool,
     pub limit: u32,
+    /// With `include_finished`: only jobs that ended at or after this (ms since the epoch; 0 = any).
+    pub finished_since_ms: u64,
 }
 
 #[cfg(test)]

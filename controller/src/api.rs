@@ -229,7 +229,7 @@ impl Api {
     async fn job_ids_command(
         &self,
         request: Request<JobIdsRequest>,
-        make: fn(Vec<u64>, u32) -> Command,
+        make: fn(Vec<u64>, u32, bool) -> Command,
         call: &'static str,
     ) -> Result<Response<JobOutcomesReply>, Status> {
         if let Route::Forward(leader, addr) = self.route(&request).await? {
@@ -252,7 +252,7 @@ impl Api {
                 message.job_ids.len()
             )));
         }
-        let reply = self.write(make(message.job_ids, caller.uid)).await?;
+        let reply = self.write(make(message.job_ids, caller.uid, message.user_hold)).await?;
         let Reply::Jobs(outcomes) = reply else {
             return Err(Status::internal("unexpected reply to a job command"));
         };
@@ -449,15 +449,20 @@ impl DroverService for Api {
     }
 
     async fn cancel_jobs(&self, request: Request<JobIdsRequest>) -> Result<Response<JobOutcomesReply>, Status> {
-        self.job_ids_command(request, |ids, by_uid| Command::CancelJobs { ids, by_uid }, "cancel").await
+        self.job_ids_command(request, |ids, by_uid, _| Command::CancelJobs { ids, by_uid }, "cancel").await
     }
 
     async fn hold_jobs(&self, request: Request<JobIdsRequest>) -> Result<Response<JobOutcomesReply>, Status> {
-        self.job_ids_command(request, |ids, by_uid| Command::HoldJobs { ids, by_uid }, "hold").await
+        self.job_ids_command(
+            request,
+            |ids, by_uid, user_hold| Command::HoldJobs { ids, by_uid, user_hold: Some(user_hold) },
+            "hold",
+        )
+        .await
     }
 
     async fn release_jobs(&self, request: Request<JobIdsRequest>) -> Result<Response<JobOutcomesReply>, Status> {
-        self.job_ids_command(request, |ids, by_uid| Command::ReleaseJobs { ids, by_uid }, "release").await
+        self.job_ids_command(request, |ids, by_uid, _| Command::ReleaseJobs { ids, by_uid }, "release").await
     }
 
     async fn get_job(&self, request: Request<GetJobRequest>) -> Result<Response<GetJobReply>, Status> {
@@ -517,9 +522,12 @@ impl DroverService for Api {
         if message.include_finished && jobs.len() <= limit {
             let room = limit + 1 - jobs.len();
             let from = message.job_ids.iter().copied().min().unwrap_or(1);
+            let since_ms = message.finished_since_ms;
             let finished = self
                 .view
-                .history(from, room, |j| job_matches(j, &message.job_ids, &message.users, &states))
+                .history(from, room, |j| {
+                    j.end_time_ms.unwrap_or(0) >= since_ms && job_matches(j, &message.job_ids, &message.users, &states)
+                })
                 .map_err(|e| internal("reading history", e))?;
             jobs.extend(finished);
             jobs.sort_by_key(|j| j.id);
@@ -786,7 +794,7 @@ impl DroverService for Api {
     }
 
     async fn top_jobs(&self, request: Request<JobIdsRequest>) -> Result<Response<JobOutcomesReply>, Status> {
-        self.job_ids_command(request, |ids, by_uid| Command::TopJobs { ids, by_uid }, "top").await
+        self.job_ids_command(request, |ids, by_uid, _| Command::TopJobs { ids, by_uid }, "top").await
     }
 
     async fn drain_nodes(&self, request: Request<DrainNodesRequest>) -> Result<Response<Empty>, Status> {

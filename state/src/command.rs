@@ -44,10 +44,15 @@ pub enum Command {
         ids: Vec<JobId>,
         by_uid: u32,
     },
-    /// `scontrol hold` (user hold) / `scontrol release`.
+    /// `scontrol hold` / `uhold` (`scontrol release` is `ReleaseJobs`).
     HoldJobs {
         ids: Vec<JobId>,
         by_uid: u32,
+        /// `Some(true)`: `uhold`, always a user hold. `Some(false)`: `hold`, an administrator's hold when an
+        /// operator places it (on any job, their own too, as Slurm's). `None`: an entry written before the two
+        /// were told apart, applied as it was then (an administrator's hold only on someone else's job).
+        #[serde(default)]
+        user_hold: Option<bool>,
     },
     ReleaseJobs {
         ids: Vec<JobId>,

@@ -73,6 +73,9 @@ pub enum CommandError {
     TooManyUserJobs { user: String, active: u64, limit: u64 },
     #[error("Job {id} is held by an administrator: only an operator or administrator can release it")]
     AdminHold { id: JobId },
+    /// `scontrol top` of a held job (Slurm's words).
+    #[error("Job is in held state, pending scheduler release")]
+    HeldPendingRelease { id: JobId },
 }
 
 /// Why `apply` refused one planned allocation: the plan was made on a view the log has since moved past (or a

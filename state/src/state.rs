@@ -309,11 +309,11 @@ impl State {
             Command::CancelJobs { ids, by_uid } => {
                 Ok(self.for_each_job(ids, |s, id| s.cancel(id, *by_uid, request.time_ms, &mut changes)))
             }
-            Command::HoldJobs { ids, by_uid } => {
-                Ok(self.for_each_job(ids, |s, id| s.set_hold(id, true, *by_uid, &mut changes)))
+            Command::HoldJobs { ids, by_uid, user_hold } => {
+                Ok(self.for_each_job(ids, |s, id| s.set_hold(id, Some(*user_hold), *by_uid, &mut changes)))
             }
             Command::ReleaseJobs { ids, by_uid } => {
-                Ok(self.for_each_job(ids, |s, id| s.set_hold(id, false, *by_uid, &mut changes)))
+                Ok(self.for_each_job(ids, |s, id| s.set_hold(id, None, *by_uid, &mut changes)))
             }
             Command::RegisterNode { info, running } => self.register_node(info, running, request.time_ms, &mut changes),
             Command::NodeDown { name, reason, epoch } => {
@@ -719,7 +719,7 @@ mod tests {
     fn hold_and_release_set_the_reason() {
         let mut state = initialized();
         submit(&mut state, 1, spec(7), None).unwrap();
-        state.apply(&request(2, Command::HoldJobs { ids: vec![1], by_uid: 7 }));
+        state.apply(&request(2, Command::HoldJobs { ids: vec![1], by_uid: 7, user_hold: Some(false) }));
         assert_eq!(state.job(1).unwrap().reason, PendingReason::JobHeldUser);
         state.apply(&request(3, Command::ReleaseJobs { ids: vec![1], by_uid: 0 }));
         assert!(!state.job(1).unwrap().held);
@@ -731,9 +731,12 @@ mod tests {
     fn an_owner_cannot_turn_an_administrators_hold_into_their_own() {
         let mut state = initialized();
         submit(&mut state, 1, spec(7), None).unwrap();
-        state.apply(&request(2, Command::HoldJobs { ids: vec![1], by_uid: 0 })).response.unwrap();
+        state
+            .apply(&request(2, Command::HoldJobs { ids: vec![1], by_uid: 0, user_hold: Some(false) }))
+            .response
+            .unwrap();
         assert_eq!(state.job(1).unwrap().reason, PendingReason::JobHeldAdmin);
-        state.apply(&request(3, Command::HoldJobs { ids: vec![1], by_uid: 7 }));
+        state.apply(&request(3, Command::HoldJobs { ids: vec![1], by_uid: 7, user_hold: Some(false) }));
         assert_eq!(state.job(1).unwrap().reason, PendingReason::JobHeldAdmin, "still the administrator's hold");
         let released = state.apply(&request(4, Command::ReleaseJobs { ids: vec![1], by_uid: 7 })).response;
         assert!(

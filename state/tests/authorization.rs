@@ -84,7 +84,7 @@ fn users_touch_only_their_own_jobs_and_operators_touch_any() {
     let job = submit(&mut state, spec(ALICE)).unwrap();
     for command in [
         Command::CancelJobs { ids: vec![job], by_uid: BOB },
-        Command::HoldJobs { ids: vec![job], by_uid: BOB },
+        Command::HoldJobs { ids: vec![job], by_uid: BOB, user_hold: Some(false) },
         Command::TopJobs { ids: vec![job], by_uid: BOB },
     ] {
         let err = one(&mut state, command).unwrap_err();
@@ -96,13 +96,13 @@ fn users_touch_only_their_own_jobs_and_operators_touch_any() {
     assert!(matches!(refused(&mut state, step), CommandError::PermissionDenied { .. }));
 
     // The operator holds Alice's job: an administrator's hold, which Alice cannot lift.
-    one(&mut state, Command::HoldJobs { ids: vec![job], by_uid: OLGA }).unwrap();
+    one(&mut state, Command::HoldJobs { ids: vec![job], by_uid: OLGA, user_hold: Some(false) }).unwrap();
     assert_eq!(state.job(job).unwrap().reason, PendingReason::JobHeldAdmin);
     let err = one(&mut state, Command::ReleaseJobs { ids: vec![job], by_uid: ALICE }).unwrap_err();
     assert_eq!(err, CommandError::AdminHold { id: job });
     one(&mut state, Command::ReleaseJobs { ids: vec![job], by_uid: OLGA }).unwrap();
     // Her own hold she lifts herself.
-    one(&mut state, Command::HoldJobs { ids: vec![job], by_uid: ALICE }).unwrap();
+    one(&mut state, Command::HoldJobs { ids: vec![job], by_uid: ALICE, user_hold: Some(false) }).unwrap();
     assert_eq!(state.job(job).unwrap().reason, PendingReason::JobHeldUser);
     one(&mut state, Command::ReleaseJobs { ids: vec![job], by_uid: ALICE }).unwrap();
     // An operator may cancel anyone's job.

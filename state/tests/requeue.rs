@@ -121,7 +121,8 @@ fn scontrol_requeue_stops_the_job_and_brings_it_back_and_requeuehold_holds_it() 
     state.apply(&at(60, requeue(true))).response.unwrap();
     end(&mut state, id, JobEnd::default(), 70);
     let job = state.job(id).unwrap();
-    assert!(job.held && job.reason == PendingReason::JobHeldUser, "requeuehold: back in the queue, held");
+    assert!(job.held && job.reason == PendingReason::RequeuedHeld, "requeuehold: back in the queue, held");
+    assert_eq!(job.reason.name(), "job_requeued_in_held_state", "Slurm's words for it");
 
     // A pending job is not running: nothing to requeue. A --no-requeue job may not be requeued.
     let Ok(Reply::Jobs(outcomes)) = state.apply(&at(80, requeue(false))).response else { panic!() };

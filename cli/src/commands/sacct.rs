@@ -685,7 +685,7 @@ fn value(field: &str, job: &Job, cx: &Context) -> String {
         "User" => spec.user.to_string(),
         "WCKey" => spec.wckey.as_deref().unwrap_or_default().to_string(),
         "WorkDir" => spec.work_dir.to_string(),
-        "Restarts" => job.restart_count.to_string(),
+        "Restarts" => job.restarts().to_string(),
         "Incarnation" => job.incarnation.to_string(),
         "Checkpoint" => job.checkpoint.as_ref().map(|c| c.path.clone()).unwrap_or_default(),
         "CheckpointStep" => job.checkpoint.as_ref().and_then(|c| c.step).map(|s| s.to_string()).unwrap_or_default(),

@@ -741,7 +741,8 @@ fn show_jobs(options: &Options, id: Option<&str>) -> anyhow::Result<i32> {
 fn job_reason(job: &Job) -> String {
     match job.state {
         JobState::Pending => job.reason.name().to_string(),
-        JobState::Failed if job.exit_signal != 0 => format!("RaisedSignal:{}", job.exit_signal),
+        // Slurm's slurmctld files a batch script that died of a signal under FAIL_LAUNCH, whatever the signal.
+        JobState::Failed if job.exit_signal != 0 => "JobLaunchFailure".to_string(),
         JobState::Failed if job.exit_code != 0 => "NonZeroExitCode".to_string(),
         JobState::Timeout => "TimeLimit".to_string(),
         JobState::NodeFail => "NodeDown".to_string(),
@@ -800,7 +801,7 @@ fn identity_lines(job: &Job, details: bool, lines: &mut Vec<String>) {
         format!(
             "Requeue={} Restarts={} BatchFlag={} Reboot=0 ExitCode={}:{}",
             u8::from(s.requeue.unwrap_or(true)),
-            job.restart_count,
+            job.restarts(),
             // An allocation (salloc) runs no batch script.
             u8::from(!s.interactive),
             job.exit_code,
@@ -957,11 +958,13 @@ fn drover_lines(job: &Job, lines: &mut Vec<String>) {
         ));
     }
     if let Some(r) = &job.requeue {
-        lines.push(format!("Requeueing={:?} Reason={}", r.kind, r.reason.replace(' ', "_")));
+        lines.push(format!("Requeueing={:?} RequeueReason={}", r.kind, r.reason.replace(' ', "_")));
     }
+    // One field per earlier incarnation, its parts inside the value: `scontrol show job -o` is parsed as
+    // KEY=VALUE tokens, and a second `StartTime=` or `Reason=` would overwrite Slurm's own in every such parser.
     for h in &job.history {
         lines.push(format!(
-            "Restart[{}]: State={} NodeList={} StartTime={} EndTime={} ResumedFrom={} Reason={}",
+            "Restart[{}]=State:{},NodeList:{},StartTime:{},EndTime:{},ResumedFrom:{},Reason:{}",
             h.incarnation,
             h.state.name(),
             if h.nodes.is_empty() { "(null)" } else { &h.nodes },
@@ -998,11 +1001,13 @@ fn hold_release(controllers: Option<&str>, verb: &str, ids: &[&str]) -> anyhow::
     let outcomes = match verb {
         "release" => rt.block_on(client.release(&ids))?,
         "top" => rt.block_on(client.top(&ids))?,
+        "uhold" => rt.block_on(client.uhold(&ids))?,
         _ => rt.block_on(client.hold(&ids))?,
     };
     let mut code = 0;
     for o in outcomes.iter().filter(|o| !o.ok) {
-        eprintln!("scontrol: error: job {}: {}", o.job_id, o.error);
+        // Slurm's scontrol words these as `slurm_perror` does: the reason, then which job.
+        eprintln!("{} for job {}", o.error, o.job_id);
         code = 1;
     }
     Ok(code)

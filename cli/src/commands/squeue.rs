@@ -293,18 +293,22 @@ async fn report(
         }
         _ => Vec::new(),
     };
-    // Finished jobs leave the active table at once; Slurm keeps them visible for MinJobAge, so jobs named by id
-    // are looked up among the finished too, and those that ended within MinJobAge count as still known.
+    // Finished jobs leave the active table at once; Slurm keeps them visible for MinJobAge, so jobs named by id,
+    // and listings that ask for ended states (`-t all`, `-t CD`), look among the finished too, and those that
+    // ended within MinJobAge count as still known.
+    let wants_finished =
+        selection.states.as_ref().is_none_or(|states| states.iter().any(|s| s.0.is_some_and(|s| s.is_terminal())));
+    let now = super::now_ms();
     let filter = drover_client::JobFilter {
         ids: ids.clone(),
         users,
         states: server_states,
-        include_finished: !ids.is_empty(),
+        include_finished: !ids.is_empty() || wants_finished,
         stale: args.stale,
         limit: 0,
+        finished_since_ms: now.saturating_sub(crate::format::MIN_JOB_AGE_MS),
     };
     let (mut jobs, truncated) = client.list_jobs(&filter).await?;
-    let now = super::now_ms();
     jobs.retain(|j| !j.state.is_terminal() || j.end_time_ms.is_some_and(|e| e + crate::format::MIN_JOB_AGE_MS >= now));
     let known = !jobs.is_empty();
     jobs.retain(|j| selection.wants(j));

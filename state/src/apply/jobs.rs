@@ -54,7 +54,7 @@ impl State {
         }
         let mut job = self.remove_active(id).expect("checked by active_job");
         job.state = JobState::Cancelled;
-        job.reason = PendingReason::None;
+        // The reason it was waiting stays, as Slurm's does (a held job cancelled still reads JobHeldUser).
         job.end_time_ms = Some(now_ms);
         job.cancelled_by = Some(by_uid);
         changes.push(Change::ArchiveJob(job));
@@ -168,6 +168,9 @@ impl State {
         if job.state != JobState::Pending {
             return Err(CommandError::NotPending { id, state: job.state });
         }
+        if job.held {
+            return Err(CommandError::HeldPendingRelease { id });
+        }
         self.meta.next_top_rank += 1;
         let job = self.jobs.get_mut(&id).expect("checked by active_job");
         job.top_rank = self.meta.next_top_rank;
@@ -176,12 +179,13 @@ impl State {
         Ok(())
     }
 
-    /// `scontrol hold`/`release`. A hold placed by an operator on someone else's job is an administrator's hold
-    /// (Slurm's `JobHeldAdmin`), which its owner cannot release.
+    /// `scontrol hold`/`uhold` (`hold` is `Some(user_hold)`) and `release` (`None`). An operator's `hold` is an
+    /// administrator's hold (Slurm's `JobHeldAdmin`), which the job's owner cannot release; `uhold` is always
+    /// the user's hold.
     pub(crate) fn set_hold(
         &mut self,
         id: JobId,
-        hold: bool,
+        hold: Option<Option<bool>>,
         by_uid: u32,
         changes: &mut Vec<Change>,
     ) -> Result<(), CommandError> {
@@ -194,12 +198,19 @@ impl State {
             return Err(CommandError::NotPending { id, state: job.state });
         }
         let privileged = self.level_of(by_uid) >= AdminLevel::Operator;
+        let admin_placed = match hold {
+            Some(Some(user_hold)) => privileged && !user_hold,
+            // Entries from before `hold` and `uhold` were told apart.
+            Some(None) => privileged && by_uid != job.spec.uid,
+            None => false,
+        };
+        let hold = hold.is_some();
         if !hold && job.reason == PendingReason::JobHeldAdmin && !privileged {
             return Err(CommandError::AdminHold { id });
         }
         // A hold never lowers one already there: the owner's `hold` on an administrator's hold (placed by
         // `hold` or `requeuehold`) would otherwise turn it into a user hold the owner may release.
-        let admin_hold = (by_uid != job.spec.uid && privileged) || job.reason == PendingReason::JobHeldAdmin;
+        let admin_hold = admin_placed || job.reason == PendingReason::JobHeldAdmin;
         let job = self.jobs.get_mut(&id).expect("checked by active_job");
         job.held = hold;
         job.reason = match (hold, admin_hold) {

@@ -211,7 +211,7 @@ impl State {
         let held = match (hold, by_uid != job.spec.uid && self.level_of(by_uid) >= AdminLevel::Operator) {
             (false, _) => None,
             (true, true) => Some(PendingReason::JobHeldAdmin),
-            (true, false) => Some(PendingReason::JobHeldUser),
+            (true, false) => Some(PendingReason::RequeuedHeld),
         };
         let reason = format!("requeued by uid {by_uid}");
         let order = RequeueOrder { kind: RequeueKind::Requested, hold: held, reason, preempted_for: None };

@@ -720,6 +720,12 @@ impl Job {
         self.ending.is_some() || self.requeue.is_some()
     }
 
+    /// Slurm's `Restarts`: a requeue counts from the moment it is ordered, as Slurm's does, though the next
+    /// incarnation begins only once this one's tasks are gone.
+    pub fn restarts(&self) -> u32 {
+        self.restart_count + u32::from(self.requeue.is_some())
+    }
+
     /// The checkpoint this incarnation resumes from: the latest one an earlier incarnation recorded.
     pub fn resume_from(&self) -> Option<&Checkpoint> {
         self.checkpoint.as_deref().filter(|c| c.incarnation < self.incarnation)
