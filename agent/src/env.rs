@@ -22,7 +22,13 @@ pub struct Placement<'a> {
     /// The node's client configuration (TLS files, authd socket) for commands run inside the job; empty: the
     /// CLI's default path.
     pub client_config: &'a str,
+    /// `SLURM_CLUSTER_NAME` (unset while empty).
+    pub cluster_name: &'a str,
 }
+
+/// Variables the submitting command records in the job's environment whatever `--export` says, as Slurm's
+/// sbatch, salloc and srun set them in the job's: they describe the submission, not the user's environment.
+pub const SUBMISSION_VARIABLES: [&str; 2] = ["SLURM_SUBMIT_HOST", "SLURM_PRIO_PROCESS"];
 
 pub struct StepPlacement<'a> {
     pub step_id: u32,
@@ -112,8 +118,24 @@ pub fn task_environment(p: &Placement, base: Vec<(String, String)>) -> Vec<(Stri
             }
         }
     }
-    if spec.export == ExportPolicy::None {
-        env.set("SLURM_EXPORT_ENV", "NONE".to_string());
+    // Slurm records how the job was exported, as given, whenever it was not the default.
+    match &spec.export {
+        ExportPolicy::All => {}
+        ExportPolicy::None => env.set("SLURM_EXPORT_ENV", "NONE".to_string()),
+        ExportPolicy::Vars { all, names } => {
+            // As sbatch recorded it (with its `VAR=value` entries), else as the policy spells it.
+            let recorded = spec.environment.iter().find(|(n, _)| n == "SLURM_EXPORT_ENV").map(|(_, v)| v.clone());
+            let given = recorded.unwrap_or_else(|| {
+                let names = all.then_some("ALL").into_iter().chain(names.iter().map(|n| n.as_str()));
+                names.collect::<Vec<_>>().join(",")
+            });
+            env.set("SLURM_EXPORT_ENV", given);
+        }
+    }
+    for name in SUBMISSION_VARIABLES {
+        if let Some((_, value)) = spec.environment.iter().find(|(n, _)| n == name) {
+            env.set(name, value.clone());
+        }
     }
     job_variables(&mut env, p);
     resource_variables(&mut env, p);
@@ -159,8 +181,12 @@ fn job_variables(env: &mut Env, p: &Placement) {
         env.set("SLURM_ARRAY_JOB_ID", a.array_job_id.to_string());
         env.set("SLURM_ARRAY_TASK_ID", a.task_id.to_string());
         env.set("SLURM_ARRAY_TASK_COUNT", a.task_count.to_string());
-        env.set("SLURM_ARRAY_TASK_MIN", a.task_min.to_string());
         env.set("SLURM_ARRAY_TASK_MAX", a.task_max.to_string());
+        env.set("SLURM_ARRAY_TASK_MIN", a.task_min.to_string());
+        env.set("SLURM_ARRAY_TASK_STEP", array_step(a.task_min, a.task_max, a.task_count).to_string());
+    }
+    if !p.cluster_name.is_empty() {
+        env.set("SLURM_CLUSTER_NAME", p.cluster_name.to_string());
     }
 }
 
@@ -174,13 +200,19 @@ fn resource_variables(env: &mut Env, p: &Placement) {
     env.set("SLURM_NODELIST", nodelist);
     env.set("SLURM_JOB_NUM_NODES", job.nodes.len().to_string());
     env.set("SLURM_NNODES", job.nodes.len().to_string());
-    env.set("SLURM_NTASKS", job_tasks.iter().sum::<u32>().to_string());
-    env.set("SLURM_NPROCS", job_tasks.iter().sum::<u32>().to_string());
+    // Slurm's sbatch sets the task count only when it was asked for (-n, --ntasks-per-node); scripts test for it.
+    if spec.ntasks.is_some() || spec.ntasks_per_node.is_some() {
+        env.set("SLURM_NTASKS", job_tasks.iter().sum::<u32>().to_string());
+        env.set("SLURM_NPROCS", job_tasks.iter().sum::<u32>().to_string());
+    }
     if let Some(per_node) = spec.ntasks_per_node {
         env.set("SLURM_NTASKS_PER_NODE", per_node.to_string());
     }
     env.set("SLURM_TASKS_PER_NODE", tasks_per_node_string(&job_tasks));
-    env.set("SLURM_CPUS_PER_TASK", spec.cpus_per_task.to_string());
+    // Only when asked for, as Slurm (the request keeps no trace of an explicit `-c 1`, which Slurm would show).
+    if spec.cpus_per_task != 1 {
+        env.set("SLURM_CPUS_PER_TASK", spec.cpus_per_task.to_string());
+    }
     // The CPUs the job holds per node, in the same compressed form (MPI launchers and Dask read it).
     let job_cpus: Vec<u32> = job.allocation.iter().map(|a| a.cpus).collect();
     env.set("SLURM_JOB_CPUS_PER_NODE", tasks_per_node_string(&job_cpus));
@@ -212,14 +244,20 @@ fn node_variables(env: &mut Env, p: &Placement) {
     env.set("SLURM_NODEID", p.node_index.to_string());
     env.set("SLURMD_NODENAME", p.node_name.to_string());
     env.set("SLURM_TOPOLOGY_ADDR", p.node_name.to_string());
-    env.set("SLURM_GPUS_ON_NODE", p.gpus.len().to_string());
+    // Flat topology: the address is the node alone. No cloud nodes, so no aliases (Slurm's "(null)").
+    env.set("SLURM_TOPOLOGY_ADDR_PATTERN", "node".to_string());
+    env.set("SLURM_NODE_ALIASES", "(null)".to_string());
     if !p.gpus.is_empty() {
+        env.set("SLURM_GPUS_ON_NODE", p.gpus.len().to_string());
         env.set("SLURM_JOB_GPUS", gpus.clone());
         env.set("SLURM_STEP_GPUS", gpus.clone());
         env.set("CUDA_VISIBLE_DEVICES", gpus);
     }
     env.set("SLURM_SUBMIT_DIR", spec.submit_dir.to_string());
-    env.set("SLURM_RESTART_COUNT", job.restart_count.to_string());
+    // Set from the first requeue on, as Slurm: `${SLURM_RESTART_COUNT:-0}` is how scripts read it.
+    if job.restart_count > 0 {
+        env.set("SLURM_RESTART_COUNT", job.restart_count.to_string());
+    }
     // Checkpoints: where this incarnation writes them, and the latest an earlier one recorded (resume from it).
     env.set("DROVER_CHECKPOINT_DIR", job.checkpoint_dir());
     env.set("DROVER_INCARNATION", job.incarnation.to_string());
@@ -237,13 +275,22 @@ fn node_variables(env: &mut Env, p: &Placement) {
     }
 }
 
+/// `SLURM_ARRAY_TASK_STEP`: the stride of an evenly spaced array (`2-8:2` is 2), else 1.
+fn array_step(min: u32, max: u32, count: u32) -> u32 {
+    if count < 2 || max <= min {
+        return 1;
+    }
+    let span = max - min;
+    if span.is_multiple_of(count - 1) { span / (count - 1) } else { 1 }
+}
+
 /// The batch step's rank, or a job step's layout and this task's ranks (Slurm's names and torchrun's).
 fn step_variables(env: &mut Env, p: &Placement) {
     match &p.step {
         None => {
             env.set("SLURM_PROCID", "0".to_string());
             env.set("SLURM_LOCALID", "0".to_string());
-            env.set("SLURM_STEP_ID", "4294967291".to_string());
+            env.set("SLURM_GTIDS", "0".to_string());
         }
         Some(step) => {
             let total: u32 = step.tasks_per_node.iter().sum();
@@ -254,6 +301,9 @@ fn step_variables(env: &mut Env, p: &Placement) {
             env.set("SLURM_STEP_NUM_NODES", step.nodes.len().to_string());
             env.set("SLURM_STEP_NUM_TASKS", total.to_string());
             env.set("SLURM_STEP_TASKS_PER_NODE", tasks_per_node_string(step.tasks_per_node));
+            // Slurm 22.05's steps still carry the heterogeneous-job spelling of the job's CPUs per node.
+            let job_cpus: Vec<u32> = p.job.allocation.iter().map(|a| a.cpus).collect();
+            env.set("SLURM_JOB_CPUS_PER_NODE_PACK_GROUP_0", tasks_per_node_string(&job_cpus));
             // The global ranks on this node (block layout), as Slurm lists them.
             let first: u32 = step.tasks_per_node.iter().take(p.node_index as usize).sum();
             env.set("SLURM_GTIDS", (first..first + here).map(|r| r.to_string()).collect::<Vec<_>>().join(","));
@@ -336,6 +386,7 @@ mod tests {
             }),
             controllers: "127.0.0.1:1",
             client_config: "",
+            cluster_name: "diff",
         };
         let env = task_environment(&placement, job.spec.exported_environment());
         assert_eq!(get(&env, "SLURM_JOB_ID"), "42", "Slurm's variables win over stale exported ones");
@@ -369,6 +420,7 @@ mod tests {
                 step: None,
                 controllers: "127.0.0.1:1",
                 client_config: "",
+                cluster_name: "diff",
             };
             task_environment(&placement, Vec::new())
         };
@@ -380,6 +432,52 @@ mod tests {
         job.spec.mem = Some(MemRequest::PerNode(0));
         job.allocation[0].mem_mb = 65_536;
         assert_eq!(get(&env_of(&job), "SLURM_MEM_PER_NODE"), "65536");
+    }
+
+    /// Checked against Slurm 22.05 by the differential suite: what a batch script sees without asking, and what
+    /// appears only once asked for (or once it happened).
+    #[test]
+    fn the_batch_step_sees_slurms_variables_and_the_task_count_only_when_asked() {
+        let mut job = job();
+        job.spec.ntasks_per_node = None;
+        job.restart_count = 0;
+        job.spec.environment =
+            vec![("SLURM_SUBMIT_HOST".into(), "login1".into()), ("SLURM_PRIO_PROCESS".into(), "5".into())].into();
+        job.spec.export = ExportPolicy::None;
+        let env_of = |job: &Job| {
+            let placement = Placement {
+                job,
+                hosts: &[],
+                node_index: 0,
+                node_name: "gpu01",
+                gpus: &[],
+                step: None,
+                controllers: "",
+                client_config: "",
+                cluster_name: "diff",
+            };
+            task_environment(&placement, job.spec.exported_environment())
+        };
+        let env = env_of(&job);
+        for (name, value) in [
+            ("SLURM_CLUSTER_NAME", "diff"),
+            ("SLURM_GTIDS", "0"),
+            ("SLURM_NODE_ALIASES", "(null)"),
+            ("SLURM_TOPOLOGY_ADDR_PATTERN", "node"),
+            // Recorded at submission, kept whatever --export says.
+            ("SLURM_SUBMIT_HOST", "login1"),
+            ("SLURM_PRIO_PROCESS", "5"),
+        ] {
+            assert_eq!(get(&env, name), value, "{name}");
+        }
+        for absent in ["SLURM_NTASKS", "SLURM_NPROCS", "SLURM_RESTART_COUNT", "SLURM_STEP_ID", "SLURM_GPUS_ON_NODE"] {
+            assert!(!env.iter().any(|(k, _)| k == absent), "{absent} is set only when asked for");
+        }
+        job.spec.ntasks = Some(4);
+        job.restart_count = 2;
+        let env = env_of(&job);
+        assert_eq!((get(&env, "SLURM_NTASKS"), get(&env, "SLURM_RESTART_COUNT")), ("8", "2"));
+        assert_eq!((array_step(2, 8, 4), array_step(1, 7, 3), array_step(1, 4, 3), array_step(5, 5, 1)), (2, 3, 1, 1));
     }
 
     #[test]
@@ -395,7 +493,8 @@ mod tests {
     }
 
     /// As Slurm 22.05 (checked here): without the submit environment, the task still gets its user's login
-    /// variables and `SLURM_EXPORT_ENV`; what the job passed itself wins; with --export=ALL nothing is added.
+    /// variables and `SLURM_EXPORT_ENV` (the --export value); what the job passed itself wins; with the default
+    /// --export=ALL nothing is added.
     #[test]
     fn without_the_submit_environment_a_task_still_gets_its_users_login_variables() {
         let env_with = |export: ExportPolicy, uid: u32| {
@@ -411,6 +510,7 @@ mod tests {
                 step: None,
                 controllers: "",
                 client_config: "",
+                cluster_name: "diff",
             };
             task_environment(&placement, job.spec.exported_environment())
         };
@@ -427,7 +527,7 @@ mod tests {
         let listed = ExportPolicy::Vars { all: false, names: vec!["HOME".into()].into() };
         let env = env_with(listed, 0);
         assert_eq!(get(&env, "HOME"), "/home/alice");
-        assert!(!env.iter().any(|(k, _)| k == "SLURM_EXPORT_ENV"));
+        assert_eq!(get(&env, "SLURM_EXPORT_ENV"), "HOME", "the --export value as given (checked against Slurm 22.05)");
         let env = env_with(ExportPolicy::All, 0);
         assert!(!env.iter().any(|(k, _)| k == "USER" || k == "SLURM_EXPORT_ENV"));
     }

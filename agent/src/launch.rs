@@ -78,6 +78,7 @@ impl NodeAgent {
             step: None,
             controllers: &self.config.controllers.join(","),
             client_config: &self.client_config_path(),
+            cluster_name: &self.cluster_name(),
         };
         let mut argv = interpreter_argv(&script);
         argv.push(script_path.display().to_string());
@@ -178,6 +179,7 @@ impl NodeAgent {
             }),
             controllers: &self.config.controllers.join(","),
             client_config: &self.client_config_path(),
+            cluster_name: &self.cluster_name(),
         };
         let task = TaskLaunch {
             argv: launch.argv.clone(),

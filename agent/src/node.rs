@@ -109,6 +109,8 @@ pub struct Timing {
 
 struct Inner {
     assignments: HashMap<JobId, Assignment>,
+    /// The cluster's name, from the latest assignments (`SLURM_CLUSTER_NAME`).
+    cluster_name: String,
     /// True once this session delivered assignments: only then are unassigned tasks known to be strays.
     synced: bool,
     /// The leader state the assignments come from: older ones (a leader that has not caught up) are ignored.
@@ -158,6 +160,7 @@ pub struct AssignmentUpdate {
     pub allow_root_jobs: bool,
     pub epoch: u64,
     pub lingering_gpus: Vec<(JobKey, Vec<u32>)>,
+    pub cluster_name: String,
 }
 
 /// A snapshot of the agent for `/metrics`.
@@ -261,6 +264,7 @@ impl NodeAgent {
             standing_problems,
             inner: Mutex::new(Inner {
                 assignments: HashMap::new(),
+                cluster_name: String::new(),
                 synced: false,
                 applied_index: 0,
                 lingering: Vec::new(),
@@ -297,6 +301,11 @@ impl NodeAgent {
 
     pub fn timing(&self) -> Timing {
         self.lock().timing
+    }
+
+    /// The cluster's name as the latest assignments gave it (empty before any).
+    pub(crate) fn cluster_name(&self) -> String {
+        self.lock().cluster_name.clone()
     }
 
     /// What `/metrics` reports: the latest health poll, and the session and lease as they stand.
@@ -493,7 +502,8 @@ impl NodeAgent {
 
     /// The leader's latest word on what this node runs (see `ControllerMessage::Assignments`).
     pub fn set_assignments(&self, update: AssignmentUpdate) {
-        let AssignmentUpdate { jobs, applied_index, lingering, allow_root_jobs, epoch, lingering_gpus } = update;
+        let AssignmentUpdate { jobs, applied_index, lingering, allow_root_jobs, epoch, lingering_gpus, cluster_name } =
+            update;
         let mut inner = self.lock();
         if applied_index < inner.applied_index {
             tracing::warn!(
@@ -505,6 +515,7 @@ impl NodeAgent {
         }
         inner.applied_index = applied_index;
         inner.timing.allow_root_jobs = allow_root_jobs;
+        inner.cluster_name = cluster_name;
         inner.assignments = jobs.into_iter().map(|a| (a.job.id, a)).collect();
         inner.lingering = lingering;
         inner.lingering_gpus = lingering_gpus.into_iter().collect();

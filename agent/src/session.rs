@@ -120,9 +120,9 @@ async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
                         tracing::info!(%addr, leader_id, epoch, "session with the leader established");
                     }
                     Ok(ControllerMessage::Assignments {
-                        jobs, applied_index, lingering, allow_root_jobs, epoch, lingering_gpus,
+                        jobs, applied_index, lingering, allow_root_jobs, epoch, lingering_gpus, cluster_name,
                     }) => agent.set_assignments(AssignmentUpdate {
-                        jobs, applied_index, lingering, allow_root_jobs, epoch, lingering_gpus,
+                        jobs, applied_index, lingering, allow_root_jobs, epoch, lingering_gpus, cluster_name,
                     }),
                     Ok(ControllerMessage::EndAcked { job_id, incarnation }) => agent.acked((job_id, incarnation)),
                     Ok(ControllerMessage::Signal { job_id, incarnation, signal, target }) => {

@@ -599,14 +599,8 @@ fn spawn_task(
         }
     };
     let mut command = Command::new(&program);
-    command
-        .arg0(&launch.argv[0])
-        .args(&launch.argv[1..])
-        .env_clear()
-        .envs(launch.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(stdout)
-        .stderr(stderr);
+    command.arg0(&launch.argv[0]).args(&launch.argv[1..]).stdin(Stdio::null()).stdout(stdout).stderr(stderr);
+    take_task_environment(&launch.env);
     let stage_fd = stage_write.as_raw_fd();
     let child_creds = creds.cloned();
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe calls (signal, setpgid,
@@ -1140,6 +1134,56 @@ const STAGE_SETGID: u8 = 3;
 const STAGE_SETUID: u8 = 4;
 const STAGE_EXEC: u8 = 5;
 
+/// `SLURM_TASK_PID`, the task's own pid, written by the task's process itself between fork and exec.
+const TASK_PID_VAR: &std::ffi::CStr = c"SLURM_TASK_PID";
+/// Room for any pid (at most 10 digits), overwritten in place by [`write_task_pid`].
+const TASK_PID_PLACEHOLDER: &str = "0000000000";
+
+/// Makes the task's environment this supervisor's own (it is single-threaded, and needs its own no more), with a
+/// placeholder for `SLURM_TASK_PID`: std hands a `Command`'s own environment to exec as a copy the child cannot
+/// reach, but the process environment it can, so the child writes its pid there without allocating.
+fn take_task_environment(env: &[(String, String)]) {
+    let inherited: Vec<std::ffi::OsString> = std::env::vars_os().map(|(name, _)| name).collect();
+    for name in inherited {
+        // SAFETY: the supervisor runs no other thread (see `run_supervisor`).
+        unsafe { std::env::remove_var(name) };
+    }
+    // SAFETY (both): as above; names and values were checked by `validate_launch` (no NUL, no '=' in names).
+    for (name, value) in env {
+        unsafe { std::env::set_var(name, value) };
+    }
+    unsafe { std::env::set_var(TASK_PID_VAR.to_str().expect("ASCII"), TASK_PID_PLACEHOLDER) };
+}
+
+/// Writes this process's pid over the `SLURM_TASK_PID` placeholder: getenv, getpid and stores into memory this
+/// process owns, nothing that allocates (it runs between fork and exec).
+fn write_task_pid() {
+    // SAFETY: getenv returns a pointer into this process's environment, or null.
+    let value = unsafe { libc::getenv(TASK_PID_VAR.as_ptr()) };
+    if value.is_null() {
+        return;
+    }
+    // SAFETY: getpid cannot fail.
+    let mut pid = unsafe { libc::getpid() } as u32;
+    let mut digits = [0u8; 10];
+    let mut n = 0;
+    loop {
+        digits[n] = b'0' + (pid % 10) as u8;
+        n += 1;
+        pid /= 10;
+        if pid == 0 {
+            break;
+        }
+    }
+    for (i, digit) in digits[..n].iter().rev().enumerate() {
+        // SAFETY: the placeholder's value has TASK_PID_PLACEHOLDER.len() (10) bytes and a NUL after them, and a
+        // pid has at most 10 digits; index n is at most 10, the NUL's place.
+        unsafe { *value.add(i) = *digit as libc::c_char };
+    }
+    // SAFETY: as above.
+    unsafe { *value.add(n) = 0 };
+}
+
 /// Runs in the task's process between fork and exec: async-signal-safe calls only, no allocation. `procs` are the
 /// `cgroup.procs` files the task must join (-1: none), `cpuset` the one it may fail to join.
 fn prepare_child(stage: RawFd, procs: [RawFd; 2], cpuset: RawFd, creds: Option<&Credentials>) -> io::Result<()> {
@@ -1147,6 +1191,7 @@ fn prepare_child(stage: RawFd, procs: [RawFd; 2], cpuset: RawFd, creds: Option<&
         // SAFETY: write(2) of one byte from a live stack value.
         unsafe { libc::write(stage, (&byte as *const u8).cast(), 1) };
     };
+    write_task_pid();
     let check = |rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
     // SAFETY (all calls below): async-signal-safe syscalls on valid arguments.
     unsafe {

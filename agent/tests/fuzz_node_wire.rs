@@ -193,6 +193,7 @@ fn update() -> impl Strategy<Value = AssignmentUpdate> {
             allow_root_jobs,
             epoch,
             lingering_gpus,
+            cluster_name: String::new(),
         })
 }
 

@@ -152,6 +152,11 @@ fn the_task_sees_exactly_the_environment_it_was_given() {
     assert_eq!(result.exit_code, 0, "{result:?}");
     let mut seen: Vec<String> = read(work.path().join("out")).lines().map(String::from).collect();
     seen.sort();
+    // And, as Slurm's tasks, SLURM_TASK_PID: its own pid, the one the supervisor recorded.
+    let task_pid = seen.iter().position(|l| l.starts_with("SLURM_TASK_PID=")).map(|i| seen.remove(i));
+    let recorded = read(work.path().join("task").join("task.pid"));
+    let pid = recorded.split_whitespace().next().unwrap();
+    assert_eq!(task_pid, Some(format!("SLURM_TASK_PID={pid}")), "{recorded}");
     assert_eq!(seen, ["DROVER_GREETING=hello world".to_string(), "EMPTY=".into(), format!("PATH={PATH}")]);
 }
 

@@ -55,7 +55,17 @@ fn spec(args: &[&str], script: Option<&str>, cwd: &Path) -> anyhow::Result<drove
     env.push(("PATH".to_string(), path));
     let (now_ms, utc_offset_s) = crate::slurm::time::local_clock();
     let cwd = cwd.display().to_string();
-    let ctx = SubmitContext { user, uid, gid, cwd, env, now_ms, utc_offset_s, sbatch_env: true };
+    let ctx = SubmitContext {
+        user,
+        uid,
+        gid,
+        cwd,
+        env,
+        now_ms,
+        utc_offset_s,
+        sbatch_env: true,
+        submission: Some(crate::slurm::host::submission()),
+    };
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     let parsed = build_spec(&parse_command_line(&args)?, script, &ctx)?;
     for warning in &parsed.warnings {

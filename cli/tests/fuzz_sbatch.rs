@@ -36,6 +36,7 @@ fn ctx() -> SubmitContext {
         now_ms: 1_773_149_415_000,
         utc_offset_s: 3_600,
         sbatch_env: true,
+        submission: None,
     }
 }
 

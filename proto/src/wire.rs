@@ -82,6 +82,9 @@ pub enum ControllerMessage {
         /// The GPUs each lingering incarnation holds here: confirmed gone only once no process uses them.
         #[serde(default)]
         lingering_gpus: Vec<((JobId, u64), Vec<u32>)>,
+        /// The cluster's name (`SLURM_CLUSTER_NAME` in every task).
+        #[serde(default)]
+        cluster_name: String,
     },
     /// A `JobEnded` report is committed (or stale); the agent may forget it.
     EndAcked { job_id: JobId, incarnation: u64 },

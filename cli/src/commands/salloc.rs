@@ -161,7 +161,17 @@ async fn salloc(args: &[String]) -> anyhow::Result<i32> {
     let env: Vec<(String, String)> = std::env::vars().collect();
     let (now_ms, utc_offset_s) = crate::slurm::time::local_clock();
     // salloc reads SALLOC_* input variables in Slurm, never SBATCH_* ones.
-    let ctx = SubmitContext { user, uid, gid, cwd: cwd.clone(), env, now_ms, utc_offset_s, sbatch_env: false };
+    let ctx = SubmitContext {
+        user,
+        uid,
+        gid,
+        cwd: cwd.clone(),
+        env,
+        now_ms,
+        utc_offset_s,
+        sbatch_env: false,
+        submission: Some(crate::slurm::host::submission()),
+    };
     let mut parsed = build_spec(&cmd, Some("#!/bin/sh\n"), &ctx)?;
     if !parsed.quiet {
         for warning in &parsed.warnings {
@@ -366,19 +376,8 @@ fn allocation_environment(job: &Job, options: &[SbatchOption], cwd: &str, cluste
         set("SLURM_CLUSTER_NAME", cluster.to_string());
     }
     set("SLURM_SUBMIT_DIR", cwd.to_string());
-    set("SLURM_SUBMIT_HOST", host_name());
+    set("SLURM_SUBMIT_HOST", crate::slurm::host::host_name());
     env
-}
-
-fn host_name() -> String {
-    let mut buf = [0 as libc::c_char; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into `buf`.
-    if unsafe { libc::gethostname(buf.as_mut_ptr(), buf.len()) } != 0 {
-        return "localhost".to_string();
-    }
-    buf[buf.len() - 1] = 0;
-    // SAFETY: NUL-terminated within `buf` (forced above).
-    unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
 }
 
 /// The signals that end salloc's wait or its session (Slurm's `sig_array`, less SIGPIPE).

@@ -116,7 +116,17 @@ fn submit(args: &[String]) -> Result<i32, Failure> {
     let cwd = std::env::current_dir()?.display().to_string();
     let (now_ms, utc_offset_s) = local_clock();
     let env = std::env::vars().collect();
-    let ctx = SubmitContext { user, uid, gid, cwd, env, now_ms, utc_offset_s, sbatch_env: true };
+    let ctx = SubmitContext {
+        user,
+        uid,
+        gid,
+        cwd,
+        env,
+        now_ms,
+        utc_offset_s,
+        sbatch_env: true,
+        submission: Some(crate::slurm::host::submission()),
+    };
     let parsed = build_spec(&cmd, script_text.as_deref(), &ctx).map_err(|e| Failure::Options(e.into()))?;
     // Slurm's -Q leaves only errors on stderr, and not even the job id on stdout.
     if !parsed.quiet {

@@ -186,8 +186,17 @@ async fn srun(args: &[String]) -> anyhow::Result<i32> {
     let env: Vec<(String, String)> = std::env::vars().collect();
     let (now_ms, utc_offset_s) = crate::slurm::time::local_clock();
     // srun reads SLURM_* input variables in Slurm, never SBATCH_* ones.
-    let ctx =
-        SubmitContext { user, uid, gid, cwd: cwd.clone(), env: env.clone(), now_ms, utc_offset_s, sbatch_env: false };
+    let ctx = SubmitContext {
+        user,
+        uid,
+        gid,
+        cwd: cwd.clone(),
+        env: env.clone(),
+        now_ms,
+        utc_offset_s,
+        sbatch_env: false,
+        submission: Some(crate::slurm::host::submission()),
+    };
     let client = crate::connect::client(controllers.as_deref())?;
     let mut argv = vec![program];
     argv.extend(cmd.script_args.iter().cloned());
@@ -257,8 +266,20 @@ async fn srun(args: &[String]) -> anyhow::Result<i32> {
 pub fn step_environment(spec: &drover_state::JobSpec) -> Vec<(String, String)> {
     let mut env = spec.exported_environment();
     // The agent sets the job's and step's own variables; stale ones from this shell must not shadow them.
-    env.retain(|(k, _)| !k.starts_with("SLURM_STEP") && k != "CUDA_VISIBLE_DEVICES");
+    env.retain(|(k, _)| !k.starts_with("SLURM_STEP") && k != "CUDA_VISIBLE_DEVICES" && k != "SLURM_UMASK");
+    // As Slurm's srun: the tasks learn the umask srun ran with (they are started with the node's own).
+    env.push(("SLURM_UMASK".to_string(), format!("{:04o}", current_umask())));
     env
+}
+
+/// This process's umask (read by setting one and putting it back: there is no call that only reads it).
+fn current_umask() -> libc::mode_t {
+    // SAFETY: umask cannot fail; the old mask is restored at once.
+    unsafe {
+        let mask = libc::umask(0o022);
+        libc::umask(mask);
+        mask
+    }
 }
 
 async fn wait_for_allocation(client: &Client, job_id: u64) -> anyhow::Result<Job> {

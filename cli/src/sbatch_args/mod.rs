@@ -130,6 +130,9 @@ pub struct SubmitContext {
     /// Whether the `SBATCH_*` input environment variables apply: true for `sbatch`; `srun` (and `salloc`) read
     /// their own variables in Slurm, never these.
     pub sbatch_env: bool,
+    /// The submitting host's name and the submitting process's nice value, recorded in the job's environment
+    /// whatever `--export` says (`SLURM_SUBMIT_HOST`, `SLURM_PRIO_PROCESS`); `None` records nothing.
+    pub submission: Option<(String, i32)>,
 }
 
 /// The outcome of [`build_spec`]: the job to submit, and how to report it.

@@ -86,6 +86,8 @@ pub enum SbatchOption {
     Export {
         policy: ExportPolicy,
         set: Vec<(String, String)>,
+        /// The value as given, which the job sees as `SLURM_EXPORT_ENV`.
+        given: String,
     },
     /// `--requeue` (true) / `--no-requeue` (false).
     Requeue(bool),
@@ -280,7 +282,7 @@ pub(super) const OPTIONS: &[OptDef] = &[
         &["SBATCH_EXPORT"],
         Value(|f, v| {
             let (policy, set) = parse_export(f, &v)?;
-            option(SbatchOption::Export { policy, set })
+            option(SbatchOption::Export { policy, set, given: v })
         }),
     ),
     opt(
@@ -689,9 +691,10 @@ impl Draft {
             SbatchOption::Output(v) => spec.stdout = Some(v.clone().into()),
             SbatchOption::Error(v) => spec.stderr = Some(v.clone().into()),
             SbatchOption::Chdir(v) => self.chdir = Some(v.clone()),
-            SbatchOption::Export { policy, set } => {
+            SbatchOption::Export { policy, set, given } => {
                 spec.export = policy.clone();
                 self.export_set = set.clone();
+                self.export_given = Some(given.clone());
             }
             SbatchOption::Requeue(v) => spec.requeue = Some(*v),
             SbatchOption::Signal(w) => spec.signal = Some(*w),

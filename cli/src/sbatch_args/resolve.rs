@@ -17,6 +17,8 @@ pub(super) struct Draft {
     pub chdir: Option<String>,
     /// `--export`'s `VAR=value` entries.
     pub export_set: Vec<(String, String)>,
+    /// The winning `--export` value as given (`SLURM_EXPORT_ENV`).
+    pub export_given: Option<String>,
     pub parsable: bool,
     /// `--wait`: return when the job has ended.
     pub wait: bool,
@@ -57,6 +59,7 @@ impl Draft {
             name: None,
             chdir: None,
             export_set: Vec::new(),
+            export_given: None,
             parsable: false,
             wait: false,
             nodes_given: false,
@@ -83,13 +86,26 @@ impl Draft {
     ) -> Result<ParsedSubmit, SbatchError> {
         self.resolve_resources()?;
         self.resolve_times(ctx)?;
-        let Draft { mut spec, name, chdir, export_set, parsable, wait, warnings, .. } = self;
+        let Draft { mut spec, name, chdir, export_set, export_given, parsable, wait, warnings, .. } = self;
         spec.name = name.unwrap_or(default_name).into();
         spec.work_dir = match &chdir {
             Some(dir) => resolve_dir(&ctx.cwd, dir).into(),
             None => ctx.cwd.as_str().into(),
         };
-        spec.environment = export_environment(&spec.export, &export_set, &ctx.env).into();
+        let mut environment = export_environment(&spec.export, &export_set, &ctx.env);
+        // `SLURM_EXPORT_ENV` as the job will see it: the --export value as given (`FOO,X=1`, quotes and all),
+        // which the policy alone no longer spells. The job gets it with any list (see the agent's environment).
+        if let (ExportPolicy::Vars { .. }, Some(given)) = (&spec.export, export_given) {
+            environment.retain(|(n, _)| n != "SLURM_EXPORT_ENV");
+            environment.push(("SLURM_EXPORT_ENV".to_string(), given));
+        }
+        if let Some((host, nice)) = &ctx.submission {
+            for (name, value) in [("SLURM_SUBMIT_HOST", host.clone()), ("SLURM_PRIO_PROCESS", nice.to_string())] {
+                environment.retain(|(n, _)| n != name);
+                environment.push((name.to_string(), value));
+            }
+        }
+        spec.environment = environment.into();
         spec.script = script.into();
         let mut unique: Vec<String> = Vec::with_capacity(warnings.len());
         for warning in warnings {

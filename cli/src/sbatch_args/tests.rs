@@ -21,6 +21,7 @@ fn ctx() -> SubmitContext {
         now_ms: NOW_MS,
         utc_offset_s: 3_600,
         sbatch_env: true,
+        submission: None,
     }
 }
 
@@ -615,7 +616,14 @@ fn export_named_variables() {
     let s = spec(&["--export=HOME,PATH,MISSING", "job.sh"], SCRIPT);
     assert_eq!(s.export, ExportPolicy::Vars { all: false, names: args(&["HOME", "PATH", "MISSING"]).into() });
     // In the submit environment's order; absent names are skipped.
-    assert_eq!(s.environment, vec![("PATH".into(), "/usr/bin:/bin".into()), ("HOME".into(), "/home/alice".into())]);
+    assert_eq!(
+        s.environment,
+        vec![
+            ("PATH".into(), "/usr/bin:/bin".into()),
+            ("HOME".into(), "/home/alice".into()),
+            ("SLURM_EXPORT_ENV".into(), "HOME,PATH,MISSING".into()),
+        ]
+    );
 }
 
 #[test]
@@ -629,6 +637,7 @@ fn export_all_with_assignments() {
             ("HOME".into(), "/tmp".into()),
             ("LANG".into(), "C.UTF-8".into()),
             ("NEW".into(), "1".into()),
+            ("SLURM_EXPORT_ENV".into(), "ALL,HOME=/tmp,NEW=1,LANG".into()),
         ]
     );
 }
@@ -639,7 +648,12 @@ fn export_list_with_assignments() {
     assert_eq!(s.export, ExportPolicy::Vars { all: false, names: args(&["PATH", "FOO", "EMPTY"]).into() });
     assert_eq!(
         s.environment,
-        vec![("PATH".into(), "/usr/bin:/bin".into()), ("FOO".into(), "bar".into()), ("EMPTY".into(), "".into()),]
+        vec![
+            ("PATH".into(), "/usr/bin:/bin".into()),
+            ("FOO".into(), "bar".into()),
+            ("EMPTY".into(), "".into()),
+            ("SLURM_EXPORT_ENV".into(), "PATH,FOO=bar,EMPTY=".into()),
+        ]
     );
 }
 
@@ -665,7 +679,7 @@ fn export_errors() {
 #[test]
 fn last_export_wins_entirely() {
     let s = spec(&["--export=ALL,FOO=1", "--export=HOME", "job.sh"], SCRIPT);
-    assert_eq!(s.environment, vec![("HOME".into(), "/home/alice".into())]);
+    assert_eq!(s.environment, vec![("HOME".into(), "/home/alice".into()), ("SLURM_EXPORT_ENV".into(), "HOME".into())]);
 }
 
 // ---- script args and positional handling ----
@@ -1567,7 +1581,8 @@ fn command_line_beats_environment_beats_script() {
     let s = with_env(&[("SBATCH_EXPORT", "NONE")], &["job.sh"], SCRIPT).unwrap().spec;
     assert!(s.environment.is_empty());
     let s = with_env(&[("SBATCH_EXPORT", "NONE")], &["--export=HOME", "job.sh"], SCRIPT).unwrap().spec;
-    assert_eq!(s.environment, vec![("HOME".to_string(), "/home/alice".to_string())]);
+    let exported = vec![("HOME".to_string(), "/home/alice".to_string()), ("SLURM_EXPORT_ENV".into(), "HOME".into())];
+    assert_eq!(s.environment, exported);
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! reads and writes it, node and reservation views. Commands call down into this layer, never into each other.
 
 pub mod fields;
+pub mod host;
 pub mod nodes;
 pub mod reservations;
 pub mod time;

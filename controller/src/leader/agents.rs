@@ -319,11 +319,12 @@ impl AgentHub {
     /// index they come from; the node's epoch there; and the ended incarnations the node must confirm gone, with
     /// the GPUs each holds. Public for the simulation's agents.
     pub fn assignments(&self, node: &str) -> ControllerMessage {
-        let (mut out, applied_index, epoch, lingering, allow_root_jobs) = {
+        let (mut out, applied_index, epoch, lingering, allow_root_jobs, cluster_name) = {
             let applied = self.view.read();
             let state = &applied.state;
             let index = applied.last_applied.as_ref().map_or(0, |l| l.index());
             let allow_root_jobs = state.config().is_some_and(|c| c.allow_root_jobs);
+            let cluster_name = state.config().map(|c| c.cluster_name.clone()).unwrap_or_default();
             let Some(n) = state.nodes.get(node) else {
                 return ControllerMessage::Assignments {
                     jobs: Vec::new(),
@@ -332,6 +333,7 @@ impl AgentHub {
                     allow_root_jobs,
                     epoch: 0,
                     lingering_gpus: Vec::new(),
+                    cluster_name,
                 };
             };
             let lingering: Vec<((JobId, u64), Vec<u32>)> =
@@ -350,7 +352,7 @@ impl AgentHub {
                     Assignment { job: (**job).clone(), hosts, node_index, script: None }
                 })
                 .collect();
-            (jobs, index, n.epoch, lingering, allow_root_jobs)
+            (jobs, index, n.epoch, lingering, allow_root_jobs, cluster_name)
         };
         for a in out.iter_mut() {
             if let Err(e) = self.view.with_environment(&mut a.job) {
@@ -370,6 +372,7 @@ impl AgentHub {
             allow_root_jobs,
             epoch,
             lingering_gpus: lingering,
+            cluster_name,
         }
     }
 
