@@ -101,6 +101,8 @@ impl NodeAgent {
             gpus: gpus.clone(),
             journal: Some(self.journal_path().display().to_string()),
             allow_root: self.timing().allow_root_jobs,
+            stdin: None,
+            node: self.info.name.clone(),
         };
         let started = written
             .map_err(|e| e.to_string())
@@ -121,7 +123,7 @@ impl NodeAgent {
         launch: &drover_proto::wire::StepLaunch,
         rank: u32,
         local_rank: u32,
-    ) -> Result<(PathBuf, Option<std::fs::File>, Option<std::fs::File>), String> {
+    ) -> Result<StepTask, String> {
         let key = (a.job.id, a.job.incarnation);
         let dir = self.tasks_dir.join(format!("{}.{}.{}.{}", key.0, key.1, launch.step_id, rank));
         let spec = &a.job.spec;
@@ -133,15 +135,23 @@ impl NodeAgent {
         crate::userfile::make_control_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         // Output streamed back to srun goes through FIFOs in the task's own directory, which the task opens as its
         // user: the agent holds the read ends, and a task that writes faster than srun reads waits.
-        let streams: &[&str] = match (&launch.output, &launch.error) {
-            (Some(_), _) => &[],
-            (None, Some(_)) => &["stdout"],
-            (None, None) => &["stdout", "stderr"],
+        // srun's standard input reaches the task through one more FIFO, which the agent writes.
+        let input = launch.stdin.reaches(rank);
+        let mut streams: Vec<&str> = match (&launch.output, &launch.error) {
+            (Some(_), _) => vec![],
+            (None, Some(_)) => vec!["stdout"],
+            (None, None) => vec!["stdout", "stderr"],
         };
-        let (work, mut ends) = crate::userfile::make_step_work_dir(&dir, spec.uid, spec.gid, streams)
+        let outputs = streams.len();
+        if input {
+            streams.push(crate::userfile::STDIN_FIFO);
+        }
+        let (work, mut ends) = crate::userfile::make_step_work_dir(&dir, spec.uid, spec.gid, &streams)
             .map_err(|e| format!("cannot create the task's directory in {}: {e}", dir.display()))?;
-        let streamed_err = (ends.len() == 2).then(|| ends.pop()).flatten();
+        let stdin = if input { ends.pop() } else { None };
+        let streamed_err = (outputs == 2).then(|| ends.pop()).flatten();
         let streamed_out = ends.pop();
+        let stdin_path = input.then(|| work.join(crate::userfile::STDIN_FIFO).display().to_string());
         let ctx = PatternContext {
             job_id: a.job.id,
             user: &spec.user,
@@ -197,9 +207,11 @@ impl NodeAgent {
             gpus: gpus.clone(),
             journal: Some(self.journal_path().display().to_string()),
             allow_root: self.timing().allow_root_jobs,
+            stdin: stdin_path,
+            node: self.info.name.clone(),
         };
         supervise::spawn(&self.exe, &dir, &task).map_err(|e| e.to_string())?;
-        Ok((dir, streamed_out, streamed_err))
+        Ok(StepTask { dir, stdout: streamed_out, stderr: streamed_err, stdin })
     }
 }
 
@@ -243,6 +255,14 @@ impl NodeAgent {
             }
         }
     }
+}
+
+/// One started task of a step: its directory, the read ends of its streamed output and the write end of its input.
+pub struct StepTask {
+    pub dir: PathBuf,
+    pub stdout: Option<std::fs::File>,
+    pub stderr: Option<std::fs::File>,
+    pub stdin: Option<std::fs::File>,
 }
 
 /// Records a launch that failed before a supervisor existed, as the supervisor would have.

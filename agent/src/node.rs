@@ -197,6 +197,9 @@ pub struct NodeAgent {
     /// Held while a job's CPUs are chosen and its cpuset written, so that two jobs starting at once (parallel
     /// launches, `srun` steps) never pick the same CPUs.
     pub(crate) cpu_choice: Mutex<()>,
+    /// The write ends of running steps' input FIFOs (srun's stdin), by job and step, until the input ends or the
+    /// step does.
+    pub(crate) step_inputs: Mutex<HashMap<(JobId, u32), Vec<crate::steps::InputEnd>>>,
     /// The latest GPU health poll (one per heartbeat), which `/metrics` shows instead of asking NVML per scrape.
     last_health: Mutex<Vec<crate::gpu::GpuHealth>>,
     /// Heartbeats sent since the agent started.
@@ -290,6 +293,7 @@ impl NodeAgent {
             tls,
             cgroup,
             cpu_choice: Mutex::new(()),
+            step_inputs: Mutex::new(HashMap::new()),
             last_health: Mutex::new(Vec::new()),
             heartbeats_sent: std::sync::atomic::AtomicU64::new(0),
         }))

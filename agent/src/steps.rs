@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use drover_proto::v1::agent_service_server::AgentService;
-use drover_proto::v1::{StepEvent as StepEnvelope, StepRequest};
+use drover_proto::v1::{Empty, StepEvent as StepEnvelope, StepInputChunk, StepRequest};
 use drover_proto::wire::{StepEvent, StepLaunch, decode, encode};
 use futures::Stream;
 use tokio::sync::mpsc;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::node::NodeAgent;
 use crate::supervise::{self, TaskStatus};
@@ -25,6 +25,59 @@ const MAX_CHUNK_BYTES: usize = 64 * 1024;
 const MAX_DRAIN_CHUNKS_PER_POLL: usize = 64;
 /// Most tasks of one step on one node.
 const MAX_TASKS_PER_NODE: u32 = 1_024;
+/// Largest chunk of srun's input accepted in one message.
+const MAX_INPUT_CHUNK_BYTES: usize = 64 * 1024;
+/// A task that has not taken its input for this long while it runs is given no more (its end closed); the input
+/// of a task that never reads it does not hold srun up for ever.
+const INPUT_STALL_MS: u64 = 60_000;
+/// How long closing a step's input waits for a task that has not opened it yet (its supervisor starting).
+const INPUT_OPEN_WAIT_MS: u64 = 10_000;
+
+/// The write end of one task's input FIFO.
+pub(crate) struct InputEnd {
+    dir: PathBuf,
+    end: std::fs::File,
+}
+
+impl InputEnd {
+    /// Writes all of `data`, waiting while the pipe is full and the task runs; false once the task is gone (or
+    /// stalled past [`INPUT_STALL_MS`]): its input is closed.
+    fn write_all(&mut self, mut data: &[u8]) -> bool {
+        use std::io::Write;
+        let mut stalled_since = Instant::now();
+        while !data.is_empty() {
+            match self.end.write(data) {
+                Ok(n) => {
+                    data = &data[n..];
+                    stalled_since = Instant::now();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::Interrupted => {
+                    if !supervise::may_be_running(&self.dir)
+                        || stalled_since.elapsed() > Duration::from_millis(INPUT_STALL_MS)
+                    {
+                        return false;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    /// Closes the write end once the task has opened its side (a FIFO nobody holds loses what it buffers), so the
+    /// task reads everything written, then end of file.
+    fn close(self) {
+        // The supervisor records the task's pid after the spawn, by which time the task holds its stdin.
+        let deadline = Instant::now() + Duration::from_millis(INPUT_OPEN_WAIT_MS);
+        while !self.dir.join(supervise::TASK_PID_FILE).exists()
+            && matches!(supervise::status(&self.dir), TaskStatus::Running { .. })
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
 
 pub struct StepServer(pub Arc<NodeAgent>);
 
@@ -120,15 +173,22 @@ impl AgentService for StepServer {
             let launch = launch.clone();
             tokio::task::spawn_blocking(move || {
                 let mut followed = Vec::new();
+                let mut inputs = Vec::new();
                 for (local, rank) in ranks.clone().enumerate() {
-                    let (dir, out, err) = agent.launch_step_task(&assignment, &launch, rank, local as u32)?;
+                    let task = agent.launch_step_task(&assignment, &launch, rank, local as u32)?;
+                    if let Some(end) = task.stdin {
+                        inputs.push(InputEnd { dir: task.dir.clone(), end });
+                    }
                     followed.push(Followed {
                         rank,
-                        dir,
-                        out: out.map(OutputPipe::new),
-                        err: err.map(OutputPipe::new),
+                        dir: task.dir,
+                        out: task.stdout.map(OutputPipe::new),
+                        err: task.stderr.map(OutputPipe::new),
                         done: false,
                     });
+                }
+                if !inputs.is_empty() {
+                    agent.step_inputs.lock().expect("step inputs lock").insert((launch.job_id, launch.step_id), inputs);
                 }
                 Ok::<_, String>(followed)
             })
@@ -138,10 +198,80 @@ impl AgentService for StepServer {
         let followed = started.map_err(|message| Status::failed_precondition(format!("on {me}: {message}")))?;
         let (tx, rx) = mpsc::channel::<StepEvent>(256);
         let kill_wait = Duration::from_millis(agent.timing().kill_wait_ms);
-        tokio::spawn(follow(followed, tx, launch.unbuffered, kill_wait));
+        let inputs = (agent.clone(), (launch.job_id, launch.step_id));
+        tokio::spawn(async move {
+            follow(followed, tx, launch.unbuffered, kill_wait).await;
+            // The step is over here (or srun gone): input no task will read is dropped.
+            inputs.0.step_inputs.lock().expect("step inputs lock").remove(&inputs.1);
+        });
         let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
         let stream = futures::StreamExt::map(stream, |e| Ok(StepEnvelope { json: encode(&e) }));
         Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn step_input(&self, request: Request<Streaming<StepInputChunk>>) -> Result<Response<Empty>, Status> {
+        let agent = self.0.clone();
+        let caller =
+            drover_auth::credential::identity_from_request(&agent.key, &request, drover_auth::credential::now_ms())?;
+        let mut stream = request.into_inner();
+        let mut step: Option<(u64, u32)> = None;
+        while let Some(chunk) = stream.message().await? {
+            let key = (chunk.job_id, chunk.step_id);
+            match step {
+                Some(current) if current != key => {
+                    return Err(Status::invalid_argument("every chunk of a step's input names the same step"));
+                }
+                Some(_) => {}
+                None => {
+                    // The same credential as the launch: this step's, for its job's owner (or root).
+                    let audience = drover_auth::credential::step_audience(key.0, key.1);
+                    drover_auth::credential::check_audience(&caller, &audience)
+                        .map_err(|e| Status::unauthenticated(e.to_string()))?;
+                    let owner = agent.assignment(key.0).map(|a| a.job.spec.uid);
+                    if caller.uid != 0 && owner != Some(caller.uid) {
+                        return Err(Status::permission_denied(format!(
+                            "Access/permission denied: job {} is not uid {}'s",
+                            key.0, caller.uid
+                        )));
+                    }
+                    step = Some(key);
+                }
+            }
+            if chunk.data.len() > MAX_INPUT_CHUNK_BYTES {
+                return Err(Status::invalid_argument(format!(
+                    "input chunks are at most {MAX_INPUT_CHUNK_BYTES} bytes"
+                )));
+            }
+            if chunk.data.is_empty() {
+                continue;
+            }
+            let agent = agent.clone();
+            tokio::task::spawn_blocking(move || feed(&agent, key, &chunk.data))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?;
+        }
+        if let Some(key) = step {
+            let agent = agent.clone();
+            tokio::task::spawn_blocking(move || {
+                let ends = agent.step_inputs.lock().expect("step inputs lock").remove(&key).unwrap_or_default();
+                for end in ends {
+                    end.close();
+                }
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?;
+        }
+        Ok(Response::new(Empty {}))
+    }
+}
+
+/// Writes one chunk of srun's input to every task of the step here that still takes it. The ends are taken out
+/// of the registry while written (a full pipe may wait), so the step's end can still drop what is left.
+fn feed(agent: &NodeAgent, key: (u64, u32), data: &[u8]) {
+    let Some(mut ends) = agent.step_inputs.lock().expect("step inputs lock").remove(&key) else { return };
+    ends.retain_mut(|end| end.write_all(data));
+    if !ends.is_empty() {
+        agent.step_inputs.lock().expect("step inputs lock").insert(key, ends);
     }
 }
 

@@ -76,7 +76,8 @@ pub const MAX_LAUNCH_BYTES: u64 = 8 << 20;
 /// Largest pid or result file read; they are a few dozen bytes.
 const MAX_SMALL_FILE_BYTES: u64 = 64 << 10;
 
-/// Exit code recorded when the program could not be executed (as a shell reports "command not found").
+/// Exit code recorded when the program could not be executed and the error has no errno; with one, the exit code
+/// is the errno, as slurmstepd's (2 for a missing program).
 pub const EXIT_EXEC_FAILED: i32 = 127;
 /// Exit code recorded when the task could not be set up (output file, working directory, user switch).
 pub const EXIT_SETUP_FAILED: i32 = 1;
@@ -137,6 +138,13 @@ pub struct TaskLaunch {
     /// uid 0, whoever wrote the launch.
     #[serde(default)]
     pub allow_root: bool,
+    /// Absolute path of the FIFO the task reads its standard input from (srun's input, which the agent writes);
+    /// `None`: `/dev/null`.
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// The node's name, for Slurm's `slurmstepd-NODE: error:` lines in the task's stderr (empty: `slurmstepd`).
+    #[serde(default)]
+    pub node: String,
 }
 
 /// Which job cgroups a task joins, with the job's memory limit and CPUs on this node (see `crate::cgroup`).
@@ -441,7 +449,7 @@ fn deliver(dir: &Path, signal: i32, whole_group: bool) -> Result<bool, Supervise
 /// waits for), so it must be called from a single-threaded process: first thing in `main`, before any runtime. It
 /// also closes every inherited descriptor above stderr.
 /// The child starts the task, waits for it and writes `result.json`; a task that cannot be started gets a result
-/// too (exit code [`EXIT_EXEC_FAILED`] or [`EXIT_SETUP_FAILED`] with `error` set, and a Slurm-style line in the
+/// too (exit code execve's errno, [`EXIT_EXEC_FAILED`] or [`EXIT_SETUP_FAILED`] with `error` set, and a Slurm-style line in the
 /// task's stderr file when that file could be opened).
 pub fn run_supervisor(dir: &Path) -> i32 {
     // Descriptors the agent leaked without close-on-exec (a listening socket, a lock file) would otherwise stay open
@@ -526,6 +534,11 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
         Ok(launch) => launch,
         Err(e) => return failed(log, None, Failure::setup(e.to_string(), None)),
     };
+    let _ = STEPD_NAME.set(if launch.node.is_empty() {
+        "slurmstepd".into()
+    } else {
+        format!("slurmstepd-{}", launch.node)
+    });
     let creds = match credentials(&launch) {
         Ok(creds) => creds,
         Err(failure) => return failed(log, None, failure),
@@ -571,7 +584,7 @@ fn spawn_task(
     log: &mut Log,
 ) -> Result<Started, Box<TaskResult>> {
     let failed = |log: &mut Log, stderr: Option<&File>, failure| Box::new(failed(log, stderr, failure));
-    let Prepared { stdout, stderr, program } = prepared;
+    let Prepared { stdin, stdout, stderr, program } = prepared;
     let stderr_for_errors = stderr.try_clone().ok();
     // The job's cgroups, joined by the task itself between fork and exec (so nothing it allocates or spends
     // escapes them).
@@ -599,7 +612,12 @@ fn spawn_task(
         }
     };
     let mut command = Command::new(&program);
-    command.arg0(&launch.argv[0]).args(&launch.argv[1..]).stdin(Stdio::null()).stdout(stdout).stderr(stderr);
+    command
+        .arg0(&launch.argv[0])
+        .args(&launch.argv[1..])
+        .stdin(stdin.map_or_else(Stdio::null, Stdio::from))
+        .stdout(stdout)
+        .stderr(stderr);
     take_task_environment(&launch.env);
     let stage_fd = stage_write.as_raw_fd();
     let child_creds = creds.cloned();
@@ -832,6 +850,7 @@ fn join_points(c: &TaskCgroup, log: &mut Log) -> Result<Joining, Failure> {
 
 /// What the task needs that must be opened or checked as its user.
 struct Prepared {
+    stdin: Option<File>,
     stdout: File,
     stderr: File,
     program: PathBuf,
@@ -872,13 +891,21 @@ fn prepare(launch: &TaskLaunch) -> Result<Prepared, (Failure, Option<File>)> {
     let Some(program) = resolve_program(&launch.argv[0], &launch.env) else {
         let name = &launch.argv[0];
         let failure = Failure {
-            exit_code: EXIT_EXEC_FAILED,
+            exit_code: libc::ENOENT,
             error: format!("execve({name}): No such file or directory"),
             message: Some(format!("execve(): {name}: No such file or directory")),
         };
         return Err((failure, Some(stderr)));
     };
-    Ok(Prepared { stdout, stderr, program })
+    // srun's input: a FIFO the agent already holds open for writing, so this open does not wait.
+    let stdin = match &launch.stdin {
+        Some(path) => Some(open_input(path).map_err(|e| {
+            let message = format!("Could not open stdin file {path}: {}", os_message(&e));
+            (Failure::setup(format!("open({path}): {}", os_message(&e)), Some(message)), Some(stderr_copy(&stderr)))
+        })?),
+        None => None,
+    };
+    Ok(Prepared { stdin, stdout, stderr, program })
 }
 
 fn open_output(path: &str, append: bool) -> io::Result<File> {
@@ -905,6 +932,21 @@ fn open_output(path: &str, append: bool) -> io::Result<File> {
             result => return result.and_then(blocking),
         }
     }
+}
+
+/// The task's input FIFO, opened for reading without waiting for a writer (the agent holds one), then blocking
+/// again as the task expects of its stdin.
+fn open_input(path: &str) -> io::Result<File> {
+    let file = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)?;
+    if !std::os::unix::fs::FileTypeExt::is_fifo(&file.metadata()?.file_type()) {
+        return Err(io::Error::other("not the FIFO the agent made"));
+    }
+    blocking(file)
+}
+
+/// A copy of the stderr file for a failure report (`/dev/null` if the descriptor cannot be duplicated).
+fn stderr_copy(stderr: &File) -> File {
+    stderr.try_clone().unwrap_or_else(|_| File::open("/dev/null").expect("/dev/null opens"))
 }
 
 /// `file` with `O_NONBLOCK` cleared.
@@ -956,7 +998,8 @@ impl Failure {
         let name = &launch.argv[0];
         match stage {
             Some(STAGE_EXEC) => Failure {
-                exit_code: EXIT_EXEC_FAILED,
+                // As slurmstepd, whose task exits with execve's errno (2 for a missing program).
+                exit_code: e.raw_os_error().unwrap_or(EXIT_EXEC_FAILED),
                 error: format!("execve({name}): {why}"),
                 message: Some(format!("execve(): {name}: {why}")),
             },
@@ -970,11 +1013,16 @@ impl Failure {
     }
 }
 
+/// How this supervisor signs its lines in the task's stderr, as slurmstepd does (`slurmstepd-node01`); set once the
+/// launch is read (this process supervises one task).
+static STEPD_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// Records a task that never started: the message in its stderr file (when open) and in our log.
 fn failed(log: &mut Log, stderr: Option<&File>, failure: Failure) -> TaskResult {
     log.line(format_args!("task not started: {}", failure.error));
     if let (Some(mut file), Some(message)) = (stderr, &failure.message) {
-        let _ = writeln!(file, "slurmstepd: error: {message}");
+        let name = STEPD_NAME.get().map_or("slurmstepd", String::as_str);
+        let _ = writeln!(file, "{name}: error: {message}");
     }
     let now = now_ms();
     TaskResult {
@@ -1467,6 +1515,7 @@ fn validate_launch(launch: &TaskLaunch, path: &Path) -> Result<(), SuperviseErro
         .chain(launch.make_dirs.iter().map(|dir| ("make_dirs", dir)))
         .chain(launch.lease_file.as_ref().map(|lease| ("lease_file", lease)))
         .chain(launch.journal.as_ref().map(|journal| ("journal", journal)))
+        .chain(launch.stdin.as_ref().map(|stdin| ("stdin", stdin)))
     {
         if !value.starts_with('/') {
             return invalid(format!("{what} {value:?} is not an absolute path"));

@@ -84,6 +84,9 @@ pub fn make_work_dir(control: &Path, uid: u32, gid: u32, script: Option<&[u8]>) 
     Ok(work)
 }
 
+/// The name of a step task's input FIFO among [`make_step_work_dir`]'s streams.
+pub const STDIN_FIFO: &str = "stdin";
+
 /// Creates `control/work` for the job's user with a FIFO per name in `streams` (`stdout`, `stderr`: the output
 /// streamed back to `srun`), made and opened for reading (without blocking) before the directory is handed over.
 /// A pipe, not a file: the task's writes wait while the agent (and `srun` behind it) has not read what came
@@ -105,8 +108,11 @@ pub fn make_step_work_dir(
             if unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) } != 0 {
                 return Err(io::Error::last_os_error());
             }
+            // The agent reads the task's output FIFOs; it writes the input one (`stdin`), opened for reading too,
+            // which Linux allows on a FIFO without waiting for the other side (the task opens it later).
             let end = OpenOptions::new()
                 .read(true)
+                .write(*name == STDIN_FIFO)
                 .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
                 .open(&path)?;
             if !std::os::unix::fs::FileTypeExt::is_fifo(&end.metadata()?.file_type()) {

@@ -90,6 +90,8 @@ fn a_task_that_may_still_run_keeps_its_gpus_until_it_is_gone() {
     let agent = agent(tmp.path());
     let dir = agent.tasks_dir.join("1.0.batch");
     let launch = drover_agent::supervise::TaskLaunch {
+        stdin: None,
+        node: String::new(),
         argv: vec!["/bin/sleep".into(), "30".into()],
         env: Vec::new(),
         cwd: "/".into(),

@@ -46,9 +46,11 @@ fn run_step(agent: &NodeAgent, a: &Assignment, step_id: u32, script: &str) -> St
         output: None,
         error: None,
         unbuffered: false,
+        stdin: Default::default(),
     };
     // Both read ends stay open while the task runs: a FIFO nobody reads fails the task at once.
-    let (dir, out, _err) = agent.launch_step_task(a, &launch, 0, 0).unwrap();
+    let task = agent.launch_step_task(a, &launch, 0, 0).unwrap();
+    let (dir, out) = (task.dir, task.stdout);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match supervise::status(&dir) {

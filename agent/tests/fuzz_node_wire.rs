@@ -71,7 +71,20 @@ fn launch() -> impl Strategy<Value = StepLaunch> {
     let rest = (prop::option::of(text()), prop::option::of(text()), any::<bool>(), index, text());
     (job, 0u32..4, lists, rest).prop_map(
         |(job_id, step_id, (argv, env, (nodes, tasks_per_node)), (output, error, unbuffered, node_index, cwd))| {
-            StepLaunch { job_id, step_id, argv, env, cwd, nodes, node_index, tasks_per_node, output, error, unbuffered }
+            StepLaunch {
+                job_id,
+                step_id,
+                argv,
+                env,
+                cwd,
+                nodes,
+                node_index,
+                tasks_per_node,
+                output,
+                error,
+                unbuffered,
+                stdin: Default::default(),
+            }
         },
     )
 }
@@ -150,6 +163,7 @@ fn task_counts_that_overflow_a_rank_are_refused() {
         output: None,
         error: None,
         unbuffered: false,
+        stdin: Default::default(),
     };
     let request = request(&agent, &launch, OWNER, 0, None);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

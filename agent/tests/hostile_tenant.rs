@@ -83,6 +83,8 @@ fn task(work: &Path, uid: u32, script: &str) -> TaskLaunch {
         gpus: Vec::new(),
         journal: None,
         allow_root: false,
+        stdin: None,
+        node: String::new(),
     }
 }
 
@@ -191,12 +193,12 @@ fn the_supervisor_log_follows_no_link_and_a_job_cannot_forge_lines_in_it() {
     userfile::make_control_dir(&linked).unwrap();
     std::os::unix::fs::symlink(&target, linked.join(supervise::SUPERVISOR_LOG)).unwrap();
     supervise::spawn(exe(), &linked, &launch).unwrap();
-    assert_eq!(wait_finished(&linked).exit_code, 127);
+    assert_eq!(wait_finished(&linked).exit_code, libc::ENOENT);
     assert_untouched(&target);
 
     let plain = node.path().join("plain");
     supervise::spawn(exe(), &plain, &launch).unwrap();
-    assert_eq!(wait_finished(&plain).exit_code, 127);
+    assert_eq!(wait_finished(&plain).exit_code, libc::ENOENT);
     let log = log_of(&plain);
     assert!(log.contains("/no/such/program\\nevil::0:0"), "the job's text is in the log, escaped:\n{log}");
     assert!(!log.lines().any(|line| line.starts_with("evil:")), "a forged line:\n{log}");

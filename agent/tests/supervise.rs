@@ -49,6 +49,8 @@ fn shell_task(work: &Path, script: &str) -> TaskLaunch {
         journal: None,
         // The tests run as root or as themselves; as root, a task of their own uid is a root task.
         allow_root: true,
+        stdin: None,
+        node: String::new(),
     }
 }
 
@@ -177,14 +179,15 @@ fn append_mode_keeps_earlier_output_and_truncate_mode_replaces_it() {
 }
 
 #[test]
-fn a_missing_program_ends_with_127_and_says_so_in_the_stderr_file() {
+fn a_missing_program_ends_with_execves_errno_and_says_so_in_the_stderr_file() {
     let work = TempDir::new().unwrap();
     let mut launch = shell_task(work.path(), "");
     launch.argv = vec!["/bin/nonexistent".into(), "--flag".into()];
 
     let result = run_to_end(&work.path().join("absolute"), &launch);
 
-    assert_eq!(result.exit_code, 127);
+    // As slurmstepd: the task's exit code is execve's errno (ENOENT).
+    assert_eq!(result.exit_code, 2);
     assert_eq!(result.error.as_deref(), Some("execve(/bin/nonexistent): No such file or directory"));
     assert_eq!(
         read(work.path().join("err")),
@@ -194,7 +197,7 @@ fn a_missing_program_ends_with_127_and_says_so_in_the_stderr_file() {
     // A bare name that is nowhere on the task's PATH fails the same way.
     launch.argv = vec!["no-such-drover-command".into()];
     let result = run_to_end(&work.path().join("bare"), &launch);
-    assert_eq!(result.exit_code, 127);
+    assert_eq!(result.exit_code, 2);
     assert_eq!(result.error.as_deref(), Some("execve(no-such-drover-command): No such file or directory"));
 }
 

@@ -173,6 +173,43 @@ fn cancel_timeout_a_missing_program_and_a_deleted_script() {
     assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.lines().filter(|l| l.starts_with("rank=")).count(), 4, "{text}");
+
+    // srun's standard input reaches every task, on both nodes, then end of file (Slurm's default --input=all);
+    // --input=0 gives it to task 0 alone, --input=none to none.
+    let input: String = (0..5_000).map(|i| format!("line {i}\n")).collect();
+    for (mode, readers) in [("all", 4), ("0", 1), ("none", 0)] {
+        let mut child = sh
+            .command(
+                "srun",
+                &[
+                    "-N",
+                    "2",
+                    "--ntasks-per-node=2",
+                    &format!("--input={mode}"),
+                    "sh",
+                    "-c",
+                    "echo $SLURM_PROCID $(wc -l)",
+                ],
+            )
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let feed = input.clone();
+        let writer = std::thread::spawn(move || {
+            use std::io::Write;
+            let _ = stdin.write_all(feed.as_bytes());
+        });
+        let out = child.wait_with_output().unwrap();
+        writer.join().unwrap();
+        assert!(out.status.success(), "--input={mode}: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let full = text.lines().filter(|l| l.ends_with(" 5000")).count();
+        let empty = text.lines().filter(|l| l.ends_with(" 0")).count();
+        assert_eq!((full, empty), (readers, 4 - readers), "--input={mode}:\n{text}");
+    }
 }
 
 #[test]

@@ -146,6 +146,31 @@ pub struct StepLaunch {
     pub output: Option<String>,
     pub error: Option<String>,
     pub unbuffered: bool,
+    /// Which tasks read srun's standard input (sent with `StepInput`): all, one rank, or none (`/dev/null`).
+    #[serde(default)]
+    pub stdin: StepStdin,
+}
+
+/// srun's `--input`: which of a step's tasks get srun's standard input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum StepStdin {
+    /// `/dev/null` for every task (`--input=none`, and steps from an srun that sends none).
+    #[default]
+    None,
+    /// Every task (Slurm's default).
+    All,
+    /// One task, by its global rank (`--input=N`).
+    Rank(u32),
+}
+
+impl StepStdin {
+    pub fn reaches(self, rank: u32) -> bool {
+        match self {
+            StepStdin::None => false,
+            StepStdin::All => true,
+            StepStdin::Rank(r) => r == rank,
+        }
+    }
 }
 
 impl StepLaunch {

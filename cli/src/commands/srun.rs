@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use drover_client::Client;
 use drover_proto::v1::StepRequest;
 use drover_proto::v1::agent_service_client::AgentServiceClient;
-use drover_proto::wire::{StepEvent, StepLaunch, decode, encode};
+use drover_proto::wire::{StepEvent, StepLaunch, StepStdin, decode, encode};
 use drover_state::{Job, JobState};
 
 use crate::identity::current_user;
@@ -27,7 +27,6 @@ pub fn run(args: &[String]) -> i32 {
 }
 
 /// srun's own flags, taken out before the sbatch-style options are parsed.
-#[derive(Default)]
 struct SrunFlags {
     label: bool,
     unbuffered: bool,
@@ -37,6 +36,21 @@ struct SrunFlags {
     job_id: Option<u64>,
     /// Options taken and not acted on, for a warning each.
     ignored: Vec<String>,
+    /// `--input`/`-i`: which tasks get srun's standard input (all by default, as Slurm).
+    input: StepStdin,
+}
+
+impl Default for SrunFlags {
+    fn default() -> SrunFlags {
+        SrunFlags {
+            label: false,
+            unbuffered: false,
+            cpu_bind_verbose: false,
+            job_id: None,
+            ignored: Vec::new(),
+            input: StepStdin::All,
+        }
+    }
 }
 
 fn take_srun_flags(args: &[String]) -> anyhow::Result<(SrunFlags, Vec<String>)> {
@@ -71,6 +85,21 @@ fn take_srun_flags(args: &[String]) -> anyhow::Result<(SrunFlags, Vec<String>)> 
                 // Steps never reserve CPUs or GPUs out of their job's allocation in Drover, so they always
                 // overlap, as Slurm's `--overlap` asks, and `--exact`/`--whole` change nothing.
                 "--overlap" | "--exact" | "--whole" => continue,
+                "-i" | "--input" => {
+                    let Some(value) = args.next() else {
+                        anyhow::bail!("option '{arg}' requires an argument");
+                    };
+                    flags.input = parse_input(value)?;
+                    continue;
+                }
+                a if a.starts_with("--input=") => {
+                    flags.input = parse_input(&a["--input=".len()..])?;
+                    continue;
+                }
+                a if a.starts_with("-i") && a.len() > 2 => {
+                    flags.input = parse_input(&a[2..])?;
+                    continue;
+                }
                 "--jobid" | "--mpi" => {
                     let Some(value) = args.next() else {
                         anyhow::bail!("option '{arg}' requires an argument");
@@ -91,6 +120,14 @@ fn take_srun_flags(args: &[String]) -> anyhow::Result<(SrunFlags, Vec<String>)> 
                     flags.ignored.push("--kill-on-bad-exit".into());
                     continue;
                 }
+                a if crate::sbatch_args::takes_next_value(a) => {
+                    // `-N 2`: the value is the option's, not the start of the command.
+                    rest.push(arg.clone());
+                    if let Some(value) = args.next() {
+                        rest.push(value.clone());
+                    }
+                    continue;
+                }
                 a if !a.starts_with('-') => in_command = true,
                 _ => {}
             }
@@ -98,6 +135,20 @@ fn take_srun_flags(args: &[String]) -> anyhow::Result<(SrunFlags, Vec<String>)> 
         rest.push(arg.clone());
     }
     Ok((flags, rest))
+}
+
+/// `--input=all|none|N`: every task, none (`/dev/null`), or task N alone. (Slurm's file-name patterns are not
+/// taken: a shell redirect does the same.)
+fn parse_input(value: &str) -> anyhow::Result<StepStdin> {
+    match value {
+        v if v.eq_ignore_ascii_case("all") => Ok(StepStdin::All),
+        v if v.eq_ignore_ascii_case("none") => Ok(StepStdin::None),
+        v => v.parse::<u32>().map(StepStdin::Rank).map_err(|_| {
+            anyhow::anyhow!(
+                "Invalid --input argument: {v} (all, none or a task number; redirect srun's own input for a file)"
+            )
+        }),
+    }
 }
 
 /// srun's own options that take a value: `--jobid=N`, `--mpi=TYPE`.
@@ -387,6 +438,9 @@ async fn follow_step(
     let nodes = client.list_nodes(false).await?;
     let addrs: HashMap<&str, &str> = nodes.iter().map(|n| (n.info.name.as_str(), n.info.agent_addr.as_str())).collect();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<(String, Result<StepEvent, String>)>(1024);
+    // srun's standard input goes to the tasks that take it (Slurm's --input), one stream per node.
+    let forward_input = plan.flags.input != StepStdin::None && input_is_ours();
+    let mut inputs = Vec::new();
     for (index, node) in plan.layout.nodes.iter().enumerate() {
         let addr = addrs.get(node.as_str()).ok_or_else(|| anyhow::anyhow!("node {node} is unknown"))?.to_string();
         let launch = StepLaunch {
@@ -401,17 +455,26 @@ async fn follow_step(
             output: plan.output.clone(),
             error: plan.error.clone(),
             unbuffered: plan.flags.unbuffered,
+            stdin: if forward_input { plan.flags.input } else { StepStdin::None },
         };
+        let input = forward_input.then(|| {
+            let (input_tx, input_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(INPUT_QUEUE_CHUNKS);
+            inputs.push(input_tx);
+            input_rx
+        });
         let tx = tx.clone();
         let node = node.clone();
         let (tls, credentials) = (client.tls().clone(), credentials.clone());
         tokio::spawn(async move {
-            if let Err(e) = follow_node(&tls, &credentials, &addr, launch, &node, &tx).await {
+            if let Err(e) = follow_node(&tls, &credentials, &addr, launch, input, &node, &tx).await {
                 let _ = tx.send((node, Err(e))).await;
             }
         });
     }
     drop(tx);
+    if !inputs.is_empty() {
+        read_input(inputs);
+    }
     let total: u32 = plan.layout.tasks_per_node.iter().sum();
     let mut exited = 0u32;
     let mut worst = 0i32;
@@ -491,13 +554,50 @@ fn describe_exit(exit_code: i32, signal: i32) -> String {
     if signal != 0 { format!("Killed by signal {signal}") } else { format!("Exited with exit code {exit_code}") }
 }
 
+/// Chunks of srun's input queued per node before the reader waits (64 KiB each).
+const INPUT_QUEUE_CHUNKS: usize = 16;
+/// srun reads its input in chunks of this size (the agent's limit per message).
+const INPUT_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Whether srun may read its standard input: a file or pipe, or a terminal whose foreground this is (reading the
+/// terminal from the background would stop srun with SIGTTIN).
+fn input_is_ours() -> bool {
+    // SAFETY: isatty, tcgetpgrp and getpgrp only read process state.
+    unsafe { libc::isatty(0) == 0 || libc::tcgetpgrp(0) == libc::getpgrp() }
+}
+
+/// Reads srun's standard input on a thread of its own (a read that waits on a quiet pipe must not hold up the
+/// runtime when the step is over) and hands every chunk to each node's stream; its end closes them all.
+fn read_input(nodes: Vec<tokio::sync::mpsc::Sender<Vec<u8>>>) {
+    std::thread::spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = vec![0u8; INPUT_CHUNK_BYTES];
+        loop {
+            match std::io::Read::read(&mut stdin, &mut buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    for node in &nodes {
+                        let _ = node.blocking_send(buf[..n].to_vec());
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    eprintln!("srun: error: reading standard input: {e}");
+                    return;
+                }
+            }
+        }
+    });
+}
+
 /// Launches this node's part of the step on its agent (mutual TLS; the agent must hold an agent's certificate)
-/// with the step's credential, and forwards its events.
+/// with the step's credential, forwards its events, and streams srun's input to it once its tasks have started.
 async fn follow_node(
     tls: &drover_auth::tls::ClientTls,
     credentials: &drover_client::Credentials,
     addr: &str,
     launch: StepLaunch,
+    input: Option<tokio::sync::mpsc::Receiver<Vec<u8>>>,
     node: &str,
     tx: &tokio::sync::mpsc::Sender<(String, Result<StepEvent, String>)>,
 ) -> Result<(), String> {
@@ -508,7 +608,22 @@ async fn follow_node(
     let mut agent = AgentServiceClient::new(channel);
     let mut request = tonic::Request::new(StepRequest { json: encode(&launch) });
     credentials.attach(&mut request).map_err(|e| e.to_string())?;
+    let (job_id, step_id) = (launch.job_id, launch.step_id);
     let mut stream = agent.launch_step(request).await.map_err(|s| s.message().to_string())?.into_inner();
+    if let Some(input) = input {
+        let chunks = tokio_stream::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(input), move |data| {
+            drover_proto::v1::StepInputChunk { job_id, step_id, data }
+        });
+        let mut request = tonic::Request::new(chunks);
+        credentials.attach(&mut request).map_err(|e| e.to_string())?;
+        let mut agent = agent.clone();
+        let node = node.to_string();
+        tokio::spawn(async move {
+            if let Err(status) = agent.step_input(request).await {
+                eprintln!("srun: error: {node}: standard input not delivered: {}", status.message());
+            }
+        });
+    }
     while let Some(envelope) =
         stream.message().await.map_err(|s| format!("lost the agent at {addr}: {}", s.message()))?
     {
@@ -535,6 +650,18 @@ mod tests {
         let (flags, rest) = take_srun_flags(&line).unwrap();
         assert!(!flags.cpu_bind_verbose);
         assert_eq!(rest, strings(&["-n1", "--cpus-per-task=2", "--nodes=1", "python", "-m", "snakemake"]));
+    }
+
+    #[test]
+    fn an_options_separate_value_is_not_the_command_and_input_picks_the_readers() {
+        let (flags, rest) = take_srun_flags(&strings(&["-N", "2", "-l", "--input=0", "cmd", "-l"])).unwrap();
+        assert!(flags.label, "-l after `-N 2` is still srun's");
+        assert_eq!(flags.input, StepStdin::Rank(0));
+        assert_eq!(rest, strings(&["-N", "2", "cmd", "-l"]));
+        let (flags, _) = take_srun_flags(&strings(&["-i", "none", "cmd"])).unwrap();
+        assert_eq!(flags.input, StepStdin::None);
+        assert_eq!(take_srun_flags(&strings(&["cmd"])).unwrap().0.input, StepStdin::All, "Slurm's default");
+        assert!(take_srun_flags(&strings(&["--input=some/file", "cmd"])).is_err());
     }
 
     #[test]

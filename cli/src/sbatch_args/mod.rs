@@ -89,6 +89,25 @@ mod values;
 pub use options::{Exclusive, SbatchOption, env_options};
 pub use script::wrap_script;
 
+/// Whether `arg` is an sbatch-style option whose value is the next argument (`-N 2`, `--nodes 2`): a launcher
+/// that picks its own options out of a command line (srun) must step over that value, not take it for the start
+/// of the command.
+pub fn takes_next_value(arg: &str) -> bool {
+    let def = if let Some(long) = arg.strip_prefix("--") {
+        if long.contains('=') {
+            return false;
+        }
+        options::find_long(long)
+    } else {
+        let mut chars = arg.strip_prefix('-').unwrap_or_default().chars();
+        match (chars.next(), chars.next()) {
+            (Some(c), None) => options::find_short(c),
+            _ => None,
+        }
+    };
+    def.is_some_and(|d| matches!(d.takes.arg(), options::Arg::Required))
+}
+
 use getopt::{environment_options, parse_args};
 use options::Item;
 use options::SupportedOptions;
