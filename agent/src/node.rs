@@ -593,10 +593,8 @@ impl NodeAgent {
             let _span = tracing::info_span!("job", id = key.0, incarnation = key.1).entered();
             live.insert(key);
             let mine: Vec<&TaskDir> = dirs.iter().filter(|d| d.key == key).collect();
-            let limit_ms = match (a.job.time_limit_s, a.job.start_time_ms) {
-                (Some(limit_s), Some(start_ms)) => Some(start_ms.saturating_add(limit_s.saturating_mul(1_000))),
-                _ => None,
-            };
+            // Moved by the time the job spent suspended; none while it is (the limit does not run then).
+            let limit_ms = a.job.limit_end_ms();
             let over_time = limit_ms.is_some_and(|end| now > end);
             if a.cancelled() || over_time {
                 if over_time && !a.cancelled() && a.node_index == 0 {
@@ -610,6 +608,7 @@ impl NodeAgent {
                     }
                 }
             } else {
+                self.keep_suspension(a);
                 if let (Some(warning), Some(end)) = (a.job.spec.signal, limit_ms)
                     && now + u64::from(warning.before_s) * 1_000 >= end
                     && a.node_index == 0
@@ -654,6 +653,8 @@ impl NodeAgent {
             inner.reports.retain(|key, _| live.contains(key));
             inner.warned_to_stop.retain(|key, _| live.contains(key));
             inner.markers.retain(|key, _| live.contains(key));
+            drop(inner);
+            self.forget_suspensions(&live);
         }
         self.confirm_released(&lingering, &dirs);
         self.tend_cgroups(&live, &lingering, synced);
@@ -863,6 +864,50 @@ impl NodeAgent {
         if dir.exists() && !dir.join(marker).exists() {
             let _ = std::fs::write(dir.join(marker), b"1");
         }
+    }
+
+    /// `scontrol suspend`/`resume`: SIGSTOP to the job's tasks here when it becomes suspended, SIGCONT when it is
+    /// resumed. A marker file records what was done, so an agent restarted in between still resumes the tasks.
+    fn keep_suspension(&self, a: &Assignment) {
+        let key = (a.job.id, a.job.incarnation);
+        let marker = self.suspension_marker(key);
+        match (a.job.suspended_since().is_some(), marker.exists()) {
+            (true, false) => {
+                if let Err(e) = std::fs::write(&marker, b"1") {
+                    tracing::warn!(job = key.0, "cannot record the suspension: {e}");
+                    return;
+                }
+                tracing::info!(job = key.0, incarnation = key.1, "suspending the job's tasks");
+                self.signal_job(key, libc::SIGSTOP, SignalTarget::Full);
+            }
+            (false, true) => {
+                tracing::info!(job = key.0, incarnation = key.1, "resuming the job's tasks");
+                self.signal_job(key, libc::SIGCONT, SignalTarget::Full);
+                let _ = std::fs::remove_file(&marker);
+            }
+            _ => {}
+        }
+    }
+
+    /// Removes the suspension markers of incarnations no longer assigned here.
+    fn forget_suspensions(&self, live: &HashSet<JobKey>) {
+        let Ok(entries) = std::fs::read_dir(&self.tasks_dir) else { return };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(key) = name.to_str().and_then(|n| n.strip_suffix(".suspended")).and_then(|n| {
+                let (id, inc) = n.split_once('.')?;
+                Some((id.parse().ok()?, inc.parse().ok()?))
+            }) else {
+                continue;
+            };
+            if !live.contains(&key) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+
+    fn suspension_marker(&self, key: JobKey) -> PathBuf {
+        self.tasks_dir.join(format!("{}.{}.suspended", key.0, key.1))
     }
 
     /// Slurm's `*** JOB N ON host CANCELLED AT time [DUE TO ...] ***` for the batch task's stderr, once, before

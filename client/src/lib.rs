@@ -391,6 +391,8 @@ impl Client {
                         JobIdsKind::Hold | JobIdsKind::UserHold => c.hold_jobs(request).await,
                         JobIdsKind::Release => c.release_jobs(request).await,
                         JobIdsKind::Top => c.top_jobs(request).await,
+                        JobIdsKind::Suspend => c.suspend_jobs(request).await,
+                        JobIdsKind::Resume => c.resume_jobs(request).await,
                     }
                 }
             })
@@ -404,6 +406,16 @@ impl Client {
 
     pub async fn hold(&self, ids: &[u64]) -> Result<Vec<JobOutcome>, ClientError> {
         self.job_ids(JobIdsKind::Hold, ids).await
+    }
+
+    /// `scontrol suspend` (operators): the jobs' tasks stop where they are, keeping their allocation.
+    pub async fn suspend(&self, ids: &[u64]) -> Result<Vec<JobOutcome>, ClientError> {
+        self.job_ids(JobIdsKind::Suspend, ids).await
+    }
+
+    /// `scontrol resume`: suspended jobs go on.
+    pub async fn resume(&self, ids: &[u64]) -> Result<Vec<JobOutcome>, ClientError> {
+        self.job_ids(JobIdsKind::Resume, ids).await
     }
 
     /// `scontrol uhold`: a hold the job's owner may release, even when an operator places it.
@@ -664,6 +676,8 @@ enum JobIdsKind {
     UserHold,
     Release,
     Top,
+    Suspend,
+    Resume,
 }
 
 fn consistency(stale: bool) -> i32 {

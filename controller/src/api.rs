@@ -239,6 +239,8 @@ impl Api {
                         "cancel" => peer.cancel_jobs(fwd).await,
                         "hold" => peer.hold_jobs(fwd).await,
                         "top" => peer.top_jobs(fwd).await,
+                        "suspend" => peer.suspend_jobs(fwd).await,
+                        "resume" => peer.resume_jobs(fwd).await,
                         _ => peer.release_jobs(fwd).await,
                     }
                 })
@@ -795,6 +797,16 @@ impl DroverService for Api {
 
     async fn top_jobs(&self, request: Request<JobIdsRequest>) -> Result<Response<JobOutcomesReply>, Status> {
         self.job_ids_command(request, |ids, by_uid, _| Command::TopJobs { ids, by_uid }, "top").await
+    }
+
+    async fn suspend_jobs(&self, request: Request<JobIdsRequest>) -> Result<Response<JobOutcomesReply>, Status> {
+        let make = |ids, by_uid, _| Command::SuspendJobs { ids, by_uid, suspend: true };
+        self.job_ids_command(request, make, "suspend").await
+    }
+
+    async fn resume_jobs(&self, request: Request<JobIdsRequest>) -> Result<Response<JobOutcomesReply>, Status> {
+        let make = |ids, by_uid, _| Command::SuspendJobs { ids, by_uid, suspend: false };
+        self.job_ids_command(request, make, "resume").await
     }
 
     async fn drain_nodes(&self, request: Request<DrainNodesRequest>) -> Result<Response<Empty>, Status> {

@@ -129,17 +129,24 @@ mod tests {
         // Re-encoded, it is the old record with the fields added to the spec since then appended at the spec's
         // end (at their defaults), its array one longer for each: nothing before them moved. So adding a spec
         // field, as the append-only rule asks, needs no change here.
+        // Fields appended to the job itself since then (`suspension: None`) add one byte each at the record's end
+        // and one each to the job's field count.
+        const JOB_FIELDS_ADDED: usize = 1;
         let now = encode(&expected).unwrap();
         let spec_now = encode(&expected.spec).unwrap();
         let fields_now = &spec_now[4..]; // after the tag and the array16 header
         let head = 5; // tag, the job's array16 header, its id
         assert_eq!(old[head..head + 3], [0xdc, 0, 49], "the old spec: an array of 49 fields");
         assert_eq!(now[head..head + 3], spec_now[1..4], "the spec's header now");
-        let grown = now.len() - old.len();
+        let grown = now.len() - old.len() - JOB_FIELDS_ADDED;
         let fields_old = fields_now.len() - grown;
-        assert_eq!(old[..head], now[..head]);
+        assert_eq!((old[0], old[1], old[4]), (now[0], now[1], now[4]), "the tag, the array16 marker, the id");
+        let count = |r: &[u8]| usize::from(u16::from_be_bytes([r[2], r[3]]));
+        assert_eq!(count(&old) + JOB_FIELDS_ADDED, count(&now), "the job's fields, appended to");
         assert_eq!(old[head + 3..head + 3 + fields_old], fields_now[..fields_old], "the old fields, unmoved");
-        assert_eq!(old[head + 3 + fields_old..], now[head + 3 + fields_now.len()..], "the job's fields after it");
+        let after_spec = &now[head + 3 + fields_now.len()..now.len() - JOB_FIELDS_ADDED];
+        assert_eq!(old[head + 3 + fields_old..], *after_spec, "the job's fields after it");
+        assert_eq!(now[now.len() - JOB_FIELDS_ADDED..], [0xc0], "the added fields, at their defaults");
         // A job that never overflowed its history now stores one byte (nil) for it instead of seven zeros.
         assert_eq!(encode(&busy_job()).unwrap().len() + 7, now.len());
     }

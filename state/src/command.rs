@@ -179,6 +179,13 @@ pub enum Command {
         action: String,
         detail: String,
     },
+    /// `scontrol suspend` (`suspend`) / `resume`: an operator stops a running job's tasks (SIGSTOP) where they
+    /// are, holding its allocation, and lets them go on later; its time limit moves by the time stopped.
+    SuspendJobs {
+        ids: Vec<JobId>,
+        by_uid: u32,
+        suspend: bool,
+    },
 }
 
 /// The fields `scontrol update jobid=...` may change (`None` leaves one as it is).
@@ -259,6 +266,8 @@ impl Command {
             Command::UpdatePartition { .. } => "update_partition",
             Command::Admin { op, .. } => op.kind(),
             Command::TopJobs { .. } => "top_jobs",
+            Command::SuspendJobs { suspend: true, .. } => "suspend_jobs",
+            Command::SuspendJobs { suspend: false, .. } => "resume_jobs",
             Command::UpdateJob { .. } => "update_job",
             Command::RecordAudit { .. } => "record_audit",
             Command::RequeueJobs { .. } => "requeue_jobs",

@@ -73,6 +73,9 @@ pub enum CommandError {
     TooManyUserJobs { user: String, active: u64, limit: u64 },
     #[error("Job {id} is held by an administrator: only an operator or administrator can release it")]
     AdminHold { id: JobId },
+    /// `scontrol suspend` of a job that is not running, or `resume` of one that is not suspended (Slurm's words).
+    #[error("{}", if *.suspend && *.state == JobState::Pending { "Job is pending execution" } else if *.suspend && *.state == JobState::Suspended { "Job already suspended" } else if *.suspend { "Job/step already completing or completed" } else { "Job is not suspended" })]
+    NotSuspendable { id: JobId, state: JobState, suspend: bool },
     /// `scontrol top` of a held job (Slurm's words).
     #[error("Job is in held state, pending scheduler release")]
     HeldPendingRelease { id: JobId },

@@ -346,6 +346,15 @@ impl State {
                 .and_then(|()| self.update_partition(update, &mut changes)),
             Command::Admin { op, by_uid } => self.admin(op, *by_uid, request.time_ms, &mut changes),
             Command::TopJobs { ids, by_uid } => Ok(self.for_each_job(ids, |s, id| s.top(id, *by_uid, &mut changes))),
+            Command::SuspendJobs { ids, by_uid, suspend } => self
+                .require_level(
+                    *by_uid,
+                    AdminLevel::Operator,
+                    if *suspend { "suspending a job" } else { "resuming a job" },
+                )
+                .map(|()| {
+                    self.for_each_job(ids, |s, id| s.suspend(id, *by_uid, *suspend, request.time_ms, &mut changes))
+                }),
             Command::UpdateJob { id, by_uid, update } => {
                 self.update_job(*id, *by_uid, update, &mut changes).map(|()| Reply::Nothing)
             }

@@ -336,7 +336,8 @@ fn command() -> impl Strategy<Value = Command> {
     prop_oneof![
         3 => (spec(), prop::option::of("[a-z]{1,4}")).prop_map(|(spec, request_id)| Command::SubmitJob { spec: Box::new(spec), request_id }),
         1 => (ids(), uid()).prop_map(|(ids, by_uid)| Command::CancelJobs { ids, by_uid }),
-        1 => (ids(), uid()).prop_map(|(ids, by_uid)| Command::HoldJobs { ids, by_uid, user_hold: Some(false) }),
+        1 => (ids(), uid(), prop::option::of(any::<bool>())).prop_map(|(ids, by_uid, user_hold)| Command::HoldJobs { ids, by_uid, user_hold }),
+        1 => (ids(), uid(), any::<bool>()).prop_map(|(ids, by_uid, suspend)| Command::SuspendJobs { ids, by_uid, suspend }),
         1 => (ids(), uid()).prop_map(|(ids, by_uid)| Command::ReleaseJobs { ids, by_uid }),
         1 => (ids(), uid()).prop_map(|(ids, by_uid)| Command::TopJobs { ids, by_uid }),
         1 => (node_info(), prop::collection::vec(running_share(), 0..3)).prop_map(|(info, running)| Command::RegisterNode { info, running }),

@@ -312,3 +312,40 @@ fn steps_are_recorded_with_their_ends_bounded_and_begin_again_with_each_incarnat
     assert!(state.job(id).unwrap().steps.is_empty());
     assert_eq!(create(&mut state, &["n1"], 2_020), Ok(Reply::Step { step_id: 0 }));
 }
+
+/// `scontrol suspend`/`resume`: only an operator may; the job keeps its GPUs and shows SUSPENDED, its time limit
+/// stops while it is, and a requeued incarnation starts unsuspended.
+#[test]
+fn a_suspended_job_keeps_its_allocation_and_its_time_limit_moves_by_the_time_stopped() {
+    let mut state = cluster(5);
+    let id = submit(&mut state, JobSpec { time_limit_s: Some(60), ..spec(1) });
+    let suspend = |suspend, by_uid| Command::SuspendJobs { ids: vec![id], by_uid, suspend };
+    let outcome = |state: &mut State, time_ms, command| match state.apply(&at(time_ms, command)).response {
+        Ok(Reply::Jobs(outcomes)) => outcomes[0].result.clone(),
+        other => panic!("{other:?}"),
+    };
+    // Pending: nothing to suspend.
+    assert!(matches!(outcome(&mut state, 15, suspend(true, 0)), Err(CommandError::NotSuspendable { .. })));
+    start(&mut state, id, &["n1"], 20);
+    let refused = state.apply(&at(25, suspend(true, ALICE))).response;
+    assert!(matches!(refused, Err(CommandError::NotAuthorized { .. })), "{refused:?}");
+
+    outcome(&mut state, 1_000, suspend(true, 0)).unwrap();
+    let job = state.job(id).unwrap();
+    assert_eq!((job.state, job.shown_state()), (JobState::Running, JobState::Suspended));
+    assert_eq!(job.limit_end_ms(), None, "the limit does not run while suspended");
+    assert_eq!(state.nodes["n1"].allocated_gpus.len(), 2, "it keeps its GPUs");
+    assert!(matches!(outcome(&mut state, 1_500, suspend(true, 0)), Err(CommandError::NotSuspendable { .. })));
+
+    outcome(&mut state, 6_000, suspend(false, 0)).unwrap();
+    let job = state.job(id).unwrap();
+    assert_eq!(job.shown_state(), JobState::Running);
+    assert_eq!(job.limit_end_ms(), Some(20 + 60_000 + 5_000), "five seconds suspended, five seconds later");
+
+    // A requeue starts the next incarnation with none of it.
+    outcome(&mut state, 7_000, suspend(true, 0)).unwrap();
+    state.apply(&at(8_000, Command::RequeueJobs { ids: vec![id], by_uid: 0, hold: false })).response.unwrap();
+    end(&mut state, id, JobEnd { signal: 15, ..JobEnd::default() }, 9_000);
+    let job = state.job(id).unwrap();
+    assert_eq!(job.suspension, None);
+}

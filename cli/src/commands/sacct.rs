@@ -672,12 +672,15 @@ fn value(field: &str, job: &Job, cx: &Context) -> String {
         "Reserved" | "ResvCPU" => clock(0),
         "ResvCPURAW" => "0".into(),
         "Start" => timestamp_or_unknown(job.start_time_ms),
-        "State" => match (job.state, job.cancelled_by) {
+        "State" => match (job.shown_state(), job.cancelled_by) {
             (JobState::Cancelled, Some(by)) => format!("CANCELLED by {by}"),
             (state, _) => state.name().to_string(),
         },
         "Submit" => timestamp_or_unknown(Some(job.submit_time_ms)),
-        "Suspended" => clock(0),
+        "Suspended" => {
+            let now_suspended = job.suspended_since().map_or(0, |since| super::now_ms().saturating_sub(since));
+            clock((job.suspended_total_ms() + now_suspended) / 1000)
+        }
         "Timelimit" => clock_limit(job.time_limit_s),
         "TimelimitRaw" => job.time_limit_s.map_or_else(|| "UNLIMITED".into(), |s| (s / 60).to_string()),
         "TotalCPU" => job.measured_cpu_ms().map(format_cpu).unwrap_or_default(),

@@ -152,7 +152,9 @@ fn dispatch(options: &Options, args: &[String]) -> anyhow::Result<i32> {
         }
         ["requeue", ids @ ..] if !ids.is_empty() => requeue(controllers.as_deref(), &job_list(ids), false),
         ["requeuehold", ids @ ..] if !ids.is_empty() => requeue(controllers.as_deref(), &job_list(ids), true),
-        [_, ids @ ..] if matches!(verb, "hold" | "release" | "uhold" | "top") && !ids.is_empty() => {
+        [_, ids @ ..]
+            if matches!(verb, "hold" | "release" | "uhold" | "top" | "suspend" | "resume") && !ids.is_empty() =>
+        {
             hold_release(controllers.as_deref(), verb, &job_list(ids))
         }
         // Slurm's words, on stderr, exit 1 (`scontrol --help` lists the commands).
@@ -444,25 +446,40 @@ fn show_partitions(controllers: Option<&str>, name: Option<&str>) -> anyhow::Res
         if gpus > 0 {
             tres.push(format!("gres/gpu={gpus}"));
         }
-        println!(
-            "PartitionName={}\n   AllowAccounts={} AllowQos={}\n   Default={} State={} PriorityTier={} PreemptMode={}\n   MaxNodes={} MaxTime={} DefaultTime={} MaxTRESPerJob={}\n   Nodes={}\n   TotalCPUs={} TotalNodes={} TotalGPUs={}\n   TRES={}\n",
-            p.name,
-            if p.allow_accounts.is_empty() { "ALL".to_string() } else { p.allow_accounts.join(",") },
-            if p.allow_qos.is_empty() { "ALL".to_string() } else { p.allow_qos.join(",") },
-            if p.default { "YES" } else { "NO" },
-            p.state.name(),
-            p.priority_tier,
-            p.preempt_mode.name(),
-            p.max_nodes.map_or("UNLIMITED".to_string(), |n| n.to_string()),
-            format_time_limit_long(p.max_time_s),
-            p.default_time_s.map_or("NONE".to_string(), |t| format_time_limit_long(Some(t))),
-            p.max_gpus_per_job.map_or("(null)".to_string(), |g| format!("gres/gpu={g}")),
-            if members.is_empty() { "(null)".to_string() } else { compress_hostlist(&members) },
-            cpus,
-            members.len(),
-            gpus,
-            tres.join(",")
-        );
+        // Slurm 22.05's layout, line for line; what Drover does not model shows as Slurm's default for it, and
+        // Drover's own fields (GPUs) come last.
+        let allow = |list: &[String]| if list.is_empty() { "ALL".to_string() } else { list.join(",") };
+        let lines = [
+            format!("PartitionName={}", p.name),
+            format!("   AllowGroups=ALL AllowAccounts={} AllowQos={}", allow(&p.allow_accounts), allow(&p.allow_qos)),
+            format!("   AllocNodes=ALL Default={} QoS=N/A", if p.default { "YES" } else { "NO" }),
+            format!(
+                "   DefaultTime={} DisableRootJobs={} ExclusiveUser=NO GraceTime=0 Hidden=NO",
+                p.default_time_s.map_or("NONE".to_string(), |t| format_time_limit_long(Some(t))),
+                if config.allow_root_jobs { "NO" } else { "YES" }
+            ),
+            format!(
+                "   MaxNodes={} MaxTime={} MinNodes=0 LLN=NO MaxCPUsPerNode=UNLIMITED",
+                p.max_nodes.map_or("UNLIMITED".to_string(), |n| n.to_string()),
+                format_time_limit_long(p.max_time_s)
+            ),
+            format!("   Nodes={}", if members.is_empty() { "(null)".to_string() } else { compress_hostlist(&members) }),
+            format!("   PriorityJobFactor=1 PriorityTier={} RootOnly=NO ReqResv=NO OverSubscribe=NO", p.priority_tier),
+            format!("   OverTimeLimit=NONE PreemptMode={}", p.preempt_mode.name()),
+            format!(
+                "   State={} TotalCPUs={cpus} TotalNodes={} SelectTypeParameters=NONE",
+                p.state.name(),
+                members.len()
+            ),
+            "   JobDefaults=(null)".to_string(),
+            "   DefMemPerNode=UNLIMITED MaxMemPerNode=UNLIMITED".to_string(),
+            format!("   TRES={}", tres.join(",")),
+            format!(
+                "   TotalGPUs={gpus} MaxTRESPerJob={}",
+                p.max_gpus_per_job.map_or("(null)".to_string(), |g| format!("gres/gpu={g}"))
+            ),
+        ];
+        println!("{}\n", lines.join("\n"));
     }
     if shown == 0 {
         // Slurm prints this one on stdout.
@@ -730,8 +747,20 @@ fn show_jobs(options: &Options, id: Option<&str>) -> anyhow::Result<i32> {
     }
     let now = super::now_ms();
     let mut out = String::new();
-    for job in &jobs {
-        out.push_str(&record(&job_lines(job, now, options.details), options.one_liner));
+    // Pending tasks of an array not yet split off are one record, as in Slurm (ArrayTaskId=1-3).
+    for row in crate::slurm::arrays::rows(&jobs, false) {
+        let lines = match row {
+            crate::slurm::arrays::Row::Job(job) => job_lines(job, now, options.details),
+            crate::slurm::arrays::Row::Group { first, task_ids } if task_ids.len() == 1 => {
+                job_lines(first, now, options.details)
+            }
+            crate::slurm::arrays::Row::Group { first, task_ids } => {
+                let mut lines = job_lines(first, now, options.details);
+                lines[0] = array_record_line(first, &task_ids);
+                lines
+            }
+        };
+        out.push_str(&record(&lines, options.one_liner));
     }
     print!("{out}");
     Ok(0)
@@ -772,6 +801,21 @@ fn list_or_null(v: &[String]) -> String {
     if v.is_empty() { "(null)".to_string() } else { compress_hostlist(v) }
 }
 
+/// The first line of the record of an array's pending tasks: the array's id, and its tasks as a range with the
+/// throttle (`ArrayTaskId=0-7%2`), as Slurm shows the array's job before its tasks split off.
+fn array_record_line(first: &Job, task_ids: &[u32]) -> String {
+    let a = first.array.as_deref().copied().expect("groups hold array tasks");
+    let tasks = drover_state::array::format_task_ids(task_ids, a.max_running);
+    let throttle = a.max_running.map(|m| format!(" ArrayTaskThrottle={m}")).unwrap_or_default();
+    format!(
+        "JobId={} ArrayJobId={} ArrayTaskId={}{throttle} JobName={}",
+        a.array_job_id,
+        a.array_job_id,
+        tasks.trim_matches(['[', ']']),
+        first.spec.name
+    )
+}
+
 /// Who and what: ids, owner, priority, state and reason, requeue and exit code.
 fn identity_lines(job: &Job, details: bool, lines: &mut Vec<String>) {
     let s = &job.spec;
@@ -797,7 +841,7 @@ fn identity_lines(job: &Job, details: bool, lines: &mut Vec<String>) {
             s.nice,
             or_null(&s.wckey)
         ),
-        format!("JobState={} Reason={} Dependency={dependency}", job.state.name(), job_reason(job)),
+        format!("JobState={} Reason={} Dependency={dependency}", job.shown_state().name(), job_reason(job)),
         format!(
             "Requeue={} Restarts={} BatchFlag={} Reboot=0 ExitCode={}:{}",
             u8::from(s.requeue.unwrap_or(true)),
@@ -1002,6 +1046,8 @@ fn hold_release(controllers: Option<&str>, verb: &str, ids: &[&str]) -> anyhow::
         "release" => rt.block_on(client.release(&ids))?,
         "top" => rt.block_on(client.top(&ids))?,
         "uhold" => rt.block_on(client.uhold(&ids))?,
+        "suspend" => rt.block_on(client.suspend(&ids))?,
+        "resume" => rt.block_on(client.resume(&ids))?,
         _ => rt.block_on(client.hold(&ids))?,
     };
     let mut code = 0;

@@ -9,6 +9,7 @@ use drover_state::hostlist::expand_hostlist;
 use drover_state::{Job, JobState};
 
 use crate::format::{JobFormatter, SQUEUE_DEFAULT, SlurmState};
+use crate::slurm::arrays::Row;
 use crate::slurm::time::ctime;
 
 /// `-l`: Slurm's long default (the `-O` spelling of `%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R`).
@@ -140,7 +141,7 @@ impl Selection {
             |list: &[String], value: &str| list.is_empty() || list.iter().any(|v| v.eq_ignore_ascii_case(value));
         let state_ok = match &self.states {
             None => true,
-            Some(states) => states.iter().any(|s| s.0 == Some(job.state)),
+            Some(states) => states.iter().any(|s| s.0 == Some(job.shown_state())),
         };
         crate::job_refs::names(&self.refs, job)
             && state_ok
@@ -337,7 +338,7 @@ async fn report(
         out.push_str(&formatter.header());
         out.push('\n');
     }
-    for row in rows(&jobs, args.array) {
+    for row in crate::slurm::arrays::rows(&jobs, args.array) {
         match row {
             Row::Job(job) => out.push_str(&formatter.line(job, now)),
             Row::Group { first, task_ids } => {
@@ -395,36 +396,6 @@ fn sort_jobs(jobs: &mut [Job], keys: &str, now_ms: u64) {
         }
         a.id.cmp(&b.id)
     });
-}
-
-/// One line of squeue's output.
-enum Row<'a> {
-    Job(&'a Job),
-    /// Pending tasks of one array, waiting for the same reason: one line, as Slurm prints them (unless `-r`).
-    Group {
-        first: &'a Job,
-        task_ids: Vec<u32>,
-    },
-}
-
-fn rows(jobs: &[Job], one_per_task: bool) -> Vec<Row<'_>> {
-    let mut rows: Vec<Row<'_>> = Vec::new();
-    for job in jobs {
-        let groupable = !one_per_task && job.state == JobState::Pending && job.array.is_some();
-        if groupable
-            && let Some(Row::Group { first, task_ids }) = rows.last_mut()
-            && first.array.as_deref().map(|a| a.array_job_id) == job.array.as_deref().map(|a| a.array_job_id)
-            && first.reason == job.reason
-        {
-            task_ids.push(job.array.as_deref().expect("checked").task_id);
-            continue;
-        }
-        rows.push(match (groupable, job.array.as_deref().copied()) {
-            (true, Some(a)) => Row::Group { first: job, task_ids: vec![a.task_id] },
-            _ => Row::Job(job),
-        });
-    }
-    rows
 }
 
 #[cfg(test)]

@@ -558,9 +558,11 @@ impl AgentGateway for Gateway {
 
 use tokio_stream::StreamExt as _;
 
-/// What an agent was last told: each job (id, incarnation, stopping), the lingering incarnations, and whether
-/// root jobs may run. A new assignment message goes out only when it changes.
-type Fingerprint = (Vec<(JobId, u64, bool)>, Vec<(JobId, u64)>, bool);
+/// What an agent acts on for one job: id, incarnation, stopping, time limit (s), suspended since (ms).
+type JobFingerprint = (JobId, u64, bool, Option<u64>, Option<u64>);
+/// What an agent was last told: each job, the lingering incarnations, and whether root jobs may run. A new
+/// assignment message goes out only when it changes.
+type Fingerprint = (Vec<JobFingerprint>, Vec<(JobId, u64)>, bool);
 
 async fn run_session(
     hub: Arc<AgentHub>,
@@ -722,7 +724,12 @@ impl LiveSession {
             tracing::info!(node = %name, epoch, "the node's registration changed; closing its session");
             return Flow::Close;
         }
-        let jobs: Vec<(JobId, u64, bool)> = jobs.iter().map(|a| (a.job.id, a.job.incarnation, a.cancelled())).collect();
+        // What the agent acts on: the incarnations, their stop orders, time limits (scontrol update on a running
+        // job) and suspensions; a change to any of them is sent.
+        let jobs: Vec<JobFingerprint> = jobs
+            .iter()
+            .map(|a| (a.job.id, a.job.incarnation, a.cancelled(), a.job.time_limit_s, a.job.suspended_since()))
+            .collect();
         let fingerprint = (jobs, lingering.clone(), *allow_root_jobs);
         if self.last_sent.as_ref() != Some(&fingerprint) {
             if tx.send(message).await.is_err() {

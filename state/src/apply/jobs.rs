@@ -162,6 +162,35 @@ impl State {
         Ok(())
     }
 
+    /// `scontrol suspend`/`resume` of one job (the caller checked the operator's level): a running job's tasks
+    /// stop where they are and go on later; the time suspended is added to its time limit.
+    pub(crate) fn suspend(
+        &mut self,
+        id: JobId,
+        by_uid: u32,
+        suspend: bool,
+        now_ms: u64,
+        changes: &mut Vec<Change>,
+    ) -> Result<(), CommandError> {
+        let job = self.active_job(id, by_uid)?;
+        if job.state != JobState::Running || job.stopping() {
+            return Err(CommandError::NotSuspendable { id, state: job.shown_state(), suspend });
+        }
+        let job = self.jobs.get_mut(&id).expect("checked by active_job");
+        let suspension = job.suspension.get_or_insert_default();
+        match (suspend, suspension.since_ms) {
+            (true, None) => suspension.since_ms = Some(now_ms),
+            (false, Some(since)) => {
+                suspension.total_ms = suspension.total_ms.saturating_add(now_ms.saturating_sub(since));
+                suspension.since_ms = None;
+            }
+            // Slurm's words: suspending a suspended job, resuming a running one.
+            (_, _) => return Err(CommandError::NotSuspendable { id, state: job.shown_state(), suspend }),
+        }
+        changes.push(Change::PutJob(job.clone()));
+        Ok(())
+    }
+
     /// `scontrol top`: the job moves ahead of its owner's other pending jobs (and only those).
     pub(crate) fn top(&mut self, id: JobId, by_uid: u32, changes: &mut Vec<Change>) -> Result<(), CommandError> {
         let job = self.active_job(id, by_uid)?;

@@ -426,6 +426,12 @@ impl State {
             self.requeue(job, *order, now_ms, changes);
             return Ok(Reply::Nothing);
         }
+        if end.timed_out {
+            // Slurm's job is TIMEOUT from the moment its limit is reached, and the batch script's exit, which comes
+            // after (its answer to the SIGTERM), no longer sets the job's exit code: TIMEOUT reads 0:0.
+            job.exit_code = 0;
+            job.exit_signal = 0;
+        }
         let state = match () {
             () if end.timed_out => JobState::Timeout,
             () if end.oom => JobState::OutOfMemory,

@@ -117,6 +117,7 @@ impl State {
         job.requeue = None;
         job.next_step_id = 0;
         job.steps.clear();
+        job.suspension = None;
         job.message = Some(order.reason.into());
         changes.push(Change::PutJob(job.clone()));
         self.insert_active(job);

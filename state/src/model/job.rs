@@ -639,6 +639,19 @@ pub struct Job {
     /// sums inline, which decode as `Some`.)
     #[serde(default)]
     pub dropped_goodput: Option<Box<crate::model::goodput_totals::GoodputTotals>>,
+    /// `scontrol suspend` of this incarnation (rare: boxed, one word when never suspended).
+    #[serde(default)]
+    pub suspension: Option<Box<Suspension>>,
+}
+
+/// A job's suspensions (`scontrol suspend`/`resume`) in its current incarnation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Suspension {
+    /// Since when its tasks are stopped (it stays RUNNING inside, holding its allocation and taking reports, and
+    /// shows as SUSPENDED); `None` once resumed.
+    pub since_ms: Option<u64>,
+    /// Time spent suspended before: the time limit ends that much later.
+    pub total_ms: u64,
 }
 
 /// One task of a job array. The tasks of array `A` hold the consecutive job ids `A .. A + task_count`.
@@ -718,6 +731,35 @@ impl Job {
     /// Whether its tasks must be stopped now (cancelled, or to be requeued).
     pub fn stopping(&self) -> bool {
         self.ending.is_some() || self.requeue.is_some()
+    }
+
+    /// The state users see: SUSPENDED while `scontrol suspend` holds a running job's tasks stopped.
+    pub fn shown_state(&self) -> JobState {
+        if self.state == JobState::Running && self.suspended_since().is_some() {
+            JobState::Suspended
+        } else {
+            self.state
+        }
+    }
+
+    /// Since when it is suspended, if it is.
+    pub fn suspended_since(&self) -> Option<u64> {
+        self.suspension.as_ref().and_then(|s| s.since_ms)
+    }
+
+    /// Time spent suspended and resumed since, in this incarnation (ms).
+    pub fn suspended_total_ms(&self) -> u64 {
+        self.suspension.as_ref().map_or(0, |s| s.total_ms)
+    }
+
+    /// When the time limit ends (ms), counting the time spent suspended; `None` without a limit or a start, or
+    /// while suspended (the limit does not run then).
+    pub fn limit_end_ms(&self) -> Option<u64> {
+        if self.suspended_since().is_some() {
+            return None;
+        }
+        let (limit_s, start_ms) = (self.time_limit_s?, self.start_time_ms?);
+        Some(start_ms.saturating_add(limit_s.saturating_mul(1_000)).saturating_add(self.suspended_total_ms()))
     }
 
     /// Slurm's `Restarts`: a requeue counts from the moment it is ordered, as Slurm's does, though the next
@@ -878,8 +920,9 @@ mod tests {
     #[test]
     fn the_in_memory_job_stays_compact() {
         // 752 since `kill_on_invalid_dep`: the spec's flags had filled their word (8 bytes a job, under 1 % of a
-        // replica's memory at a million jobs).
-        assert!(std::mem::size_of::<Job>() <= 752, "Job is {} bytes", std::mem::size_of::<Job>());
+        // replica's memory at a million jobs). 760 since `scontrol suspend`: one boxed word for a rare state
+        // (unboxed, its time and total would have cost 24).
+        assert!(std::mem::size_of::<Job>() <= 760, "Job is {} bytes", std::mem::size_of::<Job>());
         assert!(std::mem::size_of::<JobSpec>() <= 440, "JobSpec is {} bytes", std::mem::size_of::<JobSpec>());
         // A trivial job's names need no heap block of their own.
         let job = Job {

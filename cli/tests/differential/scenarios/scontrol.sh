@@ -88,6 +88,12 @@ run scontrol requeue 999999
 #% scontrol-suspend-resume
 submit --wrap 'sleep 30'; wait_state $id RUNNING; run scontrol suspend $id; keys $id JobState; run scontrol resume $id; keys $id JobState
 
+#% scontrol-suspend-stops-the-tasks
+submit -o out.txt --wrap 'while true; do echo tick; sleep 0.2; done'; wait_state $id RUNNING; sleep 1; run scontrol suspend $id; sleep 0.5; a=$(wc -l < out.txt); sleep 2; b=$(wc -l < out.txt); [ "$a" = "$b" ] && echo "stopped while suspended"; run scontrol resume $id; sleep 2; c=$(wc -l < out.txt); [ "$c" -gt "$b" ] && echo "going again after resume"; run scontrol suspend $id; run scancel $id; wait_end $id; keys $id JobState
+
+#% scontrol-suspend-pending-and-resume-running
+submit --hold --wrap true; run scontrol suspend $id; submit --wrap 'sleep 30'; wait_state $id RUNNING; run scontrol resume $id; run scancel $id
+
 #% scontrol-top
 submit --hold --wrap true; a=$id; submit --hold --wrap true; run scontrol top $id
 
