@@ -846,10 +846,36 @@ impl DroverService for Api {
         if message.job_ids.is_empty() || message.job_ids.len() > MAX_IDS_PER_REQUEST {
             return Err(Status::invalid_argument(format!("name between 1 and {MAX_IDS_PER_REQUEST} job ids")));
         }
-        let command = Command::RequeueJobs { ids: message.job_ids, by_uid: caller.uid, hold: message.hold };
-        let Reply::Jobs(outcomes) = self.write(command).await? else {
-            return Err(Status::internal("unexpected reply to a requeue"));
-        };
+        // Finished jobs are in the history, which `State` does not hold: each goes in a command of its own with
+        // its record (Slurm requeues a COMPLETED batch job too). The rest go together.
+        let mut finished = Vec::new();
+        let mut active = Vec::new();
+        for id in message.job_ids {
+            let record = if self.view.read().state.jobs.contains_key(&id) {
+                None
+            } else {
+                self.view.history_job(id).map_err(|e| internal("reading history", e))?
+            };
+            match record {
+                Some(job) if job.state.is_terminal() => finished.push(job),
+                _ => active.push(id),
+            }
+        }
+        let mut outcomes = Vec::new();
+        if !active.is_empty() {
+            let command = Command::RequeueJobs { ids: active, by_uid: caller.uid, hold: message.hold };
+            let Reply::Jobs(some) = self.write(command).await? else {
+                return Err(Status::internal("unexpected reply to a requeue"));
+            };
+            outcomes.extend(some);
+        }
+        for job in finished {
+            let command = Command::RequeueFinished { job: Box::new(job), by_uid: caller.uid, hold: message.hold };
+            let Reply::Jobs(some) = self.write(command).await? else {
+                return Err(Status::internal("unexpected reply to a requeue"));
+            };
+            outcomes.extend(some);
+        }
         Ok(Response::new(JobOutcomesReply { outcomes: outcomes.into_iter().map(outcome).collect() }))
     }
 

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::CommandError;
 use crate::model::config::{ClusterConfig, PartitionUpdate};
-use crate::model::job::{JobId, JobSpec, MeasuredUsage, NodeAllocation, PendingReason, Usage};
+use crate::model::job::{Job, JobId, JobSpec, MeasuredUsage, NodeAllocation, PendingReason, Usage};
 use crate::model::node::{NodeInfo, RunningShare};
 use crate::model::registry::AdminOp;
 
@@ -186,6 +186,14 @@ pub enum Command {
         by_uid: u32,
         suspend: bool,
     },
+    /// `scontrol requeue` of a finished batch job: back to PENDING as its next incarnation. The leader reads the
+    /// job from the accounting history (which only it and the other replicas' stores hold, not `State`) and
+    /// proposes it whole; applying checks it is still finished (a second request finds it active).
+    RequeueFinished {
+        job: Box<Job>,
+        by_uid: u32,
+        hold: bool,
+    },
 }
 
 /// The fields `scontrol update jobid=...` may change (`None` leaves one as it is).
@@ -266,6 +274,7 @@ impl Command {
             Command::UpdatePartition { .. } => "update_partition",
             Command::Admin { op, .. } => op.kind(),
             Command::TopJobs { .. } => "top_jobs",
+            Command::RequeueFinished { .. } => "requeue_finished",
             Command::SuspendJobs { suspend: true, .. } => "suspend_jobs",
             Command::SuspendJobs { suspend: false, .. } => "resume_jobs",
             Command::UpdateJob { .. } => "update_job",

@@ -131,6 +131,9 @@ pub enum Change {
     /// An administrative change, appended to the audit log; and the oldest entry dropped, by id.
     PutAudit(AuditEntry),
     DeleteAudit(u64),
+    /// A finished job requeued (`scontrol requeue` of a COMPLETED batch job): out of the accounting history, as
+    /// the `PutJob` beside it makes it active again.
+    UnarchiveJob(JobId),
 }
 
 /// What one `apply` produced: the answer for the proposer and the records to persist.
@@ -360,6 +363,11 @@ impl State {
             }
             Command::RequeueJobs { ids, by_uid, hold } => {
                 Ok(self.for_each_job(ids, |s, id| s.request_requeue(id, *by_uid, *hold, &mut changes)))
+            }
+            Command::RequeueFinished { job, by_uid, hold } => {
+                let id = job.id;
+                let result = self.requeue_finished(job, *by_uid, *hold, request.time_ms, &mut changes);
+                Ok(Reply::Jobs(vec![crate::command::JobOutcome { id, result }]))
             }
             Command::PreemptJobs { victims, for_job } => self.preempt(victims, *for_job, &mut changes),
             Command::RecordCheckpoint { job_id, incarnation, path, step, by_uid } => {

@@ -349,3 +349,53 @@ fn a_suspended_job_keeps_its_allocation_and_its_time_limit_moves_by_the_time_sto
     let job = state.job(id).unwrap();
     assert_eq!(job.suspension, None);
 }
+
+/// `scontrol requeue` of a COMPLETED batch job, as Slurm's: the leader proposes the history's record; the job
+/// comes back PENDING as its next incarnation, out of the history, with its goodput counted once; a second
+/// request finds it active; a --no-requeue job and a stranger are refused.
+#[test]
+fn a_finished_batch_job_requeued_comes_back_as_its_next_incarnation() {
+    let mut state = cluster(5);
+    let id = submit(&mut state, spec(1));
+    start(&mut state, id, &["n1"], 20);
+    let ended = state.apply(&at(40, Command::JobEnded { job_id: id, incarnation: 0, end: JobEnd::default() }));
+    let Some(drover_state::Change::ArchiveJob(record)) =
+        ended.changes.iter().find(|c| matches!(c, drover_state::Change::ArchiveJob(_)))
+    else {
+        panic!("archived: {:?}", ended.changes)
+    };
+    let record = record.clone();
+    let goodput = state.meta.goodput;
+    let requeue = |by_uid| Command::RequeueFinished { job: record.clone(), by_uid, hold: false };
+    let outcome = |state: &mut State, time_ms, command| match state.apply(&at(time_ms, command)) {
+        drover_state::Applied { response: Ok(Reply::Jobs(o)), changes } => (o[0].result.clone(), changes),
+        other => panic!("{other:?}"),
+    };
+
+    let (refused, _) = outcome(&mut state, 50, requeue(4_242));
+    assert!(matches!(refused, Err(CommandError::PermissionDenied { .. })), "{refused:?}");
+    let (result, changes) = outcome(&mut state, 60, requeue(ALICE));
+    result.unwrap();
+    assert!(changes.contains(&drover_state::Change::UnarchiveJob(id)), "out of the history");
+    let job = state.job(id).unwrap();
+    assert_eq!((job.state, job.incarnation, job.restart_count), (JobState::Pending, 1, 1));
+    assert_eq!(job.history[0].state, JobState::Completed, "the finished incarnation, in its history");
+    assert_eq!((job.end_time_ms, job.start_time_ms), (None, None));
+    assert_eq!(state.meta.goodput, goodput, "counted once, when it ended");
+    state.check_invariants();
+    let (again, _) = outcome(&mut state, 70, requeue(ALICE));
+    assert!(matches!(again, Err(CommandError::NotRunning { .. })), "{again:?}");
+
+    let stubborn = JobSpec { requeue: Some(false), ..spec(1) };
+    let other = submit(&mut state, stubborn);
+    start(&mut state, other, &["n2"], 80);
+    let ended = state.apply(&at(90, Command::JobEnded { job_id: other, incarnation: 0, end: JobEnd::default() }));
+    let Some(drover_state::Change::ArchiveJob(record)) =
+        ended.changes.iter().find(|c| matches!(c, drover_state::Change::ArchiveJob(_)))
+    else {
+        panic!()
+    };
+    let command = Command::RequeueFinished { job: record.clone(), by_uid: ALICE, hold: false };
+    let (refused, _) = outcome(&mut state, 95, command);
+    assert!(matches!(refused, Err(CommandError::InvalidRequest(_))), "{refused:?}");
+}

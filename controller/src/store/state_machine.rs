@@ -304,6 +304,10 @@ fn write_change(db: &Db, batch: &mut WriteBatch, pending: &mut PendingHistory, c
         Change::DeleteObject(key) => batch.delete_cf(db.cf(CF_OBJECTS), key.as_bytes()),
         Change::PutAudit(entry) => batch.put_cf(db.cf(CF_AUDIT), id_key(entry.id), encode(entry)?),
         Change::DeleteAudit(id) => batch.delete_cf(db.cf(CF_AUDIT), id_key(*id)),
+        Change::UnarchiveJob(id) => {
+            batch.delete_cf(db.cf(CF_HISTORY), id_key(*id));
+            pending.remove(id);
+        }
     }
     Ok(())
 }

@@ -91,7 +91,7 @@ impl State {
     /// failure exceeds the requeue limit). The allocation is already released.
     pub(crate) fn requeue(&mut self, mut job: Box<Job>, order: RequeueOrder, now_ms: u64, changes: &mut Vec<Change>) {
         let limit = self.config().map_or(DEFAULT_MAX_BATCH_REQUEUE, |c| c.max_batch_requeue);
-        self.record_incarnation(&mut job, order.kind.state(), &order.reason, now_ms, changes);
+        self.record_incarnation(&mut job, order.kind.state(), &order.reason, now_ms, true, changes);
         if order.kind == RequeueKind::NodeFailure {
             job.failures += 1;
             if job.failures > limit {
@@ -106,9 +106,15 @@ impl State {
                 return;
             }
         }
+        job.message = Some(order.reason.into());
+        self.begin_next_incarnation(job, order.hold, changes);
+    }
+
+    /// Back in the queue as the next incarnation, held with `hold` or not.
+    fn begin_next_incarnation(&mut self, mut job: Box<Job>, hold: Option<PendingReason>, changes: &mut Vec<Change>) {
         job.state = JobState::Pending;
-        job.reason = order.hold.unwrap_or(PendingReason::None);
-        job.held = order.hold.is_some();
+        job.reason = hold.unwrap_or(PendingReason::None);
+        job.held = hold.is_some();
         job.restart_count += 1;
         job.incarnation += 1;
         job.start_time_ms = None;
@@ -118,19 +124,68 @@ impl State {
         job.next_step_id = 0;
         job.steps.clear();
         job.suspension = None;
-        job.message = Some(order.reason.into());
         changes.push(Change::PutJob(job.clone()));
         self.insert_active(job);
     }
 
+    /// `scontrol requeue` of a finished batch job, as Slurm's: back to PENDING as its next incarnation (its
+    /// finished one joins its history; its goodput was counted when it ended). `job` is the history's record,
+    /// which the leader read; one requeued already (active again) is refused.
+    pub(crate) fn requeue_finished(
+        &mut self,
+        job: &Job,
+        by_uid: u32,
+        hold: bool,
+        now_ms: u64,
+        changes: &mut Vec<Change>,
+    ) -> Result<(), CommandError> {
+        let id = job.id;
+        if let Some(active) = self.jobs.get(&id) {
+            return Err(CommandError::NotRunning { id, state: active.state, cancelling: false });
+        }
+        if !job.state.is_terminal() {
+            return Err(CommandError::InvalidRequest(format!("job {id}'s record is not of a finished job")));
+        }
+        let privileged = self.level_of(by_uid) >= AdminLevel::Operator;
+        if by_uid != job.spec.uid && !privileged {
+            return Err(CommandError::PermissionDenied { id, owner: job.spec.uid, requester: by_uid });
+        }
+        if !job.requeueable() {
+            return Err(CommandError::InvalidRequest(format!(
+                "Requeue of job {id} is disabled: it was submitted with --no-requeue (or is an interactive allocation)"
+            )));
+        }
+        let mut job = Box::new(job.clone());
+        let reason = format!("requeued by uid {by_uid} after it ended {}", job.state.name());
+        let (ended_as, ended_ms) = (job.state, job.end_time_ms.unwrap_or(now_ms));
+        self.record_incarnation(&mut job, ended_as, &reason, ended_ms, false, changes);
+        job.end_time_ms = None;
+        job.exit_code = 0;
+        job.exit_signal = 0;
+        job.cancelled_by = None;
+        job.ending = None;
+        job.message = Some(reason.into());
+        let held = match (hold, by_uid != job.spec.uid && privileged) {
+            (false, _) => None,
+            (true, true) => Some(PendingReason::JobHeldAdmin),
+            (true, false) => Some(PendingReason::RequeuedHeld),
+        };
+        changes.push(Change::UnarchiveJob(id));
+        self.index_dependencies(&job);
+        self.begin_next_incarnation(job, held, changes);
+        Ok(())
+    }
+
     /// Appends how the current incarnation ended to the job's history (bounded, oldest dropped first, its goodput
-    /// kept in `dropped_goodput`), and counts its goodput in the cluster's and its account's sums.
+    /// kept in `dropped_goodput`), and counts its goodput in the cluster's and its account's sums (unless
+    /// `count` is false: a finished job's was counted as it ended).
     fn record_incarnation(
         &mut self,
         job: &mut Job,
         state: JobState,
         reason: &str,
         now_ms: u64,
+        count: bool,
         changes: &mut Vec<Change>,
     ) {
         let record = IncarnationRecord {
@@ -144,7 +199,7 @@ impl State {
             gpus: job.allocated_gpus() as u32,
             last_checkpoint_ms: job.incarnation_checkpoint_ms(),
         };
-        if let Some(ended) = Incarnation::of_record(&record) {
+        if count && let Some(ended) = Incarnation::of_record(&record) {
             self.count_goodput(job.account_name(), &ended.totals(ALL_TIME, now_ms), now_ms, changes);
         }
         if job.history.len() >= MAX_HISTORY {
