@@ -25,7 +25,8 @@ submit -n2 -o out.txt --wrap 'srun -n1 sh -c "env | grep -E ^SLURM_STEP_ | sort"
 run srun --no-such-option true
 
 #% srun-missing-program
-run srun -n1 /no/such/program
+# Sorted: the task's error line and srun's line for its exit come from two sources, in either order on both.
+srun -n1 /no/such/program 2> err.txt; echo "rc=$?"; sort err.txt
 
 #% srun-too-many-gpus
 run srun --gres=gpu:9 true
