@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod node;
 pub mod patterns;
 pub mod session;
+pub mod step_input;
 pub mod steps;
 pub mod supervise;
 pub mod userfile;

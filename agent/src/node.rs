@@ -199,7 +199,7 @@ pub struct NodeAgent {
     pub(crate) cpu_choice: Mutex<()>,
     /// The write ends of running steps' input FIFOs (srun's stdin), by job and step, until the input ends or the
     /// step does.
-    pub(crate) step_inputs: Mutex<HashMap<(JobId, u32), Vec<crate::steps::InputEnd>>>,
+    pub(crate) step_inputs: Mutex<HashMap<(JobId, u32), Vec<crate::step_input::InputEnd>>>,
     /// The latest GPU health poll (one per heartbeat), which `/metrics` shows instead of asking NVML per scrape.
     last_health: Mutex<Vec<crate::gpu::GpuHealth>>,
     /// Heartbeats sent since the agent started.

@@ -19,7 +19,7 @@ if [ -n "$DROVER_RESUME_FROM" ]; then step=$(cat "$DROVER_RESUME_FROM"); fi
 while [ "$step" -lt 100000 ]; do
   step=$((step + 1))
   sleep 0.1
-  echo "step $SLURM_RESTART_COUNT $step $(date +%s%N) $SLURMD_NODENAME" >> steps.log
+  echo "step ${SLURM_RESTART_COUNT:-0} $step $(date +%s%N) $SLURMD_NODENAME" >> steps.log
   if [ $((step % 5)) -eq 0 ]; then
     f="$DROVER_CHECKPOINT_DIR/step-$step"; echo "$step" > "$f"
     drover checkpoint record "$f" --step "$step"

@@ -866,6 +866,36 @@ pub fn pad(value: &str, width: usize, right: bool, cut: bool) -> String {
     if right { format!("{shown:>width$}") } else { format!("{shown:<width$}") }
 }
 
+/// A group's name from the group database, else its number (Slurm's `gid_to_string`).
+pub fn group_name(gid: u32) -> String {
+    let mut buf = vec![0 as libc::c_char; 4096];
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: the buffers outlive the call; getgrgid_r writes only within them.
+    let rc = unsafe { libc::getgrgid_r(gid, &mut grp, buf.as_mut_ptr(), buf.len(), &mut result) };
+    if rc != 0 || result.is_null() {
+        return gid.to_string();
+    }
+    // SAFETY: on success gr_name points to a NUL-terminated string inside `buf`.
+    unsafe { std::ffi::CStr::from_ptr(grp.gr_name) }.to_string_lossy().into_owned()
+}
+
+/// Why a job is where it is: the pending reason, or why it ended.
+pub fn job_reason(job: &Job) -> String {
+    match job.state {
+        JobState::Pending => job.reason.name().to_string(),
+        // Slurm's slurmctld files a batch script that died of a signal under FAIL_LAUNCH, whatever the signal.
+        JobState::Failed if job.exit_signal != 0 => "JobLaunchFailure".to_string(),
+        JobState::Failed if job.exit_code != 0 => "NonZeroExitCode".to_string(),
+        JobState::Timeout => "TimeLimit".to_string(),
+        JobState::NodeFail => "NodeDown".to_string(),
+        JobState::OutOfMemory => "OutOfMemory".to_string(),
+        // `--kill-on-invalid-dep=yes` cancels with DependencyNeverSatisfied; a cancel by a user leaves None.
+        JobState::Cancelled => job.reason.name().to_string(),
+        _ => "None".to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -261,7 +261,7 @@ fn a_dead_node_requeues_its_job_on_a_live_one() {
         "requeue-%j.out",
         "--open-mode=append",
         "--wrap",
-        "echo restart=$SLURM_RESTART_COUNT on $SLURMD_NODENAME; if [ $SLURM_RESTART_COUNT = 0 ]; then sleep 60; fi",
+        "echo restart=${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME; if [ ${SLURM_RESTART_COUNT:-0} = 0 ]; then sleep 60; fi",
     ]);
     sh.wait_state(id, "RUNNING", Duration::from_secs(20));
     let node = sh.acct(id, "NodeList").remove(0);

@@ -22,18 +22,18 @@ const TOTAL: u32 = 60;
 const COUNTER: &str = r#"#!/bin/bash
 step=0
 if [ -n "$DROVER_RESUME_FROM" ]; then step=$(cat "$DROVER_RESUME_FROM"); fi
-echo "start $SLURM_RESTART_COUNT $step $(date +%s%N) $SLURMD_NODENAME" >> steps.log
+echo "start ${SLURM_RESTART_COUNT:-0} $step $(date +%s%N) $SLURMD_NODENAME" >> steps.log
 while [ "$step" -lt "$TOTAL" ]; do
   step=$((step + 1))
   sleep 0.1
-  echo "step $SLURM_RESTART_COUNT $step $(date +%s%N) $SLURMD_NODENAME" >> steps.log
+  echo "step ${SLURM_RESTART_COUNT:-0} $step $(date +%s%N) $SLURMD_NODENAME" >> steps.log
   if [ $((step % 5)) -eq 0 ]; then
     f="$DROVER_CHECKPOINT_DIR/step-$step"
     echo "$step" > "$f.tmp" && mv "$f.tmp" "$f"
     drover checkpoint record "$f" --step "$step" || echo "record failed at $step" >> steps.log
   fi
 done
-echo "done $SLURM_RESTART_COUNT $step $(date +%s%N) $SLURMD_NODENAME" >> steps.log
+echo "done ${SLURM_RESTART_COUNT:-0} $step $(date +%s%N) $SLURMD_NODENAME" >> steps.log
 "#;
 
 fn is_root() -> bool {
@@ -563,7 +563,7 @@ fn scontrol_requeue_from_inside_the_job_restarts_it_from_its_checkpoint() {
     // The first incarnation asks to be requeued at step 12, as Lightning and submitit do on SIGUSR1.
     let script = COUNTER.replace(
         "  if [ $((step % 5)) -eq 0 ]; then",
-        "  if [ \"$SLURM_RESTART_COUNT\" = 0 ] && [ \"$step\" = 12 ]; then scontrol requeue \"$SLURM_JOB_ID\"; sleep 30; fi\n  if [ $((step % 5)) -eq 0 ]; then",
+        "  if [ \"${SLURM_RESTART_COUNT:-0}\" = 0 ] && [ \"$step\" = 12 ]; then scontrol requeue \"$SLURM_JOB_ID\"; sleep 30; fi\n  if [ $((step % 5)) -eq 0 ]; then",
     );
     std::fs::write(sh.cwd.join("count.sh"), &script).unwrap();
     let id = sh.submit(&["--gres=gpu:1", "-o", "count-%j.out", "--export=ALL,TOTAL=60", "count.sh"]);

@@ -52,7 +52,11 @@ fn a_user_submits_inspects_holds_and_cancels_jobs_with_slurm_commands() {
     assert!(show.starts_with("JobId=1 JobName=pretrain\n"), "{show}");
     assert!(show.contains("JobState=PENDING") && show.contains("TRES=cpu=2,node=2,gres/gpu=16"), "{show}");
 
+    // As Slurm: root's `hold` is an administrator's hold, `uhold` the user's.
     sh.ok("scontrol", &["hold", "2"]);
+    assert_eq!(sh.ok("squeue", &["-h", "-o", "%i %r", "-j", "2"]), "2 JobHeldAdmin\n");
+    sh.ok("scontrol", &["release", "2"]);
+    sh.ok("scontrol", &["uhold", "2"]);
     assert_eq!(sh.ok("squeue", &["-h", "-o", "%i %r", "-j", "2"]), "2 JobHeldUser\n");
     sh.ok("scontrol", &["release", "2"]);
     sh.ok("scancel", &["2"]);
@@ -163,7 +167,7 @@ fn an_administrator_changes_a_partition_at_run_time() {
     // MaxTime was 10 minutes; lift it and reopen.
     sh.ok("scontrol", &["update", "partitionname=debug", "state=up", "maxtime=UNLIMITED", "default=yes"]);
     let show = sh.ok("scontrol", &["show", "partition", "debug"]);
-    assert!(show.contains("Default=YES State=UP") && show.contains("MaxTime=UNLIMITED"), "{show}");
+    assert!(show.contains("Default=YES") && show.contains("State=UP") && show.contains("MaxTime=UNLIMITED"), "{show}");
     assert_eq!(sh.ok("sbatch", &["--parsable", "-t", "2-00:00:00", "--wrap", "true"]).trim(), "1");
     assert!(sh.ok("squeue", &["-h", "-o", "%P"]).contains("debug"), "jobs without -p now go to the new default");
     let bad = sh.err("scontrol", &["update", "partitionname=nope", "state=down"]);

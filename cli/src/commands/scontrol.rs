@@ -539,20 +539,6 @@ fn parse_yes_no(value: &str) -> Option<bool> {
     }
 }
 
-/// A group's name from the group database, else its number (Slurm's `gid_to_string`).
-fn group_name(gid: u32) -> String {
-    let mut buf = vec![0 as libc::c_char; 4096];
-    let mut grp: libc::group = unsafe { std::mem::zeroed() };
-    let mut result: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: the buffers outlive the call; getgrgid_r writes only within them.
-    let rc = unsafe { libc::getgrgid_r(gid, &mut grp, buf.as_mut_ptr(), buf.len(), &mut result) };
-    if rc != 0 || result.is_null() {
-        return gid.to_string();
-    }
-    // SAFETY: on success gr_name points to a NUL-terminated string inside `buf`.
-    unsafe { std::ffi::CStr::from_ptr(grp.gr_name) }.to_string_lossy().into_owned()
-}
-
 /// Joins a record's lines as Slurm does: indented lines, or one line with `-o`; a blank line after each.
 fn record(lines: &[String], one_liner: bool) -> String {
     if one_liner {
@@ -766,22 +752,6 @@ fn show_jobs(options: &Options, id: Option<&str>) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// Why a job is where it is: the pending reason, or why it ended.
-fn job_reason(job: &Job) -> String {
-    match job.state {
-        JobState::Pending => job.reason.name().to_string(),
-        // Slurm's slurmctld files a batch script that died of a signal under FAIL_LAUNCH, whatever the signal.
-        JobState::Failed if job.exit_signal != 0 => "JobLaunchFailure".to_string(),
-        JobState::Failed if job.exit_code != 0 => "NonZeroExitCode".to_string(),
-        JobState::Timeout => "TimeLimit".to_string(),
-        JobState::NodeFail => "NodeDown".to_string(),
-        JobState::OutOfMemory => "OutOfMemory".to_string(),
-        // `--kill-on-invalid-dep=yes` cancels with DependencyNeverSatisfied; a cancel by a user leaves None.
-        JobState::Cancelled => job.reason.name().to_string(),
-        _ => "None".to_string(),
-    }
-}
-
 /// `scontrol show job`'s lines for one job, in Slurm's order, then Drover's own.
 fn job_lines(job: &Job, now_ms: u64, details: bool) -> Vec<String> {
     let mut lines = Vec::with_capacity(40);
@@ -834,14 +804,18 @@ fn identity_lines(job: &Job, details: bool, lines: &mut Vec<String>) {
         drover_state::dependency::format_dependency_status(&s.dependency, s.dependency_any, &job.dependency_state);
     lines.extend([
         first,
-        format!("UserId={}({}) GroupId={}({}) MCS_label=N/A", s.user, s.uid, group_name(s.gid), s.gid),
+        format!("UserId={}({}) GroupId={}({}) MCS_label=N/A", s.user, s.uid, crate::format::group_name(s.gid), s.gid),
         format!(
             "Priority={} Nice={} Account={account} QOS={qos} WCKey={}",
             if job.held { 0 } else { 1 },
             s.nice,
             or_null(&s.wckey)
         ),
-        format!("JobState={} Reason={} Dependency={dependency}", job.shown_state().name(), job_reason(job)),
+        format!(
+            "JobState={} Reason={} Dependency={dependency}",
+            job.shown_state().name(),
+            crate::format::job_reason(job)
+        ),
         format!(
             "Requeue={} Restarts={} BatchFlag={} Reboot=0 ExitCode={}:{}",
             u8::from(s.requeue.unwrap_or(true)),

@@ -88,6 +88,9 @@ struct Args {
     /// Accepted for compatibility: every partition is shown already.
     #[arg(short = 'a', long = "all")]
     all: bool,
+    /// The jobs as Slurm 22.05's `squeue --json` prints them (OpenAPI v0.0.38).
+    #[arg(long = "json")]
+    json: bool,
     #[arg(long = "hide")]
     hide: bool,
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
@@ -319,6 +322,27 @@ async fn report(
     }
     if let Some(keys) = &args.sort {
         sort_jobs(&mut jobs, keys, now);
+    }
+    if args.json {
+        let (_, config) = client.nodes_and_config(args.stale).await?;
+        let cluster = config.map(|c| c.cluster_name).unwrap_or_default();
+        let objects: Vec<serde_json::Value> = crate::slurm::arrays::rows(&jobs, args.array)
+            .into_iter()
+            .map(|row| match row {
+                Row::Job(job) => crate::slurm::openapi::job_object(job, &cluster, None),
+                Row::Group { first, task_ids } if task_ids.len() == 1 => {
+                    crate::slurm::openapi::job_object(first, &cluster, None)
+                }
+                Row::Group { first, task_ids } => {
+                    let a = first.array.as_deref().copied().expect("groups hold array tasks");
+                    let tasks = drover_state::array::format_task_ids(&task_ids, a.max_running);
+                    crate::slurm::openapi::job_object(first, &cluster, Some(tasks.trim_matches(['[', ']'])))
+                }
+            })
+            .collect();
+        let document = crate::slurm::openapi::jobs_document(&objects);
+        println!("{}", serde_json::to_string_pretty(&document)?);
+        return Ok(0);
     }
     let mut out = String::new();
     if args.start {

@@ -5,5 +5,6 @@ pub mod arrays;
 pub mod fields;
 pub mod host;
 pub mod nodes;
+pub mod openapi;
 pub mod reservations;
 pub mod time;

@@ -74,3 +74,16 @@ submit --hold --array=0-2 --wrap true; run squeue -h -r -o '%i %t'
 
 #% squeue-dependency-reason
 submit --hold --wrap true; a=$id; submit -d afterok:$a --wrap true; run squeue -h -j $id -o '%i %r %E'
+
+#% squeue-json-held-job-and-array
+# What client libraries read from Slurm 22.05's `squeue --json` (OpenAPI v0.0.38).
+submit --hold -J jsonjob -t 30 -n 2 --wrap true; single=$id; submit --hold --array=1-3%2 -J jsonarray --wrap true
+squeue --json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+print(d["meta"]["plugin"]["type"], d["errors"])
+keys = ["job_state", "state_reason", "name", "partition", "user_name", "group_name", "priority", "time_limit", "batch_flag", "requeue", "restart_cnt", "tasks", "node_count", "array_task_string", "array_max_tasks", "standard_input", "current_working_directory", "nodes", "start_time"]
+for j in sorted(d["jobs"], key=lambda j: j["name"]):
+    print(" ".join("%s=%s" % (k, j[k]) for k in keys))
+print(sorted(set.union(*[set(j) for j in d["jobs"]])) == sorted(set(d["jobs"][0])), len(d["jobs"][0]))
+' | sed "s|$PWD|<dir>|g"
