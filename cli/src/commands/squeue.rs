@@ -242,6 +242,10 @@ fn selection(args: &Args) -> anyhow::Result<Selection> {
     if args.start && state_text.is_none() {
         states = Some(vec![SlurmState(Some(JobState::Pending))]);
     }
+    // Slurm's --json dumps every job slurmctld still holds, those that ended within MinJobAge included.
+    if args.json && state_text.is_none() {
+        states = None;
+    }
     let nodes = match &args.nodelist {
         Some(list) => {
             expand_hostlist(list).map_err(|e| anyhow::anyhow!("'{list}' invalid entry for --nodelist: {e}"))?

@@ -36,7 +36,8 @@ run srun -n1 -o step.txt echo into-file; cat step.txt
 
 #% srun-signal-forwarded-to-tasks
 srun -n1 sh -c 'trap "echo task got USR1" USR1; for i in $(seq 30); do sleep 0.2; done; echo task finished' > out.txt 2>&1 &
-pid=$!; sleep 2.5; kill -USR1 $pid; wait $pid; echo "srun rc=$?"; cat out.txt
+# Sorted: the task's line and its shell's note on the killed sleep come in either order on both.
+pid=$!; sleep 2.5; kill -USR1 $pid; wait $pid; echo "srun rc=$?"; sort out.txt
 
 #% srun-job-name
 run srun -n1 -J stepname sh -c 'echo $SLURM_JOB_NAME'
