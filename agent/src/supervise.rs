@@ -626,6 +626,9 @@ fn spawn_task(
     unsafe { command.pre_exec(move || prepare_child(stage_fd, procs_fds, cpuset_fd, child_creds.as_ref())) };
     let started_ms = now_ms();
     let spawned = command.spawn();
+    // The job's variables were this root process's only for the fork: it starts nothing else, but nothing of the
+    // user's (TZ, locale, resolver settings) stays in it either.
+    drop_task_environment();
     drop(command); // closes our copies of the task's output files
     drop(stage_write);
     // The task has joined (or failed to): close the cgroup.procs files.
@@ -1191,16 +1194,21 @@ const TASK_PID_PLACEHOLDER: &str = "0000000000";
 /// placeholder for `SLURM_TASK_PID`: std hands a `Command`'s own environment to exec as a copy the child cannot
 /// reach, but the process environment it can, so the child writes its pid there without allocating.
 fn take_task_environment(env: &[(String, String)]) {
-    let inherited: Vec<std::ffi::OsString> = std::env::vars_os().map(|(name, _)| name).collect();
-    for name in inherited {
-        // SAFETY: the supervisor runs no other thread (see `run_supervisor`).
-        unsafe { std::env::remove_var(name) };
-    }
+    drop_task_environment();
     // SAFETY (both): as above; names and values were checked by `validate_launch` (no NUL, no '=' in names).
     for (name, value) in env {
         unsafe { std::env::set_var(name, value) };
     }
     unsafe { std::env::set_var(TASK_PID_VAR.to_str().expect("ASCII"), TASK_PID_PLACEHOLDER) };
+}
+
+/// Empties this supervisor's environment again once the task is started.
+fn drop_task_environment() {
+    let names: Vec<std::ffi::OsString> = std::env::vars_os().map(|(name, _)| name).collect();
+    for name in names {
+        // SAFETY: the supervisor runs no other thread (see `run_supervisor`).
+        unsafe { std::env::remove_var(name) };
+    }
 }
 
 /// Writes this process's pid over the `SLURM_TASK_PID` placeholder: getenv, getpid and stores into memory this
