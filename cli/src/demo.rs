@@ -10,7 +10,7 @@ use drover_client::{Client, JobFilter};
 use drover_state::JobState;
 
 use crate::local::{LocalCluster, UpOptions};
-use crate::sbatch_args::{SubmitContext, build_spec, parse_command_line};
+use crate::sbatch_args::{build_spec, parse_command_line};
 
 /// The training job: a rendezvous of all ranks (as torch.distributed's env:// does), some "training", then a
 /// step that reports where each rank ran.
@@ -48,24 +48,11 @@ pub fn run(dir: Option<PathBuf>) -> anyhow::Result<()> {
 
 /// A job spec as `sbatch ARGS` would submit it from `cwd`, with the demo's Slurm commands first on PATH.
 fn spec(args: &[&str], script: Option<&str>, cwd: &Path) -> anyhow::Result<drover_state::JobSpec> {
-    let (user, uid, gid) = crate::identity::current_user();
     let shims = cwd.parent().unwrap_or(cwd).join("bin");
     let path = format!("{}:{}", shims.display(), std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()));
     let mut env: Vec<(String, String)> = std::env::vars().filter(|(k, _)| k == "HOME").collect();
     env.push(("PATH".to_string(), path));
-    let (now_ms, utc_offset_s) = crate::slurm::time::local_clock();
-    let cwd = cwd.display().to_string();
-    let ctx = SubmitContext {
-        user,
-        uid,
-        gid,
-        cwd,
-        env,
-        now_ms,
-        utc_offset_s,
-        sbatch_env: true,
-        submission: Some(crate::slurm::host::submission()),
-    };
+    let ctx = crate::slurm::host::submit_context(cwd.display().to_string(), env, true);
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     let parsed = build_spec(&parse_command_line(&args)?, script, &ctx)?;
     for warning in &parsed.warnings {

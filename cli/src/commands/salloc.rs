@@ -20,8 +20,7 @@ use drover_state::job::MemRequest;
 use drover_state::{Job, JobState};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
-use crate::identity::current_user;
-use crate::sbatch_args::{SbatchOption, SubmitContext, build_spec, parse_command_line};
+use crate::sbatch_args::{SbatchOption, build_spec, parse_command_line};
 
 /// How long salloc waits for an allocation before giving up (Slurm waits forever unless `--immediate`).
 const ALLOCATION_WAIT_S: u64 = 24 * 3600;
@@ -155,23 +154,10 @@ async fn salloc(args: &[String]) -> anyhow::Result<i32> {
     if cmd.wrap.is_some() || cmd.options.iter().any(|o| matches!(o, SbatchOption::Array(_))) {
         anyhow::bail!("--wrap and --array are sbatch's; salloc allocates one job for a command run here");
     }
-    let (user, uid, gid) = current_user();
-    let command = if command.is_empty() && !flags.no_shell { vec![login_shell(uid)] } else { command };
     let cwd = std::env::current_dir()?.display().to_string();
-    let env: Vec<(String, String)> = std::env::vars().collect();
-    let (now_ms, utc_offset_s) = crate::slurm::time::local_clock();
     // salloc reads SALLOC_* input variables in Slurm, never SBATCH_* ones.
-    let ctx = SubmitContext {
-        user,
-        uid,
-        gid,
-        cwd: cwd.clone(),
-        env,
-        now_ms,
-        utc_offset_s,
-        sbatch_env: false,
-        submission: Some(crate::slurm::host::submission()),
-    };
+    let ctx = crate::slurm::host::submit_context(cwd.clone(), std::env::vars().collect(), false);
+    let command = if command.is_empty() && !flags.no_shell { vec![login_shell(ctx.uid)] } else { command };
     let mut parsed = build_spec(&cmd, Some("#!/bin/sh\n"), &ctx)?;
     if !parsed.quiet {
         for warning in &parsed.warnings {

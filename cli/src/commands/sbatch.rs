@@ -3,9 +3,7 @@
 use std::io::Read;
 
 use crate::command::take_controllers_flag;
-use crate::identity::current_user;
-use crate::sbatch_args::{MAX_SCRIPT_BYTES, OptionError, SbatchError, SubmitContext, build_spec, parse_command_line};
-use crate::slurm::time::local_clock;
+use crate::sbatch_args::{MAX_SCRIPT_BYTES, OptionError, SbatchError, build_spec, parse_command_line};
 
 /// Why `sbatch` failed, for its exit status and wording, as Slurm 22.05's (checked on this machine).
 enum Failure {
@@ -112,21 +110,8 @@ fn submit(args: &[String]) -> Result<i32, Failure> {
         std::io::stdin().take(MAX_SCRIPT_BYTES as u64 + 1).read_to_string(&mut text)?;
         Some(text)
     };
-    let (user, uid, gid) = current_user();
     let cwd = std::env::current_dir()?.display().to_string();
-    let (now_ms, utc_offset_s) = local_clock();
-    let env = std::env::vars().collect();
-    let ctx = SubmitContext {
-        user,
-        uid,
-        gid,
-        cwd,
-        env,
-        now_ms,
-        utc_offset_s,
-        sbatch_env: true,
-        submission: Some(crate::slurm::host::submission()),
-    };
+    let ctx = crate::slurm::host::submit_context(cwd, std::env::vars().collect(), true);
     let parsed = build_spec(&cmd, script_text.as_deref(), &ctx).map_err(|e| Failure::Options(e.into()))?;
     // Slurm's -Q leaves only errors on stderr, and not even the job id on stdout.
     if !parsed.quiet {

@@ -13,8 +13,7 @@ use drover_proto::v1::agent_service_client::AgentServiceClient;
 use drover_proto::wire::{StepEvent, StepLaunch, StepStdin, decode, encode};
 use drover_state::{Job, JobState};
 
-use crate::identity::current_user;
-use crate::sbatch_args::{SbatchOption, SubmitContext, build_spec, parse_command_line};
+use crate::sbatch_args::{SbatchOption, build_spec, parse_command_line};
 
 /// How long srun waits for an allocation before giving up (Slurm waits forever unless `--immediate`).
 const ALLOCATION_WAIT_S: u64 = 24 * 3600;
@@ -232,22 +231,10 @@ async fn srun(args: &[String]) -> anyhow::Result<i32> {
     }
     let cmd = parse_command_line(&args)?;
     let Some(program) = cmd.script_path.clone() else { anyhow::bail!("No command given to execute") };
-    let (user, uid, gid) = current_user();
     let cwd = std::env::current_dir()?.display().to_string();
     let env: Vec<(String, String)> = std::env::vars().collect();
-    let (now_ms, utc_offset_s) = crate::slurm::time::local_clock();
     // srun reads SLURM_* input variables in Slurm, never SBATCH_* ones.
-    let ctx = SubmitContext {
-        user,
-        uid,
-        gid,
-        cwd: cwd.clone(),
-        env: env.clone(),
-        now_ms,
-        utc_offset_s,
-        sbatch_env: false,
-        submission: Some(crate::slurm::host::submission()),
-    };
+    let ctx = crate::slurm::host::submit_context(cwd.clone(), env.clone(), false);
     let client = crate::connect::client(controllers.as_deref())?;
     let mut argv = vec![program];
     argv.extend(cmd.script_args.iter().cloned());

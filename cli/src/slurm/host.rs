@@ -1,5 +1,16 @@
 //! The submitting host as Slurm's commands record it in a job: its name (`SLURM_SUBMIT_HOST`) and the submitting
-//! process's scheduling priority (`SLURM_PRIO_PROCESS`).
+//! process's scheduling priority (`SLURM_PRIO_PROCESS`); and the whole context of a submission from this process.
+
+use crate::sbatch_args::SubmitContext;
+
+/// A submission from this process (sbatch, srun, salloc, the demo): its user, the local clock and where it comes
+/// from, with the working directory and environment the command passes. `sbatch_env`: whether the `SBATCH_*`
+/// input variables apply (sbatch's only).
+pub fn submit_context(cwd: String, env: Vec<(String, String)>, sbatch_env: bool) -> SubmitContext {
+    let (user, uid, gid) = crate::identity::current_user();
+    let (now_ms, utc_offset_s) = crate::slurm::time::local_clock();
+    SubmitContext { user, uid, gid, cwd, env, now_ms, utc_offset_s, sbatch_env, submission: Some(submission()) }
+}
 
 /// This host's name (`localhost` when the C library cannot tell).
 pub fn host_name() -> String {
