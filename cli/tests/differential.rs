@@ -360,6 +360,10 @@ fn drover_agrees_with_slurm_on_every_scenario_but_the_listed_ones() {
             break (verdict, unified(&a, &b));
         };
         eprintln!("{:?} {} ({:.0} s)", verdict, scenario.name, started.elapsed().as_secs_f64());
+        if verdict == Verdict::NewDivergent {
+            // Here as well as in the final panic: a CI log that keeps only part of the output keeps this part.
+            eprintln!("{diff}");
+        }
         results.push((scenario.clone(), verdict, diff));
     }
     if keep {

@@ -15,6 +15,22 @@ run() {
   return 0
 }
 
+# salloc_run ARGS...: as `run salloc ARGS...`, less one line. Slurm's salloc sometimes adds `salloc: Job allocation N
+# has been revoked.` after a command that ends at once, by whether the controller's job-complete message overtakes
+# salloc's own release (CI saw it in one run of a few): a race inside Slurm, not behaviour a script can rely on.
+salloc_run() {
+  local o e rc
+  o=$(mktemp) e=$(mktemp)
+  salloc "$@" >"$o" 2>"$e"
+  rc=$?
+  echo "\$ salloc $*"
+  cat "$o"
+  grep -v '^salloc: Job allocation [0-9]* has been revoked\.$' "$e" | sed 's/^/! /'
+  echo "[rc=$rc]"
+  rm -f "$o" "$e"
+  return 0
+}
+
 # quiet CMD ARGS...: runs it, showing only the exit code (for commands whose output is not the point).
 quiet() {
   "$@" >/dev/null 2>&1

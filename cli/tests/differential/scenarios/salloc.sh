@@ -1,10 +1,10 @@
 # salloc.
 
 #% salloc-runs-command
-run salloc -n1 sh -c 'echo in allocation $SLURM_JOB_NUM_NODES'
+salloc_run -n1 sh -c 'echo in allocation $SLURM_JOB_NUM_NODES'
 
 #% salloc-exit-code
-run salloc -n1 sh -c 'exit 4'
+salloc_run -n1 sh -c 'exit 4'
 
 #% salloc-srun-inside
 run bash -c "salloc -n2 srun -l sh -c 'echo hello' 2>/dev/null | sort"
