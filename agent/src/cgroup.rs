@@ -68,13 +68,38 @@ pub const DEFAULT_SUBDIR: &str = "drover";
 /// CPU ids above this are refused as malformed (a cpuset file naming `0-4294967295` must not allocate 4 G ids).
 const MAX_CPU_ID: u32 = 1 << 16;
 
+/// Why memory cannot be enforced, or jobs cannot be pinned to CPUs, on this host (the agent then runs jobs
+/// without it and says so).
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("memory_cgroup {0:?} must be a relative path inside the cgroup mount")]
+    BadSubdir(String),
+    #[error("no cgroup v2 memory controller at /sys/fs/cgroup and no cgroup v1 memory hierarchy")]
+    NoMemoryController,
+    #[error("the cgroup v2 tree has no cpuset controller")]
+    NoCpusetController,
+    #[error("there is no cgroup v1 cpuset hierarchy")]
+    NoCpusetHierarchy,
+    #[error("cannot {action} {}: {cause}", path.display())]
+    Prepare { action: &'static str, path: PathBuf, cause: io::Error },
+}
+
+/// Why one job's tasks stay unpinned on this node.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PinError {
+    #[error("the node's CPUs cannot be read from its cpuset")]
+    NoPool,
+    #[error("it holds {wanted} CPUs here but only {free} of the {all} CPUs the node can pin are free")]
+    TooFewFree { wanted: usize, free: usize, all: usize },
+}
+
 /// Finds a usable memory cgroup hierarchy (v2 at /sys/fs/cgroup, else v1's memory hierarchy) and creates
 /// `subdir` in it (a relative path; `drover` by default, one per agent where several share a host), and on v1
 /// also in the cpuacct hierarchy, for CPU time. `Err` says why memory cannot be enforced on this host.
-pub fn detect(subdir: &str) -> Result<CgroupRoot, String> {
+pub fn detect(subdir: &str) -> Result<CgroupRoot, CgroupError> {
     let relative = Path::new(subdir);
     if subdir.is_empty() || relative.is_absolute() || relative.components().any(|c| c.as_os_str() == "..") {
-        return Err(format!("memory_cgroup {subdir:?} must be a relative path inside the cgroup mount"));
+        return Err(CgroupError::BadSubdir(subdir.to_string()));
     }
     let v2_controllers = fs::read_to_string(Path::new(V2_MOUNT).join("cgroup.controllers")).unwrap_or_default();
     let (mount, hierarchy) = if v2_controllers.split_whitespace().any(|c| c == "memory") {
@@ -82,10 +107,14 @@ pub fn detect(subdir: &str) -> Result<CgroupRoot, String> {
     } else if Path::new(V1_MEMORY_MOUNT).join("memory.limit_in_bytes").exists() {
         (Path::new(V1_MEMORY_MOUNT), Hierarchy::V1Memory)
     } else {
-        return Err("no cgroup v2 memory controller at /sys/fs/cgroup and no cgroup v1 memory hierarchy".into());
+        return Err(CgroupError::NoMemoryController);
     };
     let mut root = CgroupRoot { path: mount.join(relative), hierarchy, cpuacct: None, cpuset: None };
-    prepare_root(mount, &root).map_err(|e| format!("cannot prepare the memory cgroup {}: {e}", root.path.display()))?;
+    prepare_root(mount, &root).map_err(|cause| CgroupError::Prepare {
+        action: "prepare the memory cgroup",
+        path: root.path.clone(),
+        cause,
+    })?;
     if hierarchy == Hierarchy::V1Memory {
         // CPU time is measured where the host has the hierarchy; memory works without it.
         let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
@@ -101,23 +130,29 @@ pub fn detect(subdir: &str) -> Result<CgroupRoot, String> {
 /// enabled from the mount down to the root; on v1 the root is made in the cpuset hierarchy, each new level given
 /// its parent's CPUs and memory nodes (a v1 cpuset without them cannot hold a process). `Err` says why jobs cannot
 /// be pinned on this host.
-pub fn enable_cpuset(root: &mut CgroupRoot, subdir: &str) -> Result<(), String> {
+pub fn enable_cpuset(root: &mut CgroupRoot, subdir: &str) -> Result<(), CgroupError> {
     match root.hierarchy {
         Hierarchy::V2 => {
             let controllers = fs::read_to_string(Path::new(V2_MOUNT).join("cgroup.controllers")).unwrap_or_default();
             if !controllers.split_whitespace().any(|c| c == "cpuset") {
-                return Err("the cgroup v2 tree has no cpuset controller".into());
+                return Err(CgroupError::NoCpusetController);
             }
-            enable_down(Path::new(V2_MOUNT), &root.path, "cpuset")
-                .map_err(|e| format!("cannot enable the cpuset controller down to {}: {e}", root.path.display()))?;
+            enable_down(Path::new(V2_MOUNT), &root.path, "cpuset").map_err(|cause| CgroupError::Prepare {
+                action: "enable the cpuset controller down to",
+                path: root.path.clone(),
+                cause,
+            })?;
             root.cpuset = Some(root.path.clone());
         }
         Hierarchy::V1Memory => {
             let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-            let mount = v1_mount(&mounts, "cpuset").ok_or("there is no cgroup v1 cpuset hierarchy")?;
+            let mount = v1_mount(&mounts, "cpuset").ok_or(CgroupError::NoCpusetHierarchy)?;
             let path = mount.join(subdir);
-            prepare_v1_cpuset(&mount, &path)
-                .map_err(|e| format!("cannot prepare the cpuset cgroup {}: {e}", path.display()))?;
+            prepare_v1_cpuset(&mount, &path).map_err(|cause| CgroupError::Prepare {
+                action: "prepare the cpuset cgroup",
+                path: path.clone(),
+                cause,
+            })?;
             root.cpuset = Some(path);
         }
     }
@@ -451,22 +486,16 @@ pub fn cpus_to_pin(
     existing: Option<Vec<u32>>,
     pool: Option<(BTreeSet<u32>, BTreeSet<u32>)>,
     wanted: usize,
-) -> Result<Vec<u32>, String> {
+) -> Result<Vec<u32>, PinError> {
     if wanted == 0 {
         return Ok(Vec::new());
     }
     if let Some(cpus) = existing {
         return Ok(cpus);
     }
-    let (all, taken) = pool.ok_or("the node's CPUs cannot be read from its cpuset")?;
+    let (all, taken) = pool.ok_or(PinError::NoPool)?;
     let free: BTreeSet<u32> = all.difference(&taken).copied().collect();
-    choose_cpus(&free, wanted).ok_or_else(|| {
-        format!(
-            "it holds {wanted} CPUs here but only {} of the {} CPUs the node can pin are free",
-            free.len(),
-            all.len()
-        )
-    })
+    choose_cpus(&free, wanted).ok_or(PinError::TooFewFree { wanted, free: free.len(), all: all.len() })
 }
 
 /// Chooses `count` CPUs among `free` for one job, deterministically and as compactly as possible: the smallest
@@ -584,7 +613,8 @@ mod tests {
         assert_eq!(cpus_to_pin(Some(vec![1]), pool(), 2), Ok(vec![1]), "a later task joins the job's set");
         assert_eq!(cpus_to_pin(None, pool(), 0), Ok(vec![]), "a job without CPUs here is not pinned");
         let err = cpus_to_pin(None, pool(), 3).unwrap_err();
-        assert_eq!(err, "it holds 3 CPUs here but only 2 of the 4 CPUs the node can pin are free");
+        assert_eq!(err, PinError::TooFewFree { wanted: 3, free: 2, all: 4 });
+        assert_eq!(err.to_string(), "it holds 3 CPUs here but only 2 of the 4 CPUs the node can pin are free");
         assert!(cpus_to_pin(None, None, 1).is_err(), "no readable cpuset: unpinned");
     }
 

@@ -671,19 +671,46 @@ fn pci_bus_id(index: u32) -> String {
     format!("00000000:{:02X}:00.0", index + 0x18)
 }
 
+/// A fault-file line that cannot be understood (the line is skipped, with this in the agent's log).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed line {line:?}: {problem}")]
+pub struct MalformedFaultLine {
+    pub line: String,
+    pub problem: FaultLineProblem,
+}
+
+/// What is wrong with a fault-file line; each says what the line should look like.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FaultLineProblem {
+    #[error("the first word must be a GPU index")]
+    NoIndex,
+    #[error("{what} must be a non-negative integer")]
+    NotANumber { what: &'static str },
+    #[error("expected `<index> {kind} <{what}>`")]
+    NoValue { kind: String, what: &'static str },
+    #[error("temperature out of range")]
+    TemperatureOutOfRange,
+    #[error("utilization is 0 to 100")]
+    UtilizationOutOfRange,
+    #[error("`clear` takes no value")]
+    ClearWithValue,
+    #[error("expected `xid`, `ecc`, `temp`, `util` or `clear` after the index")]
+    UnknownKind,
+}
+
 /// One fault-file line: `Ok(None)` for blank lines and comments, `Err` naming the line when it cannot be understood.
-fn parse_fault_line(line: &str) -> Result<Option<(u32, SimulatedFault)>, String> {
+fn parse_fault_line(line: &str) -> Result<Option<(u32, SimulatedFault)>, MalformedFaultLine> {
     let content = line.split('#').next().unwrap_or_default().trim();
     if content.is_empty() {
         return Ok(None);
     }
-    let malformed = |why: &str| format!("malformed line {line:?}: {why}");
+    let malformed = |problem: FaultLineProblem| MalformedFaultLine { line: line.to_string(), problem };
     let words: Vec<&str> = content.split_whitespace().collect();
-    let index: u32 = words[0].parse().map_err(|_| malformed("the first word must be a GPU index"))?;
-    let value = |what: &str| -> Result<u64, String> {
+    let index: u32 = words[0].parse().map_err(|_| malformed(FaultLineProblem::NoIndex))?;
+    let value = |what: &'static str| -> Result<u64, MalformedFaultLine> {
         match words.as_slice() {
-            [_, _, v] => v.parse().map_err(|_| malformed(&format!("{what} must be a non-negative integer"))),
-            _ => Err(malformed(&format!("expected `<index> {} <{what}>`", words[1]))),
+            [_, _, v] => v.parse().map_err(|_| malformed(FaultLineProblem::NotANumber { what })),
+            _ => Err(malformed(FaultLineProblem::NoValue { kind: words[1].to_string(), what })),
         }
     };
     let fault = match words.get(1).map(|w| w.to_lowercase()).as_deref() {
@@ -691,17 +718,22 @@ fn parse_fault_line(line: &str) -> Result<Option<(u32, SimulatedFault)>, String>
         Some("ecc") => SimulatedFault::UncorrectableEcc(value("count")?),
         Some("temp") => {
             let t = value("celsius")?;
-            SimulatedFault::Temperature(u32::try_from(t).map_err(|_| malformed("temperature out of range"))?)
+            SimulatedFault::Temperature(
+                u32::try_from(t).map_err(|_| malformed(FaultLineProblem::TemperatureOutOfRange))?,
+            )
         }
         Some("util") => {
             let pct = value("percent")?;
             SimulatedFault::Utilization(
-                u32::try_from(pct).ok().filter(|p| *p <= 100).ok_or_else(|| malformed("utilization is 0 to 100"))?,
+                u32::try_from(pct)
+                    .ok()
+                    .filter(|p| *p <= 100)
+                    .ok_or_else(|| malformed(FaultLineProblem::UtilizationOutOfRange))?,
             )
         }
         Some("clear") if words.len() == 2 => SimulatedFault::Clear,
-        Some("clear") => return Err(malformed("`clear` takes no value")),
-        _ => return Err(malformed("expected `xid`, `ecc`, `temp`, `util` or `clear` after the index")),
+        Some("clear") => return Err(malformed(FaultLineProblem::ClearWithValue)),
+        _ => return Err(malformed(FaultLineProblem::UnknownKind)),
     };
     Ok(Some((index, fault)))
 }
@@ -920,7 +952,8 @@ mod tests {
             ["x xid 79", "3 xid", "3 xid seventy", "3 melt 1", "3", "2 clear now", "0 temp 99999999999", "0 util 101"]
         {
             let err = parse_fault_line(bad).unwrap_err();
-            assert!(err.contains(&format!("{bad:?}")), "{err:?} names the line {bad:?}");
+            assert_eq!(err.line, bad);
+            assert!(err.to_string().contains(&format!("{bad:?}")), "{err:?} names the line {bad:?}");
         }
     }
 

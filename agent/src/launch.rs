@@ -18,10 +18,19 @@ use crate::supervise::{self, TaskCgroup, TaskLaunch, TaskResult};
 #[error("jobs may not run as root on this cluster (allow_root_jobs is off)")]
 pub struct RootRefused;
 
-impl From<RootRefused> for String {
-    fn from(e: RootRefused) -> String {
-        e.to_string()
-    }
+/// Why one task of an srun step did not start here; srun shows it to the user as the step's refusal.
+#[derive(Debug, thiserror::Error)]
+pub enum StepLaunchError {
+    #[error(transparent)]
+    Root(#[from] RootRefused),
+    #[error(transparent)]
+    NotNow(#[from] crate::node::NotNow),
+    #[error("cannot create {}: {cause}", dir.display())]
+    ControlDir { dir: PathBuf, cause: std::io::Error },
+    #[error("cannot create the task's directory in {}: {cause}", dir.display())]
+    WorkDir { dir: PathBuf, cause: std::io::Error },
+    #[error(transparent)]
+    Supervise(#[from] supervise::SuperviseError),
 }
 
 impl NodeAgent {
@@ -123,7 +132,7 @@ impl NodeAgent {
         launch: &drover_proto::wire::StepLaunch,
         rank: u32,
         local_rank: u32,
-    ) -> Result<StepTask, String> {
+    ) -> Result<StepTask, StepLaunchError> {
         let key = (a.job.id, a.job.incarnation);
         let dir = self.tasks_dir.join(format!("{}.{}.{}.{}", key.0, key.1, launch.step_id, rank));
         let spec = &a.job.spec;
@@ -132,7 +141,8 @@ impl NodeAgent {
         let gpus = a.job.allocation.get(a.node_index as usize).map(|s| s.gpus.clone()).unwrap_or_default();
         // Never beside a task of an earlier incarnation that still holds these GPUs (it is being stopped).
         self.wait_for_gpus(key, &gpus)?;
-        crate::userfile::make_control_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        crate::userfile::make_control_dir(&dir)
+            .map_err(|cause| StepLaunchError::ControlDir { dir: dir.clone(), cause })?;
         // Output streamed back to srun goes through FIFOs in the task's own directory, which the task opens as its
         // user: the agent holds the read ends, and a task that writes faster than srun reads waits.
         // srun's standard input reaches the task through one more FIFO, which the agent writes.
@@ -147,7 +157,7 @@ impl NodeAgent {
             streams.push(crate::userfile::STDIN_FIFO);
         }
         let (work, mut ends) = crate::userfile::make_step_work_dir(&dir, spec.uid, spec.gid, &streams)
-            .map_err(|e| format!("cannot create the task's directory in {}: {e}", dir.display()))?;
+            .map_err(|cause| StepLaunchError::WorkDir { dir: dir.clone(), cause })?;
         let stdin = if input { ends.pop() } else { None };
         let streamed_err = (outputs == 2).then(|| ends.pop()).flatten();
         let streamed_out = ends.pop();
@@ -210,7 +220,7 @@ impl NodeAgent {
             stdin: stdin_path,
             node: self.info.name.clone(),
         };
-        supervise::spawn(&self.exe, &dir, &task).map_err(|e| e.to_string())?;
+        supervise::spawn(&self.exe, &dir, &task)?;
         Ok(StepTask { dir, stdout: streamed_out, stderr: streamed_err, stdin })
     }
 }

@@ -38,13 +38,6 @@ pub enum NotNow {
     GaveUp { why: Box<NotNow>, after_s: u64 },
 }
 
-/// The step port answers srun in words.
-impl From<NotNow> for String {
-    fn from(e: NotNow) -> String {
-        e.to_string()
-    }
-}
-
 /// How often the task directories are checked (task ends, time limits, kill deadlines).
 pub const RECONCILE_INTERVAL_MS: u64 = 10;
 /// Batch scripts started at once in one reconcile pass.
@@ -720,7 +713,7 @@ impl NodeAgent {
     }
 
     /// Leaves the job unpinned on this node, saying why once.
-    pub(crate) fn warn_unpinned(&self, key: JobKey, why: &str) {
+    pub(crate) fn warn_unpinned(&self, key: JobKey, why: &dyn std::fmt::Display) {
         if self.lock().unpinned.insert(key) {
             tracing::warn!(job = key.0, incarnation = key.1, "the job's tasks run on any CPU of this node: {why}");
         }

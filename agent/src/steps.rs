@@ -87,7 +87,8 @@ impl AgentService for StepServer {
         // Who launches: the kernel-verified user behind the credential, never a field of the request.
         let caller =
             drover_auth::credential::identity_from_request(&agent.key, &request, drover_auth::credential::now_ms())?;
-        let launch: StepLaunch = decode(&request.into_inner().json).map_err(Status::invalid_argument)?;
+        let launch: StepLaunch =
+            decode(&request.into_inner().json).map_err(|e| Status::invalid_argument(e.to_string()))?;
         // The controllers' credential for this very step (srun gets it when the step is created); the user's own
         // token never comes here, so this node has none to replay to the controllers.
         let audience = drover_auth::credential::step_audience(launch.job_id, launch.step_id);
@@ -140,7 +141,7 @@ impl AgentService for StepServer {
                 if !inputs.is_empty() {
                     agent.step_inputs.lock().expect("step inputs lock").insert((launch.job_id, launch.step_id), inputs);
                 }
-                Ok::<_, String>(followed)
+                Ok::<_, crate::launch::StepLaunchError>(followed)
             })
             .await
             .map_err(|e| Status::internal(e.to_string()))?

@@ -248,6 +248,11 @@ pub enum SuperviseError {
     NotStarted { dir: PathBuf },
     #[error("cannot send signal {signal} to the task's process group {pgid} ({}): {cause}", dir.display())]
     Kill { dir: PathBuf, signal: i32, pgid: i32, cause: io::Error },
+    #[error(
+        "the {what} {} is not root's alone (owner uid {uid}, mode {mode:o}): refusing to act on it as root",
+        path.display()
+    )]
+    NotRootsAlone { what: &'static str, path: PathBuf, uid: u32, mode: u32 },
 }
 
 fn io_error(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> SuperviseError {
@@ -307,22 +312,16 @@ pub fn spawn(exe: &Path, dir: &Path, launch: &TaskLaunch) -> Result<u32, Supervi
 /// and `launch.json` belong to root, and neither group nor others may write them (a job's user who could would
 /// choose the command, the uid and the files root acts on). A supervisor that is not root runs its own user's
 /// task and has nothing to protect.
-pub fn check_control_files(dir: &Path) -> Result<(), String> {
+pub fn check_control_files(dir: &Path) -> Result<(), SuperviseError> {
     use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         return Ok(());
     }
     for (path, what) in [(dir.to_path_buf(), "task directory"), (dir.join(LAUNCH_FILE), "launch file")] {
-        let meta =
-            fs::symlink_metadata(&path).map_err(|e| format!("cannot inspect the {what} {}: {e}", path.display()))?;
+        let meta = fs::symlink_metadata(&path).map_err(io_error("inspect", &path))?;
         if meta.file_type().is_symlink() || meta.uid() != 0 || meta.mode() & 0o022 != 0 {
-            return Err(format!(
-                "the {what} {} is not root's alone (owner uid {}, mode {:o}): refusing to act on it as root",
-                path.display(),
-                meta.uid(),
-                meta.mode() & 0o7777
-            ));
+            return Err(SuperviseError::NotRootsAlone { what, path, uid: meta.uid(), mode: meta.mode() & 0o7777 });
         }
     }
     Ok(())
@@ -399,9 +398,7 @@ fn deliver(dir: &Path, signal: i32, whole_group: bool) -> Result<bool, Supervise
     }
     // The pid comes from a file: only from one nobody but root could have written, and only for a process of
     // the task's job (below), so no job can aim a root signal at another process.
-    if let Err(reason) = check_control_files(dir) {
-        return Err(SuperviseError::BadPidFile { path: dir.join(TASK_PID_FILE), reason });
-    }
+    check_control_files(dir)?;
     let path = dir.join(TASK_PID_FILE);
     let (pid, pgid, start) = match read_limited(&path, MAX_SMALL_FILE_BYTES) {
         Ok(bytes) => parse_task_pid(&path, &bytes)?,
@@ -528,7 +525,7 @@ pub fn run_supervisor(dir: &Path) -> i32 {
 /// Starts the task, waits for it and everything it left behind, and says how it ended.
 fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
     if let Err(why) = check_control_files(dir) {
-        return failed(log, None, Failure::setup(why, None));
+        return failed(log, None, Failure::setup(why.to_string(), None));
     }
     let launch = match read_launch(dir) {
         Ok(launch) => launch,

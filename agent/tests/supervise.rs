@@ -552,7 +552,7 @@ fn memory_root(name: &str) -> Result<drover_agent::cgroup::CgroupRoot, String> {
     if !is_root() {
         return Err("not root".into());
     }
-    drover_agent::cgroup::detect(&format!("drover-test/{name}-{}", std::process::id()))
+    drover_agent::cgroup::detect(&format!("drover-test/{name}-{}", std::process::id())).map_err(|e| e.to_string())
 }
 
 /// As [`memory_root`], with CPU pinning on, or why the host cannot pin (no cpuset controller).
@@ -561,7 +561,7 @@ fn pinning_root(name: &str) -> Result<drover_agent::cgroup::CgroupRoot, String> 
     let subdir = format!("drover-test/{name}-{}", std::process::id());
     if let Err(why) = drover_agent::cgroup::enable_cpuset(&mut root, &subdir) {
         remove_roots(&root);
-        return Err(why);
+        return Err(why.to_string());
     }
     Ok(root)
 }

@@ -297,7 +297,7 @@ async fn open_session(tls: &ClientTls, addr: &str, info: &NodeInfo) -> Result<Si
 }
 
 /// Opens a session within the ramp's bound: the leader first, following its hints, then every controller in turn.
-async fn open_bounded(sim: &Sim, tls: &ClientTls, addr: &mut String, info: &NodeInfo) -> Result<SimSession, String> {
+async fn open_bounded(sim: &Sim, tls: &ClientTls, addr: &mut String, info: &NodeInfo) -> anyhow::Result<SimSession> {
     let _permit = sim.ramp.acquire().await.expect("the ramp semaphore is never closed");
     let mut last = String::new();
     for attempt in 0..OPEN_ATTEMPTS {
@@ -313,7 +313,7 @@ async fn open_bounded(sim: &Sim, tls: &ClientTls, addr: &mut String, info: &Node
             Err(_) => last = format!("{addr}: no answer to the registration within {OPEN_TIMEOUT_S} s"),
         }
     }
-    Err(format!("{}: {last}", info.name))
+    anyhow::bail!("{}: {last}", info.name)
 }
 
 /// One simulated agent: register, heartbeat until `stop` while draining everything the leader sends, and open a
@@ -341,7 +341,7 @@ async fn sim_agent(sim: Arc<Sim>, i: usize, mut stop: tokio::sync::watch::Receiv
         let (_client, tx, inbound) = match opened {
             Ok(session) => session,
             Err(why) => {
-                sim.note_error(why);
+                sim.note_error(why.to_string());
                 sim.failed.fetch_add(1, Ordering::Relaxed);
                 return;
             }

@@ -96,26 +96,26 @@ impl TargetFile {
         Ok(file)
     }
 
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> anyhow::Result<()> {
         if self.project.is_empty() {
-            return Err("project is empty".into());
+            anyhow::bail!("project is empty");
         }
         if self.replicas.is_empty() {
-            return Err("no [[replica]] entries".into());
+            anyhow::bail!("no [[replica]] entries");
         }
         let mut ids = std::collections::BTreeSet::new();
         for r in &self.replicas {
             if !ids.insert(r.id) {
-                return Err(format!("replica {} is listed twice", r.id));
+                anyhow::bail!("replica {} is listed twice", r.id);
             }
             if r.address.parse::<std::net::SocketAddr>().is_err() {
-                return Err(format!("replica {}: address {:?} is not IP:port", r.id, r.address));
+                anyhow::bail!("replica {}: address {:?} is not IP:port", r.id, r.address);
             }
         }
         let mut names = std::collections::BTreeSet::new();
         for a in &self.agents {
             if !names.insert(a.name.as_str()) {
-                return Err(format!("agent {} is listed twice", a.name));
+                anyhow::bail!("agent {} is listed twice", a.name);
             }
         }
         Ok(())
@@ -169,11 +169,13 @@ pub struct Attachment {
 
 /// Parses `docker inspect --format '{{.Id}} {{json .NetworkSettings.Networks}}'`. Docker adds the container's
 /// short id as an alias by itself, so it is left out of what a reconnect passes.
-pub fn parse_attachments(inspect: &str) -> Result<Vec<Attachment>, String> {
-    let (id, json) =
-        inspect.trim().split_once(' ').ok_or_else(|| format!("unexpected docker inspect output {inspect:?}"))?;
+pub fn parse_attachments(inspect: &str) -> anyhow::Result<Vec<Attachment>> {
+    let (id, json) = inspect
+        .trim()
+        .split_once(' ')
+        .ok_or_else(|| anyhow::anyhow!("unexpected docker inspect output {inspect:?}"))?;
     let networks: BTreeMap<String, serde_json::Value> =
-        serde_json::from_str(json).map_err(|e| format!("docker inspect's networks are not JSON: {e}"))?;
+        serde_json::from_str(json).map_err(|e| anyhow::anyhow!("docker inspect's networks are not JSON: {e}"))?;
     let mut out = Vec::new();
     for (network, settings) in networks {
         let fixed = settings.pointer("/IPAMConfig/IPv4Address").and_then(|v| v.as_str()).unwrap_or("");
@@ -651,10 +653,10 @@ service = "node01"
         let unknown = FILE.replace("shared_dir", "shared_directory");
         assert!(toml::from_str::<TargetFile>(&unknown).unwrap_err().to_string().contains("shared_directory"));
         let twice = FILE.replace("id = 2", "id = 1");
-        let err = toml::from_str::<TargetFile>(&twice).unwrap().validate().unwrap_err();
+        let err = toml::from_str::<TargetFile>(&twice).unwrap().validate().unwrap_err().to_string();
         assert!(err.contains("replica 1 is listed twice"), "{err}");
         let address = FILE.replace("10.213.0.12:7100", "ctl2");
-        let err = toml::from_str::<TargetFile>(&address).unwrap().validate().unwrap_err();
+        let err = toml::from_str::<TargetFile>(&address).unwrap().validate().unwrap_err().to_string();
         assert!(err.contains("not IP:port"), "{err}");
         let err = TargetFile::load(Path::new("/nonexistent/chaos-target.toml")).unwrap_err().to_string();
         assert!(err.contains("setup.sh"), "{err}");

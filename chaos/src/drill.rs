@@ -308,21 +308,19 @@ impl Drill {
     }
 }
 
-fn parse_target(text: &str) -> Result<TargetSpec, String> {
+fn parse_target(text: &str) -> anyhow::Result<TargetSpec> {
     Ok(match text {
         "leader" => TargetSpec::Leader,
         "follower" => TargetSpec::Follower,
         "agent" => TargetSpec::AnyAgent,
         "cluster" => TargetSpec::Cluster,
         _ => match text.split_once(':') {
-            Some(("controller", id)) => {
-                TargetSpec::Controller(id.parse().map_err(|_| format!("`{text}`: controller:N takes a replica id"))?)
-            }
+            Some(("controller", id)) => TargetSpec::Controller(
+                id.parse().map_err(|_| anyhow::anyhow!("`{text}`: controller:N takes a replica id"))?,
+            ),
             Some(("agent", name)) if !name.is_empty() => TargetSpec::Agent(name.to_string()),
             _ => {
-                return Err(format!(
-                    "unknown target `{text}` (leader, follower, controller:N, agent, agent:NAME, cluster)"
-                ));
+                anyhow::bail!("unknown target `{text}` (leader, follower, controller:N, agent, agent:NAME, cluster)");
             }
         },
     })

@@ -51,10 +51,15 @@ pub fn base_ids(refs: &[JobRef]) -> Vec<u64> {
     ids
 }
 
+/// Array tasks named that are not among the jobs listed, in Slurm's words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Invalid job id specified: {0}")]
+pub struct NoSuchTask(pub String);
+
 /// Picks the jobs each reference names out of `jobs` (a listing for `base_ids`). A plain id that matches
 /// nothing is kept as it is, so the controller answers for it ("Invalid job id", "already finished"); a task
 /// that matches nothing is an error.
-pub fn select(refs: &[JobRef], jobs: &[Job]) -> Result<Vec<u64>, String> {
+pub fn select(refs: &[JobRef], jobs: &[Job]) -> Result<Vec<u64>, NoSuchTask> {
     let mut out = Vec::new();
     for r in refs {
         let before = out.len();
@@ -78,7 +83,7 @@ pub fn select(refs: &[JobRef], jobs: &[Job]) -> Result<Vec<u64>, String> {
             (None, true) => out.push(base),
             (Some(ts), true) => {
                 let shown = ts.iter().map(|t| format!("{base}_{t}")).collect::<Vec<_>>().join(",");
-                return Err(format!("Invalid job id specified: {shown}"));
+                return Err(NoSuchTask(shown));
             }
             _ => {}
         }
@@ -98,7 +103,7 @@ pub async fn resolve(client: &Client, args: &[String], include_finished: bool) -
     let refs = parse_refs(args).map_err(|e| anyhow::anyhow!(e))?;
     let filter = JobFilter { ids: base_ids(&refs), include_finished, ..JobFilter::default() };
     let (jobs, _) = client.list_jobs(&filter).await?;
-    select(&refs, &jobs).map_err(|e| anyhow::anyhow!(e))
+    Ok(select(&refs, &jobs)?)
 }
 
 #[cfg(test)]
@@ -128,7 +133,7 @@ mod tests {
         let refs = parse_refs(&["10_[0,2]".into()]).unwrap();
         assert_eq!(select(&refs, &jobs).unwrap(), vec![10, 11]);
         let refs = parse_refs(&["10_7".into()]).unwrap();
-        assert_eq!(select(&refs, &jobs).unwrap_err(), "Invalid job id specified: 10_7");
+        assert_eq!(select(&refs, &jobs).unwrap_err().to_string(), "Invalid job id specified: 10_7");
         let refs = parse_refs(&["99".into()]).unwrap();
         assert_eq!(select(&refs, &jobs).unwrap(), vec![99], "unknown plain ids go to the controller as they are");
     }

@@ -462,7 +462,7 @@ impl Client {
         let consistency = consistency(stale);
         let reply =
             self.read(stale, |mut c| async move { c.get_registry(GetRegistryRequest { consistency }).await }).await?;
-        drover_proto::wire::decode(&reply.json).map_err(ClientError::Protocol)
+        drover_proto::wire::decode(&reply.json).map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
     /// One job (active or finished) and, if asked, its script.
@@ -632,7 +632,7 @@ impl Client {
                 async move { c.job_insights(request).await }
             })
             .await?;
-        drover_proto::wire::decode(&reply.json).map_err(ClientError::Protocol)
+        drover_proto::wire::decode(&reply.json).map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
     /// `scontrol update partitionname=...`.
@@ -649,7 +649,7 @@ impl Client {
     /// The administrative change log (`drover audit`), from entry `from_id` on.
     pub async fn audit(&self, from_id: u64, limit: u32) -> Result<Vec<drover_state::AuditEntry>, ClientError> {
         let reply = self.call(|mut c| async move { c.list_audit(ListAuditRequest { from_id, limit }).await }).await?;
-        drover_proto::wire::decode(&reply.json).map_err(ClientError::Protocol)
+        drover_proto::wire::decode(&reply.json).map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
     /// Who the cluster says the caller is (`drover whoami`).

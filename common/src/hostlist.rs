@@ -52,31 +52,47 @@ pub const MAX_HOSTS: usize = 1_000_000;
 /// prefix over a wide range (`{a 1 MB prefix}[0-999998]`) would ask for a terabyte.
 pub const MAX_EXPANDED_BYTES: usize = 64 * 1024 * 1024;
 
+/// Why a hostlist could not be expanded; each names the list (and the range) so the user can find the typo.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostlistError {
+    #[error("unbalanced brackets in hostlist {list:?}")]
+    Unbalanced { list: String },
+    #[error("nested brackets in hostlist {list:?}")]
+    Nested { list: String },
+    #[error("hostlist {list:?}: only one bracket group per name is supported")]
+    SeveralGroups { list: String },
+    #[error("bad range {range:?} in hostlist {list:?}")]
+    BadRange { range: String, list: String },
+    #[error("hostlist {list:?} expands to more than {} MiB of host names", MAX_EXPANDED_BYTES >> 20)]
+    TooLarge { list: String },
+}
+
 /// Expands Slurm hostlist syntax: `gpu[01-03,07],login` → gpu01 gpu02 gpu03 gpu07 login.
 ///
 /// Each comma-separated item is a plain name or `prefix[ranges]suffix` with one bracket group; anything else
 /// (unbalanced or nested brackets, empty or reversed ranges, non-digits) is an error naming the problem. It never
 /// panics, whatever the input: it runs inside `apply` and in the request checks before it.
-pub fn expand_hostlist(list: &str) -> Result<Vec<String>, String> {
+pub fn expand_hostlist(list: &str) -> Result<Vec<String>, HostlistError> {
     let mut hosts = Vec::new();
     // Bytes of names so far; plain names count too, but they are no longer than the list itself.
     let mut bytes = 0usize;
     for item in split_top_level(list)?.into_iter().filter(|s| !s.is_empty()) {
         let Some(open) = item.find('[') else {
             if item.contains(']') {
-                return Err(format!("unbalanced brackets in hostlist {list:?}"));
+                return Err(HostlistError::Unbalanced { list: list.to_string() });
             }
             bytes += item.len();
             hosts.push(item.to_string());
             continue;
         };
-        let close = open + item[open..].find(']').ok_or_else(|| format!("unbalanced brackets in hostlist {list:?}"))?;
+        let close =
+            open + item[open..].find(']').ok_or_else(|| HostlistError::Unbalanced { list: list.to_string() })?;
         let (prefix, body, suffix) = (&item[..open], &item[open + 1..close], &item[close + 1..]);
         if prefix.contains(']') || suffix.contains(['[', ']']) || body.contains('[') {
-            return Err(format!("hostlist {list:?}: only one bracket group per name is supported"));
+            return Err(HostlistError::SeveralGroups { list: list.to_string() });
         }
         for range in body.split(',') {
-            let bad = || format!("bad range {range:?} in hostlist {list:?}");
+            let bad = || HostlistError::BadRange { range: range.to_string(), list: list.to_string() };
             let (lo, hi) = range.split_once('-').unwrap_or((range, range));
             let digits = |s: &str| !s.is_empty() && s.len() <= 18 && s.bytes().all(|b| b.is_ascii_digit());
             if !digits(lo) || !digits(hi) {
@@ -91,10 +107,7 @@ pub fn expand_hostlist(list: &str) -> Result<Vec<String>, String> {
             let name_len = (prefix.len() + suffix.len()).saturating_add(18) as u64;
             let needed = (hi - lo + 1).saturating_mul(name_len);
             if needed.saturating_add(bytes as u64) > MAX_EXPANDED_BYTES as u64 {
-                return Err(format!(
-                    "hostlist {list:?} expands to more than {} MiB of host names",
-                    MAX_EXPANDED_BYTES >> 20
-                ));
+                return Err(HostlistError::TooLarge { list: list.to_string() });
             }
             bytes += needed as usize;
             for n in lo..=hi {
@@ -106,15 +119,15 @@ pub fn expand_hostlist(list: &str) -> Result<Vec<String>, String> {
 }
 
 /// Splits at commas outside brackets; brackets must balance and never nest.
-fn split_top_level(list: &str) -> Result<Vec<&str>, String> {
+fn split_top_level(list: &str) -> Result<Vec<&str>, HostlistError> {
     let mut items = Vec::new();
     let mut inside = false;
     let mut start = 0;
     for (i, b) in list.bytes().enumerate() {
         match b {
-            b'[' if inside => return Err(format!("nested brackets in hostlist {list:?}")),
+            b'[' if inside => return Err(HostlistError::Nested { list: list.to_string() }),
             b'[' => inside = true,
-            b']' if !inside => return Err(format!("unbalanced brackets in hostlist {list:?}")),
+            b']' if !inside => return Err(HostlistError::Unbalanced { list: list.to_string() }),
             b']' => inside = false,
             b',' if !inside => {
                 items.push(&list[start..i]);
@@ -124,7 +137,7 @@ fn split_top_level(list: &str) -> Result<Vec<&str>, String> {
         }
     }
     if inside {
-        return Err(format!("unbalanced brackets in hostlist {list:?}"));
+        return Err(HostlistError::Unbalanced { list: list.to_string() });
     }
     items.push(&list[start..]);
     Ok(items)
@@ -167,7 +180,8 @@ mod tests {
     fn long_prefix_over_wide_range_is_refused_by_size() {
         let list = format!("{}[0-999998]", "x".repeat(1000));
         let err = expand_hostlist(&list).unwrap_err();
-        assert!(err.ends_with("expands to more than 64 MiB of host names"), "{err}");
+        assert!(matches!(err, HostlistError::TooLarge { .. }), "{err}");
+        assert!(err.to_string().ends_with("expands to more than 64 MiB of host names"), "{err}");
         // The budget is for the whole list, not per item.
         let list = vec![format!("{}[0-99999]", "x".repeat(100)); 10].join(",");
         assert!(expand_hostlist(&list).is_err());

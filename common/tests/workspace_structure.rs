@@ -375,3 +375,23 @@ fn slurms_time_forms_are_read_in_one_place() {
     }
     assert!(found.is_empty(), "read Slurm's time forms with crate::slurm::time, not in: {found:?}");
 }
+
+/// Errors are types, not sentences (issue 29): no non-test function answers `Result<_, String>`, so a caller
+/// decides by the kind of failure and a user still reads the message the type's `Display` gives.
+#[test]
+fn no_function_returns_a_string_as_its_error() {
+    let mut found = Vec::new();
+    for krate in crates() {
+        let mut files = Vec::new();
+        rust_files(&krate.join("src"), &mut files);
+        for f in files {
+            for (n, line) in code_of(&f).lines().enumerate() {
+                let returns = line.split_once("-> ").map(|(_, r)| r.replace(' ', ""));
+                if returns.is_some_and(|r| r.starts_with("Result<") && r.contains(",String>")) {
+                    found.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "give these a thiserror type (or anyhow in a binary):\n{}", found.join("\n"));
+}

@@ -128,10 +128,10 @@ impl Default for AgentTiming {
 
 /// The fence command's argv for one node: `template` split into words (shell quoting, no expansion), then `{node}`
 /// and `{host}` substituted inside each word.
-pub fn fence_argv(template: &str, node: &str, host: &str) -> Result<Vec<String>, String> {
-    let words = shlex::split(template).ok_or_else(|| format!("{template:?} has an unclosed quote"))?;
+pub fn fence_argv(template: &str, node: &str, host: &str) -> Result<Vec<String>, FenceCommandError> {
+    let words = shlex::split(template).ok_or_else(|| FenceCommandError::UnclosedQuote(template.to_string()))?;
     if words.is_empty() {
-        return Err("the command is empty".into());
+        return Err(FenceCommandError::Empty);
     }
     Ok(words.into_iter().map(|w| w.replace("{node}", node).replace("{host}", host)).collect())
 }
@@ -149,6 +149,45 @@ pub enum ConfigError {
     Read { path: PathBuf, message: String },
     #[error("config file {path} is invalid: {message}")]
     Invalid { path: PathBuf, message: String },
+    #[error("config file {path} is invalid: {problem}")]
+    Setting { path: PathBuf, problem: InvalidSetting },
+}
+
+/// A fence command template that cannot be split into words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FenceCommandError {
+    #[error("{0:?} has an unclosed quote")]
+    UnclosedQuote(String),
+    #[error("the command is empty")]
+    Empty,
+}
+
+/// A configuration that parses but cannot work; each names the field to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidSetting {
+    #[error("{field} = {value:?} is not an IP:port address")]
+    NotAnAddress { field: &'static str, value: String },
+    #[error("initial_members names replica {id} at {listed}, but this replica advertises {advertised}")]
+    AdvertiseMismatch { id: u64, listed: String, advertised: String },
+    #[error("worker_threads must be at least 1 (leave it out for one per core)")]
+    NoWorkers,
+    #[error("raft.election_timeout_min_ms must exceed twice raft.heartbeat_interval_ms")]
+    ElectionTimeoutTooShort,
+    #[error("raft.election_timeout_max_ms must exceed raft.election_timeout_min_ms")]
+    ElectionWindowEmpty,
+    #[error("raft.preferred_leader_hold_ms must be at least raft.election_timeout_max_ms")]
+    PreferredLeaderHoldTooShort,
+    #[error("raft.preferred_leaders lists more than {MAX_PREFERRED_LEADERS} replicas")]
+    TooManyPreferredLeaders,
+    #[error(
+        "agents: need heartbeat_ms > 0, fence_after_ms > 2 x heartbeat_ms, and node_timeout_ms >= fence_after_ms + \
+         {FENCE_MARGIN_MS} (a node's tasks must be dead before its jobs are requeued)"
+    )]
+    LeaseTimings,
+    #[error("agents: fence_command: {0}")]
+    FenceCommand(FenceCommandError),
+    #[error("agents: with a fence_command, need suspect_after_ms > 2 x heartbeat_ms and fence_command_timeout_ms > 0")]
+    FenceTimings,
 }
 
 impl ControllerConfig {
@@ -157,58 +196,56 @@ impl ControllerConfig {
             .map_err(|e| ConfigError::Read { path: path.to_path_buf(), message: e.to_string() })?;
         let config: ControllerConfig = toml::from_str(&text)
             .map_err(|e| ConfigError::Invalid { path: path.to_path_buf(), message: e.to_string() })?;
-        config.validate().map_err(|message| ConfigError::Invalid { path: path.to_path_buf(), message })?;
+        config.validate().map_err(|problem| ConfigError::Setting { path: path.to_path_buf(), problem })?;
         Ok(config)
     }
 
-    pub fn validate(&self) -> Result<(), String> {
-        if self.listen.parse::<std::net::SocketAddr>().is_err() {
-            return Err(format!("listen = {:?} is not an IP:port address", self.listen));
-        }
-        if let Some(http) = &self.http_listen
-            && http.parse::<std::net::SocketAddr>().is_err()
-        {
-            return Err(format!("http_listen = {http:?} is not an IP:port address"));
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        let address = |field: &'static str, value: &str| match value.parse::<std::net::SocketAddr>() {
+            Ok(_) => Ok(()),
+            Err(_) => Err(InvalidSetting::NotAnAddress { field, value: value.to_string() }),
+        };
+        address("listen", &self.listen)?;
+        if let Some(http) = &self.http_listen {
+            address("http_listen", http)?;
         }
         if let Some(addr) = self.initial_members.get(&self.id)
             && *addr != self.advertise_addr()
         {
-            return Err(format!(
-                "initial_members names replica {} at {addr}, but this replica advertises {}",
-                self.id,
-                self.advertise_addr()
-            ));
+            return Err(InvalidSetting::AdvertiseMismatch {
+                id: self.id,
+                listed: addr.clone(),
+                advertised: self.advertise_addr(),
+            });
         }
         if self.worker_threads == Some(0) {
-            return Err("worker_threads must be at least 1 (leave it out for one per core)".into());
+            return Err(InvalidSetting::NoWorkers);
         }
         let r = &self.raft;
         if r.heartbeat_interval_ms == 0 || r.election_timeout_min_ms <= r.heartbeat_interval_ms * 2 {
-            return Err("raft.election_timeout_min_ms must exceed twice raft.heartbeat_interval_ms".into());
+            return Err(InvalidSetting::ElectionTimeoutTooShort);
         }
         if r.election_timeout_max_ms <= r.election_timeout_min_ms {
-            return Err("raft.election_timeout_max_ms must exceed raft.election_timeout_min_ms".into());
+            return Err(InvalidSetting::ElectionWindowEmpty);
         }
         if !r.preferred_leaders.is_empty() && r.preferred_leader_hold_ms < r.election_timeout_max_ms {
-            return Err("raft.preferred_leader_hold_ms must be at least raft.election_timeout_max_ms".into());
+            return Err(InvalidSetting::PreferredLeaderHoldTooShort);
         }
         if r.preferred_leaders.len() > MAX_PREFERRED_LEADERS {
-            return Err(format!("raft.preferred_leaders lists more than {MAX_PREFERRED_LEADERS} replicas"));
+            return Err(InvalidSetting::TooManyPreferredLeaders);
         }
         let a = &self.agents;
         if a.heartbeat_ms == 0
             || a.fence_after_ms <= a.heartbeat_ms * 2
             || a.node_timeout_ms < a.fence_after_ms + FENCE_MARGIN_MS
         {
-            return Err(format!(
-                "agents: need heartbeat_ms > 0, fence_after_ms > 2 x heartbeat_ms, and node_timeout_ms >= fence_after_ms + {FENCE_MARGIN_MS} (a node's tasks must be dead before its jobs are requeued)"
-            ));
+            return Err(InvalidSetting::LeaseTimings);
         }
         if let Some(template) = &a.fence_command {
-            fence_argv(template, "node", "host").map_err(|e| format!("agents: fence_command: {e}"))?;
+            fence_argv(template, "node", "host").map_err(InvalidSetting::FenceCommand)?;
         }
         if a.fence_command.is_some() && (a.suspect_after_ms <= a.heartbeat_ms * 2 || a.fence_command_timeout_ms == 0) {
-            return Err("agents: with a fence_command, need suspect_after_ms > 2 x heartbeat_ms and fence_command_timeout_ms > 0".into());
+            return Err(InvalidSetting::FenceTimings);
         }
         Ok(())
     }
@@ -217,7 +254,7 @@ impl ControllerConfig {
         self.advertise.clone().unwrap_or_else(|| self.listen.clone())
     }
 
-    pub fn openraft_config(&self) -> Result<openraft::Config, String> {
+    pub fn openraft_config(&self) -> Result<openraft::Config, openraft::ConfigError> {
         let r = &self.raft;
         let config = openraft::Config {
             cluster_name: self.cluster.cluster_name.clone(),
@@ -230,7 +267,7 @@ impl ControllerConfig {
             install_snapshot_timeout: 60_000,
             ..Default::default()
         };
-        config.validate().map_err(|e| e.to_string())
+        config.validate()
     }
 }
 
@@ -247,8 +284,8 @@ mod tests {
         assert_eq!(argv, ["ipmitool", "-H", "x; reboot-bmc", "-U", "admin", "chassis", "power", "off"]);
         let argv = fence_argv("/usr/bin/fence --node {node} --host={host}", "gpu01", "$(id)").unwrap();
         assert_eq!(argv, ["/usr/bin/fence", "--node", "gpu01", "--host=$(id)"]);
-        assert!(fence_argv("fence 'unclosed", "n", "h").unwrap_err().contains("unclosed quote"));
-        assert!(fence_argv("   ", "n", "h").unwrap_err().contains("empty"));
+        assert!(fence_argv("fence 'unclosed", "n", "h").unwrap_err().to_string().contains("unclosed quote"));
+        assert_eq!(fence_argv("   ", "n", "h").unwrap_err(), FenceCommandError::Empty);
     }
 
     /// The example shipped in deploy/ must stay a valid configuration, every documented field included.
@@ -270,7 +307,8 @@ mod tests {
         let mut config = ControllerConfig::load(&path).unwrap();
         config.worker_threads = Some(0);
         let err = config.validate().unwrap_err();
-        assert!(err.contains("worker_threads"), "{err}");
+        assert_eq!(err, InvalidSetting::NoWorkers);
+        assert!(err.to_string().contains("worker_threads"), "{err}");
         config.worker_threads = Some(1);
         config.validate().unwrap();
     }

@@ -37,7 +37,7 @@ pub enum StartError {
     #[error("cannot open the state machine in {path}: {message}")]
     StateMachine { path: String, message: String },
     #[error("invalid raft settings: {0}")]
-    RaftConfig(String),
+    RaftConfig(#[from] openraft::ConfigError),
     #[error("raft failed to start: {0}")]
     Raft(String),
     #[error("cannot listen on {addr}: {message}")]
@@ -120,7 +120,7 @@ impl Controller {
         let view = sm.view();
         // After the data directory (whose problems are the more urgent to report), before anything listens.
         let security = crate::security::Security::load(&config.security)?;
-        let raft_config = Arc::new(config.openraft_config().map_err(StartError::RaftConfig)?);
+        let raft_config = Arc::new(config.openraft_config()?);
         let listen: SocketAddr = config.listen.parse().map_err(|e: std::net::AddrParseError| StartError::Listen {
             addr: config.listen.clone(),
             message: e.to_string(),

@@ -266,7 +266,16 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("wire types serialize")
 }
 
+/// A payload that is not the message it should be (a peer of another version, or a bug): names the type expected.
+#[derive(Debug, thiserror::Error)]
+#[error("malformed {expected}: {source}")]
+pub struct DecodeError {
+    pub expected: &'static str,
+    #[source]
+    pub source: serde_json::Error,
+}
+
 /// Decodes a payload, naming the type on failure.
-pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, String> {
-    serde_json::from_slice(bytes).map_err(|e| format!("malformed {}: {e}", std::any::type_name::<T>()))
+pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, DecodeError> {
+    serde_json::from_slice(bytes).map_err(|source| DecodeError { expected: std::any::type_name::<T>(), source })
 }

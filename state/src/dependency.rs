@@ -18,21 +18,63 @@ pub const SUPPORTED_DEPENDENCY_TYPES: &str = "after, afterok, afterany, afternot
 /// `afterburstbuffer` and `expand`.
 ///
 /// The error is one line: `invalid --dependency value "afterok:x": "x" is not a job id; ...`.
-pub fn parse_dependency(text: &str) -> Result<(Vec<Dependency>, bool), String> {
-    parse_dependency_value(text).map_err(|problem| format!("invalid --dependency value {text:?}: {problem}"))
+pub fn parse_dependency(text: &str) -> Result<(Vec<Dependency>, bool), InvalidDependency> {
+    parse_dependency_value(text).map_err(|problem| InvalidDependency { text: text.to_string(), problem })
 }
+
+/// A `--dependency` value that cannot be read, with the value as given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid --dependency value {text:?}: {problem}")]
+pub struct InvalidDependency {
+    pub text: String,
+    pub problem: DependencyProblem,
+}
+
+/// What is wrong inside a dependency value; each message says what would be accepted instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DependencyProblem {
+    #[error(
+        "\",\" and \"?\" cannot be mixed: join entries with \",\" when all must hold, or with \"?\" when any one \
+         suffices"
+    )]
+    MixedSeparators,
+    #[error("an entry is empty (a doubled, leading or trailing separator?)")]
+    EmptyEntry,
+    #[error(
+        "{entry:?} has no dependency type; expected TYPE:JOB[:JOB...] with TYPE one of {SUPPORTED_DEPENDENCY_TYPES}"
+    )]
+    NoType { entry: String },
+    #[error("dependency type {name:?} is not supported; supported: {SUPPORTED_DEPENDENCY_TYPES}")]
+    UnsupportedType { name: String },
+    #[error("singleton takes no job ids (got {entry:?}); write it alone: singleton")]
+    SingletonWithIds { entry: String },
+    #[error("{kind} needs at least one job id: {kind}:JOB[:JOB...]")]
+    NoJobIds { kind: &'static str },
+    #[error("time delays ({text:?}, after:JOB+MINUTES) are not supported; drop the +MINUTES part, or use --begin")]
+    TimeDelay { text: String },
+    #[error("a job id is empty; {JOB_ID_FORMS}")]
+    EmptyJobId,
+    #[error("{text:?} is not a job id; {JOB_ID_FORMS}")]
+    NotAJobId { text: String },
+    #[error("job id {text} is too large")]
+    JobIdTooLarge { text: String },
+    #[error("job id 0 is not valid; job ids start at 1")]
+    JobIdZero,
+    #[error("array task id {text} is too large")]
+    TaskIdTooLarge { text: String },
+}
+
+const JOB_ID_FORMS: &str = "expected JOB or JOB_TASK (e.g. 123 or 123_4)";
 
 /// [`parse_dependency`] with the error holding only the problem, for callers that wrap it in a message of their
 /// own (`-d`, or `scontrol update Dependency=`).
-pub fn parse_dependency_value(text: &str) -> Result<(Vec<Dependency>, bool), String> {
+pub fn parse_dependency_value(text: &str) -> Result<(Vec<Dependency>, bool), DependencyProblem> {
     if text.is_empty() {
         return Ok((Vec::new(), false));
     }
     let any = text.contains('?');
     if any && text.contains(',') {
-        return Err("\",\" and \"?\" cannot be mixed: join entries with \",\" when all must hold, or with \"?\" when \
-                    any one suffices"
-            .to_string());
+        return Err(DependencyProblem::MixedSeparators);
     }
     let mut deps: Vec<Dependency> = Vec::new();
     // Repeats are dropped, first one kept. A set, not `deps.contains`: a 4 MiB script's `#SBATCH -d afterok:1:2:...`
@@ -49,19 +91,16 @@ pub fn parse_dependency_value(text: &str) -> Result<(Vec<Dependency>, bool), Str
 }
 
 /// One entry: `singleton`, `TYPE:JOB[:JOB...]`, or a bare `JOB` (old form of `afterany`).
-fn parse_entry(entry: &str) -> Result<Vec<Dependency>, String> {
+fn parse_entry(entry: &str) -> Result<Vec<Dependency>, DependencyProblem> {
     if entry.is_empty() {
-        return Err("an entry is empty (a doubled, leading or trailing separator?)".to_string());
+        return Err(DependencyProblem::EmptyEntry);
     }
     let mut parts = entry.split(':');
     let name = parts.next().unwrap_or_default();
     let ids: Vec<&str> = parts.collect();
     if name.bytes().next().is_some_and(|b| b.is_ascii_digit()) {
         if !ids.is_empty() {
-            return Err(format!(
-                "{entry:?} has no dependency type; expected TYPE:JOB[:JOB...] with TYPE one of \
-                 {SUPPORTED_DEPENDENCY_TYPES}"
-            ));
+            return Err(DependencyProblem::NoType { entry: entry.to_string() });
         }
         let (job, task) = job_id(name)?;
         return Ok(vec![Dependency { kind: DependencyKind::AfterAny, job, task }]);
@@ -72,33 +111,28 @@ fn parse_entry(entry: &str) -> Result<Vec<Dependency>, String> {
         "afterany" => DependencyKind::AfterAny,
         "afternotok" => DependencyKind::AfterNotOk,
         "singleton" => DependencyKind::Singleton,
-        "" => return Err(format!("{entry:?} has no dependency type; supported: {SUPPORTED_DEPENDENCY_TYPES}")),
-        _ => {
-            return Err(format!("dependency type {name:?} is not supported; supported: {SUPPORTED_DEPENDENCY_TYPES}"));
-        }
+        "" => return Err(DependencyProblem::NoType { entry: entry.to_string() }),
+        _ => return Err(DependencyProblem::UnsupportedType { name: name.to_string() }),
     };
     if kind == DependencyKind::Singleton {
         if !ids.is_empty() {
-            return Err(format!("singleton takes no job ids (got {entry:?}); write it alone: singleton"));
+            return Err(DependencyProblem::SingletonWithIds { entry: entry.to_string() });
         }
         return Ok(vec![Dependency { kind, job: 0, task: None }]);
     }
     if ids.is_empty() {
-        return Err(format!("{} needs at least one job id: {}:JOB[:JOB...]", kind.name(), kind.name()));
+        return Err(DependencyProblem::NoJobIds { kind: kind.name() });
     }
     ids.into_iter().map(|id| job_id(id).map(|(job, task)| Dependency { kind, job, task })).collect()
 }
 
 /// `N` or `N_TASK`, with N at least 1.
-fn job_id(text: &str) -> Result<(JobId, Option<u32>), String> {
-    const EXPECTED: &str = "expected JOB or JOB_TASK (e.g. 123 or 123_4)";
+fn job_id(text: &str) -> Result<(JobId, Option<u32>), DependencyProblem> {
     if text.contains('+') {
-        return Err(format!(
-            "time delays ({text:?}, after:JOB+MINUTES) are not supported; drop the +MINUTES part, or use --begin"
-        ));
+        return Err(DependencyProblem::TimeDelay { text: text.to_string() });
     }
     if text.is_empty() {
-        return Err(format!("a job id is empty; {EXPECTED}"));
+        return Err(DependencyProblem::EmptyJobId);
     }
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     let (job, task) = match text.split_once('_') {
@@ -106,14 +140,14 @@ fn job_id(text: &str) -> Result<(JobId, Option<u32>), String> {
         None => (text, None),
     };
     if !digits(job) || task.is_some_and(|t| !digits(t)) {
-        return Err(format!("{text:?} is not a job id; {EXPECTED}"));
+        return Err(DependencyProblem::NotAJobId { text: text.to_string() });
     }
-    let job: JobId = job.parse().map_err(|_| format!("job id {job} is too large"))?;
+    let job: JobId = job.parse().map_err(|_| DependencyProblem::JobIdTooLarge { text: job.to_string() })?;
     if job == 0 {
-        return Err("job id 0 is not valid; job ids start at 1".to_string());
+        return Err(DependencyProblem::JobIdZero);
     }
     let task = match task {
-        Some(t) => Some(t.parse::<u32>().map_err(|_| format!("array task id {t} is too large"))?),
+        Some(t) => Some(t.parse::<u32>().map_err(|_| DependencyProblem::TaskIdTooLarge { text: t.to_string() })?),
         None => None,
     };
     Ok((job, task))
@@ -171,7 +205,7 @@ mod tests {
     fn err(text: &str) -> String {
         match parse_dependency(text) {
             Ok(parsed) => panic!("{text:?} should fail, got {parsed:?}"),
-            Err(e) => e,
+            Err(e) => e.to_string(),
         }
     }
 
@@ -254,7 +288,8 @@ mod tests {
 
     #[test]
     fn value_errors_have_no_prefix() {
-        assert_eq!(parse_dependency_value("afterok:0").unwrap_err(), "job id 0 is not valid; job ids start at 1");
+        assert_eq!(parse_dependency_value("afterok:0").unwrap_err(), DependencyProblem::JobIdZero);
+        assert_eq!(DependencyProblem::JobIdZero.to_string(), "job id 0 is not valid; job ids start at 1");
     }
 
     #[test]

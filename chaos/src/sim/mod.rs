@@ -306,7 +306,7 @@ fn raft_config() -> Arc<openraft::Config> {
 }
 
 /// Starts (or restarts) replica `id` from its data directory, as `Controller::start` does minus gRPC.
-async fn start_replica(net: &Net, id: u64) -> Result<(), String> {
+async fn start_replica(net: &Net, id: u64) -> anyhow::Result<()> {
     let dir = lock(net).data_dirs[&id].clone();
     let mut attempt = 0;
     let db = loop {
@@ -316,19 +316,19 @@ async fn start_replica(net: &Net, id: u64) -> Result<(), String> {
             Err(e) if attempt < REOPEN_ATTEMPTS => {
                 attempt += 1;
                 if attempt == REOPEN_ATTEMPTS {
-                    return Err(format!("replica {id}: cannot reopen its store: {e}"));
+                    anyhow::bail!("replica {id}: cannot reopen its store: {e}");
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            Err(e) => return Err(format!("replica {id}: cannot reopen its store: {e}")),
+            Err(e) => return Err(anyhow::anyhow!("replica {id}: cannot reopen its store: {e}")),
         }
     };
-    let sm = StateMachineStore::open(db.clone()).map_err(|e| format!("replica {id}: state machine: {e}"))?;
+    let sm = StateMachineStore::open(db.clone()).map_err(|e| anyhow::anyhow!("replica {id}: state machine: {e}"))?;
     let view = sm.view();
     let network = SimNetwork { from: id, net: net.clone() };
     let raft = Raft::new(id, raft_config(), network, LogStore::new(db), sm)
         .await
-        .map_err(|e| format!("replica {id}: raft: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("replica {id}: raft: {e}"))?;
     let timing = AgentTiming::default();
     let proposer = Proposer::new(raft.clone());
     let hub = AgentHub::new(id, proposer.clone(), view.clone(), timing, raft_config().election_timeout_min);
@@ -353,11 +353,12 @@ async fn crash_replica(net: &Net, id: u64) {
 }
 
 /// What `server::bootstrap` does once every founder answered that it is fresh: the lowest id initializes.
-async fn initialize(net: &Net, ids: &[u64]) -> Result<(), String> {
-    let raft = lock(net).replicas.get(&ids[0]).map(|r| r.raft.clone()).ok_or("replica 1 is down")?;
+async fn initialize(net: &Net, ids: &[u64]) -> anyhow::Result<()> {
+    let raft =
+        lock(net).replicas.get(&ids[0]).map(|r| r.raft.clone()).ok_or_else(|| anyhow::anyhow!("replica 1 is down"))?;
     let members: BTreeMap<u64, ReplicaNode> =
         ids.iter().map(|id| (*id, ReplicaNode { addr: format!("sim-replica-{id}") })).collect();
-    raft.initialize(members).await.map_err(|e| format!("initialize: {e}"))
+    raft.initialize(members).await.map_err(|e| anyhow::anyhow!("initialize: {e}"))
 }
 
 /// What the oracle learned from sampling the replicas.
@@ -565,7 +566,7 @@ async fn heal_all(net: &Net, pending: Vec<(u64, Pending)>, ids: &[u64], setup_er
         if !lock(net).replicas.contains_key(id)
             && let Err(e) = start_replica(net, *id).await
         {
-            setup_errors.push(e);
+            setup_errors.push(e.to_string());
         }
     }
     lock(net).event(EventKind::FaultHealed { name: "all".into() });
@@ -581,11 +582,11 @@ async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
     let mut setup_errors = Vec::new();
     for id in &ids {
         if let Err(e) = start_replica(&net, *id).await {
-            setup_errors.push(e);
+            setup_errors.push(e.to_string());
         }
     }
     if let Err(e) = initialize(&net, &ids).await {
-        setup_errors.push(e);
+        setup_errors.push(e.to_string());
     }
 
     let oracle = Arc::new(Mutex::new(Oracle::default()));
@@ -749,7 +750,7 @@ async fn undo(net: &Net, pending: Pending, errors: &mut Vec<String>) {
             if !lock(net).replicas.contains_key(&id)
                 && let Err(e) = start_replica(net, id).await
             {
-                errors.push(e);
+                errors.push(e.to_string());
             }
         }
         Pending::Unblock(links) => {
@@ -780,11 +781,11 @@ async fn wipe_all(net: &Net, ids: &[u64], errors: &mut Vec<String>) {
             errors.push(format!("wiping {}: {e}", dir.display()));
         }
         if let Err(e) = start_replica(net, *id).await {
-            errors.push(e);
+            errors.push(e.to_string());
         }
     }
     if let Err(e) = initialize(net, ids).await {
-        errors.push(e);
+        errors.push(e.to_string());
     }
 }
 

@@ -208,7 +208,7 @@ fn options(args: &Args) -> anyhow::Result<Option<Options>> {
     let states = match args.states.as_deref() {
         Some(text) => match StateFilter::parse(text) {
             Ok(filter) => filter,
-            Err(bad) => {
+            Err(BadState(bad)) => {
                 eprintln!("sinfo: error: Bad state string: \"{bad}\"");
                 eprintln!("sinfo: error: valid states: {}", VALID_STATES.join(","));
                 return Ok(None);
@@ -397,6 +397,10 @@ const VALID_STATES: &[&str] = &[
 ];
 
 /// `-t`: the states asked for, and whether a node must be in all of them (`&`) or any (`,`).
+/// A node state word Slurm would not know (sinfo prints it with the valid ones).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct BadState(String);
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct StateFilter {
     wanted: Vec<Wanted>,
@@ -405,14 +409,14 @@ struct StateFilter {
 
 impl StateFilter {
     /// `None` for `all`; the first word Slurm would not know as the error.
-    fn parse(text: &str) -> Result<Option<StateFilter>, String> {
+    fn parse(text: &str) -> Result<Option<StateFilter>, BadState> {
         if text.eq_ignore_ascii_case("all") {
             return Ok(None);
         }
         let wanted = text
             .split([',', '&'])
             .filter(|w| !w.is_empty())
-            .map(|w| Self::word(w).ok_or_else(|| w.to_string()))
+            .map(|w| Self::word(w).ok_or_else(|| BadState(w.to_string())))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Some(StateFilter { wanted, all_of: text.contains('&') }))
     }
@@ -1222,7 +1226,7 @@ mod tests {
         assert_eq!(format.items[1], Item::Text(" %! ".into()));
         let (_, invalid) = NodeFormat::long("NodeList,StatePrecise,Gres");
         assert_eq!(invalid, ["StatePrecise"]);
-        assert_eq!(StateFilter::parse("idle,bogus"), Err("bogus".to_string()));
+        assert_eq!(StateFilter::parse("idle,bogus"), Err(BadState("bogus".to_string())));
         assert_eq!(StateFilter::parse("ALL"), Ok(None));
         let drng = StateFilter::parse("drng&mix").unwrap().unwrap();
         assert!(drng.all_of);

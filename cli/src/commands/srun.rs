@@ -424,7 +424,7 @@ async fn follow_step(
     let mut outcome = StepOutcome::default();
     let nodes = client.list_nodes(false).await?;
     let addrs: HashMap<&str, &str> = nodes.iter().map(|n| (n.info.name.as_str(), n.info.agent_addr.as_str())).collect();
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(String, Result<StepEvent, String>)>(1024);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(String, anyhow::Result<StepEvent>)>(1024);
     // srun's standard input goes to the tasks that take it (Slurm's --input), one stream per node.
     let forward_input = plan.flags.input != StepStdin::None && input_is_ours();
     let mut inputs = Vec::new();
@@ -483,8 +483,9 @@ async fn follow_step(
             _ = usr2.recv() => { forward_signal(client, job.id, libc::SIGUSR2).await; continue }
         };
         let Some((node, event)) = item else { break };
-        match event {
-            Ok(StepEvent::Output { rank, stderr, text }) => {
+        // A node that could not be reached or was lost counts as one that refused the step.
+        match event.unwrap_or_else(|lost| StepEvent::Refused { message: lost.to_string() }) {
+            StepEvent::Output { rank, stderr, text } => {
                 let text = if plan.flags.label {
                     text.lines().map(|l| format!("{rank}: {l}\n")).collect::<String>()
                 } else {
@@ -497,7 +498,7 @@ async fn follow_step(
                     let _ = std::io::stdout().flush();
                 }
             }
-            Ok(StepEvent::Exited { rank, exit_code, signal }) => {
+            StepEvent::Exited { rank, exit_code, signal } => {
                 exited += 1;
                 let code = if signal != 0 { 128 + signal } else { exit_code };
                 if code != 0 {
@@ -509,7 +510,7 @@ async fn follow_step(
                     outcome.signal = signal;
                 }
             }
-            Ok(StepEvent::Refused { message }) | Err(message) => {
+            StepEvent::Refused { message } => {
                 eprintln!("srun: error: {node}: {message}");
                 worst = worst.max(1);
                 outcome.exit_code = outcome.exit_code.max(1);
@@ -586,23 +587,23 @@ async fn follow_node(
     launch: StepLaunch,
     input: Option<tokio::sync::mpsc::Receiver<Vec<u8>>>,
     node: &str,
-    tx: &tokio::sync::mpsc::Sender<(String, Result<StepEvent, String>)>,
-) -> Result<(), String> {
+    tx: &tokio::sync::mpsc::Sender<(String, anyhow::Result<StepEvent>)>,
+) -> anyhow::Result<()> {
     let timeout = Duration::from_millis(AGENT_CONNECT_TIMEOUT_MS);
     let channel = tls
         .channel(addr, None, timeout, Some(drover_auth::tls::RoleKind::Agent))
-        .map_err(|e| format!("cannot reach the agent at {addr}: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("cannot reach the agent at {addr}: {e}"))?;
     let mut agent = AgentServiceClient::new(channel);
     let mut request = tonic::Request::new(StepRequest { json: encode(&launch) });
-    credentials.attach(&mut request).map_err(|e| e.to_string())?;
+    credentials.attach(&mut request)?;
     let (job_id, step_id) = (launch.job_id, launch.step_id);
-    let mut stream = agent.launch_step(request).await.map_err(|s| s.message().to_string())?.into_inner();
+    let mut stream = agent.launch_step(request).await.map_err(|s| anyhow::anyhow!("{}", s.message()))?.into_inner();
     if let Some(input) = input {
         let chunks = tokio_stream::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(input), move |data| {
             drover_proto::v1::StepInputChunk { job_id, step_id, data }
         });
         let mut request = tonic::Request::new(chunks);
-        credentials.attach(&mut request).map_err(|e| e.to_string())?;
+        credentials.attach(&mut request)?;
         let mut agent = agent.clone();
         let node = node.to_string();
         tokio::spawn(async move {
@@ -612,7 +613,7 @@ async fn follow_node(
         });
     }
     while let Some(envelope) =
-        stream.message().await.map_err(|s| format!("lost the agent at {addr}: {}", s.message()))?
+        stream.message().await.map_err(|s| anyhow::anyhow!("lost the agent at {addr}: {}", s.message()))?
     {
         let event: StepEvent = decode(&envelope.json)?;
         if tx.send((node.to_string(), Ok(event))).await.is_err() {

@@ -221,13 +221,22 @@ struct Step {
     tasks: u32,
 }
 
+/// No step of the job answers the request, in Slurm's words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum NoSteps {
+    #[error("No steps running for job {0}")]
+    Running(u64),
+    #[error("{0}.{1} not found running.")]
+    Step(u64, String),
+}
+
 /// The steps of `job` that answer `wanted`, or Slurm's error when none does. Without a step named, the running
 /// `srun` steps (and the batch step with `-a`, or when no `srun` step runs, so that the job is not shown empty).
-fn running_steps(job: &Job, wanted: &StepRef, all_steps: bool) -> Result<Vec<Step>, String> {
+fn running_steps(job: &Job, wanted: &StepRef, all_steps: bool) -> Result<Vec<Step>, NoSteps> {
     let id = job.id;
     let not_running = || match &wanted.step {
-        None => format!("No steps running for job {id}"),
-        Some(step) => format!("{id}.{step} not found running."),
+        None => NoSteps::Running(id),
+        Some(step) => NoSteps::Step(id, step.clone()),
     };
     if job.state != JobState::Running {
         return Err(not_running());
@@ -302,10 +311,10 @@ mod tests {
         let one = running_steps(&job, &StepRef { job: 12, step: Some("1".into()) }, false).unwrap();
         assert_eq!(one, [Step { id: "1".into(), nodes: "node02".into(), tasks: 4 }]);
         let done = StepRef { job: 12, step: Some("0".into()) };
-        assert_eq!(running_steps(&job, &done, false).unwrap_err(), "12.0 not found running.");
-        assert!(running_steps(&running(true), &whole, false).unwrap_err().contains("No steps running for job 12"));
+        assert_eq!(running_steps(&job, &done, false).unwrap_err().to_string(), "12.0 not found running.");
+        assert_eq!(running_steps(&running(true), &whole, false).unwrap_err(), NoSteps::Running(12));
         let finished = Job { state: JobState::Completed, ..running(false) };
-        assert_eq!(running_steps(&finished, &whole, false).unwrap_err(), "No steps running for job 12");
+        assert_eq!(running_steps(&finished, &whole, false).unwrap_err().to_string(), "No steps running for job 12");
     }
 
     #[test]

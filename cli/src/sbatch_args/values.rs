@@ -17,7 +17,7 @@ pub(super) fn parse_array(flag: &str, value: &str) -> Result<ArraySpec, OptionEr
 
 /// The entries, and whether any one suffices (`?`) rather than all (`,`).
 pub(super) fn parse_dependency(flag: &str, value: &str) -> Result<(Vec<Dependency>, bool), OptionError> {
-    dependency::parse_dependency_value(value).map_err(|e| invalid(flag, value, e))
+    dependency::parse_dependency_value(value).map_err(|e| invalid(flag, value, e.to_string()))
 }
 
 /// `--time`, `--time-min`: seconds, `None` for UNLIMITED.
@@ -65,7 +65,7 @@ pub(super) fn parse_constraint(flag: &str, value: &str) -> Result<Vec<String>, O
 
 /// `--nodelist`, `--exclude`: a hostlist, expanded.
 pub(super) fn parse_hosts(flag: &str, value: &str) -> Result<Vec<String>, OptionError> {
-    drover_state::hostlist::expand_hostlist(value).map_err(|e| invalid(flag, value, e))
+    drover_state::hostlist::expand_hostlist(value).map_err(|e| invalid(flag, value, e.to_string()))
 }
 
 // The options below are accepted only with the values that ask for what Drover does anyway. Their values are

@@ -521,7 +521,9 @@ impl AgentGateway for Gateway {
             .await
             .map_err(|_| Status::deadline_exceeded("no registration within 5 s"))??
             .ok_or_else(|| Status::cancelled("session closed before registering"))?;
-        let AgentMessage::Register { info, running } = decode(&first.json).map_err(Status::invalid_argument)? else {
+        let AgentMessage::Register { info, running } =
+            decode(&first.json).map_err(|e| Status::invalid_argument(e.to_string()))?
+        else {
             return Err(Status::invalid_argument("the first message of a session must be Register"));
         };
         if info.name != certified {

@@ -123,15 +123,28 @@ struct Stats {
     wall_s: f64,
 }
 
-fn load(path: &Path) -> Result<Vec<TraceJob>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+/// A trace that cannot be read, with the file and line to look at.
+#[derive(Debug, thiserror::Error)]
+enum TraceError {
+    #[error("{}: {cause}", path.display())]
+    Read { path: std::path::PathBuf, cause: std::io::Error },
+    #[error("{}:{line}: expected 4 columns", path.display())]
+    Columns { path: std::path::PathBuf, line: usize },
+    #[error("{}:{line}: {cause}", path.display())]
+    Number { path: std::path::PathBuf, line: usize, cause: std::num::ParseIntError },
+}
+
+fn load(path: &Path) -> Result<Vec<TraceJob>, TraceError> {
+    let text = std::fs::read_to_string(path).map_err(|cause| TraceError::Read { path: path.to_path_buf(), cause })?;
     let mut jobs = Vec::new();
     for (lineno, line) in text.lines().enumerate().skip(1) {
         let f: Vec<&str> = line.trim().split(',').collect();
         if f.len() != 4 {
-            return Err(format!("{}:{}: expected 4 columns", path.display(), lineno + 1));
+            return Err(TraceError::Columns { path: path.to_path_buf(), line: lineno + 1 });
         }
-        let num = |s: &str| s.parse::<u64>().map_err(|e| format!("{}:{}: {e}", path.display(), lineno + 1));
+        let num = |s: &str| {
+            s.parse::<u64>().map_err(|cause| TraceError::Number { path: path.to_path_buf(), line: lineno + 1, cause })
+        };
         let (submit_s, duration_s, gpus) = (num(f[1])?, num(f[2])?, num(f[3])? as u32);
         let (nodes, gpus_per_node) =
             if gpus <= GPUS_PER_NODE { (1, gpus) } else { (gpus.div_ceil(GPUS_PER_NODE), GPUS_PER_NODE) };
