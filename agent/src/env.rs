@@ -223,6 +223,9 @@ fn resource_variables(env: &mut Env, p: &Placement) {
     if let Some(n) = spec.ntasks_per_gpu {
         env.set("SLURM_NTASKS_PER_GPU", n.to_string());
     }
+    if let Some(freq) = &spec.gpu_freq {
+        env.set("SLURM_GPU_FREQ", freq.to_string());
+    }
     // As Slurm sets them: the request in MiB, under the name of its kind (--mem=0 shows the node's share).
     match spec.mem {
         Some(MemRequest::PerNode(0)) => {

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use drover_state::GpuInfo;
+use drover_state::job::{ClockLevel, GpuFreq};
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
@@ -80,6 +81,36 @@ pub trait GpuBackend: Send + Sync {
     fn task_environment(&self) -> Vec<(String, String)> {
         Vec::new()
     }
+    /// Sets GPU `index`'s application clocks as `--gpu-freq` asks ([`choose_clocks`]); says what was set.
+    fn set_clocks(&self, index: u32, freq: &GpuFreq) -> Result<Clocks, GpuError>;
+    /// Back to the driver's default application clocks (a job that asked for none runs at those).
+    fn reset_clocks(&self, index: u32) -> Result<(), GpuError>;
+    /// GPU `index`'s application clocks now.
+    fn clocks(&self, index: u32) -> Result<Clocks, GpuError>;
+}
+
+/// A GPU's application clocks: what its kernels run at, within its power and thermal limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Clocks {
+    pub memory_mhz: u32,
+    pub graphics_mhz: u32,
+}
+
+/// The clocks `freq` asks for on a GPU that supports `memory` clocks and, for each, the graphics clocks
+/// `graphics_for` lists: the memory clock first (the highest unless asked), then a graphics clock valid with it
+/// (likewise). `None` when the GPU lists no clock to choose from.
+pub fn choose_clocks(
+    freq: &GpuFreq,
+    memory: &[u32],
+    graphics_for: impl FnOnce(u32) -> Result<Vec<u32>, GpuError>,
+) -> Result<Option<Clocks>, GpuError> {
+    let Some(memory_mhz) = freq.memory.unwrap_or(ClockLevel::High).pick(memory) else { return Ok(None) };
+    let graphics = graphics_for(memory_mhz)?;
+    Ok(freq
+        .graphics
+        .unwrap_or(ClockLevel::High)
+        .pick(&graphics)
+        .map(|graphics_mhz| Clocks { memory_mhz, graphics_mhz }))
 }
 
 /// The variable that marks the tasks of one simulated node (see [`SimulatedBackend::with_host_marker`]).
@@ -432,6 +463,40 @@ impl GpuBackend for NvmlBackend {
         Ok(processes.into_iter().map(|p| p.pid).collect())
     }
 
+    fn set_clocks(&self, index: u32, freq: &GpuFreq) -> Result<Clocks, GpuError> {
+        let mut device = self.nvml.device_by_index(index).map_err(nvml_error("nvmlDeviceGetHandleByIndex"))?;
+        let memory = device.supported_memory_clocks().map_err(nvml_error("nvmlDeviceGetSupportedMemoryClocks"))?;
+        let chosen = choose_clocks(freq, &memory, |mem| {
+            device.supported_graphics_clocks(mem).map_err(nvml_error("nvmlDeviceGetSupportedGraphicsClocks"))
+        })?;
+        let clocks = chosen.ok_or_else(|| GpuError::Nvml {
+            call: "nvmlDeviceGetSupportedMemoryClocks",
+            message: format!("GPU {index} lists no clocks to choose from"),
+        })?;
+        device
+            .set_applications_clocks(clocks.memory_mhz, clocks.graphics_mhz)
+            .map_err(nvml_error("nvmlDeviceSetApplicationsClocks"))?;
+        Ok(clocks)
+    }
+
+    fn reset_clocks(&self, index: u32) -> Result<(), GpuError> {
+        let mut device = self.nvml.device_by_index(index).map_err(nvml_error("nvmlDeviceGetHandleByIndex"))?;
+        device.reset_applications_clocks().map_err(nvml_error("nvmlDeviceResetApplicationsClocks"))
+    }
+
+    fn clocks(&self, index: u32) -> Result<Clocks, GpuError> {
+        use nvml_wrapper::enum_wrappers::device::Clock;
+        let device = self.nvml.device_by_index(index).map_err(nvml_error("nvmlDeviceGetHandleByIndex"))?;
+        Ok(Clocks {
+            memory_mhz: device
+                .applications_clock(Clock::Memory)
+                .map_err(nvml_error("nvmlDeviceGetApplicationsClock"))?,
+            graphics_mhz: device
+                .applications_clock(Clock::Graphics)
+                .map_err(nvml_error("nvmlDeviceGetApplicationsClock"))?,
+        })
+    }
+
     fn health(&self) -> Result<Vec<GpuHealth>, GpuError> {
         let count = self.nvml.device_count().map_err(nvml_error("nvmlDeviceGetCount"))?;
         let mut poll = lock(&self.poll);
@@ -497,7 +562,18 @@ struct SimulatedGpu {
     pending_xids: Vec<u64>,
     fatal_xid: Option<u64>,
     utilization_pct: u32,
+    /// Application clocks set for a job; `None` at the defaults.
+    clocks: Option<Clocks>,
 }
+
+/// A simulated GPU's memory clocks (MHz): an H100 or H200 lists one or two; three make `--gpu-freq=memory=...` show.
+const SIMULATED_MEMORY_CLOCKS: [u32; 3] = [2619, 1593, 810];
+/// Its graphics clocks: 1980 MHz down to 345 in steps of 15, as an H100 lists them.
+fn simulated_graphics_clocks() -> Vec<u32> {
+    (0..=109).map(|step| 1980 - 15 * step).collect()
+}
+/// Its default application clocks (what a reset sets).
+const SIMULATED_DEFAULT_CLOCKS: Clocks = Clocks { memory_mhz: 2619, graphics_mhz: 1980 };
 
 impl SimulatedBackend {
     /// `count` simulated GPUs of `model` (e.g. `H200`). `seed` is the node name, so two simulated nodes never share a
@@ -758,6 +834,26 @@ impl GpuBackend for SimulatedBackend {
         Ok(self.gpus.clone())
     }
 
+    fn set_clocks(&self, index: u32, freq: &GpuFreq) -> Result<Clocks, GpuError> {
+        self.can_clock()?;
+        let clocks = choose_clocks(freq, &SIMULATED_MEMORY_CLOCKS, |_| Ok(simulated_graphics_clocks()))?
+            .expect("a simulated GPU lists clocks");
+        self.simulated_gpu(index, |gpu| gpu.clocks = Some(clocks))?;
+        Ok(clocks)
+    }
+
+    fn reset_clocks(&self, index: u32) -> Result<(), GpuError> {
+        self.can_clock()?;
+        self.simulated_gpu(index, |gpu| gpu.clocks = None)
+    }
+
+    fn clocks(&self, index: u32) -> Result<Clocks, GpuError> {
+        self.can_clock()?;
+        let mut clocks = SIMULATED_DEFAULT_CLOCKS;
+        self.simulated_gpu(index, |gpu| clocks = gpu.clocks.unwrap_or(SIMULATED_DEFAULT_CLOCKS))?;
+        Ok(clocks)
+    }
+
     fn health(&self) -> Result<Vec<GpuHealth>, GpuError> {
         let mut state = lock(&self.state);
         self.apply_fault_file(&mut state);
@@ -782,6 +878,26 @@ impl GpuBackend for SimulatedBackend {
             })
             .collect();
         Ok(health)
+    }
+}
+
+impl SimulatedBackend {
+    /// A configured inventory stands for real GPUs the agent cannot reach: it must not pretend to set their clocks.
+    fn can_clock(&self) -> Result<(), GpuError> {
+        match self.simulated_node {
+            Some(_) => Ok(()),
+            None => Err(GpuError::NoDriver("a configured inventory cannot set the GPUs' clocks".into())),
+        }
+    }
+
+    fn simulated_gpu(&self, index: u32, change: impl FnOnce(&mut SimulatedGpu)) -> Result<(), GpuError> {
+        let mut state = lock(&self.state);
+        let gpu = state.gpus.get_mut(index as usize).ok_or_else(|| GpuError::Nvml {
+            call: "nvmlDeviceGetHandleByIndex",
+            message: format!("no simulated GPU {index}"),
+        })?;
+        change(gpu);
+        Ok(())
     }
 }
 
@@ -823,6 +939,28 @@ mod tests {
     }
 
     use super::*;
+
+    /// `--gpu-freq` on a simulated GPU: levels resolve against its clock lists, one GPU at a time, and a reset
+    /// brings the defaults back. A configured inventory stands for real GPUs the agent cannot reach: it refuses.
+    #[test]
+    fn simulated_clocks_follow_gpu_freq_and_a_configured_inventory_refuses() {
+        let backend = SimulatedBackend::new(2, "H100", "n1");
+        let defaults = backend.clocks(0).unwrap();
+        assert_eq!(defaults, Clocks { memory_mhz: 2619, graphics_mhz: 1980 });
+        let freq = GpuFreq::parse("1500,memory=low").unwrap();
+        assert_eq!(backend.set_clocks(1, &freq).unwrap(), Clocks { memory_mhz: 810, graphics_mhz: 1500 });
+        assert_eq!(backend.clocks(1).unwrap().graphics_mhz, 1500);
+        assert_eq!(backend.clocks(0).unwrap(), defaults);
+        let highm1 = backend.set_clocks(0, &GpuFreq::parse("highm1").unwrap()).unwrap();
+        assert_eq!(highm1, Clocks { memory_mhz: 2619, graphics_mhz: 1965 }, "memory at its highest unless asked");
+        backend.reset_clocks(1).unwrap();
+        assert_eq!(backend.clocks(1).unwrap(), defaults);
+        assert!(backend.set_clocks(9, &freq).is_err(), "no GPU 9");
+
+        let configured = SimulatedBackend::configured(&ExpectedGpus { count: Some(2), model_contains: None }, "n1");
+        let err = configured.set_clocks(0, &freq).unwrap_err().to_string();
+        assert!(err.contains("cannot set the GPUs' clocks"), "{err}");
+    }
 
     fn gpu(index: u32, name: &str) -> GpuInfo {
         GpuInfo { index, name: name.to_string(), ..GpuInfo::default() }

@@ -142,6 +142,11 @@ struct Inner {
     memory_samples: HashMap<JobKey, u64>,
     /// When job cgroups were last looked after.
     cgroups_tended: Option<Instant>,
+    /// GPUs whose clocks were set for a job's `--gpu-freq`, and for which incarnation; reset once it leaves.
+    clocked: HashMap<u32, JobKey>,
+    /// Whether this process has brought every GPU no job wants to its default clocks (a previous agent may have
+    /// left some set for a job that ended while it was down).
+    clocks_known: bool,
 }
 
 /// The leader's latest word on what a node runs (`ControllerMessage::Assignments`, unpacked).
@@ -280,6 +285,8 @@ impl NodeAgent {
                 unpinned: HashSet::new(),
                 memory_samples: HashMap::new(),
                 cgroups_tended: None,
+                clocked: HashMap::new(),
+                clocks_known: false,
             }),
             wake: Notify::new(),
             key,
@@ -624,6 +631,7 @@ impl NodeAgent {
                 self.check_marker(a);
             }
         }
+        self.tend_gpu_clocks(&assignments, synced);
         // Starting a supervisor is a fork, an exec and two small fsyncs: start a burst of jobs side by side.
         for batch in to_launch.chunks(MAX_PARALLEL_LAUNCHES) {
             std::thread::scope(|scope| {
@@ -651,6 +659,74 @@ impl NodeAgent {
         }
         self.confirm_released(&lingering, &dirs);
         self.tend_cgroups(&live, &lingering, synced);
+    }
+
+    /// `--gpu-freq`: each GPU of a job here that asked gets its clocks before the job's tasks start (this runs before
+    /// the pass launches them), and its default clocks back once the job has left the node, as Slurm resets them
+    /// after the job. A GPU serves one job at a time, so it is set for at most one. Resets wait for this session's
+    /// assignments: before them, a running job would look gone.
+    fn tend_gpu_clocks(&self, assignments: &HashMap<JobId, Assignment>, synced: bool) {
+        let mut wanted: HashMap<u32, (JobKey, drover_state::job::GpuFreq)> = HashMap::new();
+        for a in assignments.values() {
+            let Some(freq) = a.job.spec.gpu_freq.as_deref().filter(|f| f.graphics.is_some() || f.memory.is_some())
+            else {
+                continue;
+            };
+            for &gpu in a.job.allocation.get(a.node_index as usize).map(|s| s.gpus.as_slice()).unwrap_or_default() {
+                wanted.insert(gpu, ((a.job.id, a.job.incarnation), *freq));
+            }
+        }
+        let (clocked, known) = {
+            let inner = self.lock();
+            (inner.clocked.clone(), inner.clocks_known)
+        };
+        if wanted.is_empty() && clocked.is_empty() && known {
+            return;
+        }
+        let mut now_clocked = clocked.clone();
+        if synced {
+            let leftovers: Vec<u32> = if known {
+                clocked.keys().copied().collect()
+            } else {
+                self.gpus.inventory().map(|gpus| gpus.iter().map(|g| g.index).collect()).unwrap_or_default()
+            };
+            // A GPU another job wants now is set for it below; setting needs no reset first.
+            for gpu in leftovers.into_iter().filter(|gpu| !wanted.contains_key(gpu)) {
+                match self.gpus.reset_clocks(gpu) {
+                    Ok(()) if clocked.contains_key(&gpu) => tracing::info!(gpu, "GPU clocks back to their defaults"),
+                    Ok(()) => {}
+                    Err(e) if clocked.contains_key(&gpu) => tracing::warn!(gpu, "cannot reset the GPU's clocks: {e}"),
+                    Err(e) => tracing::debug!(gpu, "cannot reset the GPU's clocks: {e}"),
+                }
+                now_clocked.remove(&gpu);
+            }
+        }
+        for (gpu, (key, freq)) in wanted {
+            if now_clocked.get(&gpu) == Some(&key) {
+                continue;
+            }
+            // Tried once per job and GPU: a GPU that refuses is not asked again every pass.
+            now_clocked.insert(gpu, key);
+            match self.gpus.set_clocks(gpu, &freq) {
+                Ok(c) => tracing::info!(
+                    job = key.0,
+                    incarnation = key.1,
+                    gpu,
+                    memory_mhz = c.memory_mhz,
+                    graphics_mhz = c.graphics_mhz,
+                    "GPU clocks set for --gpu-freq={freq}"
+                ),
+                Err(e) => tracing::warn!(job = key.0, gpu, "--gpu-freq={freq} not applied: {e}"),
+            }
+        }
+        let mut inner = self.lock();
+        inner.clocked = now_clocked;
+        inner.clocks_known |= synced;
+    }
+
+    /// GPU `index`'s application clocks now (what `--gpu-freq` set, or the defaults).
+    pub fn gpu_clocks(&self, index: u32) -> Result<crate::gpu::Clocks, crate::gpu::GpuError> {
+        self.gpus.clocks(index)
     }
 
     /// Once a second: samples the memory of running jobs where the kernel keeps no peak, and removes the cgroups

@@ -129,3 +129,33 @@ fn a_task_that_may_still_run_keeps_its_gpus_until_it_is_gone() {
     }
     assert!(agent.running_shares().is_empty());
 }
+
+/// `--gpu-freq`: a job's GPUs on this node get the clocks it asked for before it starts, the node's other GPUs
+/// keep their defaults, and once the job has left the node (the leader no longer lists it) its GPUs are back at
+/// their defaults, as Slurm resets them after a job.
+#[test]
+fn a_jobs_gpu_clocks_are_set_while_it_is_here_and_reset_once_it_has_left() {
+    use drover_state::job::{ClockLevel, GpuFreq};
+    let tmp = tempfile::tempdir().unwrap();
+    let agent = agent(tmp.path());
+    let defaults = agent.gpu_clocks(0).unwrap();
+    assert_eq!(agent.gpu_clocks(1).unwrap(), defaults);
+    let mut job = assignment(7);
+    job.job.spec.gpu_freq =
+        Some(Box::new(GpuFreq { graphics: Some(ClockLevel::Low), memory: Some(ClockLevel::Medium), verbose: false }));
+    job.job.allocation = vec![
+        drover_state::NodeAllocation::default(),
+        drover_state::NodeAllocation { gpus: vec![1], ..Default::default() },
+    ]
+    .into();
+    agent.set_assignments(AssignmentUpdate { jobs: vec![job], applied_index: 10, ..AssignmentUpdate::default() });
+    agent.reconcile();
+    let set = agent.gpu_clocks(1).unwrap();
+    assert_eq!((set.memory_mhz, set.graphics_mhz), (1593, 345), "the middle memory clock, the lowest graphics one");
+    assert_eq!(agent.gpu_clocks(0).unwrap(), defaults, "a GPU the job does not hold keeps its clocks");
+    agent.reconcile();
+    assert_eq!(agent.gpu_clocks(1).unwrap(), set, "set once, kept while the job is here");
+    agent.set_assignments(AssignmentUpdate { jobs: Vec::new(), applied_index: 11, ..AssignmentUpdate::default() });
+    agent.reconcile();
+    assert_eq!(agent.gpu_clocks(1).unwrap(), defaults, "back to the defaults once the job has left");
+}

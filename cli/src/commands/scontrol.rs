@@ -937,6 +937,9 @@ fn request_lines(job: &Job, lines: &mut Vec<String>) {
     if let Some(m) = crate::format::mem_per_tres(job) {
         lines.push(format!("MemPerTres={m}"));
     }
+    if let Some(freq) = &s.gpu_freq {
+        lines.push(format!("TresFreq=gpu:{freq}"));
+    }
     if let Some(t) = crate::format::tres_per_job(job) {
         lines.push(format!("TresPerJob={t}"));
     }

@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use drover_state::job::{ArraySpec, Dependency, ExportPolicy, MemRequest};
+use drover_state::job::{ArraySpec, Dependency, ExportPolicy, GpuFreq, MemRequest};
 
 use super::Info;
 use super::resolve::{Draft, GpuRequest, Source};
@@ -111,6 +111,8 @@ pub enum SbatchOption {
     MultiSite,
     /// `--kill-on-invalid-dep=yes|no`: cancel the job once a dependency can never be satisfied.
     KillOnInvalidDep(bool),
+    /// `--gpu-freq`: the clocks of the job's GPUs.
+    GpuFreq(GpuFreq),
     Parsable,
     /// `--wait/-W`: sbatch returns once the job has ended, with its exit code.
     Wait,
@@ -318,7 +320,16 @@ pub(super) const OPTIONS: &[OptDef] = &[
         &["SBATCH_GPU_BIND"],
         Ignored(Arg::Required, "every task sees all of the job's GPUs on its node"),
     ),
-    opt("gpu-freq", None, &["SBATCH_GPU_FREQ"], Ignored(Arg::Required, "Drover does not set GPU clocks")),
+    opt(
+        "gpu-freq",
+        None,
+        &["SBATCH_GPU_FREQ"],
+        Raw(|f, v| {
+            let expected = "expected [LEVEL][,memory=LEVEL][,verbose], LEVEL one of low, medium, high, highm1 or MHz";
+            let freq = GpuFreq::parse(&v).map_err(|_| invalid(f, &v, expected))?;
+            option(SbatchOption::GpuFreq(freq))
+        }),
+    ),
     opt(
         "gpus-per-node",
         None,
@@ -702,6 +713,7 @@ impl Draft {
             SbatchOption::Hold => spec.hold = true,
             SbatchOption::MultiSite => spec.multi_site = true,
             SbatchOption::KillOnInvalidDep(v) => spec.kill_on_invalid_dep = *v,
+            SbatchOption::GpuFreq(freq) => spec.gpu_freq = Some(Box::new(*freq)),
             SbatchOption::OpenAppend(v) => spec.open_append = *v,
             SbatchOption::Exclusive(mode) => {
                 spec.exclusive = *mode != Exclusive::Oversubscribe;

@@ -1363,7 +1363,6 @@ fn unused_options_warn_and_take_their_values_as_getopt_does() {
         (&["--delay-boot=10"], "--delay-boot is ignored: Drover never reboots nodes for a job"),
         (&["--reboot"], "--reboot is ignored"),
         (&["--cpu-freq=high"], "--cpu-freq is ignored"),
-        (&["--gpu-freq=high"], "--gpu-freq is ignored"),
         (&["--network=x"], "--network is ignored"),
         (&["--mem-bind=local"], "--mem-bind is ignored"),
         (&["--gres-flags=enforce-binding"], "--gres-flags is ignored"),
@@ -1788,4 +1787,24 @@ fn kill_on_invalid_dep_asks_for_cancellation_when_a_dependency_can_never_hold() 
     // Slurm's sbatch reads no SBATCH_KILL_ON_INVALID_DEP (tried on its peer: the job stayed pending).
     let s = with_env(&[("SBATCH_KILL_ON_INVALID_DEP", "yes")], &["job.sh"], SCRIPT).unwrap().spec;
     assert!(!s.kill_on_invalid_dep);
+}
+
+/// `--gpu-freq` as Slurm 22.05's sbatch reads it (tried on its peer): a value it refuses is refused, before anything
+/// is sent; `SBATCH_GPU_FREQ` stands for it and the command line wins.
+#[test]
+fn gpu_freq_asks_for_gpu_clocks() {
+    use drover_state::job::{ClockLevel, GpuFreq};
+    let freq = spec(&["--gpu-freq=medium,memory=high", "job.sh"], SCRIPT).gpu_freq.map(|f| *f);
+    assert_eq!(
+        freq,
+        Some(GpuFreq { graphics: Some(ClockLevel::Medium), memory: Some(ClockLevel::High), verbose: false })
+    );
+    let from_script = spec(&["job.sh"], "#!/bin/sh\n#SBATCH --gpu-freq=450\n").gpu_freq.map(|f| *f);
+    assert_eq!(from_script.and_then(|f| f.graphics), Some(ClockLevel::Mhz(450)));
+    assert_eq!(spec(&["job.sh"], SCRIPT).gpu_freq, None);
+    assert_eq!(warnings(&["--gpu-freq=low", "job.sh"]), Vec::<String>::new());
+    let s = with_env(&[("SBATCH_GPU_FREQ", "low")], &["--gpu-freq=high", "job.sh"], SCRIPT).unwrap().spec;
+    assert_eq!(s.gpu_freq.and_then(|f| f.graphics), Some(ClockLevel::High));
+    assert!(cmd_err(&["--gpu-freq=HIGH"]).starts_with("invalid --gpu-freq value \"HIGH\": expected"));
+    assert!(cmd_err(&["--gpu-freq="]).starts_with("invalid --gpu-freq value \"\""));
 }

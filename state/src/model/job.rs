@@ -125,6 +125,112 @@ pub struct JobSpec {
     /// `--kill-on-invalid-dep=yes`: once its dependencies can never be satisfied, the job is cancelled (reason
     /// `DependencyNeverSatisfied`) instead of staying pending.
     pub kill_on_invalid_dep: bool,
+    /// `--gpu-freq`: the clocks the job's GPUs run at (set by the agent before the job starts there, reset to the
+    /// highest once it has left). Boxed: few jobs ask, and the spec stays one word bigger, not three.
+    pub gpu_freq: Option<Box<GpuFreq>>,
+}
+
+/// `--gpu-freq=[<level>][,memory=<level>][,verbose]`: the GPUs' graphics and memory clocks, as Slurm's option
+/// spells them. Typed, so whatever a client sends is a request the agent can carry out (a number a GPU cannot
+/// run at gets the closest it can, as in Slurm).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct GpuFreq {
+    pub graphics: Option<ClockLevel>,
+    pub memory: Option<ClockLevel>,
+    /// `verbose`: the agent logs the clocks it set.
+    pub verbose: bool,
+}
+
+/// One clock of `--gpu-freq`: a named point of the GPU's supported range, or a frequency in MHz.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClockLevel {
+    Low,
+    Medium,
+    High,
+    /// The next one below the highest.
+    HighM1,
+    Mhz(u32),
+}
+
+/// A `--gpu-freq` value Slurm would refuse; shown as Slurm's sbatch shows it (`gpu:` and the value).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Invalid --gpu-freq argument: gpu:{0}")]
+pub struct InvalidGpuFreq(pub String);
+
+impl ClockLevel {
+    /// Slurm's words, in lower case only (it refuses `HIGH`), or digits.
+    fn parse(word: &str) -> Option<ClockLevel> {
+        Some(match word {
+            "low" => ClockLevel::Low,
+            "medium" => ClockLevel::Medium,
+            "high" => ClockLevel::High,
+            "highm1" => ClockLevel::HighM1,
+            _ if !word.is_empty() && word.bytes().all(|b| b.is_ascii_digit()) => ClockLevel::Mhz(word.parse().ok()?),
+            _ => return None,
+        })
+    }
+
+    /// The clock to set among those the GPU supports (any order): low the lowest, high the highest, highm1 the next
+    /// below it, medium the middle one (the upper of two), a frequency the closest one (the higher of two as close).
+    /// `None` when the GPU lists none.
+    pub fn pick(self, supported: &[u32]) -> Option<u32> {
+        let mut clocks = supported.to_vec();
+        clocks.sort_unstable_by(|a, b| b.cmp(a));
+        clocks.dedup();
+        let last = clocks.len().checked_sub(1)?;
+        Some(match self {
+            ClockLevel::High => clocks[0],
+            ClockLevel::HighM1 => clocks[1.min(last)],
+            ClockLevel::Medium => clocks[last / 2],
+            ClockLevel::Low => clocks[last],
+            ClockLevel::Mhz(mhz) => *clocks.iter().min_by_key(|c| c.abs_diff(mhz)).expect("not empty"),
+        })
+    }
+}
+
+impl std::fmt::Display for ClockLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClockLevel::Low => f.write_str("low"),
+            ClockLevel::Medium => f.write_str("medium"),
+            ClockLevel::High => f.write_str("high"),
+            ClockLevel::HighM1 => f.write_str("highm1"),
+            ClockLevel::Mhz(mhz) => write!(f, "{mhz}"),
+        }
+    }
+}
+
+impl GpuFreq {
+    /// Reads the option's value: comma-separated `LEVEL`, `memory=LEVEL` and `verbose`, a later one of a kind
+    /// replacing an earlier one (as Slurm accepts `1,2`). Nothing else: Slurm refuses `graphics=` and `HIGH`.
+    pub fn parse(text: &str) -> Result<GpuFreq, InvalidGpuFreq> {
+        let mut freq = GpuFreq::default();
+        for word in text.split(',') {
+            match word.strip_prefix("memory=") {
+                _ if word == "verbose" => freq.verbose = true,
+                Some(level) => freq.memory = Some(ClockLevel::parse(level).ok_or(InvalidGpuFreq(text.to_string()))?),
+                None => freq.graphics = Some(ClockLevel::parse(word).ok_or(InvalidGpuFreq(text.to_string()))?),
+            }
+        }
+        if freq.graphics.is_none() && freq.memory.is_none() && !freq.verbose {
+            return Err(InvalidGpuFreq(text.to_string()));
+        }
+        Ok(freq)
+    }
+}
+
+/// As the user would write it (`SLURM_GPU_FREQ`; `scontrol show job` prefixes `gpu:`): graphics, memory, verbose.
+impl std::fmt::Display for GpuFreq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut words: Vec<String> = Vec::new();
+        words.extend(self.graphics.map(|g| g.to_string()));
+        words.extend(self.memory.map(|m| format!("memory={m}")));
+        if self.verbose {
+            words.push("verbose".to_string());
+        }
+        f.write_str(&words.join(","))
+    }
 }
 
 /// A memory request, in MiB (Slurm's M). Each form is per node once resolved against the node's share.
@@ -914,6 +1020,41 @@ impl StepRecord {
 mod tests {
     use super::*;
 
+    /// Slurm 22.05's sbatch on this machine: `medium,memory=high`, `450`, `memory=low,verbose`, `1,2` and
+    /// `high,verbose,memory=450` are accepted; `graphics=low`, `HIGH`, `bogus` and an empty value are refused with
+    /// `Invalid --gpu-freq argument: gpu:VALUE`.
+    #[test]
+    fn gpu_freq_reads_what_slurm_reads_and_refuses_what_it_refuses() {
+        use ClockLevel::*;
+        let ok = |text: &str| GpuFreq::parse(text).unwrap();
+        assert_eq!(ok("medium,memory=high"), GpuFreq { graphics: Some(Medium), memory: Some(High), verbose: false });
+        assert_eq!(ok("450"), GpuFreq { graphics: Some(Mhz(450)), ..GpuFreq::default() });
+        assert_eq!(ok("memory=low,verbose"), GpuFreq { memory: Some(Low), verbose: true, ..GpuFreq::default() });
+        assert_eq!(ok("1,2").graphics, Some(Mhz(2)), "a later one of a kind wins");
+        assert_eq!(ok("high,verbose,memory=450").to_string(), "high,memory=450,verbose");
+        assert_eq!(ok("medium,memory=high").to_string(), "medium,memory=high");
+        for bad in ["graphics=low", "HIGH", "bogus", "", "memory=", "high,,low", "99999999999"] {
+            let err = GpuFreq::parse(bad).unwrap_err();
+            assert_eq!(err.to_string(), format!("Invalid --gpu-freq argument: gpu:{bad}"));
+        }
+    }
+
+    /// What each level picks among a GPU's supported clocks, in whatever order NVML lists them.
+    #[test]
+    fn a_clock_level_picks_among_the_supported_clocks() {
+        use ClockLevel::*;
+        let supported = [1410, 1980, 345, 1200, 1980];
+        assert_eq!(High.pick(&supported), Some(1980));
+        assert_eq!(HighM1.pick(&supported), Some(1410), "the next distinct clock below the highest");
+        assert_eq!(Low.pick(&supported), Some(345));
+        assert_eq!(Medium.pick(&supported), Some(1410), "the middle of 1980, 1410, 1200, 345: the upper one");
+        assert_eq!(Mhz(1300).pick(&supported), Some(1200));
+        assert_eq!(Mhz(1305).pick(&supported), Some(1410), "as close either way: the higher");
+        assert_eq!(Mhz(9000).pick(&supported), Some(1980));
+        assert_eq!(HighM1.pick(&[2619]), Some(2619), "one clock only: that one");
+        assert_eq!(High.pick(&[]), None);
+    }
+
     /// A replica holds every active job in memory, a million of them at the scale we promise (< 1 GiB each): the
     /// job's inline size is the bulk of that. Short names live inline (no heap block each); lists, optional strings
     /// and rarely set parts take one word each. A field added inline should be a decision, not an accident: this fails first.
@@ -921,9 +1062,10 @@ mod tests {
     fn the_in_memory_job_stays_compact() {
         // 752 since `kill_on_invalid_dep`: the spec's flags had filled their word (8 bytes a job, under 1 % of a
         // replica's memory at a million jobs). 760 since `scontrol suspend`: one boxed word for a rare state
-        // (unboxed, its time and total would have cost 24).
-        assert!(std::mem::size_of::<Job>() <= 760, "Job is {} bytes", std::mem::size_of::<Job>());
-        assert!(std::mem::size_of::<JobSpec>() <= 440, "JobSpec is {} bytes", std::mem::size_of::<JobSpec>());
+        // (unboxed, its time and total would have cost 24). 768 since `--gpu-freq`: one boxed word (the request
+        // inline would have cost 16 more).
+        assert!(std::mem::size_of::<Job>() <= 768, "Job is {} bytes", std::mem::size_of::<Job>());
+        assert!(std::mem::size_of::<JobSpec>() <= 448, "JobSpec is {} bytes", std::mem::size_of::<JobSpec>());
         // A trivial job's names need no heap block of their own.
         let job = Job {
             spec: JobSpec { name: "wrap".into(), user: "alice".into(), work_dir: "/tmp".into(), ..JobSpec::default() },

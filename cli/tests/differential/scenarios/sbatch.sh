@@ -132,3 +132,9 @@ sbatch --usage >/dev/null 2>&1; echo "rc=$?"
 
 #% sbatch-help
 sbatch --help >/dev/null 2>&1; echo "rc=$?"
+
+#% sbatch-gpu-freq
+submit --gpu-freq=medium,memory=high -o out.txt --wrap 'echo "freq: $SLURM_GPU_FREQ"'; wait_end $id; cat out.txt; keys $id TresFreq
+
+#% sbatch-gpu-freq-env
+SBATCH_GPU_FREQ=450 submit -o out.txt --wrap 'echo "freq: $SLURM_GPU_FREQ"'; wait_end $id; cat out.txt; keys $id TresFreq

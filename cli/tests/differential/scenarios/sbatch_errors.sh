@@ -65,3 +65,6 @@ run sbatch -n -1 --wrap true
 
 #% sbatch-error-more-cpus-than-node
 run sbatch -c 65 --wrap true
+
+#% sbatch-error-bad-gpu-freq
+run sbatch --gpu-freq=HIGH --wrap true
