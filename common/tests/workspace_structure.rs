@@ -28,6 +28,15 @@ fn crates() -> Vec<PathBuf> {
     out
 }
 
+/// Every non-test source file of the workspace's crates (their `src/`).
+fn source_files() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for krate in crates() {
+        rust_files(&krate.join("src"), &mut files);
+    }
+    files
+}
+
 /// Every `.rs` file under `dir`.
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let mut entries: Vec<PathBuf> =
@@ -283,13 +292,9 @@ fn no_slurm_command_imports_another() {
 fn the_wall_clock_is_read_in_one_place() {
     let allowed = [workspace().join("common/src/wall.rs"), workspace().join("controller/src/runtime.rs")];
     let mut found = Vec::new();
-    for krate in crates() {
-        let mut files = Vec::new();
-        rust_files(&krate.join("src"), &mut files);
-        for f in files {
-            if code_of(&f).contains("fn now_ms() -> u64") && !allowed.contains(&f) {
-                found.push(f.display().to_string());
-            }
+    for f in source_files() {
+        if code_of(&f).contains("fn now_ms() -> u64") && !allowed.contains(&f) {
+            found.push(f.display().to_string());
         }
     }
     assert!(found.is_empty(), "use drover_common::wall::now_ms instead of another clock in: {found:?}");
@@ -337,13 +342,9 @@ fn long_functions(code: &str, limit: usize) -> Vec<(usize, String, usize)> {
 #[test]
 fn no_function_is_longer_than_120_lines() {
     let mut found = Vec::new();
-    for krate in crates() {
-        let mut files = Vec::new();
-        rust_files(&krate.join("src"), &mut files);
-        for f in files {
-            for (line, name, count) in long_functions(&code_of(&f), 120) {
-                found.push(format!("{}:{line} fn {name}: {count} lines", f.display()));
-            }
+    for f in source_files() {
+        for (line, name, count) in long_functions(&code_of(&f), 120) {
+            found.push(format!("{}:{line} fn {name}: {count} lines", f.display()));
         }
     }
     assert!(found.is_empty(), "split these into named steps:\n{}", found.join("\n"));
@@ -362,15 +363,11 @@ fn the_length_finder_counts_a_function_to_its_closing_brace() {
 fn slurms_time_forms_are_read_in_one_place() {
     let allowed = workspace().join("cli/src/slurm/time.rs");
     let mut found = Vec::new();
-    for krate in crates() {
-        let mut files = Vec::new();
-        rust_files(&krate.join("src"), &mut files);
-        for f in files {
-            let code = code_of(&f);
-            let defines = ["fn parse_time(", "struct TimeSpec", "enum TimeSpec"].iter().any(|d| code.contains(d));
-            if defines && f != allowed {
-                found.push(f.display().to_string());
-            }
+    for f in source_files() {
+        let code = code_of(&f);
+        let defines = ["fn parse_time(", "struct TimeSpec", "enum TimeSpec"].iter().any(|d| code.contains(d));
+        if defines && f != allowed {
+            found.push(f.display().to_string());
         }
     }
     assert!(found.is_empty(), "read Slurm's time forms with crate::slurm::time, not in: {found:?}");
@@ -381,15 +378,11 @@ fn slurms_time_forms_are_read_in_one_place() {
 #[test]
 fn no_function_returns_a_string_as_its_error() {
     let mut found = Vec::new();
-    for krate in crates() {
-        let mut files = Vec::new();
-        rust_files(&krate.join("src"), &mut files);
-        for f in files {
-            for (n, line) in code_of(&f).lines().enumerate() {
-                let returns = line.split_once("-> ").map(|(_, r)| r.replace(' ', ""));
-                if returns.is_some_and(|r| r.starts_with("Result<") && r.contains(",String>")) {
-                    found.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
-                }
+    for f in source_files() {
+        for (n, line) in code_of(&f).lines().enumerate() {
+            let returns = line.split_once("-> ").map(|(_, r)| r.replace(' ', ""));
+            if returns.is_some_and(|r| r.starts_with("Result<") && r.contains(",String>")) {
+                found.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
             }
         }
     }
