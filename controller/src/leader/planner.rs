@@ -202,6 +202,11 @@ fn view_without_jobs(state: &State, now_ms: u64) -> sched::ClusterView {
     }
 }
 
+/// How long the job has spent suspended in this incarnation, the current suspension included (ms).
+fn stopped_ms(job: &drover_state::Job, now_ms: u64) -> u64 {
+    job.suspended_total_ms() + job.suspended_since().map_or(0, |since| now_ms.saturating_sub(since))
+}
+
 /// An active job as the view's running job, if it holds an allocation.
 fn running_job(job: &drover_state::Job, now_ms: u64) -> Option<sched::RunningJob> {
     if job.allocation.is_empty() {
@@ -214,7 +219,11 @@ fn running_job(job: &drover_state::Job, now_ms: u64) -> Option<sched::RunningJob
         qos: job.qos_name().into(),
         alloc: job.allocation.iter().map(|a| (a.node.clone(), a.gpus.clone())).collect(),
         start_s: job.start_time_ms.unwrap_or(now_ms) / 1_000,
-        time_limit_s: job.time_limit_s.unwrap_or(UNLIMITED_S),
+        // Its limit moves by the time it spent stopped (`scontrol suspend`), and while it is stopped its end moves
+        // with the clock: the scheduler's reservations behind it must not count on GPUs it still holds.
+        time_limit_s: job
+            .time_limit_s
+            .map_or(UNLIMITED_S, |limit_s| limit_s.saturating_add(stopped_ms(job, now_ms) / 1_000)),
         exclusive: job.spec.exclusive,
         reservation: job.spec.reservation.as_deref().map(Into::into),
         array_id: job.array.as_deref().map(|a| a.array_job_id),
@@ -923,5 +932,26 @@ mod tests {
         let ratio = gpu_s["big"] as f64 / gpu_s["small"] as f64;
         assert!((1.7..2.3).contains(&ratio), "GPU time big:small = {ratio:.2} ({gpu_s:?}), shares 2:1");
         assert!(state.accounts["big"].usage_gpu_s > state.accounts["small"].usage_gpu_s);
+    }
+
+    /// A suspended job's end moves with its suspension, as its time limit does: the scheduler's view of it ends
+    /// that much later (here a 100 s job suspended for 30 s, then still stopped 20 s later).
+    #[test]
+    fn a_suspended_jobs_expected_end_moves_by_the_time_it_was_stopped() {
+        let mut job = drover_state::Job {
+            id: 5,
+            time_limit_s: Some(100),
+            start_time_ms: Some(1_000_000),
+            allocation: vec![drover_state::NodeAllocation { node: "a".into(), gpus: vec![0], ..Default::default() }]
+                .into(),
+            ..drover_state::Job::default()
+        };
+        assert_eq!(running_job(&job, 1_010_000).unwrap().time_limit_s, 100, "never suspended");
+        job.suspension = Some(Box::new(drover_state::job::Suspension { since_ms: None, total_ms: 30_000 }));
+        assert_eq!(running_job(&job, 1_050_000).unwrap().time_limit_s, 130, "suspended 30 s, resumed");
+        job.suspension = Some(Box::new(drover_state::job::Suspension { since_ms: Some(1_060_000), total_ms: 30_000 }));
+        assert_eq!(running_job(&job, 1_080_000).unwrap().time_limit_s, 150, "and stopped again for 20 s so far");
+        job.time_limit_s = None;
+        assert_eq!(running_job(&job, 1_080_000).unwrap().time_limit_s, UNLIMITED_S);
     }
 }
