@@ -366,6 +366,22 @@ mod tests {
         }
     }
 
+    /// The batch task's environment on gpu01 with no hosts, GPUs or controllers to show: what the spec alone sets.
+    fn bare_batch_env(job: &Job) -> Vec<(String, String)> {
+        let placement = Placement {
+            job,
+            hosts: &[],
+            node_index: 0,
+            node_name: "gpu01",
+            gpus: &[],
+            step: None,
+            controllers: "",
+            client_config: "",
+            cluster_name: "diff",
+        };
+        task_environment(&placement, job.spec.exported_environment())
+    }
+
     fn get<'a>(env: &'a [(String, String)], key: &str) -> &'a str {
         env.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str()).unwrap_or_else(|| panic!("{key} unset"))
     }
@@ -447,21 +463,7 @@ mod tests {
         job.spec.environment =
             vec![("SLURM_SUBMIT_HOST".into(), "login1".into()), ("SLURM_PRIO_PROCESS".into(), "5".into())].into();
         job.spec.export = ExportPolicy::None;
-        let env_of = |job: &Job| {
-            let placement = Placement {
-                job,
-                hosts: &[],
-                node_index: 0,
-                node_name: "gpu01",
-                gpus: &[],
-                step: None,
-                controllers: "",
-                client_config: "",
-                cluster_name: "diff",
-            };
-            task_environment(&placement, job.spec.exported_environment())
-        };
-        let env = env_of(&job);
+        let env = bare_batch_env(&job);
         for (name, value) in [
             ("SLURM_CLUSTER_NAME", "diff"),
             ("SLURM_GTIDS", "0"),
@@ -478,7 +480,7 @@ mod tests {
         }
         job.spec.ntasks = Some(4);
         job.restart_count = 2;
-        let env = env_of(&job);
+        let env = bare_batch_env(&job);
         assert_eq!((get(&env, "SLURM_NTASKS"), get(&env, "SLURM_RESTART_COUNT")), ("8", "2"));
         assert_eq!((array_step(2, 8, 4), array_step(1, 7, 3), array_step(1, 4, 3), array_step(5, 5, 1)), (2, 3, 1, 1));
     }
@@ -504,18 +506,7 @@ mod tests {
             let mut job = job();
             job.spec.export = export;
             job.spec.uid = uid;
-            let placement = Placement {
-                job: &job,
-                hosts: &[],
-                node_index: 0,
-                node_name: "gpu01",
-                gpus: &[],
-                step: None,
-                controllers: "",
-                client_config: "",
-                cluster_name: "diff",
-            };
-            task_environment(&placement, job.spec.exported_environment())
+            bare_batch_env(&job)
         };
         // uid 0 is in every node's user database.
         let env = env_with(ExportPolicy::None, 0);
