@@ -253,8 +253,12 @@ fn a_user_runs_steps_inside_an_salloc_allocation_which_ends_with_the_command() {
     // An allocation kept without a shell takes steps from srun --jobid, from anywhere, until it is cancelled.
     let out = sh.run("salloc", &["--no-shell", "-N", "1"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let stepped = sh.run("srun", &["--jobid=2", "--overlap", "sh", "-c", "echo $SLURM_JOB_ID $SLURM_STEP_ID"]);
-    assert_eq!(String::from_utf8(stepped.stdout).unwrap(), "2 0\n", "{}", String::from_utf8_lossy(&stepped.stderr));
+    let step = ["--jobid=2", "--overlap", "--gpu-freq=low", "sh", "-c", "echo $SLURM_JOB_ID $SLURM_STEP_ID"];
+    let stepped = sh.run("srun", &step);
+    let stderr = String::from_utf8_lossy(&stepped.stderr);
+    assert_eq!(String::from_utf8(stepped.stdout).unwrap(), "2 0\n", "{stderr}");
+    // Clocks are the job's: a step's own --gpu-freq is said to change nothing, not dropped in silence.
+    assert!(stderr.contains("srun: warning: --gpu-freq is ignored for a step"), "{stderr}");
     sh.ok("scancel", &["2"]);
 
     // The command's exit status is salloc's, and the allocation's.

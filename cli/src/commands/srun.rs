@@ -259,6 +259,12 @@ async fn srun(args: &[String]) -> anyhow::Result<i32> {
         if job.state != JobState::Running {
             anyhow::bail!("job {job_id} is {} and cannot run steps", job.state.name());
         }
+        if spec.gpu_freq.is_some() && !parsed.quiet {
+            // Slurm sets a step's own clocks for the step; Drover sets clocks per job (its allocation's request).
+            eprintln!(
+                "srun: warning: --gpu-freq is ignored for a step: the job's GPUs keep the clocks its allocation asked for"
+            );
+        }
         let layout = step_layout(&job, nodes_given, spec.ntasks, spec.ntasks_per_node)?;
         let step = StepPlan { argv, env: step_env, cwd, output, error, flags, layout };
         return run_step(&client, &job, step).await;
