@@ -47,6 +47,7 @@ fn run_step(agent: &NodeAgent, a: &Assignment, step_id: u32, script: &str) -> St
         error: None,
         unbuffered: false,
         stdin: Default::default(),
+        container: None,
     };
     // Both read ends stay open while the task runs: a FIFO nobody reads fails the task at once.
     let task = agent.launch_step_task(a, &launch, 0, 0).unwrap();

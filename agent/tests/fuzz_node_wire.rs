@@ -84,6 +84,7 @@ fn launch() -> impl Strategy<Value = StepLaunch> {
                 error,
                 unbuffered,
                 stdin: Default::default(),
+                container: None,
             }
         },
     )
@@ -164,6 +165,7 @@ fn task_counts_that_overflow_a_rank_are_refused() {
         error: None,
         unbuffered: false,
         stdin: Default::default(),
+        container: None,
     };
     let request = request(&agent, &launch, OWNER, 0, None);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

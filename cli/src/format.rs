@@ -896,6 +896,34 @@ pub fn job_reason(job: &Job) -> String {
     }
 }
 
+/// `scontrol show job`'s line for a job's container (Slurm has none: pyxis's options are invisible there).
+pub fn container_line(c: &drover_state::container::ContainerSpec) -> String {
+    let image = c.image.as_ref().map_or_else(String::new, |i| i.to_string());
+    let mounts: Vec<String> = c.mounts.iter().map(|m| m.to_string()).collect();
+    let mut line = format!(
+        "ContainerImage={image} ContainerName={} ContainerMounts={} ContainerWorkdir={} ContainerWritable={} \
+         ContainerRemapRoot={} ContainerMountHome={} ContainerEntrypoint={}",
+        c.name.as_deref().unwrap_or("(null)"),
+        if mounts.is_empty() { "(null)".to_string() } else { mounts.join(",") },
+        c.workdir.as_deref().unwrap_or("(image)"),
+        if c.readonly { "no" } else { "yes" },
+        yes_no(c.remap_root),
+        yes_no(c.mount_home),
+        yes_no(c.entrypoint),
+    );
+    if !c.env.is_empty() {
+        line.push_str(&format!(" ContainerEnv={}", c.env.join(",")));
+    }
+    if let Some(save) = &c.save {
+        line.push_str(&format!(" ContainerSave={save}"));
+    }
+    line
+}
+
+fn yes_no(on: bool) -> &'static str {
+    if on { "yes" } else { "no" }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

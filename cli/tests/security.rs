@@ -564,6 +564,7 @@ fn a_step_credential_opens_its_step_on_its_nodes_and_nothing_else() {
             error: None,
             unbuffered: false,
             stdin: Default::default(),
+            container: None,
         };
         let mut steps = AgentServiceClient::new(client_channel(&cluster, &agent, RoleKind::Agent));
         let own = token(&cluster_key(&cluster), 0);

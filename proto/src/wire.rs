@@ -149,6 +149,9 @@ pub struct StepLaunch {
     /// Which tasks read srun's standard input (sent with `StepInput`): all, one rank, or none (`/dev/null`).
     #[serde(default)]
     pub stdin: StepStdin,
+    /// The step's own container (pyxis's options on srun); `None`: the job's, if it has one.
+    #[serde(default)]
+    pub container: Option<Box<drover_state::container::ContainerSpec>>,
 }
 
 /// srun's `--input`: which of a step's tasks get srun's standard input.

@@ -21,7 +21,7 @@ pub mod thin_str;
 
 // The old public paths (`drover_state::job::JobSpec`) stay: the data lives in `model`, the handlers in `apply`.
 pub use apply::{admin, dependents, goodput, lifecycle, requeue};
-pub use model::{account, audit, config, job, node, qos, reservation, role};
+pub use model::{account, audit, config, container, job, node, qos, reservation, role};
 
 pub use account::{Account, AccountUpdate};
 pub use admin::{AdminOp, Object};

@@ -940,6 +940,9 @@ fn request_lines(job: &Job, lines: &mut Vec<String>) {
     if let Some(freq) = &s.gpu_freq {
         lines.push(format!("TresFreq=gpu:{freq}"));
     }
+    if let Some(c) = &s.container {
+        lines.push(crate::format::container_line(c));
+    }
     if let Some(t) = crate::format::tres_per_job(job) {
         lines.push(format!("TresPerJob={t}"));
     }

@@ -266,7 +266,8 @@ async fn srun(args: &[String]) -> anyhow::Result<i32> {
             );
         }
         let layout = step_layout(&job, nodes_given, spec.ntasks, spec.ntasks_per_node)?;
-        let step = StepPlan { argv, env: step_env, cwd, output, error, flags, layout };
+        let container = spec.container.clone();
+        let step = StepPlan { argv, env: step_env, cwd, output, error, flags, layout, container };
         return run_step(&client, &job, step).await;
     }
 
@@ -286,7 +287,8 @@ async fn srun(args: &[String]) -> anyhow::Result<i32> {
         }
     };
     let layout = step_layout(&job, None, spec.ntasks, spec.ntasks_per_node)?;
-    let step = StepPlan { argv, env: step_env, cwd, output, error, flags, layout };
+    let container = spec.container.clone();
+    let step = StepPlan { argv, env: step_env, cwd, output, error, flags, layout, container };
     let result = run_step(&client, &job, step).await;
     if matches!(result, Ok(INTERRUPTED)) {
         // Ctrl-C: the allocation is cancelled, as Slurm's srun does; the agents stop the tasks as the streams drop.
@@ -392,6 +394,8 @@ struct StepPlan {
     error: Option<String>,
     flags: SrunFlags,
     layout: Layout,
+    /// The step's own pyxis options; `None`: the job's container, if it has one.
+    container: Option<Box<drover_state::container::ContainerSpec>>,
 }
 
 async fn run_step(client: &Client, job: &Job, plan: StepPlan) -> anyhow::Result<i32> {
@@ -449,6 +453,7 @@ async fn follow_step(
             error: plan.error.clone(),
             unbuffered: plan.flags.unbuffered,
             stdin: if forward_input { plan.flags.input } else { StepStdin::None },
+            container: plan.container.clone(),
         };
         let input = forward_input.then(|| {
             let (input_tx, input_rx) = tokio::sync::mpsc::channel::<Vec<u8>>(INPUT_QUEUE_CHUNKS);

@@ -27,7 +27,12 @@ pub(super) fn parse_args(args: &[String]) -> Result<Parsed, OptionError> {
                 None => (body, None),
             };
             let flag = format!("--{name}");
-            let def = find_long(name).ok_or_else(|| OptionError::Unknown { flag: flag.clone() })?;
+            let def = find_long(name).ok_or_else(|| {
+                match name.starts_with("container-") || name.starts_with("no-container-") {
+                    true => OptionError::UnknownContainer { flag: flag.clone() },
+                    false => OptionError::Unknown { flag: flag.clone() },
+                }
+            })?;
             let value = match (def.takes.arg(), inline) {
                 (Arg::Required | Arg::Optional, Some(v)) => Some(v.to_string()),
                 (Arg::Required, None) => {

@@ -87,6 +87,7 @@ mod script;
 mod values;
 
 pub use options::{Exclusive, SbatchOption, env_options};
+pub use resolve::ContainerOption;
 pub use script::wrap_script;
 
 /// Whether `arg` is an sbatch-style option whose value is the next argument (`-N 2`, `--nodes 2`): a launcher
@@ -195,6 +196,13 @@ pub struct CommandLine {
 pub enum OptionError {
     #[error("unrecognized option {flag:?}; supported options: {}", SupportedOptions)]
     Unknown { flag: String },
+    #[error(
+        "unrecognized container option {flag:?}; the container options are pyxis's: --container-image, \
+         --container-mounts, --container-workdir, --container-name, --container-save, --container-writable, \
+         --container-readonly, --[no-]container-mount-home, --[no-]container-remap-root, \
+         --[no-]container-entrypoint, --container-env"
+    )]
+    UnknownContainer { flag: String },
     #[error("option {flag} requires a value")]
     MissingValue { flag: String },
     #[error("option {flag} takes no value, but was given {value:?}")]
@@ -246,6 +254,9 @@ pub enum SbatchError {
     DosLineBreaks { line: usize },
     #[error("batch script is {size} bytes, over the limit of {limit} bytes (4 MiB)")]
     ScriptTooLarge { size: usize, limit: usize },
+    /// A container option that only fails once the job's working directory is known.
+    #[error(transparent)]
+    Container(#[from] drover_state::container::ContainerError),
     /// Options that are each valid but do not fit together (checked once all are applied).
     #[error("{0}")]
     Conflict(String),

@@ -5,10 +5,11 @@
 
 use std::fmt;
 
+use drover_state::container::{ContainerError, ContainerMount, ContainerSpec, ImageRef};
 use drover_state::job::{ArraySpec, Dependency, ExportPolicy, GpuFreq, MemRequest};
 
 use super::Info;
-use super::resolve::{Draft, GpuRequest, Source};
+use super::resolve::{ContainerOption, Draft, GpuRequest, Source};
 use super::values::{
     check_clusters, check_input, invalid, mail_type_note, parse_array, parse_constraint, parse_date, parse_dependency,
     parse_export, parse_gpu_count, parse_gres, parse_hosts, parse_limit, parse_mem_size, parse_nice, parse_no_kill,
@@ -113,6 +114,8 @@ pub enum SbatchOption {
     KillOnInvalidDep(bool),
     /// `--gpu-freq`: the clocks of the job's GPUs.
     GpuFreq(GpuFreq),
+    /// One of pyxis's `--container-*` options (applied in order in [`Draft::finish`], where paths are resolved).
+    Container(ContainerOption),
     Parsable,
     /// `--wait/-W`: sbatch returns once the job has ended, with its exit code.
     Wait,
@@ -248,7 +251,107 @@ pub(super) const OPTIONS: &[OptDef] = &[
         "container",
         None,
         &["SBATCH_CONTAINER"],
-        Refused(Arg::Required, "OCI containers are not supported; start the container from inside the batch script"),
+        Refused(
+            Arg::Required,
+            "Slurm's OCI bundles (--container=PATH) are not supported; name an image with pyxis's --container-image",
+        ),
+    ),
+    // NVIDIA pyxis's options, as its SPANK plugin adds them to srun, salloc and sbatch.
+    opt(
+        "container-image",
+        None,
+        &[],
+        Value(|f, v| {
+            // Checked now (a relative path is resolved against the working directory in `Draft::finish`).
+            let probe = if v.starts_with("./") || v.starts_with("../") {
+                ImageRef::parse_in(&v, "/")
+            } else {
+                ImageRef::parse(&v)
+            };
+            probe.map_err(|e| container_invalid(f, &v, e))?;
+            container(ContainerOption::Image(v))
+        }),
+    ),
+    opt(
+        "container-mounts",
+        None,
+        &[],
+        Value(|f, v| {
+            ContainerMount::parse_list(&v, "/").map_err(|e| container_invalid(f, &v, e))?;
+            container(ContainerOption::Mounts(v))
+        }),
+    ),
+    opt(
+        "container-workdir",
+        None,
+        &[],
+        Value(|f, v| {
+            if !v.starts_with('/') {
+                return Err(invalid(f, &v, "the working directory inside the container must be an absolute path"));
+            }
+            container(ContainerOption::Workdir(v))
+        }),
+    ),
+    opt("container-name", None, &[], Value(|_, v| container(ContainerOption::Name(v)))),
+    opt("container-save", None, &[], Value(|_, v| container(ContainerOption::Save(v)))),
+    opt(
+        "container-writable",
+        None,
+        &[],
+        Nothing(|| Item::Option(SbatchOption::Container(ContainerOption::Readonly(false)))),
+    ),
+    opt(
+        "container-readonly",
+        None,
+        &[],
+        Nothing(|| Item::Option(SbatchOption::Container(ContainerOption::Readonly(true)))),
+    ),
+    opt(
+        "container-mount-home",
+        None,
+        &[],
+        Nothing(|| Item::Option(SbatchOption::Container(ContainerOption::MountHome(true)))),
+    ),
+    opt(
+        "no-container-mount-home",
+        None,
+        &[],
+        Nothing(|| Item::Option(SbatchOption::Container(ContainerOption::MountHome(false)))),
+    ),
+    opt(
+        "container-remap-root",
+        None,
+        &[],
+        Nothing(|| Item::Option(SbatchOption::Container(ContainerOption::RemapRoot(true)))),
+    ),
+    opt(
+        "no-container-remap-root",
+        None,
+        &[],
+        Nothing(|| Item::Option(SbatchOption::Container(ContainerOption::RemapRoot(false)))),
+    ),
+    opt(
+        "container-entrypoint",
+        None,
+        &[],
+        Nothing(|| Item::Option(SbatchOption::Container(ContainerOption::Entrypoint(true)))),
+    ),
+    opt(
+        "no-container-entrypoint",
+        None,
+        &[],
+        Nothing(|| Item::Option(SbatchOption::Container(ContainerOption::Entrypoint(false)))),
+    ),
+    opt(
+        "container-env",
+        None,
+        &[],
+        Value(|f, v| {
+            let names: Vec<String> = v.split(',').filter(|n| !n.is_empty()).map(str::to_string).collect();
+            let probe = ContainerSpec { name: Some("probe".into()), env: names.clone(), ..ContainerSpec::default() };
+            probe.validate().map_err(|e| container_invalid(f, &v, e))?;
+            container(ContainerOption::Env(names))
+        }),
     ),
     opt(
         "constraint",
@@ -586,6 +689,17 @@ pub(super) fn parse_wrap(flag: &str, value: String) -> Result<Item, OptionError>
     Ok(Item::Wrap(value))
 }
 
+fn container(option: ContainerOption) -> Result<Item, OptionError> {
+    Ok(Item::Option(SbatchOption::Container(option)))
+}
+
+fn container_invalid(flag: &str, value: &str, error: ContainerError) -> OptionError {
+    let why = error.to_string();
+    // The error names the value already; keep only what follows it.
+    let expected = why.split_once(": ").map_or(why.as_str(), |(_, rest)| rest);
+    invalid(flag, value, expected)
+}
+
 /// An option accepted and not acted on; `note` (when not empty) says why, in a warning.
 fn ignored(flag: &'static str, value: String, note: &'static str) -> Result<Item, OptionError> {
     option(SbatchOption::Ignored { flag, value: Some(value), note })
@@ -714,6 +828,7 @@ impl Draft {
             SbatchOption::MultiSite => spec.multi_site = true,
             SbatchOption::KillOnInvalidDep(v) => spec.kill_on_invalid_dep = *v,
             SbatchOption::GpuFreq(freq) => spec.gpu_freq = Some(Box::new(*freq)),
+            SbatchOption::Container(c) => self.container.push(c.clone()),
             SbatchOption::OpenAppend(v) => spec.open_append = *v,
             SbatchOption::Exclusive(mode) => {
                 spec.exclusive = *mode != Exclusive::Oversubscribe;

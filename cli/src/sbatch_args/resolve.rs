@@ -2,11 +2,27 @@
 //! [`Draft::apply`](super::options)), then [`Draft::finish`] resolves what depends on several of them, as Slurm
 //! does once all are read: GPUs over nodes and tasks, per-GPU counts, memory, times and the environment.
 
+use drover_state::container::{ContainerMount, ContainerSpec, ImageRef};
 use drover_state::job::{ExportPolicy, JobSpec, MemRequest};
 use drover_state::slurm_time;
 
 use super::{CommandLine, ParsedSubmit, SbatchError, SubmitContext};
 use crate::slurm::time::{TimeSpec, Zone};
+
+/// One pyxis option as given; relative paths are resolved once the job's working directory is known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContainerOption {
+    Image(String),
+    Mounts(String),
+    Workdir(String),
+    Name(String),
+    Save(String),
+    Readonly(bool),
+    MountHome(bool),
+    RemapRoot(bool),
+    Entrypoint(bool),
+    Env(Vec<String>),
+}
 
 /// The job while its options are applied, and what the options said that is resolved only once all are read.
 pub(super) struct Draft {
@@ -36,6 +52,8 @@ pub(super) struct Draft {
     pub deadline: Option<TimeSpec>,
     /// In the order found; each is listed once in the result.
     pub warnings: Vec<String>,
+    /// pyxis's options, in the order given (a later one wins).
+    pub container: Vec<ContainerOption>,
 }
 
 impl Draft {
@@ -72,6 +90,7 @@ impl Draft {
             mem_env: Vec::new(),
             begin: None,
             deadline: None,
+            container: Vec::new(),
             warnings: Vec::new(),
         }
     }
@@ -86,12 +105,13 @@ impl Draft {
     ) -> Result<ParsedSubmit, SbatchError> {
         self.resolve_resources()?;
         self.resolve_times(ctx)?;
-        let Draft { mut spec, name, chdir, export_set, export_given, parsable, wait, warnings, .. } = self;
+        let Draft { mut spec, name, chdir, export_set, export_given, parsable, wait, warnings, container, .. } = self;
         spec.name = name.unwrap_or(default_name).into();
         spec.work_dir = match &chdir {
             Some(dir) => resolve_dir(&ctx.cwd, dir).into(),
             None => ctx.cwd.as_str().into(),
         };
+        spec.container = container_spec(&container, &spec.work_dir)?.map(Box::new);
         let mut environment = export_environment(&spec.export, &export_set, &ctx.env);
         // `SLURM_EXPORT_ENV` as the job will see it: the --export value as given (`FOO,X=1`, quotes and all),
         // which the policy alone no longer spells. The job gets it with any list (see the agent's environment).
@@ -378,4 +398,33 @@ fn resolve_mem(script_or_cli: &[MemRequest], env: &[MemRequest]) -> Result<Optio
         ));
     }
     Ok(env.last().copied())
+}
+
+/// pyxis's options folded into one container (`None` when none was given), relative paths resolved against the
+/// job's working directory, where pyxis resolves them on the node.
+fn container_spec(options: &[ContainerOption], work_dir: &str) -> Result<Option<ContainerSpec>, SbatchError> {
+    if options.is_empty() {
+        return Ok(None);
+    }
+    let mut spec = ContainerSpec::default();
+    for option in options {
+        match option {
+            ContainerOption::Image(text) => spec.image = Some(ImageRef::parse_in(text, work_dir)?),
+            ContainerOption::Mounts(text) => spec.mounts = ContainerMount::parse_list(text, work_dir)?,
+            ContainerOption::Workdir(dir) => spec.workdir = Some(dir.clone()),
+            ContainerOption::Name(name) => spec.name = Some(name.clone()),
+            ContainerOption::Save(path) => spec.save = Some(resolve_dir(work_dir, path)),
+            ContainerOption::Readonly(on) => spec.readonly = *on,
+            ContainerOption::MountHome(on) => spec.mount_home = *on,
+            ContainerOption::RemapRoot(on) => spec.remap_root = *on,
+            ContainerOption::Entrypoint(on) => spec.entrypoint = *on,
+            ContainerOption::Env(names) => spec.env = names.clone(),
+        }
+    }
+    if spec.image.is_none() && spec.name.is_none() {
+        // Flags such as --container-mounts alone configure nothing to run in: pyxis ignores them too.
+        return Ok(None);
+    }
+    spec.validate()?;
+    Ok(Some(spec))
 }

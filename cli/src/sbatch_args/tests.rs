@@ -1483,7 +1483,7 @@ fn options_drover_refuses() {
         (&["--gpus-per-socket=1"], "--gpus-per-socket: not supported"),
         (&["--bb=capacity=1G"], "--bb: burst buffers are not supported"),
         (&["--bbf=bb.conf"], "--bbf: burst buffers are not supported"),
-        (&["--container=/img"], "--container: OCI containers are not supported"),
+        (&["--container=/img"], "--container: Slurm's OCI bundles (--container=PATH) are not supported"),
         (&["-F", "hosts"], "-F: not supported; list the nodes with --nodelist"),
     ];
     for (list, error) in cases {
@@ -1807,4 +1807,68 @@ fn gpu_freq_asks_for_gpu_clocks() {
     assert_eq!(s.gpu_freq.and_then(|f| f.graphics), Some(ClockLevel::High));
     assert!(cmd_err(&["--gpu-freq=HIGH"]).starts_with("invalid --gpu-freq value \"HIGH\": expected"));
     assert!(cmd_err(&["--gpu-freq="]).starts_with("invalid --gpu-freq value \"\""));
+}
+
+// ---- pyxis's container options ----
+
+#[test]
+fn pyxis_options_build_the_jobs_container_with_paths_resolved_where_the_job_runs() {
+    use drover_state::container::{ImageRef, MountSource};
+    // In a directive `#` starts a comment, as in Slurm: pyxis's users escape it or write docker's form.
+    let script = "#!/bin/sh\n#SBATCH --container-image=nvcr.io\\#nvidia/pytorch:24.05-py3\n#SBATCH --container-mounts=/data:/data:ro,ckpt:/ckpt\ntrain\n";
+    let job = spec(
+        &[
+            "--chdir=run",
+            "--container-name=dev",
+            "--container-remap-root",
+            "--container-env=HF_HOME,WANDB_KEY",
+            "job.sh",
+        ],
+        script,
+    );
+    let c = job.container.expect("a container");
+    assert_eq!(c.image, Some(ImageRef::parse("nvcr.io#nvidia/pytorch:24.05-py3").unwrap()));
+    assert_eq!(c.mounts.len(), 2);
+    assert!(c.mounts[0].readonly);
+    assert_eq!(c.mounts[1].source, MountSource::Path("/home/alice/work/run/ckpt".into()), "relative to --chdir");
+    assert_eq!((c.name.as_deref(), c.remap_root, c.readonly), (Some("dev"), true, false));
+    assert_eq!(c.env, ["HF_HOME", "WANDB_KEY"]);
+
+    // The command line wins over the script; the last of a pair wins.
+    let job = spec(
+        &[
+            "--container-image=./img.sqsh",
+            "--container-readonly",
+            "--container-writable",
+            "--no-container-remap-root",
+            "job.sh",
+        ],
+        script,
+    );
+    let c = job.container.unwrap();
+    assert_eq!(c.image, Some(ImageRef::File("/home/alice/work/img.sqsh".into())));
+    assert!(!c.readonly && !c.remap_root);
+    assert!(spec(&["--container-mounts=/a:/b", "job.sh"], SCRIPT).container.is_none(), "mounts alone: no container");
+}
+
+#[test]
+fn bad_container_options_are_refused_with_the_reason() {
+    for (list, wanted) in [
+        (&["--container-image=Ubuntu"][..], "invalid --container-image value \"Ubuntu\""),
+        (&["--container-mounts=/a:b"], "must be an absolute path"),
+        (&["--container-mounts=/a:/b:rshared"], "propagation is not offered"),
+        (&["--container-workdir=rel"], "absolute path"),
+        (&["--container-env=1BAD"], "variable name"),
+        (
+            &["--container-foo=1"],
+            "unrecognized container option \"--container-foo\"; the container options are pyxis's",
+        ),
+    ] {
+        let mut full = list.to_vec();
+        full.push("job.sh");
+        let msg = cmd_err(&full);
+        assert!(msg.contains(wanted), "{list:?}: {msg}");
+    }
+    let err = submit(&["--container-name=../x", "--container-image=ubuntu", "job.sh"], Some(SCRIPT)).unwrap_err();
+    assert!(err.to_string().contains("a name is"), "{err}");
 }

@@ -128,6 +128,9 @@ pub struct JobSpec {
     /// `--gpu-freq`: the clocks the job's GPUs run at (set by the agent before the job starts there, reset to the
     /// highest once it has left). Boxed: few jobs ask, and the spec stays one word bigger, not three.
     pub gpu_freq: Option<Box<GpuFreq>>,
+    /// `--container-image` and the other pyxis options: the job's batch script (and its srun steps, unless they
+    /// name their own) run inside this container. Boxed like `gpu_freq`: one word in every spec.
+    pub container: Option<Box<crate::container::ContainerSpec>>,
 }
 
 /// `--gpu-freq=[<level>][,memory=<level>][,verbose]`: the GPUs' graphics and memory clocks, as Slurm's option
@@ -431,6 +434,8 @@ pub enum OutOfBounds {
     ScriptArgs { bytes: usize, items: usize },
     #[error("the submit environment holds a variable with an empty name, '=' in its name, or a NUL byte")]
     Environment,
+    #[error(transparent)]
+    Container(#[from] crate::container::ContainerError),
 }
 
 impl JobSpec {
@@ -493,6 +498,9 @@ impl JobSpec {
         }
         if self.environment.iter().any(|(k, v)| k.is_empty() || k.contains(['=', '\0']) || v.contains('\0')) {
             return Err(OutOfBounds::Environment);
+        }
+        if let Some(container) = &self.container {
+            container.validate()?;
         }
         Ok(())
     }
@@ -1063,9 +1071,10 @@ mod tests {
         // 752 since `kill_on_invalid_dep`: the spec's flags had filled their word (8 bytes a job, under 1 % of a
         // replica's memory at a million jobs). 760 since `scontrol suspend`: one boxed word for a rare state
         // (unboxed, its time and total would have cost 24). 768 since `--gpu-freq`: one boxed word (the request
-        // inline would have cost 16 more).
-        assert!(std::mem::size_of::<Job>() <= 768, "Job is {} bytes", std::mem::size_of::<Job>());
-        assert!(std::mem::size_of::<JobSpec>() <= 448, "JobSpec is {} bytes", std::mem::size_of::<JobSpec>());
+        // inline would have cost 16 more). 776 since `--container-image`: one boxed word (inline, the container's
+        // options would cost over 100 bytes in every job, though few jobs of a million name an image).
+        assert!(std::mem::size_of::<Job>() <= 776, "Job is {} bytes", std::mem::size_of::<Job>());
+        assert!(std::mem::size_of::<JobSpec>() <= 456, "JobSpec is {} bytes", std::mem::size_of::<JobSpec>());
         // A trivial job's names need no heap block of their own.
         let job = Job {
             spec: JobSpec { name: "wrap".into(), user: "alice".into(), work_dir: "/tmp".into(), ..JobSpec::default() },

@@ -5,6 +5,7 @@
 pub mod account;
 pub mod audit;
 pub mod config;
+pub mod container;
 pub(crate) mod fate;
 pub(crate) mod goodput_totals;
 pub mod job;
