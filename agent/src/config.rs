@@ -70,6 +70,43 @@ pub struct AgentConfig {
     /// nodename=X spare=yes|no`, which overrides this until the setting here changes).
     #[serde(default)]
     pub spare: bool,
+    /// Containers (`--container-image`): where images are cached, how large the cache may grow, and more.
+    #[serde(default)]
+    pub containers: ContainerConfig,
+}
+
+/// The node's container settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContainerConfig {
+    /// The image store (unpacked images by digest); default `<state_dir>/images`. Put it on a local disk.
+    #[serde(default)]
+    pub image_store: Option<PathBuf>,
+    /// Least recently used images are removed once the store is larger than this (images in use never are).
+    #[serde(default = "default_image_store_limit_mb")]
+    pub image_store_limit_mb: u64,
+    /// Registries spoken to over plain HTTP (`host:port`); loopback ones always may be.
+    #[serde(default)]
+    pub insecure_registries: Vec<String>,
+    /// Size of each container's `/dev/shm`; default half the node's memory (NCCL passes data through it; what is
+    /// written there counts against the job's memory).
+    #[serde(default)]
+    pub shm_mb: Option<u64>,
+}
+
+impl Default for ContainerConfig {
+    fn default() -> Self {
+        ContainerConfig {
+            image_store: None,
+            image_store_limit_mb: default_image_store_limit_mb(),
+            insecure_registries: Vec::new(),
+            shm_mb: None,
+        }
+    }
+}
+
+fn default_image_store_limit_mb() -> u64 {
+    200 * 1024
 }
 
 fn default_enforce_memory() -> bool {

@@ -77,7 +77,7 @@ fn login_environment(uid: u32, user: &str) -> Vec<(&'static str, String)> {
 }
 
 /// Name, home directory and shell of `uid` from the node's user database.
-fn passwd_entry(uid: u32) -> Option<(String, String, String)> {
+pub(crate) fn passwd_entry(uid: u32) -> Option<(String, String, String)> {
     let mut buf = vec![0u8; 1024];
     loop {
         // SAFETY: all-zero is a valid passwd (null pointers, zero ids); getpwuid_r fills it.

@@ -112,6 +112,10 @@ impl NodeAgent {
             allow_root: self.timing().allow_root_jobs,
             stdin: None,
             node: self.info.name.clone(),
+            container: spec
+                .container
+                .as_deref()
+                .map(|c| self.container_launch(a, &gpus, c, "batch", Some(script_path.display().to_string()), true)),
         };
         let started = written
             .map_err(|e| e.to_string())
@@ -201,6 +205,8 @@ impl NodeAgent {
             client_config: &self.client_config_path(),
             cluster_name: &self.cluster_name(),
         };
+        // The step's own container, else the job's (an allocation's `salloc --container-image`).
+        let container = launch.container.as_deref().or(spec.container.as_deref());
         let task = TaskLaunch {
             argv: launch.argv.clone(),
             env: self.with_gpu_environment(task_environment(&placement, launch.env.clone())),
@@ -212,13 +218,18 @@ impl NodeAgent {
             stderr,
             append: spec.open_append,
             lease_file: Some(self.lease_path().display().to_string()),
-            make_dirs: Vec::new(),
+            // A container binds the job's checkpoints in, so they must exist (the batch step makes them otherwise).
+            make_dirs: if container.is_some() { vec![a.job.checkpoint_dir()] } else { Vec::new() },
             cgroup: self.task_cgroup(a),
             gpus: gpus.clone(),
             journal: Some(self.journal_path().display().to_string()),
             allow_root: self.timing().allow_root_jobs,
             stdin: stdin_path,
             node: self.info.name.clone(),
+            container: container.map(|c| {
+                let unnamed = format!("step-{}", launch.step_id);
+                self.container_launch(a, &gpus, c, &unnamed, None, local_rank == 0)
+            }),
         };
         supervise::spawn(&self.exe, &dir, &task)?;
         Ok(StepTask { dir, stdout: streamed_out, stderr: streamed_err, stdin })
@@ -226,6 +237,44 @@ impl NodeAgent {
 }
 
 impl NodeAgent {
+    /// What a task's supervisor needs to run it in its container: the node's image store, the container's own
+    /// directory (per job and name, or per step), `/dev/shm`'s size, the job's GPU devices and checkpoints.
+    fn container_launch(
+        &self,
+        a: &Assignment,
+        gpus: &[u32],
+        spec: &drover_state::container::ContainerSpec,
+        unnamed: &str,
+        script: Option<String>,
+        save_here: bool,
+    ) -> crate::container::ContainerLaunch {
+        let settings = &self.config.containers;
+        let store = settings.image_store.clone().unwrap_or_else(|| self.config.state_dir.join("images"));
+        let name = spec.name.as_deref().map_or_else(|| unnamed.to_string(), |n| format!("named-{n}"));
+        let dir = self.containers_dir((a.job.id, a.job.incarnation)).join(name);
+        let shm_mb = settings.shm_mb.unwrap_or(self.info.memory_mb / 2);
+        let mut devices: Vec<String> = gpus.iter().map(|g| format!("/dev/nvidia{g}")).collect();
+        if !gpus.is_empty() {
+            devices.extend(
+                ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"].iter().map(|d| format!("/dev/{d}")),
+            );
+        }
+        let checkpoints = format!("{}/{}", a.job.checkpoint_root.trim_end_matches('/'), a.job.id);
+        crate::container::ContainerLaunch {
+            spec: spec.clone(),
+            store: store.display().to_string(),
+            store_limit_bytes: settings.image_store_limit_mb.saturating_mul(1 << 20),
+            insecure_registries: settings.insecure_registries.clone(),
+            dir: dir.display().to_string(),
+            shm_bytes: shm_mb.saturating_mul(1 << 20),
+            devices,
+            // Every incarnation's checkpoints: DROVER_RESUME_FROM names an earlier one's.
+            binds: vec![checkpoints],
+            script,
+            save_here,
+        }
+    }
+
     /// The job's cgroups for its tasks here, where the node has cgroups: its memory limit (when it holds memory
     /// here) and its CPUs (when the node pins). The cgroups are made now, while no other job is choosing CPUs, so
     /// the next job to choose sees these CPUs taken.

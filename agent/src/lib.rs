@@ -3,8 +3,10 @@
 
 pub mod cgroup;
 pub mod config;
+pub mod container;
 pub mod env;
 pub mod gpu;
+pub mod image;
 pub mod journal;
 pub mod launch;
 pub mod lease;

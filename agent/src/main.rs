@@ -76,6 +76,7 @@ fn load_config(args: &Args) -> anyhow::Result<AgentConfig> {
             confine_cpus: true,
             metrics_listen: None,
             spare: false,
+            containers: Default::default(),
         },
     };
     if let Some(v) = &args.name {

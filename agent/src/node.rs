@@ -659,6 +659,9 @@ impl NodeAgent {
         }
         self.confirm_released(&lingering, &dirs);
         self.tend_cgroups(&live, &lingering, synced);
+        if synced {
+            self.tend_containers(&live, &lingering);
+        }
     }
 
     /// `--gpu-freq`: each GPU of a job here that asked gets its clocks before the job's tasks start (this runs before
@@ -920,6 +923,30 @@ impl NodeAgent {
         };
         if let (Some(outbox), Some((path, step))) = (outbox, record) {
             let _ = outbox.try_send(AgentMessage::Checkpoint { job_id: key.0, incarnation: key.1, path, step });
+        }
+    }
+
+    /// Where a job's containers on this node live (`<state>/containers/JOB.INCARNATION/NAME`).
+    pub(crate) fn containers_dir(&self, key: JobKey) -> PathBuf {
+        self.config.state_dir.join("containers").join(format!("{}.{}", key.0, key.1))
+    }
+
+    /// Unmounts and removes the containers of jobs that have left this node (their writable layers with them): a
+    /// named container lives as long as its job here, as pyxis's do with the job scope.
+    fn tend_containers(&self, live: &HashSet<JobKey>, lingering: &[JobKey]) {
+        let Ok(entries) = std::fs::read_dir(self.config.state_dir.join("containers")) else { return };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some((job, incarnation)) = name.split_once('.') else { continue };
+            let (Ok(job), Ok(incarnation)) = (job.parse::<u64>(), incarnation.parse::<u64>()) else { continue };
+            let key = (job, incarnation);
+            if live.contains(&key) || lingering.contains(&key) {
+                continue;
+            }
+            match crate::container::remove_job_containers(&entry.path()) {
+                Ok(()) => tracing::info!(job, incarnation, "removed the job's containers"),
+                Err(e) => tracing::warn!(job, incarnation, "cannot remove the job's containers: {e}"),
+            }
         }
     }
 

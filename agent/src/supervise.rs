@@ -145,6 +145,9 @@ pub struct TaskLaunch {
     /// The node's name, for Slurm's `slurmstepd-NODE: error:` lines in the task's stderr (empty: `slurmstepd`).
     #[serde(default)]
     pub node: String,
+    /// The task runs inside this container (`--container-image`); see `crate::container`.
+    #[serde(default)]
+    pub container: Option<crate::container::ContainerLaunch>,
 }
 
 /// Which job cgroups a task joins, with the job's memory limit and CPUs on this node (see `crate::cgroup`).
@@ -545,7 +548,21 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
         Ok(Err((failure, stderr))) => return failed(log, stderr.as_ref(), failure),
         Err(e) => return failed(log, None, Failure::setup(format!("cannot switch to uid {}: {e}", launch.uid), None)),
     };
-    let started = match spawn_task(&launch, creds.as_ref(), prepared, log) {
+    // The container, once the output files are open (its errors go there): the image may take minutes to pull.
+    let container = match &launch.container {
+        Some(c) => match enter_container_prepared(&launch, c, creds.as_ref(), log) {
+            Ok(ready) => Some(ready),
+            Err(failure) => return failed(log, Some(&prepared.stderr), failure),
+        },
+        None => None,
+    };
+    if container.is_some() && TERM_PENDING.load(Ordering::SeqCst) {
+        // Cancelled while the image was pulled: nothing to start.
+        let failure = Failure { exit_code: 0, error: "stopped before the task started".into(), message: None };
+        return TaskResult { signal: libc::SIGTERM, ..failed(log, None, failure) };
+    }
+    let rootfs = container.as_ref().map(|ready| ready.rootfs.clone());
+    let started = match spawn_task(&launch, creds.as_ref(), prepared, container, log) {
         Ok(started) => started,
         Err(result) => return *result,
     };
@@ -558,7 +575,87 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
     }
     let error = record_task(dir, pid, pgid, log);
     record_in_journal(dir, &launch, crate::journal::JournalEvent::Start, log);
-    await_task(dir, &launch, started, error, log)
+    let stderr = started.stderr.as_ref().and_then(|f| f.try_clone().ok());
+    let result = await_task(dir, &launch, started, error, log);
+    if let (Some(c), Some(rootfs)) = (&launch.container, rootfs)
+        && let Some(path) = c.spec.save.as_deref().filter(|_| c.save_here)
+    {
+        save_container(&launch, c, &rootfs, path, creds.as_ref(), stderr.as_ref(), log);
+    }
+    result
+}
+
+/// The task's container made ready on the host (see `crate::container::prepare`), with the user's rights where the
+/// user's files are read: an image file, registry credentials.
+fn enter_container_prepared(
+    launch: &TaskLaunch,
+    c: &crate::container::ContainerLaunch,
+    creds: Option<&Credentials>,
+    log: &mut Log,
+) -> Result<crate::container::Ready, Failure> {
+    let home = crate::container::home_of(launch.uid);
+    let credentials = match &home {
+        Some(home) => as_user(creds, || crate::image::RegistryCredentials::load(Path::new(home)))
+            .unwrap_or_else(|_| crate::image::RegistryCredentials::none()),
+        None => crate::image::RegistryCredentials::none(),
+    };
+    let open_as_user = |path: &str| {
+        as_user(creds, || OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(path)).and_then(|r| r)
+    };
+    let started = Instant::now();
+    let task = crate::container::Task {
+        uid: launch.uid,
+        gid: launch.gid,
+        user: &launch.user,
+        home: home.as_deref(),
+        argv: &launch.argv,
+        env: &launch.env,
+    };
+    let ready = crate::container::prepare(c, &task, &open_as_user, &credentials).map_err(|e| {
+        let message = format!("container: {e}");
+        Failure::setup(message.clone(), Some(message))
+    })?;
+    log.line(format_args!(
+        "container {} ({}) ready in {} ms",
+        c.spec.image.as_ref().map_or_else(|| c.spec.name.clone().unwrap_or_default(), |i| i.to_string()),
+        ready.digest,
+        started.elapsed().as_millis()
+    ));
+    Ok(ready)
+}
+
+/// `--container-save` once the task has ended; a failure is reported in the task's stderr, the task's own result
+/// stands.
+fn save_container(
+    launch: &TaskLaunch,
+    c: &crate::container::ContainerLaunch,
+    rootfs: &Path,
+    path: &str,
+    creds: Option<&Credentials>,
+    stderr: Option<&File>,
+    log: &mut Log,
+) {
+    let create_as_user = |path: &str| {
+        as_user(creds, || {
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(path)
+        })
+        .and_then(|r| r)
+    };
+    if let Err(e) = crate::container::save(rootfs, Path::new(&c.dir), path, &create_as_user) {
+        let message = format!("container: cannot save the container to {path}: {e}");
+        log.line(&message);
+        if let Some(mut stderr) = stderr {
+            let name = STEPD_NAME.get().map_or("slurmstepd", String::as_str);
+            let _ = writeln!(stderr, "{name}: error: {message}");
+        }
+    }
+    let _ = launch;
 }
 
 /// A task that has been spawned: its process, when it started, and its memory cgroup with the OOM kills counted
@@ -578,10 +675,21 @@ fn spawn_task(
     launch: &TaskLaunch,
     creds: Option<&Credentials>,
     prepared: Prepared,
+    container: Option<crate::container::Ready>,
     log: &mut Log,
 ) -> Result<Started, Box<TaskResult>> {
     let failed = |log: &mut Log, stderr: Option<&File>, failure| Box::new(failed(log, stderr, failure));
     let Prepared { stdin, stdout, stderr, program } = prepared;
+    // Inside a container: the image's entrypoint may come first, the environment is merged with the image's, and
+    // the program is looked up in the container's PATH by execvp after pivot_root.
+    let (argv, env, program, plan, descriptions) = match container {
+        Some(ready) => {
+            let program = PathBuf::from(&ready.argv[0]);
+            (ready.argv, ready.env, program, Some(ready.plan), None::<Vec<String>>)
+        }
+        None => (launch.argv.clone(), launch.env.clone(), program, None, None),
+    };
+    let descriptions = descriptions.or_else(|| plan.as_ref().map(|p| p.descriptions.clone()));
     let stderr_for_errors = stderr.try_clone().ok();
     // The job's cgroups, joined by the task itself between fork and exec (so nothing it allocates or spends
     // escapes them).
@@ -610,17 +718,20 @@ fn spawn_task(
     };
     let mut command = Command::new(&program);
     command
-        .arg0(&launch.argv[0])
-        .args(&launch.argv[1..])
+        .arg0(&argv[0])
+        .args(&argv[1..])
         .stdin(stdin.map_or_else(Stdio::null, Stdio::from))
         .stdout(stdout)
         .stderr(stderr);
-    take_task_environment(&launch.env);
+    take_task_environment(&env);
     let stage_fd = stage_write.as_raw_fd();
     let child_creds = creds.cloned();
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe calls (signal, setpgid,
-    // setgroups, setgid, setuid, write) on data prepared before the fork; it allocates nothing.
-    unsafe { command.pre_exec(move || prepare_child(stage_fd, procs_fds, cpuset_fd, child_creds.as_ref())) };
+    // setgroups, setgid, setuid, write, and for a container unshare, mount, pivot_root, fork of a helper that only
+    // writes two files) on data prepared before the fork; it allocates nothing.
+    unsafe {
+        command.pre_exec(move || prepare_child(stage_fd, procs_fds, cpuset_fd, child_creds.as_ref(), plan.as_ref()))
+    };
     let started_ms = now_ms();
     let spawned = command.spawn();
     // The job's variables were this root process's only for the fork: it starts nothing else, but nothing of the
@@ -644,7 +755,7 @@ fn spawn_task(
         Err(e) => {
             let mut stages = Vec::new();
             let _ = File::from(stage_read).read_to_end(&mut stages);
-            let failure = Failure::from_child_setup(stages.last().copied(), launch, &e);
+            let failure = Failure::from_child_setup(stages.last().copied(), launch, &e, descriptions.as_deref());
             return Err(failed(log, stderr_for_errors.as_ref(), failure));
         }
     };
@@ -881,21 +992,27 @@ fn prepare(launch: &TaskLaunch) -> Result<Prepared, (Failure, Option<File>)> {
         // interleave instead of overwriting each other.
         None => stdout.try_clone().map_err(|e| (Failure::setup(format!("dup(stdout): {e}"), None), None))?,
     };
-    if let Err(e) = std::env::set_current_dir(&launch.cwd) {
-        let message = format!("couldn't chdir to `{}': {}", launch.cwd, os_message(&e));
-        return Err((
-            Failure::setup(format!("chdir({}): {}", launch.cwd, os_message(&e)), Some(message)),
-            Some(stderr),
-        ));
-    }
-    let Some(program) = resolve_program(&launch.argv[0], &launch.env) else {
-        let name = &launch.argv[0];
-        let failure = Failure {
-            exit_code: libc::ENOENT,
-            error: format!("execve({name}): No such file or directory"),
-            message: Some(format!("execve(): {name}: No such file or directory")),
+    let program = if launch.container.is_some() {
+        // The working directory and the program are the container's, entered and found after pivot_root.
+        PathBuf::from(&launch.argv[0])
+    } else {
+        if let Err(e) = std::env::set_current_dir(&launch.cwd) {
+            let message = format!("couldn't chdir to `{}': {}", launch.cwd, os_message(&e));
+            return Err((
+                Failure::setup(format!("chdir({}): {}", launch.cwd, os_message(&e)), Some(message)),
+                Some(stderr),
+            ));
+        }
+        let Some(program) = resolve_program(&launch.argv[0], &launch.env) else {
+            let name = &launch.argv[0];
+            let failure = Failure {
+                exit_code: libc::ENOENT,
+                error: format!("execve({name}): No such file or directory"),
+                message: Some(format!("execve(): {name}: No such file or directory")),
+            };
+            return Err((failure, Some(stderr)));
         };
-        return Err((failure, Some(stderr)));
+        program
     };
     // srun's input: a FIFO the agent already holds open for writing, so this open does not wait.
     let stdin = match &launch.stdin {
@@ -993,10 +1110,42 @@ impl Failure {
     }
 
     /// Turns the last stage the child reached before exec into a message; see [`prepare_child`].
-    fn from_child_setup(stage: Option<u8>, launch: &TaskLaunch, e: &io::Error) -> Failure {
+    fn from_child_setup(
+        stage: Option<u8>,
+        launch: &TaskLaunch,
+        e: &io::Error,
+        container: Option<&[String]>,
+    ) -> Failure {
+        use crate::container::{
+            STAGE_CONTAINER_CWD, STAGE_CONTAINER_NAMESPACE, STAGE_CONTAINER_NO_NEW_PRIVS, STAGE_CONTAINER_OPS,
+            STAGE_CONTAINER_PIVOT, STAGE_CONTAINER_USERNS,
+        };
         let why = os_message(e);
         let name = &launch.argv[0];
+        let in_container = |what: String| {
+            let message = format!("container: cannot {what}: {why}");
+            Failure::setup(message.clone(), Some(message))
+        };
         match stage {
+            Some(op) if op >= STAGE_CONTAINER_OPS => {
+                let index = usize::from(op - STAGE_CONTAINER_OPS);
+                let what = container.and_then(|d| d.get(index)).cloned().unwrap_or_else(|| "set up a mount".into());
+                in_container(what)
+            }
+            Some(STAGE_CONTAINER_NAMESPACE) => in_container("make a mount namespace".into()),
+            Some(STAGE_CONTAINER_PIVOT) => in_container("switch to the container's root".into()),
+            Some(STAGE_CONTAINER_USERNS) => in_container("remap the user to root (a user namespace)".into()),
+            Some(STAGE_CONTAINER_NO_NEW_PRIVS) => in_container("set no_new_privs".into()),
+            Some(STAGE_CONTAINER_CWD) => {
+                let dir = launch.container.as_ref().and_then(|c| c.spec.workdir.clone()).unwrap_or_default();
+                let message = format!("couldn't chdir to `{dir}' inside the container: {why}");
+                Failure::setup(message.clone(), Some(message))
+            }
+            Some(STAGE_EXEC) if container.is_some() => Failure {
+                exit_code: e.raw_os_error().unwrap_or(EXIT_EXEC_FAILED),
+                error: format!("execve({name}) in the container: {why}"),
+                message: Some(format!("execve(): {name}: {why} (in the container)")),
+            },
             Some(STAGE_EXEC) => Failure {
                 // As slurmstepd, whose task exits with execve's errno (2 for a missing program).
                 exit_code: e.raw_os_error().unwrap_or(EXIT_EXEC_FAILED),
@@ -1239,7 +1388,13 @@ fn write_task_pid() {
 
 /// Runs in the task's process between fork and exec: async-signal-safe calls only, no allocation. `procs` are the
 /// `cgroup.procs` files the task must join (-1: none), `cpuset` the one it may fail to join.
-fn prepare_child(stage: RawFd, procs: [RawFd; 2], cpuset: RawFd, creds: Option<&Credentials>) -> io::Result<()> {
+fn prepare_child(
+    stage: RawFd,
+    procs: [RawFd; 2],
+    cpuset: RawFd,
+    creds: Option<&Credentials>,
+    container: Option<&crate::container::Plan>,
+) -> io::Result<()> {
     let mark = |byte: u8| {
         // SAFETY: write(2) of one byte from a live stack value.
         unsafe { libc::write(stage, (&byte as *const u8).cast(), 1) };
@@ -1264,13 +1419,31 @@ fn prepare_child(stage: RawFd, procs: [RawFd; 2], cpuset: RawFd, creds: Option<&
         }
         mark(STAGE_PROCESS_GROUP);
         check(libc::setpgid(0, 0))?;
-        if let Some(creds) = creds {
-            mark(STAGE_SETGROUPS);
-            check(libc::setgroups(creds.groups.len(), creds.groups.as_ptr()))?;
-            mark(STAGE_SETGID);
-            check(libc::setgid(creds.gid))?;
-            mark(STAGE_SETUID);
-            check(libc::setuid(creds.uid))?;
+        if let Some(plan) = container {
+            crate::container::enter(plan, &mark)?;
+        }
+        match (creds, container.and_then(|p| p.remap)) {
+            (Some(creds), Some((uid, gid))) => {
+                mark(STAGE_SETGROUPS);
+                check(libc::setgroups(creds.groups.len(), creds.groups.as_ptr()))?;
+                crate::container::remap_root(uid, gid, &mark)?;
+            }
+            (Some(creds), None) => {
+                mark(STAGE_SETGROUPS);
+                check(libc::setgroups(creds.groups.len(), creds.groups.as_ptr()))?;
+                mark(STAGE_SETGID);
+                check(libc::setgid(creds.gid))?;
+                mark(STAGE_SETUID);
+                check(libc::setuid(creds.uid))?;
+            }
+            (None, _) => {}
+        }
+        if let Some(plan) = container {
+            // Nothing the image holds (a setuid binary, a file capability) can raise the task's privileges.
+            mark(crate::container::STAGE_CONTAINER_NO_NEW_PRIVS);
+            check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+            mark(crate::container::STAGE_CONTAINER_CWD);
+            check(libc::chdir(plan.cwd.as_ptr()))?;
         }
     }
     mark(STAGE_EXEC);

@@ -92,6 +92,7 @@ fn a_task_that_may_still_run_keeps_its_gpus_until_it_is_gone() {
     let launch = drover_agent::supervise::TaskLaunch {
         stdin: None,
         node: String::new(),
+        container: None,
         argv: vec!["/bin/sleep".into(), "30".into()],
         env: Vec::new(),
         cwd: "/".into(),

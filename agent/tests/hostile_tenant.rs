@@ -85,6 +85,7 @@ fn task(work: &Path, uid: u32, script: &str) -> TaskLaunch {
         allow_root: false,
         stdin: None,
         node: String::new(),
+        container: None,
     }
 }
 

@@ -51,6 +51,7 @@ fn shell_task(work: &Path, script: &str) -> TaskLaunch {
         allow_root: true,
         stdin: None,
         node: String::new(),
+        container: None,
     }
 }
 

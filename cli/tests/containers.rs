@@ -1,0 +1,334 @@
+//! Containers end to end, as a lab launches them on Slurm with pyxis: `srun --container-image=... cmd` and
+//! `#SBATCH --container-image` against a real local cluster, with images from a squashfs file and from a real
+//! registry (Debian's `docker-registry` on loopback, the image pushed with `skopeo`), built in the test from the
+//! host's own programs. Each story checks what the task sees inside: the image's files, its own GPUs' devices and
+//! no others, the job's user, the mounts it asked for, and that a tenant gains nothing from the image.
+//!
+//! Needs root (agents mount only then) and the Debian packages `docker-registry`, `skopeo` and `squashfs-tools`
+//! (CI installs them). Without root every story says SKIPPED; without a package a story fails naming it.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use drover_cli::local::{LocalCluster, UpOptions};
+
+mod common;
+
+use common::{Shell, setup};
+
+/// An ordinary tenant (no passwd entry needed).
+const ALICE: u32 = 60_011;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+macro_rules! needs_root {
+    () => {
+        if !is_root() {
+            eprintln!("SKIPPED: agents mount containers only when run as root (CI runs as root)");
+            return;
+        }
+    };
+}
+
+fn need(program: &str, package: &str) {
+    let found = std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain(["/usr/sbin", "/sbin", "/usr/bin"])
+        .any(|dir| Path::new(dir).join(program).exists());
+    assert!(found, "{program} is missing: install the Debian package {package} (apt-get install -y {package})");
+}
+
+/// A small image made of the host's own programs and the libraries they load, with a marker file and a setuid
+/// copy of `id` (which must grant nothing inside).
+fn build_rootfs(dir: &Path) -> PathBuf {
+    let root = dir.join("rootfs");
+    for sub in ["bin", "usr/bin", "etc", "tmp", "proc", "sys", "dev", "opt/app"] {
+        fs::create_dir_all(root.join(sub)).unwrap();
+    }
+    fs::set_permissions(root.join("tmp"), fs::Permissions::from_mode(0o1777)).unwrap();
+    let programs = ["sh", "cat", "id", "ls", "pwd", "echo", "sleep", "touch", "env", "grep", "stat", "readlink"];
+    for name in programs {
+        let host = ["/bin", "/usr/bin"].iter().map(|d| Path::new(d).join(name)).find(|p| p.exists());
+        let host = host.unwrap_or_else(|| panic!("the host has no {name}"));
+        let host = fs::canonicalize(host).unwrap();
+        fs::copy(&host, root.join("bin").join(name)).unwrap();
+        let ldd = Command::new("ldd").arg(&host).output().unwrap();
+        for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+            let lib = line.split_whitespace().find(|w| w.starts_with('/'));
+            if let Some(lib) = lib {
+                let target = root.join(lib.trim_start_matches('/'));
+                fs::create_dir_all(target.parent().unwrap()).unwrap();
+                if !target.exists() {
+                    fs::copy(lib, &target).unwrap();
+                }
+            }
+        }
+    }
+    fs::copy(root.join("bin/id"), root.join("bin/suid-id")).unwrap();
+    fs::set_permissions(root.join("bin/suid-id"), fs::Permissions::from_mode(0o4755)).unwrap();
+    fs::write(root.join("etc/os-release"), "PRETTY_NAME=\"Drover test image\"\n").unwrap();
+    fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    fs::write(root.join("etc/group"), "root:x:0:\n").unwrap();
+    fs::write(root.join("opt/app/hello"), "hello from the image\n").unwrap();
+    root
+}
+
+fn squashfs(root: &Path, out: &Path) {
+    need("mksquashfs", "squashfs-tools");
+    let status = Command::new("mksquashfs")
+        .arg(root)
+        .arg(out)
+        .args(["-noappend", "-quiet", "-no-progress", "-all-root"])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    fs::set_permissions(out, fs::Permissions::from_mode(0o644)).unwrap();
+}
+
+fn cluster(dir: &Path) -> (LocalCluster, Shell) {
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).unwrap();
+    let options = UpOptions {
+        controllers: 1,
+        agents: 2,
+        gpus_per_agent: 2,
+        kill_wait_ms: 1_000,
+        agent_toml: vec![
+            "containers = { image_store_limit_mb = 2048, shm_mb = 64 }".into(),
+            "containers = { image_store_limit_mb = 2048, shm_mb = 64 }".into(),
+        ],
+        ..UpOptions::default()
+    };
+    let (cluster, sh) = setup(dir, options);
+    fs::set_permissions(&sh.cwd, fs::Permissions::from_mode(0o777)).unwrap();
+    (cluster, sh)
+}
+
+/// `srun ARGS` from the work directory, as `uid`: exit code, stdout, stderr.
+fn srun(sh: &Shell, uid: u32, args: &[&str]) -> (i32, String, String) {
+    let mut command = sh.command("srun", args);
+    if uid != 0 {
+        command.uid(uid).gid(uid);
+    }
+    let out = command.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn srun_runs_a_squashfs_image_with_its_own_files_devices_and_mounts() {
+    needs_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, sh) = cluster(dir.path());
+    let root = build_rootfs(dir.path());
+    let image = sh.cwd.join("test.sqsh");
+    squashfs(&root, &image);
+    fs::create_dir_all(sh.cwd.join("data")).unwrap();
+    fs::write(sh.cwd.join("data/input.txt"), "from the host\n").unwrap();
+    fs::set_permissions(sh.cwd.join("data"), fs::Permissions::from_mode(0o777)).unwrap();
+
+    let script = "cat /etc/os-release /opt/app/hello /data/input.txt; echo uid=$(id -u) cwd=$(pwd); \
+                  echo devices: $(ls /dev); echo suid=$(suid-id -u); echo shm=$(stat -f -c %b /dev/shm); \
+                  touch /tmp/scratch && echo wrote; echo job=$SLURM_JOB_ID";
+    let (code, out, err) = srun(
+        &sh,
+        ALICE,
+        &["-N1", "--gpus=1", "--container-image=./test.sqsh", "--container-mounts=./data:/data:ro", "sh", "-c", script],
+    );
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    assert!(out.contains("Drover test image") && out.contains("hello from the image"), "{out}");
+    assert!(out.contains("from the host"), "the mount is there: {out}");
+    assert!(out.contains(&format!("uid={ALICE} cwd=/")), "the job's user, in the image's working directory: {out}");
+    assert!(out.contains(&format!("suid={ALICE}")), "a setuid binary of the image grants nothing: {out}");
+    let devices = out.lines().find(|l| l.starts_with("devices:")).unwrap();
+    for wanted in ["null", "zero", "urandom", "shm", "pts"] {
+        assert!(devices.contains(wanted), "{devices}");
+    }
+    assert!(!devices.contains("sda") && !devices.contains("vda") && !devices.contains("kmsg"), "{devices}");
+    assert!(out.contains("wrote"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("job=") && l.len() > 4), "Slurm's variables inside: {out}");
+
+    // The mount is read-only; the image's root-owned files are not the tenant's.
+    let (code, _, err) =
+        srun(&sh, ALICE, &["--container-image=./test.sqsh", "--container-mounts=./data:/data:ro", "touch", "/data/x"]);
+    assert_ne!(code, 0, "wrote through a read-only mount");
+    assert!(err.contains("Read-only file system"), "{err}");
+
+    // Remapped to root inside, still the tenant outside: a file made in a writable mount is the tenant's.
+    let (code, out, err) = srun(
+        &sh,
+        ALICE,
+        &[
+            "--container-image=./test.sqsh",
+            "--container-remap-root",
+            "--container-mounts=./data:/data",
+            "sh",
+            "-c",
+            "id -u; touch /data/made-as-root",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(out.trim(), "0", "root inside");
+    let owner = std::os::unix::fs::MetadataExt::uid(&fs::metadata(sh.cwd.join("data/made-as-root")).unwrap());
+    assert_eq!(owner, ALICE, "root inside is the tenant outside");
+
+    // Bad input: each a clear error, nothing started.
+    let (code, _, err) = srun(&sh, ALICE, &["--container-image=./missing.sqsh", "true"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("missing.sqsh") && err.contains("No such file"), "{err}");
+    let (code, _, err) = srun(&sh, ALICE, &["--container-image=Bad Name", "true"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("invalid --container-image value"), "{err}");
+    let (code, _, err) = srun(&sh, ALICE, &["--container-imag=x", "true"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("container"), "{err}");
+}
+
+#[test]
+fn a_named_container_keeps_its_changes_for_the_jobs_next_step_and_a_batch_script_runs_inside() {
+    needs_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let (_cluster, sh) = cluster(dir.path());
+    let root = build_rootfs(dir.path());
+    squashfs(&root, &sh.cwd.join("test.sqsh"));
+    let script = "#!/bin/sh\n\
+                  #SBATCH --container-image=./test.sqsh\n\
+                  #SBATCH -o batch.out\n\
+                  cat /etc/os-release\n\
+                  echo batch in $(pwd) as $(id -u)\n";
+    fs::write(sh.cwd.join("job.sh"), script).unwrap();
+    let mut command = sh.command("sbatch", &["--parsable", "--wait", "job.sh"]);
+    let out = command.uid(ALICE).gid(ALICE).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let batch = fs::read_to_string(sh.cwd.join("batch.out")).unwrap();
+    assert!(batch.contains("Drover test image") && batch.contains(&format!("as {ALICE}")), "{batch}");
+
+    // Two steps of one allocation share the named container's writable layer.
+    let steps = "srun --container-image=./test.sqsh --container-name=dev sh -c 'echo kept > /tmp/state' && \
+                 srun --container-name=dev cat /tmp/state";
+    let mut command = sh.command("salloc", &["-N1", "sh", "-c", steps]);
+    let out = command.uid(ALICE).gid(ALICE).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("kept"), "{stdout}");
+}
+
+/// A `docker-registry` on a free loopback port, its storage in `dir`.
+struct Registry {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn registry(dir: &Path) -> Registry {
+    need("docker-registry", "docker-registry");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let config = dir.join("registry.yml");
+    let storage = dir.join("registry-data");
+    fs::write(
+        &config,
+        format!(
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
+            storage.display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new("docker-registry")
+        .arg("serve")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(start.elapsed() < Duration::from_secs(20), "docker-registry did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Registry { child, addr }
+}
+
+/// Pushes `rootfs` as a one-layer image `repo:tag` (an OCI layout made with umoci, copied with skopeo).
+fn push(dir: &Path, rootfs: &Path, registry: &str, repo_tag: &str, env: &[&str]) {
+    need("skopeo", "skopeo");
+    need("umoci", "umoci");
+    let layout = dir.join(format!("layout-{}", repo_tag.replace(['/', ':'], "-")));
+    let _ = fs::remove_dir_all(&layout);
+    let run = |program: &str, args: &[&str]| {
+        let out = Command::new(program).args(args).output().unwrap();
+        assert!(out.status.success(), "{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let image = format!("{}:v", layout.display());
+    run("umoci", &["init", "--layout", &layout.display().to_string()]);
+    run("umoci", &["new", "--image", &image]);
+    let bundle = dir.join("bundle");
+    let _ = fs::remove_dir_all(&bundle);
+    run("umoci", &["unpack", "--rootless", "--image", &image, &bundle.display().to_string()]);
+    let _ = fs::remove_dir_all(bundle.join("rootfs"));
+    run("cp", &["-a", &rootfs.display().to_string(), &bundle.join("rootfs").display().to_string()]);
+    run("umoci", &["repack", "--image", &image, &bundle.display().to_string()]);
+    let mut config = vec!["config", "--image", &image, "--config.workingdir", "/opt/app"];
+    for e in env {
+        config.extend(["--config.env", e]);
+    }
+    run("umoci", &config);
+    run(
+        "skopeo",
+        &["copy", "--dest-tls-verify=false", &format!("oci:{image}"), &format!("docker://{registry}/{repo_tag}")],
+    );
+}
+
+#[test]
+fn a_two_node_job_runs_a_registry_image_pulled_once_per_node_and_a_moved_tag_is_noticed() {
+    needs_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let registry = registry(dir.path());
+    let rootfs = build_rootfs(dir.path());
+    push(dir.path(), &rootfs, &registry.addr, "team/tiny:v1", &["PATH=/bin:/usr/bin", "FROM_IMAGE=yes"]);
+    let (_cluster, sh) = cluster(dir.path());
+
+    // pyxis's own spelling: REGISTRY#IMAGE:TAG, two nodes, two tasks each, rendezvous data in the environment.
+    let image = format!("--container-image={}#team/tiny:v1", registry.addr);
+    let script = "echo rank=$SLURM_PROCID master=$MASTER_ADDR:$MASTER_PORT cwd=$(pwd) image=$FROM_IMAGE";
+    let (code, out, err) = srun(&sh, ALICE, &["-N2", "--ntasks-per-node=2", &image, "sh", "-c", script]);
+    assert_eq!(code, 0, "{out}{err}");
+    let mut ranks: Vec<&str> = out.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    ranks.sort();
+    assert_eq!(ranks, ["rank=0", "rank=1", "rank=2", "rank=3"], "{out}");
+    assert!(out.lines().all(|l| l.contains("cwd=/opt/app") && l.contains("image=yes")), "the image's config: {out}");
+    let masters: std::collections::HashSet<&str> = out.lines().filter_map(|l| l.split_whitespace().nth(1)).collect();
+    assert_eq!(masters.len(), 1, "every rank finds the same rendezvous: {out}");
+
+    // The tag moves: the next job runs the new image, not the cached one.
+    fs::write(rootfs.join("opt/app/hello"), "hello from v2\n").unwrap();
+    push(dir.path(), &rootfs, &registry.addr, "team/tiny:v1", &["PATH=/bin:/usr/bin"]);
+    let (code, out, err) = srun(&sh, ALICE, &[&image, "cat", "/opt/app/hello"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(out.trim(), "hello from v2");
+
+    // An unknown tag and an unreachable registry: clear errors, the job fails, nothing else.
+    let (code, _, err) = srun(&sh, ALICE, &[&format!("--container-image={}#team/tiny:nope", registry.addr), "true"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("nope") && err.contains("container"), "{err}");
+    let (code, _, err) = srun(&sh, ALICE, &["--container-image=127.0.0.1:9#team/tiny:v1", "true"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("127.0.0.1:9"), "{err}");
+}
