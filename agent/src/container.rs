@@ -273,7 +273,7 @@ fn mount_once(
     match mounted {
         Some(mounted) => Ok(mounted),
         None => {
-            let Some(image) = &c.spec.image else {
+            let (Some(requested), Some(image)) = (&c.spec.image, c.spec.image_to_run()) else {
                 return Err(ContainerError::NoSuchContainer { name: c.spec.name.clone().unwrap_or_default() });
             };
             let store = ImageStore::open(
@@ -284,7 +284,7 @@ fn mount_once(
                     ..StoreOptions::default()
                 },
             )?;
-            let source = match image {
+            let source = match &image {
                 ImageRef::Registry(r) => ImageSource::Registry(r.clone()),
                 ImageRef::File(path) => ImageSource::File {
                     file: open_as_user(path)
@@ -300,6 +300,7 @@ fn mount_once(
                 working_dir: cached.config.working_dir.clone(),
                 entrypoint: cached.config.entrypoint.clone(),
                 image: image.to_string(),
+                requested: requested.to_string(),
             };
             let (passwd, group) = identity_files(&rootfs, uid, gid, user, home, c.spec.remap_root);
             write_file(&dir.join("passwd"), passwd.as_bytes()).map_err(setup("write passwd"))?;
@@ -318,7 +319,9 @@ struct Mounted {
     env: Vec<String>,
     working_dir: Option<String>,
     entrypoint: Vec<String>,
+    /// What ran (a pinned digest, once the job has one) and what the job asked for.
     image: String,
+    requested: String,
 }
 
 /// Mounts the image at `dir/rootfs`: an overlay whose upper layer is the container's own (`dir/upper`), or,
@@ -353,6 +356,16 @@ fn mount_rootfs(dir: &Path, image: &Path, readonly: bool) -> io::Result<()> {
     }
     // The upper layer's root takes the image's root's mode (overlayfs shows the upper's): keep `/` as the image has it.
     Ok(())
+}
+
+/// The digest of the image `image` (as shown) that one of a job's containers here was mounted from, if any
+/// (`dir` is the job's containers directory).
+pub fn mounted_digest(dir: &Path, image: &str) -> Option<String> {
+    fs::read_dir(dir).ok()?.flatten().find_map(|entry| {
+        let bytes = fs::read(entry.path().join("state.json")).ok()?;
+        let mounted: Mounted = serde_json::from_slice(&bytes).ok()?;
+        (mounted.requested == image).then_some(mounted.digest)
+    })
 }
 
 /// Unmounts every container of a job under `dir` (`<state>/containers/JOB.INCARNATION`) and removes it.

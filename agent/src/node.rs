@@ -133,6 +133,8 @@ struct Inner {
     warned_to_stop: HashMap<JobKey, Instant>,
     /// Checkpoint marker files: when each job's was last looked at, and what it looked like then.
     markers: HashMap<JobKey, (Instant, Option<crate::marker::Seen>)>,
+    /// Jobs whose container image digest was relayed to the leader.
+    images_reported: HashSet<JobKey>,
     /// End reports: when last sent, and whether the leader acknowledged.
     reports: HashMap<JobKey, (Instant, bool)>,
     /// Jobs left unpinned (too few CPUs free to pin, or the cpuset could not be written): said once, and their
@@ -281,6 +283,7 @@ impl NodeAgent {
                 stopping: HashMap::new(),
                 warned_to_stop: HashMap::new(),
                 markers: HashMap::new(),
+                images_reported: HashSet::new(),
                 reports: HashMap::new(),
                 unpinned: HashSet::new(),
                 memory_samples: HashMap::new(),
@@ -629,6 +632,7 @@ impl NodeAgent {
             if a.node_index == 0 {
                 self.maybe_report(a, &mine, over_time);
                 self.check_marker(a);
+                self.check_image(a);
             }
         }
         self.tend_gpu_clocks(&assignments, synced);
@@ -654,6 +658,7 @@ impl NodeAgent {
             inner.reports.retain(|key, _| live.contains(key));
             inner.warned_to_stop.retain(|key, _| live.contains(key));
             inner.markers.retain(|key, _| live.contains(key));
+            inner.images_reported.retain(|key| live.contains(key));
             drop(inner);
             self.forget_suspensions(&live);
         }
@@ -895,6 +900,25 @@ impl NodeAgent {
             // What the jobs used here: the leader records it on the finished jobs as it releases them.
             let usage = gone.iter().filter_map(|&key| Some((key, self.measured(key)?))).collect();
             let _ = outbox.try_send(AgentMessage::Released { keys: gone, usage });
+        }
+    }
+
+    /// Relays the digest a running job's container image resolved to here, once, until the job's record pins one:
+    /// read from what the container's supervisor recorded when it mounted the image.
+    fn check_image(&self, a: &Assignment) {
+        let Some(container) = a.job.spec.container.as_deref() else { return };
+        let Some(image) = container.image.as_ref().filter(|_| container.pinned_digest.is_none()) else { return };
+        let key = (a.job.id, a.job.incarnation);
+        if self.lock().images_reported.contains(&key) {
+            return;
+        }
+        let Some(digest) = crate::container::mounted_digest(&self.containers_dir(key), &image.to_string()) else {
+            return;
+        };
+        let mut inner = self.lock();
+        inner.images_reported.insert(key);
+        if let Some(outbox) = inner.outbox.clone() {
+            let _ = outbox.try_send(AgentMessage::ImageDigest { job_id: key.0, incarnation: key.1, digest });
         }
     }
 

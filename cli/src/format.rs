@@ -917,7 +917,19 @@ pub fn container_line(c: &drover_state::container::ContainerSpec) -> String {
     if let Some(save) = &c.save {
         line.push_str(&format!(" ContainerSave={save}"));
     }
+    if let Some(digest) = &c.pinned_digest {
+        line.push_str(&format!(" ContainerDigest={digest}"));
+    }
     line
+}
+
+/// The job's image as given, with the digest it runs once a node has resolved it (`IMAGE@sha256:...`).
+pub fn container_image(c: &drover_state::container::ContainerSpec) -> String {
+    let image = c.image.as_ref().map_or_else(|| c.name.clone().unwrap_or_default(), |i| i.to_string());
+    match &c.pinned_digest {
+        Some(digest) => format!("{image}@{digest}"),
+        None => image,
+    }
 }
 
 fn yes_no(on: bool) -> &'static str {

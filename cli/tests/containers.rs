@@ -332,3 +332,62 @@ fn a_two_node_job_runs_a_registry_image_pulled_once_per_node_and_a_moved_tag_is_
     assert_ne!(code, 0);
     assert!(err.contains("127.0.0.1:9"), "{err}");
 }
+
+/// Waits for `path` to exist and returns its content.
+fn wait_for_file(path: &Path, patience: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        if let Ok(text) = fs::read_to_string(path)
+            && !text.is_empty()
+        {
+            return text;
+        }
+        assert!(start.elapsed() < patience, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_requeued_job_restarts_in_the_image_digest_it_first_ran_though_its_tag_moved() {
+    needs_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let registry = registry(dir.path());
+    let rootfs = build_rootfs(dir.path());
+    push(dir.path(), &rootfs, &registry.addr, "team/train:latest", &["PATH=/bin:/usr/bin"]);
+    let (_cluster, sh) = cluster(dir.path());
+    let data = sh.cwd.join("data");
+    fs::create_dir_all(&data).unwrap();
+    fs::set_permissions(&data, fs::Permissions::from_mode(0o777)).unwrap();
+    let script = format!(
+        "#!/bin/sh\n#SBATCH --container-image={}/team/train:latest\n#SBATCH --container-mounts=./data:/data\n\
+         cat /opt/app/hello > /data/run-${{SLURM_RESTART_COUNT:-0}}\nsleep 300\n",
+        registry.addr
+    );
+    fs::write(sh.cwd.join("train.sh"), script).unwrap();
+    let as_alice = |name: &str, args: &[&str]| {
+        let out = sh.command(name, args).uid(ALICE).gid(ALICE).output().unwrap();
+        assert!(out.status.success(), "{name} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let id = as_alice("sbatch", &["--parsable", "-o", "train.out", "train.sh"]).trim().to_string();
+    assert_eq!(wait_for_file(&data.join("run-0"), Duration::from_secs(60)), "hello from the image\n");
+    let start = Instant::now();
+    let digest = loop {
+        let shown = as_alice("scontrol", &["show", "job", &id]);
+        if let Some(at) = shown.find("ContainerDigest=") {
+            break shown[at + "ContainerDigest=".len()..].split_whitespace().next().unwrap().to_string();
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "no digest recorded: {shown}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(digest.starts_with("sha256:"), "{digest}");
+
+    // The tag moves to a new image; the requeued job must not train on in it.
+    fs::write(rootfs.join("opt/app/hello"), "hello from a newer image\n").unwrap();
+    push(dir.path(), &rootfs, &registry.addr, "team/train:latest", &["PATH=/bin:/usr/bin"]);
+    as_alice("scontrol", &["requeue", &id]);
+    assert_eq!(wait_for_file(&data.join("run-1"), Duration::from_secs(60)), "hello from the image\n");
+    let container = as_alice("sacct", &["-X", "-n", "-P", "-j", &id, "-o", "Container"]);
+    assert!(container.trim().ends_with(&digest), "sacct shows the digest: {container}");
+    as_alice("scancel", &[&id]);
+}

@@ -27,6 +27,8 @@ pub enum AgentMessage {
     JobEnded { job_id: JobId, incarnation: u64, end: JobEnd },
     /// A job's marker file (`$DROVER_CHECKPOINT_DIR/LATEST`) names a finished checkpoint.
     Checkpoint { job_id: JobId, incarnation: u64, path: String, step: Option<u64> },
+    /// The job's container image resolved to this digest on this node (its first incarnation's is kept).
+    ImageDigest { job_id: JobId, incarnation: u64, digest: String },
     /// These ended incarnations (listed as lingering in the assignments) have no task left on this node; `usage`
     /// says what their tasks used here, for those the node measured (a job cgroup).
     Released {

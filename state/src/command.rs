@@ -163,6 +163,13 @@ pub enum Command {
         step: Option<u64>,
         by_uid: u32,
     },
+    /// The node running a job's container found its image at this digest: recorded once (the first incarnation's),
+    /// so that a requeued job restarts in the same image whatever its tag names by then.
+    RecordImage {
+        job_id: JobId,
+        incarnation: u64,
+        digest: String,
+    },
     /// A node's agent confirmed that these ended incarnations have no task left there, with what their tasks
     /// used there (as the jobs' cgroups measured it), recorded on the finished jobs.
     ReleaseLingering {
@@ -282,6 +289,7 @@ impl Command {
             Command::RequeueJobs { .. } => "requeue_jobs",
             Command::PreemptJobs { .. } => "preempt_jobs",
             Command::RecordCheckpoint { .. } => "record_checkpoint",
+            Command::RecordImage { .. } => "record_image",
             Command::ReleaseLingering { .. } => "release_lingering",
         }
     }

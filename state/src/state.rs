@@ -379,6 +379,9 @@ impl State {
                 };
                 self.record_checkpoint(*job_id, checkpoint, *by_uid, &mut changes)
             }
+            Command::RecordImage { job_id, incarnation, digest } => {
+                self.record_image(*job_id, *incarnation, digest, &mut changes)
+            }
             Command::ReleaseLingering { node, keys, usage } => self.release_lingering(node, keys, usage, &mut changes),
             Command::RecordAudit { by_uid, .. } => self
                 .require_level(*by_uid, AdminLevel::Administrator, "recording an audit entry")

@@ -399,3 +399,38 @@ fn a_finished_batch_job_requeued_comes_back_as_its_next_incarnation() {
     let (refused, _) = outcome(&mut state, 95, command);
     assert!(matches!(refused, Err(CommandError::InvalidRequest(_))), "{refused:?}");
 }
+
+#[test]
+fn a_requeued_container_job_restarts_in_the_image_digest_its_first_incarnation_ran() {
+    use drover_state::container::{ContainerSpec, ImageRef, ImageTag, RegistryImage};
+    let mut state = cluster(5);
+    let image = ImageRef::parse("nvcr.io#nvidia/pytorch:24.05-py3").unwrap();
+    let container = ContainerSpec { image: Some(image.clone()), ..ContainerSpec::default() };
+    let id = submit(&mut state, JobSpec { container: Some(Box::new(container)), ..spec(1) });
+    let plain = submit(&mut state, spec(1));
+    start(&mut state, id, &["n1"], 20);
+    let digest = |byte: &str| format!("sha256:{}", byte.repeat(32));
+    let record = |state: &mut State, incarnation, digest: String| {
+        state.apply(&at(30, Command::RecordImage { job_id: id, incarnation, digest })).response
+    };
+    // What the node reports is checked: a digest, for the current incarnation, of a job with an image.
+    assert!(matches!(record(&mut state, 0, "latest".into()), Err(CommandError::InvalidRequest(_))));
+    assert!(matches!(record(&mut state, 1, digest("aa")), Err(CommandError::StaleReport { .. })));
+    let other = Command::RecordImage { job_id: plain, incarnation: 0, digest: digest("aa") };
+    assert!(matches!(state.apply(&at(30, other)).response, Err(CommandError::InvalidRequest(_))));
+    record(&mut state, 0, digest("aa")).unwrap();
+    record(&mut state, 0, digest("bb")).unwrap();
+    let pinned = |state: &State| state.job(id).unwrap().spec.container.as_ref().unwrap().pinned_digest.clone();
+    assert_eq!(pinned(&state), Some(digest("aa")), "the first report pins; a later one changes nothing");
+
+    state.apply(&at(40, Command::RequeueJobs { ids: vec![id], by_uid: ALICE, hold: false })).response.unwrap();
+    let container = state.job(id).unwrap().spec.container.clone().unwrap();
+    let ImageRef::Registry(r) = image else { unreachable!() };
+    let expected = RegistryImage { reference: ImageTag::Digest(digest("aa")), ..r };
+    assert_eq!(
+        container.image_to_run(),
+        Some(ImageRef::Registry(expected)),
+        "the next incarnation runs the same image"
+    );
+    assert_eq!(container.image.unwrap().to_string(), "nvcr.io#nvidia/pytorch:24.05-py3", "what was asked stays shown");
+}

@@ -634,6 +634,8 @@ fn value(field: &str, job: &Job, cx: &Context) -> String {
         "Cluster" => cx.cluster.clone(),
         "Comment" => spec.comment.as_deref().unwrap_or_default().to_string(),
         "Constraints" => spec.constraint.join("&"),
+        // Slurm's field names an OCI bundle; Drover's containers are images, shown with the digest the job runs.
+        "Container" => spec.container.as_deref().map(crate::format::container_image).unwrap_or_default(),
         "ConsumedEnergy" | "ConsumedEnergyRaw" => "0".into(),
         "CPUTime" => clock(elapsed * Tres::current(job).cpu),
         "CPUTimeRAW" => (elapsed * Tres::current(job).cpu).to_string(),

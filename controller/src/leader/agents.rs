@@ -412,6 +412,21 @@ impl AgentHub {
         }
     }
 
+    /// A node running a job's container named the digest its image resolved to: pinned for the job's requeues.
+    /// As for checkpoints, the agent speaks only for jobs assigned to its node.
+    async fn image_digest(&self, node: &str, job_id: JobId, incarnation: u64, digest: String) {
+        let on_node = self.view.read().state.job(job_id).is_some_and(|j| j.nodes.iter().any(|n| n == node));
+        if !on_node {
+            return;
+        }
+        let command = Command::RecordImage { job_id, incarnation, digest };
+        match propose_checked(&self.proposer, command).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(refused)) => tracing::info!(node, job_id, incarnation, "image digest refused: {refused}"),
+            Err(status) => tracing::info!(node, job_id, "image digest not committed: {}", status.message()),
+        }
+    }
+
     /// Commits a report from an agent, then acknowledges it (a stale or already-committed report is
     /// acknowledged too: the agent may forget it either way).
     async fn job_ended(
@@ -669,6 +684,10 @@ impl LiveSession {
             Ok(AgentMessage::Checkpoint { job_id, incarnation, path, step }) => {
                 let (hub, name) = (hub.clone(), name.clone());
                 tokio::spawn(async move { hub.checkpoint(&name, job_id, incarnation, path, step).await });
+            }
+            Ok(AgentMessage::ImageDigest { job_id, incarnation, digest }) => {
+                let (hub, name) = (hub.clone(), name.clone());
+                tokio::spawn(async move { hub.image_digest(&name, job_id, incarnation, digest).await });
             }
             Ok(AgentMessage::Released { keys, usage }) => {
                 let (hub, name) = (hub.clone(), name.clone());

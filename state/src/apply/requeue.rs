@@ -343,4 +343,38 @@ impl State {
         changes.push(Change::PutJob(job.clone()));
         Ok(Reply::Nothing)
     }
+
+    /// The digest a job's container image resolved to on its node: pinned the first time (later reports, and
+    /// later incarnations', change nothing), so that a requeue restarts in the same image, as a checkpoint
+    /// written by one image may not load in another.
+    pub(crate) fn record_image(
+        &mut self,
+        id: JobId,
+        incarnation: u64,
+        digest: &str,
+        changes: &mut Vec<Change>,
+    ) -> Response {
+        let job = self.active_job(id, 0)?;
+        if job.incarnation != incarnation {
+            return Err(CommandError::StaleReport {
+                id,
+                incarnation,
+                why: format!("the job is at incarnation {}", job.incarnation),
+            });
+        }
+        if !crate::container::is_digest(digest) {
+            return Err(CommandError::InvalidRequest(format!(
+                "image digest {digest:?} is not sha256: and 64 lower-case hex digits"
+            )));
+        }
+        let job = self.jobs.get_mut(&id).expect("checked by active_job");
+        let Some(container) = job.spec.container.as_mut().filter(|c| c.image.is_some()) else {
+            return Err(CommandError::InvalidRequest(format!("job {id} runs in no container image")));
+        };
+        if container.pinned_digest.is_none() {
+            container.pinned_digest = Some(digest.to_string());
+            changes.push(Change::PutJob(job.clone()));
+        }
+        Ok(Reply::Nothing)
+    }
 }

@@ -36,6 +36,9 @@ pub struct ContainerSpec {
     pub env: Vec<String>,
     /// `--container-save=PATH`: the container's filesystem is saved there (a squashfs file) when the task ends.
     pub save: Option<String>,
+    /// The image's digest as the job's first incarnation ran it (recorded from the node, not given by the user):
+    /// a requeued job restarts in the same image even if its tag has moved since.
+    pub pinned_digest: Option<String>,
 }
 
 /// One `--container-mounts` entry.
@@ -348,11 +351,32 @@ impl std::fmt::Display for ContainerMount {
     }
 }
 
+/// Whether `text` is a content digest as registries spell them (`sha256:` and 64 lower-case hex digits).
+pub fn is_digest(text: &str) -> bool {
+    text.strip_prefix("sha256:")
+        .is_some_and(|hex| hex.len() == 64 && hex.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)))
+}
+
 impl ContainerSpec {
+    /// The image to run: the pinned digest of the image's repository when there is one, else the image as given.
+    pub fn image_to_run(&self) -> Option<ImageRef> {
+        match (&self.image, &self.pinned_digest) {
+            (Some(ImageRef::Registry(r)), Some(digest)) => {
+                Some(ImageRef::Registry(RegistryImage { reference: ImageTag::Digest(digest.clone()), ..r.clone() }))
+            }
+            (image, _) => image.clone(),
+        }
+    }
+
     /// Checks what a client could have sent without parsing (names, paths, sizes): the controller refuses a spec
     /// that breaks these before it is replicated.
     pub fn validate(&self) -> Result<(), ContainerError> {
         let value = |option, text: &str, why| ContainerError::Value { option, text: text.to_string(), why };
+        if let Some(digest) = &self.pinned_digest
+            && !is_digest(digest)
+        {
+            return Err(value("image", digest, "a pinned digest is sha256: and 64 lower-case hex digits"));
+        }
         if self.image.is_none() && self.name.is_none() {
             return Err(value("image", "", "a container needs an image, or the name of one an earlier step made"));
         }
