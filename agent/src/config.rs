@@ -92,6 +92,11 @@ pub struct ContainerConfig {
     /// written there counts against the job's memory).
     #[serde(default)]
     pub shm_mb: Option<u64>,
+    /// The CDI spec that says what a container needs for each GPU (`nvidia-ctk cdi generate`); default NVIDIA's
+    /// usual places (`/etc/cdi/nvidia.yaml`, `/var/run/cdi/nvidia.yaml`), or a spec of stand-ins on a simulated
+    /// node.
+    #[serde(default)]
+    pub cdi_spec: Option<PathBuf>,
 }
 
 impl Default for ContainerConfig {
@@ -101,6 +106,7 @@ impl Default for ContainerConfig {
             image_store_limit_mb: default_image_store_limit_mb(),
             insecure_registries: Vec::new(),
             shm_mb: None,
+            cdi_spec: None,
         }
     }
 }

@@ -70,6 +70,12 @@ pub struct ContainerLaunch {
     /// This task saves the container (`--container-save`): the node's first local task only.
     #[serde(default)]
     pub save_here: bool,
+    /// What the node's CDI spec gives the job's GPUs (device nodes, driver mounts, variables), or why it could
+    /// not be read (the task then fails with that reason rather than run without its GPUs).
+    #[serde(default)]
+    pub cdi: Option<crate::cdi::CdiEdits>,
+    #[serde(default)]
+    pub cdi_error: Option<String>,
 }
 
 /// Why a task could not enter its container; the message is what the user reads in the task's stderr.
@@ -89,6 +95,8 @@ pub enum ContainerError {
     SymlinkTarget { target: String },
     #[error("the mount destination {target} does not exist in the read-only container; add --container-writable")]
     MissingTarget { target: String },
+    #[error("{0}")]
+    Cdi(String),
     #[error("the mount source {path} does not exist on this node")]
     MissingSource { path: String },
 }
@@ -174,10 +182,20 @@ pub fn prepare(
     credentials: &RegistryCredentials,
 ) -> Result<Ready, ContainerError> {
     let Task { uid, gid, home, argv, env: task_env, .. } = *task;
+    if let Some(why) = &c.cdi_error {
+        return Err(ContainerError::Cdi(why.clone()));
+    }
     let dir = PathBuf::from(&c.dir);
     let rootfs = dir.join("rootfs");
     let mounted = mount_once(c, task, open_as_user, credentials)?;
-    let env = merge_environment(task_env, &mounted.env, &c.spec.env);
+    let mut env = merge_environment(task_env, &mounted.env, &c.spec.env);
+    if c.cdi.is_some() || !c.devices.is_empty() {
+        renumber_gpus(&mut env);
+    }
+    for (name, value) in c.cdi.iter().flat_map(|cdi| &cdi.env) {
+        env.retain(|(n, _)| n != name);
+        env.push((name.clone(), value.clone()));
+    }
     let argv = if c.spec.entrypoint && !mounted.entrypoint.is_empty() {
         mounted.entrypoint.iter().cloned().chain(argv.iter().cloned()).collect()
     } else {
@@ -193,6 +211,11 @@ pub fn prepare(
     }
     for path in &c.binds {
         plan.bind(path, path, libc::MS_NOSUID | libc::MS_NODEV, false)?;
+    }
+    for (host, inside, readonly) in c.cdi.iter().flat_map(|cdi| &cdi.mounts) {
+        let flags = libc::MS_NOSUID | libc::MS_NODEV | if *readonly { libc::MS_RDONLY } else { 0 };
+        let file = fs::metadata(host).map(|m| !m.is_dir()).unwrap_or(false);
+        plan.bind(host, inside, flags, file)?;
     }
     if c.spec.mount_home
         && let Some(home) = home
@@ -523,18 +546,31 @@ impl PlanBuilder<'_> {
             },
             "mount a fresh /dev".into(),
         );
-        let mut nodes: Vec<String> =
-            ["null", "zero", "full", "random", "urandom", "tty"].iter().map(|n| format!("/dev/{n}")).collect();
-        nodes.extend(c.devices.iter().cloned());
-        for node in nodes {
-            if fs::metadata(&node).is_err() {
+        let mut nodes: Vec<(String, String)> = ["null", "zero", "full", "random", "urandom", "tty"]
+            .iter()
+            .map(|n| (format!("/dev/{n}"), format!("/dev/{n}")))
+            .collect();
+        nodes.extend(c.devices.iter().map(|d| (d.clone(), d.clone())));
+        nodes.extend(c.cdi.iter().flat_map(|cdi| cdi.device_nodes.iter().cloned()));
+        for (host, inside) in nodes {
+            if fs::metadata(&host).is_err() || !inside.starts_with("/dev/") || inside.contains("/..") {
                 continue;
             }
-            let path = self.inside(&node);
-            self.push(MountOp::Touch { path: path.clone() }, format!("create {node}"));
+            // Nodes in subdirectories (`/dev/dri/card0`): their directories in the fresh /dev first.
+            let mut parent = Path::new(&inside).parent();
+            let mut parents = Vec::new();
+            while let Some(dir) = parent.filter(|d| *d != Path::new("/dev")) {
+                parents.push(dir.display().to_string());
+                parent = dir.parent();
+            }
+            for dir in parents.iter().rev() {
+                self.push(MountOp::Mkdir { path: self.inside(dir), mode: 0o755 }, format!("create {dir}"));
+            }
+            let path = self.inside(&inside);
+            self.push(MountOp::Touch { path: path.clone() }, format!("create {inside}"));
             self.push(
-                MountOp::Bind { source: cstring(&node), target: path, recursive: false, flags: 0 },
-                format!("mount the device {node}"),
+                MountOp::Bind { source: cstring(&host), target: path, recursive: false, flags: 0 },
+                format!("mount the device {host} at {inside}"),
             );
         }
         for (dir_name, fstype, flags, data) in [
@@ -675,6 +711,22 @@ pub fn merge_environment(task: &[(String, String)], image: &[String], keep: &[St
         }
     }
     env
+}
+
+/// Which of the node's GPUs a container task holds, by the node's indices (`CUDA_VISIBLE_DEVICES` inside counts
+/// from 0).
+pub const NODE_GPUS_VAR: &str = "DROVER_NODE_GPUS";
+
+/// A container sees only its own GPUs' device nodes, so CUDA (and NVML) number them from 0 there, as in a
+/// Slurm step whose devices are confined: `CUDA_VISIBLE_DEVICES=3,5` becomes `0,1`, and the node's indices stay in
+/// [`NODE_GPUS_VAR`].
+fn renumber_gpus(env: &mut Vec<(String, String)>) {
+    let Some(slot) = env.iter_mut().find(|(name, _)| name == "CUDA_VISIBLE_DEVICES") else { return };
+    let node = std::mem::take(&mut slot.1);
+    let count = node.split(',').filter(|s| !s.is_empty()).count();
+    slot.1 = (0..count).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    env.retain(|(name, _)| name != NODE_GPUS_VAR);
+    env.push((NODE_GPUS_VAR.to_string(), node));
 }
 
 /// The user's home directory from the node's user database.

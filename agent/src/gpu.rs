@@ -718,14 +718,19 @@ fn simulated_holders(marker: &str, index: u32) -> Vec<u32> {
     for pid in entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
         let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
         let mut on_node = false;
-        let mut has_gpu = false;
+        let (mut visible, mut in_container) = (None, None);
         for var in environ.split(|b| *b == 0) {
             if let Some(value) = var.strip_prefix(mark.as_bytes()) {
                 on_node = value == marker.as_bytes();
             } else if let Some(value) = var.strip_prefix(b"CUDA_VISIBLE_DEVICES=") {
-                has_gpu = value.split(|b| *b == b',').any(|v| v == index.as_bytes());
+                visible = Some(value);
+            } else if let Some(value) = var.strip_prefix(crate::container::NODE_GPUS_VAR.as_bytes()) {
+                in_container = value.strip_prefix(b"=");
             }
         }
+        // Inside a container CUDA numbers the job's GPUs from 0; the node's own indices are kept beside them.
+        let listed = in_container.or(visible).unwrap_or_default();
+        let has_gpu = listed.split(|b| *b == b',').any(|v| v == index.as_bytes());
         // A zombie has no environment left (the read is empty): it holds nothing.
         if on_node && has_gpu {
             holders.push(pid);

@@ -253,8 +253,17 @@ impl NodeAgent {
         let name = spec.name.as_deref().map_or_else(|| unnamed.to_string(), |n| format!("named-{n}"));
         let dir = self.containers_dir((a.job.id, a.job.incarnation)).join(name);
         let shm_mb = settings.shm_mb.unwrap_or(self.info.memory_mb / 2);
-        let mut devices: Vec<String> = gpus.iter().map(|g| format!("/dev/nvidia{g}")).collect();
-        if !gpus.is_empty() {
+        // Through the node's CDI spec; without one, the NVIDIA driver's usual device nodes.
+        let (cdi, cdi_error) = match (&settings.cdi_spec, gpus.is_empty()) {
+            (Some(path), false) => match crate::cdi::CdiSpec::load(path).and_then(|s| s.edits_for(gpus)) {
+                Ok(edits) => (Some(edits), None),
+                Err(e) => (None, Some(e.to_string())),
+            },
+            _ => (None, None),
+        };
+        let mut devices: Vec<String> = Vec::new();
+        if cdi.is_none() && !gpus.is_empty() {
+            devices.extend(gpus.iter().map(|g| format!("/dev/nvidia{g}")));
             devices.extend(
                 ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"].iter().map(|d| format!("/dev/{d}")),
             );
@@ -272,6 +281,8 @@ impl NodeAgent {
             binds: vec![checkpoints],
             script,
             save_here,
+            cdi,
+            cdi_error,
         }
     }
 

@@ -1,6 +1,7 @@
 //! The node agent (`drover-agent`): GPU discovery, registration and heartbeats to the leader, and task
 //! launch under per-task supervisors that outlive an agent restart.
 
+pub mod cdi;
 pub mod cgroup;
 pub mod config;
 pub mod container;

@@ -112,7 +112,7 @@ fn load_config(args: &Args) -> anyhow::Result<AgentConfig> {
     Ok(config.finish()?)
 }
 
-async fn run(config: AgentConfig) -> anyhow::Result<()> {
+async fn run(mut config: AgentConfig) -> anyhow::Result<()> {
     let expected = ExpectedGpus { count: config.gpus.count, model_contains: config.gpus.model.clone() };
     // Simulated nodes share a host with other simulated nodes (of other test clusters, too): each marks its tasks
     // with its name and state directory, unique on the host and the same after a restart.
@@ -126,6 +126,16 @@ async fn run(config: AgentConfig) -> anyhow::Result<()> {
         (simulate, _) => open_backend(simulate, &config.name, &host_marker, &expected),
     };
     let gpus = backend.inventory().context("reading the GPU inventory")?;
+    if config.containers.cdi_spec.is_none() {
+        // Containers get their GPUs through CDI: a simulated node's stand-ins, or NVIDIA's spec where it is.
+        config.containers.cdi_spec = match config.gpus.simulate {
+            Some(n) => Some(
+                drover_agent::cdi::write_simulated(&config.state_dir.join("cdi"), n)
+                    .context("writing the simulated GPUs' CDI spec")?,
+            ),
+            None => drover_agent::cdi::default_spec(),
+        };
+    }
     let mut problems = Vec::new();
     if let Err(e) = check_inventory(&gpus, &expected) {
         tracing::error!("{e}; the node is drained until this is fixed");

@@ -140,7 +140,8 @@ fn srun_runs_a_squashfs_image_with_its_own_files_devices_and_mounts() {
 
     let script = "cat /etc/os-release /opt/app/hello /data/input.txt; echo uid=$(id -u) cwd=$(pwd); \
                   echo devices: $(ls /dev); echo suid=$(suid-id -u); echo shm=$(stat -f -c %b /dev/shm); \
-                  touch /tmp/scratch && echo wrote; echo job=$SLURM_JOB_ID";
+                  touch /tmp/scratch && echo wrote; echo job=$SLURM_JOB_ID; \
+                  echo gpus=$CUDA_VISIBLE_DEVICES node=$DROVER_NODE_GPUS slurm=$SLURM_JOB_GPUS";
     let (code, out, err) = srun(
         &sh,
         ALICE,
@@ -156,6 +157,16 @@ fn srun_runs_a_squashfs_image_with_its_own_files_devices_and_mounts() {
         assert!(devices.contains(wanted), "{devices}");
     }
     assert!(!devices.contains("sda") && !devices.contains("vda") && !devices.contains("kmsg"), "{devices}");
+    // Exactly its own GPU, through the simulated node's CDI spec; CUDA numbers it 0 inside.
+    let gpus = out.lines().find(|l| l.starts_with("gpus=")).unwrap();
+    let held = gpus.rsplit("slurm=").next().unwrap();
+    assert!(gpus.starts_with(&format!("gpus=0 node={held} ")), "{gpus}");
+    let nodes: Vec<&str> = devices
+        .split_whitespace()
+        .filter(|d| d.starts_with("nvidia") && d[6..].chars().all(|c| c.is_ascii_digit()) && d.len() > 6)
+        .collect();
+    assert_eq!(nodes, [format!("nvidia{held}")], "{devices}");
+    assert!(devices.contains("nvidiactl"), "{devices}");
     assert!(out.contains("wrote"), "{out}");
     assert!(out.lines().any(|l| l.starts_with("job=") && l.len() > 4), "Slurm's variables inside: {out}");
 
