@@ -18,8 +18,16 @@ impl Handler for AgentMetrics {
         Box::pin(async move {
             match request.path.as_str() {
                 "/metrics" => {
-                    exposition(&agent.info.name, &agent.observed(), agent.heartbeats_sent.load(Ordering::Relaxed))
-                        .into_response()
+                    let store = {
+                        let agent = agent.clone();
+                        tokio::task::spawn_blocking(move || agent.image_store_status()).await.ok().flatten()
+                    };
+                    let mut out =
+                        exposition(&agent.info.name, &agent.observed(), agent.heartbeats_sent.load(Ordering::Relaxed));
+                    if let Some(store) = store {
+                        image_store(&mut out, &store);
+                    }
+                    out.into_response()
                 }
                 _ => Response::error(404, format!("nothing at {}; try /metrics", request.path)),
             }
@@ -70,6 +78,18 @@ pub fn exposition(node: &str, seen: &Observed, heartbeats_sent: u64) -> Expositi
     out
 }
 
+/// The node's container image store: how full it is, and each image's size by digest.
+pub fn image_store(out: &mut Exposition, store: &crate::image::StoreStatus) {
+    out.gauge("image_store_bytes", "Bytes of unpacked container images cached on this node.", store.total_bytes as f64);
+    out.gauge("image_store_limit_bytes", "Size the image store is evicted down to.", store.limit_bytes as f64);
+    out.gauge("image_store_images", "Container images cached on this node.", store.images.len() as f64);
+    out.labelled(
+        "image_bytes",
+        "Bytes of one cached image (unpacked), by digest.",
+        store.images.iter().map(|i| (labels([("digest", i.digest.as_str())]), i.bytes as f64)),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,6 +135,31 @@ mod tests {
             "drover_gpu_allocated{node=\"gpu01\",gpu=\"1\"} 1.0",
             "drover_gpu_allocated{node=\"gpu01\",gpu=\"0\"} 0.0",
             "drover_gpu_ecc_uncorrected_errors{node=\"gpu01\",gpu=\"1\"} 2.0",
+        ] {
+            assert!(text.contains(&format!("{line}\n")), "missing {line:?} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn the_image_store_shows_how_full_it_is_and_each_image_by_digest() {
+        let store = crate::image::StoreStatus {
+            images: vec![crate::image::StoredImage {
+                digest: "sha256:ab".into(),
+                reference: "nvcr.io#nvidia/pytorch:24.05-py3".into(),
+                bytes: 2048,
+                last_used_ms: 1,
+            }],
+            total_bytes: 2048,
+            limit_bytes: 1 << 30,
+        };
+        let mut out = Exposition::default();
+        image_store(&mut out, &store);
+        let text = out.text();
+        for line in [
+            "drover_image_store_bytes 2048.0",
+            "drover_image_store_images 1.0",
+            "drover_image_store_limit_bytes 1073741824.0",
+            "drover_image_bytes{digest=\"sha256:ab\"} 2048.0",
         ] {
             assert!(text.contains(&format!("{line}\n")), "missing {line:?} in:\n{text}");
         }

@@ -950,6 +950,18 @@ impl NodeAgent {
         }
     }
 
+    /// What the node's image store holds (`None` when it cannot be opened: containers were never used here and the
+    /// state directory is read-only, say).
+    pub fn image_store_status(&self) -> Option<crate::image::StoreStatus> {
+        let settings = &self.config.containers;
+        let root = settings.image_store.clone().unwrap_or_else(|| self.config.state_dir.join("images"));
+        let options = crate::image::StoreOptions {
+            limit_bytes: settings.image_store_limit_mb.saturating_mul(1 << 20),
+            ..crate::image::StoreOptions::default()
+        };
+        crate::image::ImageStore::open(&root, options).ok().map(|store| store.status())
+    }
+
     /// Where a job's containers on this node live (`<state>/containers/JOB.INCARNATION/NAME`).
     pub(crate) fn containers_dir(&self, key: JobKey) -> PathBuf {
         self.config.state_dir.join("containers").join(format!("{}.{}", key.0, key.1))
