@@ -72,6 +72,14 @@ fn build_rootfs(dir: &Path) -> PathBuf {
             }
         }
     }
+    // What `drover rendezvous` (bound in from the host by a story) loads beside libc.
+    for lib in ["/lib/x86_64-linux-gnu/libgcc_s.so.1", "/lib/x86_64-linux-gnu/libm.so.6"] {
+        let target = root.join(lib.trim_start_matches('/'));
+        if Path::new(lib).exists() && !target.exists() {
+            fs::create_dir_all(target.parent().unwrap()).unwrap();
+            fs::copy(lib, &target).unwrap();
+        }
+    }
     fs::copy(root.join("bin/id"), root.join("bin/suid-id")).unwrap();
     fs::set_permissions(root.join("bin/suid-id"), fs::Permissions::from_mode(0o4755)).unwrap();
     fs::write(root.join("etc/os-release"), "PRETTY_NAME=\"Drover test image\"\n").unwrap();
@@ -95,16 +103,19 @@ fn squashfs(root: &Path, out: &Path) {
 }
 
 fn cluster(dir: &Path) -> (LocalCluster, Shell) {
+    cluster_with(dir, "containers = { image_store_limit_mb = 2048, shm_mb = 64 }")
+}
+
+/// A one-controller cluster of two nodes (two simulated GPUs each) whose agents get `containers` as their
+/// container settings.
+fn cluster_with(dir: &Path, containers: &str) -> (LocalCluster, Shell) {
     fs::set_permissions(dir, fs::Permissions::from_mode(0o755)).unwrap();
     let options = UpOptions {
         controllers: 1,
         agents: 2,
         gpus_per_agent: 2,
         kill_wait_ms: 1_000,
-        agent_toml: vec![
-            "containers = { image_store_limit_mb = 2048, shm_mb = 64 }".into(),
-            "containers = { image_store_limit_mb = 2048, shm_mb = 64 }".into(),
-        ],
+        agent_toml: vec![containers.to_string(), containers.to_string()],
         ..UpOptions::default()
     };
     let (cluster, sh) = setup(dir, options);
@@ -316,17 +327,20 @@ fn a_two_node_job_runs_a_registry_image_pulled_once_per_node_and_a_moved_tag_is_
     push(dir.path(), &rootfs, &registry.addr, "team/tiny:v1", &["PATH=/bin:/usr/bin", "FROM_IMAGE=yes"]);
     let (_cluster, sh) = cluster(dir.path());
 
-    // pyxis's own spelling: REGISTRY#IMAGE:TAG, two nodes, two tasks each, rendezvous data in the environment.
+    // pyxis's own spelling: REGISTRY#IMAGE:TAG, two nodes, two tasks each; the ranks meet over TCP at
+    // MASTER_ADDR:MASTER_PORT from inside their containers, as torch.distributed's env:// rendezvous does.
     let image = format!("--container-image={}#team/tiny:v1", registry.addr);
-    let script = "echo rank=$SLURM_PROCID master=$MASTER_ADDR:$MASTER_PORT cwd=$(pwd) image=$FROM_IMAGE";
-    let (code, out, err) = srun(&sh, ALICE, &["-N2", "--ntasks-per-node=2", &image, "sh", "-c", script]);
+    let tools = format!("--container-mounts={}:/drover:ro", common::drover_dir().display());
+    let script = "echo rank=$SLURM_PROCID cwd=$(pwd) image=$FROM_IMAGE && /drover/drover rendezvous";
+    let (code, out, err) = srun(&sh, ALICE, &["-N2", "--ntasks-per-node=2", &image, &tools, "sh", "-c", script]);
     assert_eq!(code, 0, "{out}{err}");
-    let mut ranks: Vec<&str> = out.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    let configured: Vec<&str> = out.lines().filter(|l| l.starts_with("rank=")).collect();
+    let mut ranks: Vec<&str> = configured.iter().map(|l| &l[..6]).collect();
     ranks.sort();
     assert_eq!(ranks, ["rank=0", "rank=1", "rank=2", "rank=3"], "{out}");
-    assert!(out.lines().all(|l| l.contains("cwd=/opt/app") && l.contains("image=yes")), "the image's config: {out}");
-    let masters: std::collections::HashSet<&str> = out.lines().filter_map(|l| l.split_whitespace().nth(1)).collect();
-    assert_eq!(masters.len(), 1, "every rank finds the same rendezvous: {out}");
+    let from_image = configured.iter().all(|l| l.contains("cwd=/opt/app") && l.contains("image=yes"));
+    assert!(from_image, "the image's config: {out}");
+    assert!(out.contains("rank 0/4: all 4 ranks met at"), "the ranks met: {out}");
 
     // The tag moves: the next job runs the new image, not the cached one.
     fs::write(rootfs.join("opt/app/hello"), "hello from v2\n").unwrap();
@@ -401,4 +415,46 @@ fn a_requeued_job_restarts_in_the_image_digest_it_first_ran_though_its_tag_moved
     let container = as_alice("sacct", &["-X", "-n", "-P", "-j", &id, "-o", "Container"]);
     assert!(container.trim().ends_with(&digest), "sacct shows the digest: {container}");
     as_alice("scancel", &[&id]);
+}
+
+/// A tmpfs mounted for a story, unmounted when it ends.
+struct Tmpfs(PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_image_cache_and_an_image_file_the_user_may_not_read_are_clear_errors() {
+    needs_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("small-store");
+    fs::create_dir_all(&store).unwrap();
+    let mounted =
+        Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs"]).arg(&store).status().unwrap();
+    assert!(mounted.success());
+    let _store = Tmpfs(store.clone());
+    let (_cluster, sh) = cluster_with(dir.path(), &format!("containers = {{ image_store = {:?} }}", store.display()));
+    let root = build_rootfs(dir.path());
+    squashfs(&root, &sh.cwd.join("test.sqsh"));
+
+    let (code, _, err) = srun(&sh, ALICE, &["--container-image=./test.sqsh", "true"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("is full") && err.contains("test.sqsh"), "{err}");
+    let left: Vec<String> = fs::read_dir(&store)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.starts_with("sha256"))
+        .collect();
+    assert!(left.is_empty(), "no half-imported image stays behind: {left:?}");
+
+    // Another user's image, readable by its owner only.
+    let private = sh.cwd.join("private.sqsh");
+    fs::copy(sh.cwd.join("test.sqsh"), &private).unwrap();
+    fs::set_permissions(&private, fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, _, err) = srun(&sh, ALICE, &["--container-image=./private.sqsh", "true"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("private.sqsh") && err.contains("Permission denied"), "{err}");
 }
