@@ -316,7 +316,9 @@ fn mount_once(
                 },
             };
             let cached = store.acquire(&source, credentials)?;
-            mount_rootfs(&dir, &cached.rootfs, c.spec.readonly).map_err(setup("mount the image"))?;
+            // Root's jobs see the image as it is; everyone else's see it as their own (see `mount_rootfs`).
+            let owner = (uid != 0).then_some((uid, gid));
+            mount_rootfs(&dir, &cached.rootfs, c.spec.readonly, owner).map_err(setup("mount the image"))?;
             let mounted = Mounted {
                 digest: cached.digest.clone(),
                 env: cached.config.env.clone(),
@@ -347,22 +349,43 @@ struct Mounted {
     requested: String,
 }
 
-/// Mounts the image at `dir/rootfs`: an overlay whose upper layer is the container's own (`dir/upper`), or,
+/// Mounts the image at `dir/rootfs`: an overlay whose upper layer is the container's own (`dir/layer/upper`), or,
 /// read-only, the image under an empty layer (overlayfs wants two layers when there is no upper one).
-fn mount_rootfs(dir: &Path, image: &Path, readonly: bool) -> io::Result<()> {
+///
+/// For a job that is not root's, both layers are idmapped clones first (`dir/lower`, `dir/layer-mapped`), with the
+/// image's root (uid 0 on disk) shown as the job's user, as enroot's per-user unpacking gives: the user may change
+/// the image's files in their own container (`pip install` into a root-owned site-packages), and under
+/// `--container-remap-root` they are root's inside. What the user writes is stored as root's on disk, so the
+/// shared image never changes and the next container starts clean.
+fn mount_rootfs(dir: &Path, image: &Path, readonly: bool, owner: Option<(u32, u32)>) -> io::Result<()> {
     let make = |name: &str| fs::DirBuilder::new().recursive(true).mode(0o755).create(dir.join(name));
     make("rootfs")?;
+    if !readonly {
+        make("layer/upper")?;
+        make("layer/work")?;
+    }
+    let (lower, layer) = match owner {
+        Some((uid, gid)) => {
+            let mapping = idmapping(uid, gid)?;
+            make("lower")?;
+            idmapped_clone(image, &dir.join("lower"), &mapping)?;
+            if !readonly {
+                make("layer-mapped")?;
+                idmapped_clone(&dir.join("layer"), &dir.join("layer-mapped"), &mapping)?;
+            }
+            (dir.join("lower"), dir.join("layer-mapped"))
+        }
+        None => (image.to_path_buf(), dir.join("layer")),
+    };
     let data = if readonly {
         make("empty")?;
-        format!("lowerdir={}:{}", image.display(), dir.join("empty").display())
+        format!("lowerdir={}:{}", lower.display(), dir.join("empty").display())
     } else {
-        make("upper")?;
-        make("work")?;
         format!(
             "lowerdir={},upperdir={},workdir={}",
-            image.display(),
-            dir.join("upper").display(),
-            dir.join("work").display()
+            lower.display(),
+            layer.join("upper").display(),
+            layer.join("work").display()
         )
     };
     let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
@@ -377,7 +400,117 @@ fn mount_rootfs(dir: &Path, image: &Path, readonly: bool) -> io::Result<()> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
-    // The upper layer's root takes the image's root's mode (overlayfs shows the upper's): keep `/` as the image has it.
+    Ok(())
+}
+
+/// The mounts a container leaves in its directory, the overlay first.
+const CONTAINER_MOUNTS: [&str; 3] = ["rootfs", "layer-mapped", "lower"];
+
+/// A user namespace whose ids swap root and the job's user (`0 UID 1`, `UID 0 1`), as a descriptor for idmapped
+/// mounts: on-disk root shows as the user. The swap, not a single line, because overlayfs itself creates its work
+/// files as root through the mapped layer, and an unmapped root could not. A short-lived child makes the
+/// namespace; the supervisor (root) writes its maps and keeps a descriptor to it.
+fn idmapping(uid: u32, gid: u32) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let (mut ready, mut go) = ([0 as libc::c_int; 2], [0 as libc::c_int; 2]);
+    // SAFETY (this block): pipes and a fork; the child only unshares, writes a byte, waits for EOF and exits.
+    let child = unsafe {
+        if libc::pipe2(ready.as_mut_ptr(), libc::O_CLOEXEC) != 0 || libc::pipe2(go.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let child = libc::fork();
+        if child == 0 {
+            libc::close(ready[0]);
+            libc::close(go[1]);
+            let byte = u8::from(libc::unshare(libc::CLONE_NEWUSER) == 0);
+            libc::write(ready[1], (&byte as *const u8).cast(), 1);
+            let mut end = 0u8;
+            libc::read(go[0], (&mut end as *mut u8).cast(), 1);
+            libc::_exit(0);
+        }
+        libc::close(ready[1]);
+        libc::close(go[0]);
+        child
+    };
+    // SAFETY: descriptors this process owns from here on.
+    let (ready, go) = unsafe { (File::from_raw_fd(ready[0]), std::os::fd::OwnedFd::from_raw_fd(go[1])) };
+    let result = (|| {
+        if child < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut byte = [0u8];
+        (&ready).read_exact(&mut byte)?;
+        if byte[0] != 1 {
+            return Err(io::Error::other("cannot make a user namespace for the image's idmapping"));
+        }
+        let map = format!("0 {uid} 1\n{uid} 0 1\n");
+        fs::write(format!("/proc/{child}/uid_map"), &map)?;
+        fs::write(format!("/proc/{child}/gid_map"), format!("0 {gid} 1\n{gid} 0 1\n"))?;
+        Ok(std::os::fd::OwnedFd::from(File::open(format!("/proc/{child}/ns/user"))?))
+    })();
+    drop(go);
+    if child > 0 {
+        // SAFETY: our own child, which exits once `go` is closed.
+        unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
+    }
+    result
+}
+
+/// Mounts a clone of `source` at `target` whose ids are seen through `mapping` (an idmapped mount).
+fn idmapped_clone(source: &Path, target: &Path, mapping: &std::os::fd::OwnedFd) -> io::Result<()> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+    let (source, target) = (cstring_path(source), cstring_path(target));
+    // SAFETY: open_tree on a valid C string; the result is a descriptor we own.
+    let tree = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            source.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+        )
+    };
+    if tree < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: open_tree returned a new descriptor.
+    let tree = unsafe { std::os::fd::OwnedFd::from_raw_fd(tree as libc::c_int) };
+    let attr =
+        MountAttr { attr_set: MOUNT_ATTR_IDMAP, attr_clr: 0, propagation: 0, userns_fd: mapping.as_raw_fd() as u64 };
+    // SAFETY: mount_setattr and move_mount on descriptors we own, an empty path and a struct of the size given.
+    unsafe {
+        if libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
     Ok(())
 }
 
@@ -395,9 +528,12 @@ pub fn mounted_digest(dir: &Path, image: &str) -> Option<String> {
 pub fn remove_job_containers(dir: &Path) -> io::Result<()> {
     if let Ok(entries) = fs::read_dir(dir) {
         for entry in entries.flatten() {
-            let rootfs = entry.path().join("rootfs");
-            if is_mount_point(&rootfs) {
-                let target = cstring_path(&rootfs);
+            for name in CONTAINER_MOUNTS {
+                let mount = entry.path().join(name);
+                if !is_mount_point(&mount) {
+                    continue;
+                }
+                let target = cstring_path(&mount);
                 // SAFETY: a valid C string. Detached: a task that is still exiting keeps its own copy.
                 if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
                     return Err(io::Error::last_os_error());

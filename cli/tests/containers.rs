@@ -197,13 +197,25 @@ fn srun_runs_a_squashfs_image_with_its_own_files_devices_and_mounts() {
             "--container-mounts=./data:/data",
             "sh",
             "-c",
-            "id -u; touch /data/made-as-root",
+            "id -u; touch /data/made-as-root; echo patched > /etc/os-release && stat -c %u /etc/os-release /bin",
         ],
     );
     assert_eq!(code, 0, "{out}{err}");
-    assert_eq!(out.trim(), "0", "root inside");
+    assert_eq!(out.lines().collect::<Vec<_>>(), ["0", "0", "0"], "root inside, owning the image's files");
     let owner = std::os::unix::fs::MetadataExt::uid(&fs::metadata(sh.cwd.join("data/made-as-root")).unwrap());
     assert_eq!(owner, ALICE, "root inside is the tenant outside");
+
+    // Without remapping the image's files are the tenant's own in their container (as enroot unpacks them), so a
+    // package can be installed into it; the image itself never changes for the next container.
+    let (code, out, err) = srun(
+        &sh,
+        ALICE,
+        &["--container-image=./test.sqsh", "sh", "-c", "echo mine >> /opt/app/hello && cat /opt/app/hello && id -u"],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(out, format!("hello from the image\nmine\n{ALICE}\n"));
+    let (_, out, _) = srun(&sh, ALICE, &["--container-image=./test.sqsh", "cat", "/opt/app/hello"]);
+    assert_eq!(out, "hello from the image\n", "a new container starts from the image as it was");
 
     // Bad input: each a clear error, nothing started.
     let (code, _, err) = srun(&sh, ALICE, &["--container-image=./missing.sqsh", "true"]);

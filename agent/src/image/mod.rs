@@ -305,6 +305,17 @@ fn overlay_options() -> Vec<String> {
         .collect()
 }
 
+/// Whether some mount's root lies inside the entry named `name` (`sha256-HEX`, unique on the node): containers
+/// of non-root users mount an idmapped clone of the image's tree, which an overlay then names by the clone's path.
+fn mounted_elsewhere(name: &str) -> bool {
+    let Ok(text) = fs::read_to_string("/proc/self/mountinfo") else { return false };
+    let inside = format!("/{name}/");
+    text.lines().filter_map(|line| line.split(' ').nth(3)).any(|root| {
+        let root = unescape_mountinfo(root);
+        root.contains(&inside) || root.ends_with(&format!("/{name}"))
+    })
+}
+
 /// mountinfo writes space, tab, newline and backslash as `\ooo`.
 fn unescape_mountinfo(text: &str) -> String {
     let bytes = text.as_bytes();
@@ -853,11 +864,11 @@ impl ImageStore {
                 tracing::debug!(digest = %image.digest, "not evicting an image in use");
                 continue;
             };
-            if overlays.iter().any(|o| is_lower_dir(o, &entry)) {
+            let name = image.digest.replacen(':', "-", 1);
+            if overlays.iter().any(|o| is_lower_dir(o, &entry)) || mounted_elsewhere(&name) {
                 tracing::debug!(digest = %image.digest, "not evicting an image under an overlay mount");
                 continue;
             }
-            let name = image.digest.replacen(':', "-", 1);
             self.remove_entry_dir(&entry, &name).map_err(|e| store_error(&entry, e))?;
             // Removed while held: a waiter on this file sees that its path now names nothing and starts over.
             let _ = fs::remove_file(&lock_path);
