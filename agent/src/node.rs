@@ -60,6 +60,8 @@ const RELEASE_RETRY_MS: u64 = 1_000;
 const MARKER_INTERVAL: Duration = Duration::from_secs(1);
 /// Job cgroups are looked after this often: ended jobs' removed, memory sampled where the kernel keeps no peak.
 const CGROUP_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the agent looks whether its image store changed (imports and evictions are minutes apart).
+const IMAGE_STORE_INTERVAL: Duration = Duration::from_secs(10);
 /// A GPU held by processes no task of this node started, for this long, is reported as a problem (the node is
 /// drained with it): a task of another incarnation would have been killed well within this.
 const FOREIGN_HOLDER_PROBLEM_MS: u64 = 60_000;
@@ -135,6 +137,9 @@ struct Inner {
     markers: HashMap<JobKey, (Instant, Option<crate::marker::Seen>)>,
     /// Jobs whose container image digest was relayed to the leader.
     images_reported: HashSet<JobKey>,
+    /// When the image store was last looked at, and what the leader was last told of it.
+    image_store_checked: Option<Instant>,
+    image_store_sent: Option<drover_state::node::ImageStoreSummary>,
     /// End reports: when last sent, and whether the leader acknowledged.
     reports: HashMap<JobKey, (Instant, bool)>,
     /// Jobs left unpinned (too few CPUs free to pin, or the cpuset could not be written): said once, and their
@@ -284,6 +289,8 @@ impl NodeAgent {
                 warned_to_stop: HashMap::new(),
                 markers: HashMap::new(),
                 images_reported: HashSet::new(),
+                image_store_checked: None,
+                image_store_sent: None,
                 reports: HashMap::new(),
                 unpinned: HashSet::new(),
                 memory_samples: HashMap::new(),
@@ -666,6 +673,7 @@ impl NodeAgent {
         self.tend_cgroups(&live, &lingering, synced);
         if synced {
             self.tend_containers(&live, &lingering);
+            self.report_image_store();
         }
     }
 
@@ -960,6 +968,36 @@ impl NodeAgent {
             ..crate::image::StoreOptions::default()
         };
         crate::image::ImageStore::open(&root, options).ok().map(|store| store.status())
+    }
+
+    /// Tells the leader what the image store holds when that has changed (looked at every
+    /// [`IMAGE_STORE_INTERVAL`], and only on nodes that have run a container).
+    fn report_image_store(&self) {
+        {
+            let mut inner = self.lock();
+            if inner.image_store_checked.is_some_and(|at| at.elapsed() < IMAGE_STORE_INTERVAL) {
+                return;
+            }
+            inner.image_store_checked = Some(Instant::now());
+        }
+        if !self.config.state_dir.join("containers").exists() {
+            return;
+        }
+        let Some(status) = self.image_store_status() else { return };
+        let summary = drover_state::node::ImageStoreSummary {
+            images: u32::try_from(status.images.len()).unwrap_or(u32::MAX),
+            bytes: status.total_bytes,
+            limit_bytes: status.limit_bytes,
+        };
+        let mut inner = self.lock();
+        if inner.image_store_sent == Some(summary) {
+            return;
+        }
+        if let Some(outbox) = inner.outbox.clone()
+            && outbox.try_send(AgentMessage::ImageStore { summary }).is_ok()
+        {
+            inner.image_store_sent = Some(summary);
+        }
     }
 
     /// Where a job's containers on this node live (`<state>/containers/JOB.INCARNATION/NAME`).

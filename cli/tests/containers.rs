@@ -368,6 +368,18 @@ fn a_two_node_job_runs_a_registry_image_pulled_once_per_node_and_a_moved_tag_is_
     let (code, _, err) = srun(&sh, ALICE, &["--container-image=127.0.0.1:9#team/tiny:v1", "true"]);
     assert_ne!(code, 0);
     assert!(err.contains("127.0.0.1:9"), "{err}");
+
+    // Each node tells the controllers what its image cache holds (both images, once each).
+    let start = Instant::now();
+    loop {
+        let shown = sh.ok("scontrol", &["show", "node", "node01"]);
+        if shown.contains("ContainerImages=2 ") {
+            assert!(shown.contains("ImageCacheLimit=2G"), "{shown}");
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(40), "the node's image cache is not shown: {shown}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// Waits for `path` to exist and returns its content.

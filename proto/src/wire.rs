@@ -29,6 +29,8 @@ pub enum AgentMessage {
     Checkpoint { job_id: JobId, incarnation: u64, path: String, step: Option<u64> },
     /// The job's container image resolved to this digest on this node (its first incarnation's is kept).
     ImageDigest { job_id: JobId, incarnation: u64, digest: String },
+    /// What the node's container image store holds now (sent when it changed).
+    ImageStore { summary: drover_state::node::ImageStoreSummary },
     /// These ended incarnations (listed as lingering in the assignments) have no task left on this node; `usage`
     /// says what their tasks used here, for those the node measured (a job cgroup).
     Released {

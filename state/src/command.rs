@@ -170,6 +170,11 @@ pub enum Command {
         incarnation: u64,
         digest: String,
     },
+    /// A node's agent reported what its container image store holds now.
+    RecordImageStore {
+        node: String,
+        summary: crate::model::node::ImageStoreSummary,
+    },
     /// A node's agent confirmed that these ended incarnations have no task left there, with what their tasks
     /// used there (as the jobs' cgroups measured it), recorded on the finished jobs.
     ReleaseLingering {
@@ -290,6 +295,7 @@ impl Command {
             Command::PreemptJobs { .. } => "preempt_jobs",
             Command::RecordCheckpoint { .. } => "record_checkpoint",
             Command::RecordImage { .. } => "record_image",
+            Command::RecordImageStore { .. } => "record_image_store",
             Command::ReleaseLingering { .. } => "release_lingering",
         }
     }

@@ -382,6 +382,16 @@ impl State {
             Command::RecordImage { job_id, incarnation, digest } => {
                 self.record_image(*job_id, *incarnation, digest, &mut changes)
             }
+            Command::RecordImageStore { node, summary } => match self.nodes.get_mut(node) {
+                None => Err(CommandError::InvalidNodeName { name: node.clone() }),
+                Some(entry) => {
+                    if entry.image_store != Some(*summary) {
+                        entry.image_store = Some(*summary);
+                        changes.push(Change::PutNode(entry.clone()));
+                    }
+                    Ok(Reply::Nothing)
+                }
+            },
             Command::ReleaseLingering { node, keys, usage } => self.release_lingering(node, keys, usage, &mut changes),
             Command::RecordAudit { by_uid, .. } => self
                 .require_level(*by_uid, AdminLevel::Administrator, "recording an audit entry")

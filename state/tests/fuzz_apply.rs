@@ -359,6 +359,10 @@ fn command() -> impl Strategy<Value = Command> {
         1 => (ids(), job_id()).prop_map(|(victims, for_job)| Command::PreemptJobs { victims, for_job }),
         1 => (job_id(), prop_oneof![0u64..3, any::<u64>()], prop_oneof![Just("/ckpt/a".to_string()), name()], prop::option::of(any::<u64>()), uid())
             .prop_map(|(job_id, incarnation, path, step, by_uid)| Command::RecordCheckpoint { job_id, incarnation, path, step, by_uid }),
+        1 => (name(), any::<u32>(), any::<u64>()).prop_map(|(node, images, bytes)| Command::RecordImageStore {
+            node,
+            summary: drover_state::node::ImageStoreSummary { images, bytes, limit_bytes: bytes / 2 },
+        }),
         1 => (job_id(), 0u64..3, prop_oneof![Just(format!("sha256:{}", "ab".repeat(32))), name()])
             .prop_map(|(job_id, incarnation, digest)| Command::RecordImage { job_id, incarnation, digest }),
         1 => (name(), prop::collection::vec((job_id(), 0u64..3), 0..3), prop::collection::vec(((job_id(), 0u64..3), measured()), 0..3))

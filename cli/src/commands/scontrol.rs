@@ -656,6 +656,14 @@ fn node_lines(node: &Node, partitions: &[String], details: bool) -> Vec<String> 
     }
     lines.push(format!("Topology={}", if topology.is_empty() { "(null)".to_string() } else { topology.join(",") }));
     lines.push(format!("Spare={}", if node.spare { "yes" } else { "no" }));
+    if let Some(store) = &node.image_store {
+        lines.push(format!(
+            "ContainerImages={} ImageCacheSize={} ImageCacheLimit={}",
+            store.images,
+            mem_mb(store.bytes >> 20),
+            mem_mb(store.limit_bytes >> 20)
+        ));
+    }
     lines
 }
 

@@ -412,6 +412,14 @@ impl AgentHub {
         }
     }
 
+    /// A node's image store changed (an import, an eviction): recorded for `scontrol show node`.
+    async fn image_store(&self, node: &str, summary: drover_state::node::ImageStoreSummary) {
+        let command = Command::RecordImageStore { node: node.to_string(), summary };
+        if let Err(status) = propose_checked(&self.proposer, command).await {
+            tracing::info!(node, "image store report not committed: {}", status.message());
+        }
+    }
+
     /// A node running a job's container named the digest its image resolved to: pinned for the job's requeues.
     /// As for checkpoints, the agent speaks only for jobs assigned to its node.
     async fn image_digest(&self, node: &str, job_id: JobId, incarnation: u64, digest: String) {
@@ -684,6 +692,10 @@ impl LiveSession {
             Ok(AgentMessage::Checkpoint { job_id, incarnation, path, step }) => {
                 let (hub, name) = (hub.clone(), name.clone());
                 tokio::spawn(async move { hub.checkpoint(&name, job_id, incarnation, path, step).await });
+            }
+            Ok(AgentMessage::ImageStore { summary }) => {
+                let (hub, name) = (hub.clone(), name.clone());
+                tokio::spawn(async move { hub.image_store(&name, summary).await });
             }
             Ok(AgentMessage::ImageDigest { job_id, incarnation, digest }) => {
                 let (hub, name) = (hub.clone(), name.clone());

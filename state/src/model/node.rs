@@ -123,6 +123,17 @@ pub struct Node {
     /// node-loss decision about one registration can never take down the next one (see `RegisterNode`).
     #[serde(default)]
     pub epoch: u64,
+    /// What the node's container image store holds, as its agent last reported it (`scontrol show node`).
+    #[serde(default)]
+    pub image_store: Option<ImageStoreSummary>,
+}
+
+/// A node's container image cache: reported by its agent after imports and evictions, not per heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ImageStoreSummary {
+    pub images: u32,
+    pub bytes: u64,
+    pub limit_bytes: u64,
 }
 
 /// An incarnation a registering agent still has tasks of on its node, with the GPUs they were given. A node that
@@ -160,6 +171,7 @@ impl Node {
             jobs: BTreeSet::new(),
             lingering: Vec::new(),
             epoch: 1,
+            image_store: None,
         }
     }
 
