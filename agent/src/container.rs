@@ -1094,7 +1094,8 @@ pub fn save(
     let status = std::process::Command::new("mksquashfs")
         .arg(rootfs)
         .arg(&staged)
-        .args(["-noappend", "-quiet", "-no-progress", "-no-xattrs", "-e", "proc", "sys", "dev"])
+        // Root's, as an image's files are (the user's own files show as theirs through the idmapping again).
+        .args(["-noappend", "-quiet", "-no-progress", "-no-xattrs", "-all-root"])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .status()?;

@@ -256,6 +256,24 @@ fn a_named_container_keeps_its_changes_for_the_jobs_next_step_and_a_batch_script
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("kept"), "{stdout}");
+
+    // An allocation's container is its steps' unless they name their own.
+    let mut command =
+        sh.command("salloc", &["-N1", "--container-image=./test.sqsh", "sh", "-c", "srun cat /opt/app/hello"]);
+    let out = command.uid(ALICE).gid(ALICE).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("hello from the image"), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+
+    // --container-save writes the container as the tenant left it; it runs as an image of its own.
+    let save = "echo saved > /opt/app/note";
+    let (code, out, err) =
+        srun(&sh, ALICE, &["--container-image=./test.sqsh", "--container-save=./saved.sqsh", "sh", "-c", save]);
+    assert_eq!(code, 0, "{out}{err}");
+    let saved = sh.cwd.join("saved.sqsh");
+    let owner = std::os::unix::fs::MetadataExt::uid(&fs::metadata(&saved).unwrap());
+    assert_eq!(owner, ALICE, "written as the tenant");
+    let (code, out, err) = srun(&sh, ALICE, &["--container-image=./saved.sqsh", "cat", "/opt/app/note"]);
+    assert_eq!((code, out.as_str()), (0, "saved\n"), "{err}");
 }
 
 /// A `docker-registry` on a free loopback port, its storage in `dir`.
@@ -300,7 +318,8 @@ fn registry(dir: &Path) -> Registry {
     Registry { child, addr }
 }
 
-/// Pushes `rootfs` as a one-layer image `repo:tag` (an OCI layout made with umoci, copied with skopeo).
+/// Pushes `rootfs` as a one-layer image `repo:tag` (an OCI layout made with umoci, copied with skopeo), with the
+/// variables `env` (`ENTRYPOINT=x` entries are the entrypoint's words instead).
 fn push(dir: &Path, rootfs: &Path, registry: &str, repo_tag: &str, env: &[&str]) {
     need("skopeo", "skopeo");
     need("umoci", "umoci");
@@ -321,7 +340,11 @@ fn push(dir: &Path, rootfs: &Path, registry: &str, repo_tag: &str, env: &[&str])
     run("umoci", &["repack", "--image", &image, &bundle.display().to_string()]);
     let mut config = vec!["config", "--image", &image, "--config.workingdir", "/opt/app"];
     for e in env {
-        config.extend(["--config.env", e]);
+        if let Some(entrypoint) = e.strip_prefix("ENTRYPOINT=") {
+            config.extend(["--config.entrypoint", entrypoint]);
+        } else {
+            config.extend(["--config.env", e]);
+        }
     }
     run("umoci", &config);
     run(
@@ -336,7 +359,8 @@ fn a_two_node_job_runs_a_registry_image_pulled_once_per_node_and_a_moved_tag_is_
     let dir = tempfile::tempdir().unwrap();
     let registry = registry(dir.path());
     let rootfs = build_rootfs(dir.path());
-    push(dir.path(), &rootfs, &registry.addr, "team/tiny:v1", &["PATH=/bin:/usr/bin", "FROM_IMAGE=yes"]);
+    let env = ["PATH=/bin:/usr/bin", "FROM_IMAGE=yes", "ENTRYPOINT=/bin/echo", "ENTRYPOINT=from-entrypoint"];
+    push(dir.path(), &rootfs, &registry.addr, "team/tiny:v1", &env);
     let (_cluster, sh) = cluster(dir.path());
 
     // pyxis's own spelling: REGISTRY#IMAGE:TAG, two nodes, two tasks each; the ranks meet over TCP at
@@ -353,6 +377,12 @@ fn a_two_node_job_runs_a_registry_image_pulled_once_per_node_and_a_moved_tag_is_
     let from_image = configured.iter().all(|l| l.contains("cwd=/opt/app") && l.contains("image=yes"));
     assert!(from_image, "the image's config: {out}");
     assert!(out.contains("rank 0/4: all 4 ranks met at"), "the ranks met: {out}");
+
+    // The image's entrypoint runs only when asked, with the task's command as its arguments.
+    let (code, out, err) = srun(&sh, ALICE, &[&image, "--container-entrypoint", "echo", "task"]);
+    assert_eq!((code, out.as_str()), (0, "from-entrypoint echo task\n"), "{err}");
+    let (_, out, _) = srun(&sh, ALICE, &[&image, "echo", "task"]);
+    assert_eq!(out, "task\n");
 
     // The tag moves: the next job runs the new image, not the cached one.
     fs::write(rootfs.join("opt/app/hello"), "hello from v2\n").unwrap();
