@@ -123,6 +123,8 @@ pub struct Ready {
     pub digest: String,
     /// The container's rootfs on the host (for `--container-save`).
     pub rootfs: PathBuf,
+    /// Whether the image's files show as the user's own (see `mount_rootfs`).
+    pub idmapped: bool,
 }
 
 /// The mounts and switches the task's process makes in its own mount namespace, with every path already a C
@@ -261,6 +263,7 @@ pub fn prepare(
         argv,
         digest: mounted.digest,
         rootfs,
+        idmapped: mounted.idmapped,
     })
 }
 
@@ -318,7 +321,8 @@ fn mount_once(
             let cached = store.acquire(&source, credentials)?;
             // Root's jobs see the image as it is; everyone else's see it as their own (see `mount_rootfs`).
             let owner = (uid != 0).then_some((uid, gid));
-            mount_rootfs(&dir, &cached.rootfs, c.spec.readonly, owner).map_err(setup("mount the image"))?;
+            let idmapped =
+                mount_rootfs(&dir, &cached.rootfs, c.spec.readonly, owner).map_err(setup("mount the image"))?;
             let mounted = Mounted {
                 digest: cached.digest.clone(),
                 env: cached.config.env.clone(),
@@ -326,6 +330,7 @@ fn mount_once(
                 entrypoint: cached.config.entrypoint.clone(),
                 image: image.to_string(),
                 requested: requested.to_string(),
+                idmapped,
             };
             let (passwd, group) = identity_files(&rootfs, uid, gid, user, home, c.spec.remap_root);
             write_file(&dir.join("passwd"), passwd.as_bytes()).map_err(setup("write passwd"))?;
@@ -347,6 +352,9 @@ struct Mounted {
     /// What ran (a pinned digest, once the job has one) and what the job asked for.
     image: String,
     requested: String,
+    /// The image's files show as the job's user's (false: root's, where the store cannot be idmapped).
+    #[serde(default)]
+    idmapped: bool,
 }
 
 /// Mounts the image at `dir/rootfs`: an overlay whose upper layer is the container's own (`dir/layer/upper`), or,
@@ -357,26 +365,34 @@ struct Mounted {
 /// the image's files in their own container (`pip install` into a root-owned site-packages), and under
 /// `--container-remap-root` they are root's inside. What the user writes is stored as root's on disk, so the
 /// shared image never changes and the next container starts clean.
-fn mount_rootfs(dir: &Path, image: &Path, readonly: bool, owner: Option<(u32, u32)>) -> io::Result<()> {
+fn mount_rootfs(dir: &Path, image: &Path, readonly: bool, owner: Option<(u32, u32)>) -> io::Result<bool> {
     let make = |name: &str| fs::DirBuilder::new().recursive(true).mode(0o755).create(dir.join(name));
     make("rootfs")?;
     if !readonly {
         make("layer/upper")?;
         make("layer/work")?;
     }
-    let (lower, layer) = match owner {
-        Some((uid, gid)) => {
-            let mapping = idmapping(uid, gid)?;
-            make("lower")?;
-            idmapped_clone(image, &dir.join("lower"), &mapping)?;
-            if !readonly {
-                make("layer-mapped")?;
-                idmapped_clone(&dir.join("layer"), &dir.join("layer-mapped"), &mapping)?;
+    let mapped = match owner {
+        Some((uid, gid)) => match mapped_layers(dir, image, readonly, uid, gid) {
+            Ok(()) => true,
+            // A store on a file system that cannot be idmapped (NFS, overlayfs), or an older kernel: the image's
+            // files stay root's, which costs the user writes into them, not safety.
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS | libc::EPERM | libc::EOPNOTSUPP)) =>
+            {
+                for name in ["layer-mapped", "lower"] {
+                    let target = cstring_path(&dir.join(name));
+                    // SAFETY: a valid C string; failing means it was not mounted.
+                    unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+                }
+                false
             }
-            (dir.join("lower"), dir.join("layer-mapped"))
-        }
-        None => (image.to_path_buf(), dir.join("layer")),
+            Err(e) => return Err(e),
+        },
+        None => false,
     };
+    let (lower, layer) =
+        if mapped { (dir.join("lower"), dir.join("layer-mapped")) } else { (image.to_path_buf(), dir.join("layer")) };
     let data = if readonly {
         make("empty")?;
         format!("lowerdir={}:{}", lower.display(), dir.join("empty").display())
@@ -399,6 +415,19 @@ fn mount_rootfs(dir: &Path, image: &Path, readonly: bool, owner: Option<(u32, u3
         unsafe { libc::mount(c"overlay".as_ptr(), target.as_ptr(), c"overlay".as_ptr(), flags, data.as_ptr().cast()) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
+    }
+    Ok(mapped)
+}
+
+/// The image and the container's layer as idmapped clones at `dir/lower` and `dir/layer-mapped`.
+fn mapped_layers(dir: &Path, image: &Path, readonly: bool, uid: u32, gid: u32) -> io::Result<()> {
+    let make = |name: &str| fs::DirBuilder::new().recursive(true).mode(0o755).create(dir.join(name));
+    let mapping = idmapping(uid, gid)?;
+    make("lower")?;
+    idmapped_clone(image, &dir.join("lower"), &mapping)?;
+    if !readonly {
+        make("layer-mapped")?;
+        idmapped_clone(&dir.join("layer"), &dir.join("layer-mapped"), &mapping)?;
     }
     Ok(())
 }

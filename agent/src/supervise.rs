@@ -616,10 +616,15 @@ fn enter_container_prepared(
         Failure::setup(message.clone(), Some(message))
     })?;
     log.line(format_args!(
-        "container {} ({}) ready in {} ms",
+        "container {} ({}) ready in {} ms{}",
         c.spec.image.as_ref().map_or_else(|| c.spec.name.clone().unwrap_or_default(), |i| i.to_string()),
         ready.digest,
-        started.elapsed().as_millis()
+        started.elapsed().as_millis(),
+        if ready.idmapped || launch.uid == 0 {
+            ""
+        } else {
+            "; the image store cannot be idmapped here, so the image's files stay root's"
+        }
     ));
     Ok(ready)
 }
