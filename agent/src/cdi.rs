@@ -7,8 +7,11 @@
 //! Simulated nodes write a spec of their own whose device nodes are stand-ins (character devices like
 //! `/dev/null`, under the agent's state directory), so tests see exactly which GPUs a container was given.
 //!
-//! Hooks (`createContainer` hooks such as nvidia-ctk's `update-ldcache`) are not run: they are counted and logged.
-//! The driver's libraries are still mounted where the spec puts them.
+//! Hooks that OCI runtimes run once the container's mounts are made and before it switches root (`prestart`,
+//! `createRuntime`, `createContainer`: nvidia-ctk's `update-ldcache` and `create-symlinks`) run at that point too,
+//! as root, with the OCI state on their stdin and a `config.json` naming the container's root in its bundle
+//! directory (see `crate::container`). Hooks of later points (`startContainer`, `poststart`, `poststop`) are
+//! counted and not run.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -28,9 +31,28 @@ pub struct CdiEdits {
     /// `(host path, path inside, read-only)`.
     pub mounts: Vec<(String, String, bool)>,
     pub env: Vec<(String, String)>,
-    /// Hooks the spec lists, which Drover does not run.
+    /// Hooks to run once the mounts are made, before the task switches root, in the spec's order.
+    #[serde(default)]
+    pub hooks: Vec<CdiHook>,
+    /// Hooks of later points, which Drover does not run.
     pub hooks_skipped: usize,
 }
+
+/// One OCI hook from a CDI spec.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CdiHook {
+    /// Absolute path on the node.
+    pub path: String,
+    /// `argv`, the program's name first (empty: the path alone).
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: Vec<String>,
+}
+
+/// Most hooks one container runs, and most words in one hook's argv or environment: NVIDIA's specs have a handful.
+pub const MAX_HOOKS: usize = 16;
+pub const MAX_HOOK_WORDS: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CdiError {
@@ -78,7 +100,18 @@ struct Edits {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     mounts: Vec<Mount>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    hooks: Vec<serde_yaml::Value>,
+    hooks: Vec<Hook>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+struct Hook {
+    #[serde(rename = "hookName")]
+    hook_name: String,
+    path: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -116,6 +149,23 @@ impl CdiSpec {
                 let why = format!("device node {} is not an absolute path", node.path);
                 return Err(CdiError::Invalid { path: path.to_path_buf(), why });
             }
+        }
+        let hooks: Vec<&Hook> =
+            spec.edits.hooks.iter().chain(spec.devices.iter().flat_map(|d| &d.edits.hooks)).collect();
+        for hook in &hooks {
+            let words = hook.args.iter().chain(&hook.env);
+            if !absolute(&hook.path)
+                || hook.args.len() > MAX_HOOK_WORDS
+                || hook.env.len() > MAX_HOOK_WORDS
+                || words.clone().any(|w| w.contains('\0'))
+            {
+                let why = format!("hook {} is not an absolute path with at most {MAX_HOOK_WORDS} words", hook.path);
+                return Err(CdiError::Invalid { path: path.to_path_buf(), why });
+            }
+        }
+        if hooks.len() > MAX_HOOKS {
+            let why = format!("{} hooks, over the limit of {MAX_HOOKS}", hooks.len());
+            return Err(CdiError::Invalid { path: path.to_path_buf(), why });
         }
         for m in spec.edits.mounts.iter().chain(spec.devices.iter().flat_map(|d| &d.edits.mounts)) {
             if !absolute(&m.host_path) || !absolute(&m.container_path) {
@@ -155,7 +205,16 @@ impl CdiSpec {
                     edits.env.push((name.to_string(), value.to_string()));
                 }
             }
-            edits.hooks_skipped += e.hooks.len();
+            for hook in &e.hooks {
+                match hook.hook_name.as_str() {
+                    "prestart" | "createRuntime" | "createContainer" => edits.hooks.push(CdiHook {
+                        path: hook.path.clone(),
+                        args: hook.args.clone(),
+                        env: hook.env.clone(),
+                    }),
+                    _ => edits.hooks_skipped += 1,
+                }
+            }
         }
         Ok(edits)
     }
@@ -262,7 +321,8 @@ containerEdits:
         assert_eq!(edits.mounts.len(), 1);
         assert!(edits.mounts[0].2, "read-only as the spec says");
         assert_eq!(edits.env, [("NVIDIA_VISIBLE_DEVICES".to_string(), "void".to_string())]);
-        assert_eq!(edits.hooks_skipped, 1);
+        assert_eq!(edits.hooks.len(), 1, "a createContainer hook is run");
+        assert_eq!(edits.hooks[0].args, ["nvidia-ctk", "hook", "update-ldcache"]);
         let missing = spec.edits_for(&[7]).unwrap_err();
         assert!(missing.to_string().contains("no device named `7`"), "{missing}");
     }

@@ -138,7 +138,24 @@ pub struct Plan {
     pub remap: Option<(u32, u32)>,
     /// The working directory inside, entered as the task's user.
     pub cwd: CString,
+    /// CDI hooks run once the mounts are made, before pivot_root (as runc runs `createContainer` hooks).
+    pub hooks: Vec<HookRun>,
+    /// The OCI state the hooks read on stdin, with [`PID_PLACEHOLDER`] spaces at `pid_at` for the task's pid.
+    pub hook_state: Vec<u8>,
+    pub pid_at: usize,
 }
+
+/// One hook, ready for the child: its program, argv and environment as C strings.
+pub struct HookRun {
+    pub path: CString,
+    pub argv: Vec<CString>,
+    pub env: Vec<CString>,
+}
+
+/// Room for the pid in [`Plan::hook_state`]: JSON allows spaces after a number.
+const PID_PLACEHOLDER: &str = "          ";
+/// Largest OCI state handed to a hook (it is a few hundred bytes).
+const MAX_HOOK_STATE: usize = 4096;
 
 /// One step of [`Plan::ops`].
 pub enum MountOp {
@@ -255,10 +272,20 @@ pub fn prepare(
             }
         }
     }
-    let PlanBuilder { ops, descriptions, .. } = plan;
+    let PlanBuilder { ops, mut descriptions, .. } = plan;
     let remap = c.spec.remap_root.then_some((uid, gid));
+    let (hooks, hook_state, pid_at) = hooks_for(c, &dir, &rootfs, &env, &mut descriptions)?;
     Ok(Ready {
-        plan: Plan { rootfs: cstring_path(&rootfs), ops, descriptions, remap, cwd: cstring(&cwd) },
+        plan: Plan {
+            rootfs: cstring_path(&rootfs),
+            ops,
+            descriptions,
+            remap,
+            cwd: cstring(&cwd),
+            hooks,
+            hook_state,
+            pid_at,
+        },
         env,
         argv,
         digest: mounted.digest,
@@ -340,6 +367,58 @@ fn mount_once(
             Ok(mounted)
         }
     }
+}
+
+/// The CDI spec's hooks, with what OCI hooks expect of a runtime: the container's state on stdin, and in its bundle
+/// (the container's directory) a `config.json` whose `root.path` is the container's root on the host, where
+/// nvidia-ctk's hooks find the files to link and the libraries to put in the linker's cache. Their descriptions
+/// are appended to `descriptions`, after the mount ops'.
+fn hooks_for(
+    c: &ContainerLaunch,
+    dir: &Path,
+    rootfs: &Path,
+    env: &[(String, String)],
+    descriptions: &mut Vec<String>,
+) -> Result<(Vec<HookRun>, Vec<u8>, usize), ContainerError> {
+    let hooks: Vec<&crate::cdi::CdiHook> = c.cdi.iter().flat_map(|cdi| &cdi.hooks).collect();
+    if hooks.is_empty() {
+        return Ok((Vec::new(), Vec::new(), 0));
+    }
+    let setup = |cause| ContainerError::Setup {
+        dir: c.dir.clone(),
+        what: "write the OCI config for the CDI hooks".into(),
+        cause,
+    };
+    let config = serde_json::json!({
+        "ociVersion": "1.0.2",
+        "root": { "path": rootfs.display().to_string(), "readonly": c.spec.readonly },
+        "process": { "env": env.iter().map(|(n, v)| format!("{n}={v}")).collect::<Vec<_>>() },
+    });
+    write_file(&dir.join("config.json"), config.to_string().as_bytes()).map_err(setup)?;
+    let id = dir.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let head = serde_json::json!({ "ociVersion": "1.0.2", "id": id, "status": "creating" }).to_string();
+    let bundle = serde_json::to_string(&dir.display().to_string()).expect("a string serializes");
+    // `{"ociVersion":...,"status":"creating","bundle":"DIR","pid":PID          }`
+    let mut state = format!("{},\"bundle\":{bundle},\"pid\":", head.trim_end_matches('}'));
+    let pid_at = state.len();
+    state.push_str(PID_PLACEHOLDER);
+    state.push('}');
+    if state.len() > MAX_HOOK_STATE {
+        return Err(setup(io::Error::other("the container's directory name is too long for a hook's state")));
+    }
+    let runs = hooks
+        .iter()
+        .map(|hook| {
+            let argv: Vec<CString> = if hook.args.is_empty() {
+                vec![cstring(&hook.path)]
+            } else {
+                hook.args.iter().map(|a| cstring(a)).collect()
+            };
+            descriptions.push(format!("run the CDI hook {} (it must exit 0)", hook.args.join(" ")));
+            HookRun { path: cstring(&hook.path), argv, env: hook.env.iter().map(|e| cstring(e)).collect() }
+        })
+        .collect();
+    Ok((runs, state.into_bytes(), pid_at))
 }
 
 /// What `state.json` records of a mounted container: its image and what the image's config says.
@@ -921,6 +1000,8 @@ pub const STAGE_CONTAINER_PIVOT: u8 = 21;
 pub const STAGE_CONTAINER_USERNS: u8 = 22;
 pub const STAGE_CONTAINER_CWD: u8 = 23;
 pub const STAGE_CONTAINER_NO_NEW_PRIVS: u8 = 24;
+/// Hook `i` is `STAGE_CONTAINER_HOOKS + i` (at most `crate::cdi::MAX_HOOKS`).
+pub const STAGE_CONTAINER_HOOKS: u8 = 40;
 
 /// Runs in the task's process between fork and exec, as root: a mount namespace of its own, the plan's mounts,
 /// pivot_root into the container. Async-signal-safe calls on data prepared before the fork; no allocation.
@@ -996,12 +1077,73 @@ pub unsafe fn enter(plan: &Plan, mark: &dyn Fn(u8)) -> io::Result<()> {
                 }
             }
         }
+        for (i, hook) in plan.hooks.iter().enumerate() {
+            mark(STAGE_CONTAINER_HOOKS.saturating_add(i.min(crate::cdi::MAX_HOOKS) as u8));
+            run_hook(hook, &plan.hook_state, plan.pid_at)?;
+        }
         mark(STAGE_CONTAINER_PIVOT);
         check(libc::chdir(plan.rootfs.as_ptr()))?;
         // pivot_root(".", "."): the old root ends up on top of the new one, and is detached at once.
         check(libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) as libc::c_int)?;
         check(libc::umount2(c".".as_ptr(), libc::MNT_DETACH))?;
         check(libc::chdir(c"/".as_ptr()))?;
+    }
+    Ok(())
+}
+
+/// Runs one hook from the child (still root, in the container's mount namespace before pivot_root): the OCI state,
+/// with this process's pid, on its stdin; its output goes where the task's does. Stack buffers only.
+///
+/// # Safety
+/// Call only in the child between fork and exec.
+unsafe fn run_hook(hook: &HookRun, state: &[u8], pid_at: usize) -> io::Result<()> {
+    let mut buf = [0u8; MAX_HOOK_STATE];
+    let len = state.len().min(MAX_HOOK_STATE);
+    buf[..len].copy_from_slice(&state[..len]);
+    // SAFETY (this block): syscalls on stack buffers and on C strings that outlive them.
+    unsafe {
+        let pid = digits(libc::getpid() as u32);
+        for (i, &d) in pid.iter().take_while(|&&d| d != 0).enumerate() {
+            if pid_at + i < len {
+                buf[pid_at + i] = d;
+            }
+        }
+        let mut argv = [std::ptr::null::<libc::c_char>(); crate::cdi::MAX_HOOK_WORDS + 1];
+        for (slot, word) in argv.iter_mut().zip(hook.argv.iter().take(crate::cdi::MAX_HOOK_WORDS)) {
+            *slot = word.as_ptr();
+        }
+        let mut envp = [std::ptr::null::<libc::c_char>(); crate::cdi::MAX_HOOK_WORDS + 1];
+        for (slot, word) in envp.iter_mut().zip(hook.env.iter().take(crate::cdi::MAX_HOOK_WORDS)) {
+            *slot = word.as_ptr();
+        }
+        let mut fds = [0 as libc::c_int; 2];
+        if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // A pipe holds 64 KiB: the state (at most 4 KiB) is written whole before the hook starts.
+        libc::write(fds[1], buf.as_ptr().cast(), len);
+        libc::close(fds[1]);
+        let child = libc::fork();
+        if child < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if child == 0 {
+            libc::dup2(fds[0], 0);
+            libc::execve(hook.path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            libc::_exit(127);
+        }
+        libc::close(fds[0]);
+        let mut status = 0;
+        if libc::waitpid(child, &mut status, 0) != child {
+            return Err(io::Error::last_os_error());
+        }
+        if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+            return Err(io::Error::from_raw_os_error(if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 127 {
+                libc::ENOEXEC
+            } else {
+                libc::EIO
+            }));
+        }
     }
     Ok(())
 }

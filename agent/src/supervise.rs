@@ -1122,8 +1122,8 @@ impl Failure {
         container: Option<&[String]>,
     ) -> Failure {
         use crate::container::{
-            STAGE_CONTAINER_CWD, STAGE_CONTAINER_NAMESPACE, STAGE_CONTAINER_NO_NEW_PRIVS, STAGE_CONTAINER_OPS,
-            STAGE_CONTAINER_PIVOT, STAGE_CONTAINER_USERNS,
+            STAGE_CONTAINER_CWD, STAGE_CONTAINER_HOOKS, STAGE_CONTAINER_NAMESPACE, STAGE_CONTAINER_NO_NEW_PRIVS,
+            STAGE_CONTAINER_OPS, STAGE_CONTAINER_PIVOT, STAGE_CONTAINER_USERNS,
         };
         let why = os_message(e);
         let name = &launch.argv[0];
@@ -1135,6 +1135,15 @@ impl Failure {
             Some(op) if op >= STAGE_CONTAINER_OPS => {
                 let index = usize::from(op - STAGE_CONTAINER_OPS);
                 let what = container.and_then(|d| d.get(index)).cloned().unwrap_or_else(|| "set up a mount".into());
+                in_container(what)
+            }
+            Some(hook) if (STAGE_CONTAINER_HOOKS..STAGE_CONTAINER_OPS).contains(&hook) => {
+                // Hook descriptions follow the mount ops' (see `container::hooks_for`).
+                let index = usize::from(hook - STAGE_CONTAINER_HOOKS);
+                let what = container
+                    .and_then(|d| d.iter().filter(|d| d.starts_with("run the CDI hook")).nth(index))
+                    .cloned()
+                    .unwrap_or_else(|| "run a CDI hook".into());
                 in_container(what)
             }
             Some(STAGE_CONTAINER_NAMESPACE) => in_container("make a mount namespace".into()),

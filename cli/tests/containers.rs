@@ -512,3 +512,60 @@ fn a_full_image_cache_and_an_image_file_the_user_may_not_read_are_clear_errors()
     assert_ne!(code, 0);
     assert!(err.contains("private.sqsh") && err.contains("Permission denied"), "{err}");
 }
+
+#[test]
+fn a_containers_gpus_come_from_the_nodes_cdi_spec_and_its_hooks_run_before_the_task() {
+    needs_root!();
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path().join("cdi");
+    fs::create_dir_all(host.join("dev")).unwrap();
+    fs::write(host.join("dev/gpu-a"), "card-a\n").unwrap();
+    fs::write(host.join("dev/gpu-b"), "card-b\n").unwrap();
+    fs::write(host.join("libfake.so"), "driver library\n").unwrap();
+    // A hook as nvidia-ctk's are: it reads the OCI state on stdin, finds the container's root through the
+    // bundle's config.json, sees the spec's mounts there, and leaves its mark.
+    let hook = host.join("hook.sh");
+    fs::write(
+        &hook,
+        "#!/bin/sh\nstate=$(cat)\nbundle=$(echo \"$state\" | sed 's/.*\"bundle\":\"\\([^\"]*\\)\".*/\\1/')\n\
+         root=$(sed 's/.*\"root\":{\"path\":\"\\([^\"]*\\)\".*/\\1/' \"$bundle/config.json\")\n\
+         test -f \"$root/usr/lib/libfake.so\" || exit 3\necho \"$1 $HOOK_ENV\" > \"$root/etc/hook-ran\"\n",
+    )
+    .unwrap();
+    fs::set_permissions(&hook, fs::Permissions::from_mode(0o755)).unwrap();
+    let spec = serde_json::json!({
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [
+            { "name": "0", "containerEdits": { "deviceNodes": [
+                { "path": "/dev/nvidia0", "hostPath": host.join("dev/gpu-a").display().to_string() } ] } },
+            { "name": "1", "containerEdits": { "deviceNodes": [
+                { "path": "/dev/nvidia1", "hostPath": host.join("dev/gpu-b").display().to_string() } ] } },
+        ],
+        "containerEdits": {
+            "env": ["FAKE_DRIVER=1"],
+            "mounts": [{ "hostPath": host.join("libfake.so").display().to_string(),
+                         "containerPath": "/usr/lib/libfake.so", "options": ["ro", "nosuid", "nodev", "bind"] }],
+            "hooks": [{ "hookName": "createContainer", "path": hook.display().to_string(),
+                        "args": ["hook.sh", "ran"], "env": ["HOOK_ENV=given"] }],
+        },
+    });
+    let spec_path = host.join("nvidia.json");
+    fs::write(&spec_path, spec.to_string()).unwrap();
+    let (_cluster, sh) = cluster_with(dir.path(), &format!("containers = {{ cdi_spec = {:?} }}", spec_path.display()));
+    let root = build_rootfs(dir.path());
+    squashfs(&root, &sh.cwd.join("test.sqsh"));
+
+    let script = "cat /dev/nvidia*; cat /etc/hook-ran /usr/lib/libfake.so; echo driver=$FAKE_DRIVER";
+    let (code, out, err) = srun(&sh, ALICE, &["--gpus=1", "--container-image=./test.sqsh", "sh", "-c", script]);
+    assert_eq!(code, 0, "{out}{err}");
+    let cards = out.lines().filter(|l| l.starts_with("card-")).count();
+    assert_eq!(cards, 1, "exactly the job's one GPU: {out}");
+    assert!(out.contains("ran given\n") && out.contains("driver library\n") && out.contains("driver=1\n"), "{out}");
+
+    // A hook that fails stops the task with a message naming it.
+    fs::write(&hook, "#!/bin/sh\nexit 5\n").unwrap();
+    let (code, _, err) = srun(&sh, ALICE, &["--gpus=1", "--container-image=./test.sqsh", "true"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("CDI hook hook.sh ran"), "{err}");
+}
