@@ -76,6 +76,10 @@ pub struct ContainerLaunch {
     pub cdi: Option<crate::cdi::CdiEdits>,
     #[serde(default)]
     pub cdi_error: Option<String>,
+    /// Entries of `/proc/driver/nvidia/gpus` (by PCI address) of GPUs the job does not hold: hidden inside, as
+    /// NVIDIA's container runtime hides them, so the driver's view matches the devices the task has.
+    #[serde(default)]
+    pub hidden_gpus: Vec<String>,
 }
 
 /// Why a task could not enter its container; the message is what the user reads in the task's stderr.
@@ -769,6 +773,19 @@ impl PlanBuilder<'_> {
             },
             "mount /proc".into(),
         );
+        for entry in &c.hidden_gpus {
+            let inside = format!("/proc/driver/nvidia/gpus/{entry}");
+            self.push(
+                MountOp::Mount {
+                    source: cstring("tmpfs"),
+                    target: self.inside(&inside),
+                    fstype: cstring("tmpfs"),
+                    flags: libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    data: cstring("size=4k"),
+                },
+                format!("hide {inside}"),
+            );
+        }
         self.target("/sys", false)?;
         self.push(
             MountOp::Bind {
@@ -971,6 +988,24 @@ fn renumber_gpus(env: &mut Vec<(String, String)>) {
     slot.1 = (0..count).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
     env.retain(|(name, _)| name != NODE_GPUS_VAR);
     env.push((NODE_GPUS_VAR.to_string(), node));
+}
+
+/// The entries of `proc_gpus` (`/proc/driver/nvidia/gpus`, one directory per GPU by PCI address) that are not one
+/// of `held` (NVML's bus ids, `00000000:18:00.0`; the kernel writes `0000:18:00.0`).
+pub fn hidden_gpu_entries(proc_gpus: &Path, held: &[&str]) -> Vec<String> {
+    let normal = |id: &str| {
+        let id = id.to_ascii_lowercase();
+        let (domain, rest) = id.split_once(':').unwrap_or(("0", id.as_str()));
+        format!("{:x}:{rest}", u64::from_str_radix(domain, 16).unwrap_or(0))
+    };
+    let held: Vec<String> = held.iter().map(|id| normal(id)).collect();
+    let Ok(entries) = fs::read_dir(proc_gpus) else { return Vec::new() };
+    let mut hidden: Vec<String> = entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| !held.contains(&normal(name)))
+        .collect();
+    hidden.sort();
+    hidden
 }
 
 /// The user's home directory from the node's user database.
@@ -1334,6 +1369,17 @@ mod tests {
         assert!(root.path().join("scratch/deep").is_dir(), "missing mount points are made in a writable container");
         let readonly = PlanBuilder { rootfs: root.path(), writable: false, ops: Vec::new(), descriptions: Vec::new() };
         assert!(readonly.target("/other", false).unwrap_err().to_string().contains("--container-writable"));
+    }
+
+    #[test]
+    fn the_driver_entries_of_other_gpus_are_hidden_whatever_the_domains_spelling() {
+        let proc_gpus = tempfile::tempdir().unwrap();
+        for bus in ["0000:18:00.0", "0000:2a:00.0", "0000:3B:00.0"] {
+            fs::create_dir(proc_gpus.path().join(bus)).unwrap();
+        }
+        let hidden = hidden_gpu_entries(proc_gpus.path(), &["00000000:2A:00.0"]);
+        assert_eq!(hidden, ["0000:18:00.0", "0000:3B:00.0"]);
+        assert!(hidden_gpu_entries(&proc_gpus.path().join("none"), &[]).is_empty(), "no driver, nothing to hide");
     }
 
     #[test]

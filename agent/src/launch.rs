@@ -283,6 +283,10 @@ impl NodeAgent {
             save_here,
             cdi,
             cdi_error,
+            hidden_gpus: {
+                let held = self.info.gpus.iter().filter(|g| gpus.contains(&g.index)).map(|g| g.pci_bus_id.as_str());
+                crate::container::hidden_gpu_entries(Path::new("/proc/driver/nvidia/gpus"), &held.collect::<Vec<_>>())
+            },
         }
     }
 
