@@ -637,26 +637,50 @@ pub fn mounted_digest(dir: &Path, image: &str) -> Option<String> {
 }
 
 /// Unmounts every container of a job under `dir` (`<state>/containers/JOB.INCARNATION`) and removes it.
+///
+/// Never recursively through a mount point: `lower` is an idmapped clone of the node's shared image, and a
+/// recursive delete that crossed into it (a mount missed, or one made again meanwhile) would delete the image
+/// itself. Mount points are unmounted (stacked mounts included) and then removed with rmdir, which refuses one
+/// still mounted or not empty; only the container's own layer is removed recursively.
 pub fn remove_job_containers(dir: &Path) -> io::Result<()> {
-    if let Ok(entries) = fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            for name in CONTAINER_MOUNTS {
-                let mount = entry.path().join(name);
-                if !is_mount_point(&mount) {
-                    continue;
-                }
-                let target = cstring_path(&mount);
-                // SAFETY: a valid C string. Detached: a task that is still exiting keeps its own copy.
-                if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
-                    return Err(io::Error::last_os_error());
-                }
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let container = entry?.path();
+        for item in fs::read_dir(&container)? {
+            let path = item?.path();
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if CONTAINER_MOUNTS.contains(&name.as_str()) {
+                unmount_all(&path)?;
+                fs::remove_dir(&path)?;
+            } else if ["layer", "empty"].contains(&name.as_str()) && !is_mount_point(&path) {
+                fs::remove_dir_all(&path)?;
+            } else if path.symlink_metadata()?.is_dir() {
+                fs::remove_dir(&path)?;
+            } else {
+                fs::remove_file(&path)?;
             }
         }
+        fs::remove_dir(&container)?;
     }
-    match fs::remove_dir_all(dir) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
+    fs::remove_dir(dir)
+}
+
+/// Unmounts whatever is mounted at `path`, however many times (detached: a task still exiting keeps its copy).
+fn unmount_all(path: &Path) -> io::Result<()> {
+    let target = cstring_path(path);
+    for _ in 0..64 {
+        // SAFETY: a valid C string.
+        if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
+            let e = io::Error::last_os_error();
+            // EINVAL: nothing (more) is mounted there.
+            return if e.raw_os_error() == Some(libc::EINVAL) { Ok(()) } else { Err(e) };
+        }
     }
+    Err(io::Error::other(format!("{} is still mounted after 64 unmounts", path.display())))
 }
 
 /// Whether `path` is the root of a mount (its device differs from its parent's, or the kernel lists it).
@@ -1380,6 +1404,31 @@ mod tests {
         let hidden = hidden_gpu_entries(proc_gpus.path(), &["00000000:2A:00.0"]);
         assert_eq!(hidden, ["0000:18:00.0", "0000:3B:00.0"]);
         assert!(hidden_gpu_entries(&proc_gpus.path().join("none"), &[]).is_empty(), "no driver, nothing to hide");
+    }
+
+    #[test]
+    fn removing_a_jobs_containers_never_deletes_through_a_mount_into_the_image() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return eprintln!("SKIPPED: mounting needs root");
+        }
+        let store = tempfile::tempdir().unwrap();
+        fs::write(store.path().join("precious"), "the shared image").unwrap();
+        let job = tempfile::tempdir().unwrap();
+        let container = job.path().join("containers").join("7.0").join("step-0");
+        for sub in ["lower", "rootfs", "layer/upper/etc"] {
+            fs::create_dir_all(container.join(sub)).unwrap();
+        }
+        fs::write(container.join("layer/upper/etc/mine"), "x").unwrap();
+        fs::write(container.join("state.json"), "{}").unwrap();
+        let (source, target) = (cstring_path(store.path()), cstring_path(&container.join("lower")));
+        // SAFETY: valid C strings; a bind mount like the idmapped clone of an image.
+        let rc =
+            unsafe { libc::mount(source.as_ptr(), target.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+        remove_job_containers(&job.path().join("containers").join("7.0")).unwrap();
+        assert!(!job.path().join("containers/7.0").exists());
+        assert_eq!(fs::read_to_string(store.path().join("precious")).unwrap(), "the shared image");
     }
 
     #[test]

@@ -227,6 +227,19 @@ fn srun_runs_a_squashfs_image_with_its_own_files_devices_and_mounts() {
     let (code, _, err) = srun(&sh, ALICE, &["--container-imag=x", "true"]);
     assert_ne!(code, 0);
     assert!(err.contains("container"), "{err}");
+
+    // Once the jobs have left, their containers are unmounted and gone; the node's image store stays.
+    let prefix = dir.path().display().to_string();
+    let start = Instant::now();
+    loop {
+        let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let left: Vec<&str> = info.lines().filter(|l| l.contains(&prefix) && l.contains("/containers/")).collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "mounts left behind: {left:#?}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
 }
 
 #[test]
