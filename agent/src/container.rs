@@ -785,6 +785,13 @@ impl PlanBuilder<'_> {
     /// What every container gets: `/proc`, a fresh `/dev` with the job's GPUs only, `/dev/shm`, `/sys` read-only,
     /// the node's name resolution, and the job's user in `/etc/passwd` and `/etc/group`.
     fn system(&mut self, c: &ContainerLaunch, dir: &Path) -> Result<(), ContainerError> {
+        self.proc_and_sys(c)?;
+        self.dev(c)?;
+        self.etc_and_tmp(dir)
+    }
+
+    /// `/proc` (other GPUs' driver entries hidden) and `/sys` read-only.
+    fn proc_and_sys(&mut self, c: &ContainerLaunch) -> Result<(), ContainerError> {
         let quiet = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
         self.target("/proc", false)?;
         self.push(
@@ -820,6 +827,12 @@ impl PlanBuilder<'_> {
             },
             "mount /sys read-only".into(),
         );
+        Ok(())
+    }
+
+    /// A fresh `/dev`: the usual character devices, the job's GPUs' nodes, ptys, `/dev/shm` sized for NCCL.
+    fn dev(&mut self, c: &ContainerLaunch) -> Result<(), ContainerError> {
+        let quiet = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
         self.target("/dev", false)?;
         self.push(
             MountOp::Mount {
@@ -889,6 +902,11 @@ impl PlanBuilder<'_> {
         ] {
             self.push(MountOp::Symlink { target: cstring(target), link: self.inside(link) }, format!("link {link}"));
         }
+        Ok(())
+    }
+
+    /// The node's name resolution, the job's user in `/etc/passwd` and `/etc/group`, `/tmp` when read-only.
+    fn etc_and_tmp(&mut self, dir: &Path) -> Result<(), ContainerError> {
         for file in ["/etc/hosts", "/etc/resolv.conf", "/etc/hostname"] {
             if fs::metadata(file).is_ok() && (self.writable || self.exists_inside(file)) {
                 self.bind(file, file, libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV, true)?;
