@@ -591,6 +591,9 @@ fn read_input(nodes: Vec<tokio::sync::mpsc::Sender<Vec<u8>>>) {
 
 /// Launches this node's part of the step on its agent (mutual TLS; the agent must hold an agent's certificate)
 /// with the step's credential, forwards its events, and streams srun's input to it once its tasks have started.
+/// How long srun keeps trying a node that has not yet heard of the job's allocation.
+const ALLOCATION_WAIT_MS: u64 = 5_000;
+
 async fn follow_node(
     tls: &drover_auth::tls::ClientTls,
     credentials: &drover_client::Credentials,
@@ -605,10 +608,26 @@ async fn follow_node(
         .channel(addr, None, timeout, Some(drover_auth::tls::RoleKind::Agent))
         .map_err(|e| anyhow::anyhow!("cannot reach the agent at {addr}: {e}"))?;
     let mut agent = AgentServiceClient::new(channel);
-    let mut request = tonic::Request::new(StepRequest { json: encode(&launch) });
-    credentials.attach(&mut request)?;
     let (job_id, step_id) = (launch.job_id, launch.step_id);
-    let mut stream = agent.launch_step(request).await.map_err(|s| anyhow::anyhow!("{}", s.message()))?.into_inner();
+    // The leader has committed the job's start, but the node may hear of it a moment after srun reaches it: a
+    // launch refused for want of the allocation is tried again for a while (Slurm's slurmd takes the allocation
+    // from the step's credential instead; Drover's agents act only on what the leader assigned them).
+    let give_up = tokio::time::Instant::now() + Duration::from_millis(ALLOCATION_WAIT_MS);
+    let mut stream = loop {
+        let mut request = tonic::Request::new(StepRequest { json: encode(&launch) });
+        credentials.attach(&mut request)?;
+        match agent.launch_step(request).await {
+            Ok(stream) => break stream.into_inner(),
+            Err(s)
+                if s.code() == tonic::Code::FailedPrecondition
+                    && s.message().contains("has no allocation on node")
+                    && tokio::time::Instant::now() < give_up =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(s) => anyhow::bail!("{}", s.message()),
+        }
+    };
     if let Some(input) = input {
         let chunks = tokio_stream::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(input), move |data| {
             drover_proto::v1::StepInputChunk { job_id, step_id, data }
