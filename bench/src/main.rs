@@ -3,6 +3,7 @@
 //! shipped `drover` carries no load generators.
 
 mod agents;
+mod containers;
 mod requeue;
 mod sites;
 mod wan;
@@ -98,6 +99,9 @@ enum BenchCmd {
     /// Multi-site (issue 14): 5 replicas over sites a,a,b,b,c behind a userspace WAN emulator (RTT between
     /// sites); sequential submission latency from a client at one site, leader failover, and the loss of a site.
     Sites(sites::SitesArgs),
+    /// Containers (`srun --container-image`): time to a task's first line with the node's image store cold and
+    /// warm, against plain `srun` and `docker run`, and N cold starts at once on one node (one import).
+    Containers(containers::ContainersArgs),
     /// Heartbeat load: N simulated agents heartbeating on one leader; leader CPU and Raft log growth (zero
     /// expected from heartbeats).
     Heartbeats {
@@ -137,6 +141,7 @@ fn run(cmd: BenchCmd) -> anyhow::Result<()> {
                 let dir = bench_dir(args.dir.clone(), "sites");
                 sites::sites(args, dir).await
             }
+            BenchCmd::Containers(args) => containers::containers(args).await,
             BenchCmd::Heartbeats { agents, heartbeat_ms, duration_s, dir } => {
                 bench_agents::heartbeats(agents, heartbeat_ms, duration_s, bench_dir(dir, "heartbeats")).await
             }
