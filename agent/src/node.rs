@@ -963,6 +963,10 @@ impl NodeAgent {
     pub fn image_store_status(&self) -> Option<crate::image::StoreStatus> {
         let settings = &self.config.containers;
         let root = settings.image_store.clone().unwrap_or_else(|| self.config.state_dir.join("images"));
+        // Only a store a task made: looking must not create one.
+        if !root.is_dir() {
+            return None;
+        }
         let options = crate::image::StoreOptions {
             limit_bytes: settings.image_store_limit_mb.saturating_mul(1 << 20),
             ..crate::image::StoreOptions::default()

@@ -601,10 +601,19 @@ impl Bench {
     fn clear_store(&self) -> anyhow::Result<()> {
         self.wait_containers_gone(Duration::from_secs(60))?;
         let store = self.state.join("images");
-        match fs::remove_dir_all(&store) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e).with_context(|| format!("cannot empty the image store {}", store.display())),
+        // The agent looks at its store now and then (for scontrol show node): a removal racing that look finds a
+        // directory made again under it, and is simply tried again.
+        let mut attempt = 0;
+        loop {
+            match fs::remove_dir_all(&store) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(_) if attempt < 10 => {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(e).with_context(|| format!("cannot empty the image store {}", store.display())),
+            }
         }
     }
 
