@@ -151,6 +151,40 @@ fn eviction_is_lru_and_skips_images_in_use() {
 }
 
 #[test]
+fn an_image_whose_tree_is_mounted_elsewhere_is_not_evicted() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return eprintln!("SKIPPED: mounting needs root");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("cache");
+    let importer = store(&root, u64::MAX);
+    let (bytes, digest) = oci_archive("m", &vec![b'x'; 20_000]);
+    let path = dir.path().join("m");
+    fs::write(&path, bytes).expect("write");
+    let image = importer.acquire(&source(&path), &RegistryCredentials::none()).expect("acquire");
+    let rootfs = image.rootfs.clone();
+    drop(image);
+    // A container's idmapped clone of the image: a mount whose root is the image's tree, named by another path.
+    let clone = dir.path().join("container-lower");
+    fs::create_dir(&clone).expect("mkdir");
+    let (from, to) = (
+        std::ffi::CString::new(rootfs.display().to_string()).expect("path"),
+        std::ffi::CString::new(clone.display().to_string()).expect("path"),
+    );
+    // SAFETY: valid C strings.
+    let rc = unsafe { libc::mount(from.as_ptr(), to.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    let evicted = store(&root, 0).evict();
+    // SAFETY: as above.
+    unsafe { libc::umount2(to.as_ptr(), libc::MNT_DETACH) };
+    assert_eq!(evicted.expect("evict"), 0, "an image under a container is never evicted");
+    assert!(rootfs.join("data/m").exists());
+    assert!(importer.status().images.iter().any(|i| i.digest == digest));
+    assert!(store(&root, 0).evict().expect("evict") > 0, "once unmounted it may go");
+}
+
+#[test]
 fn an_overlay_lower_dir_is_recognized() {
     let entry = Path::new("/var/lib/drover/images/sha256-ab");
     assert!(is_lower_dir("rw,lowerdir=/var/lib/drover/images/sha256-ab/rootfs,upperdir=/u,workdir=/w", entry));
