@@ -580,7 +580,7 @@ fn supervise(dir: &Path, log: &mut Log) -> TaskResult {
     if let (Some(c), Some(rootfs)) = (&launch.container, rootfs)
         && let Some(path) = c.spec.save.as_deref().filter(|_| c.save_here)
     {
-        save_container(&launch, c, &rootfs, path, creds.as_ref(), stderr.as_ref(), log);
+        save_container(c, &rootfs, path, creds.as_ref(), stderr.as_ref(), log);
     }
     result
 }
@@ -632,7 +632,6 @@ fn enter_container_prepared(
 /// `--container-save` once the task has ended; a failure is reported in the task's stderr, the task's own result
 /// stands.
 fn save_container(
-    launch: &TaskLaunch,
     c: &crate::container::ContainerLaunch,
     rootfs: &Path,
     path: &str,
@@ -660,7 +659,6 @@ fn save_container(
             let _ = writeln!(stderr, "{name}: error: {message}");
         }
     }
-    let _ = launch;
 }
 
 /// A task that has been spawned: its process, when it started, and its memory cgroup with the OOM kills counted
@@ -687,14 +685,15 @@ fn spawn_task(
     let Prepared { stdin, stdout, stderr, program } = prepared;
     // Inside a container: the image's entrypoint may come first, the environment is merged with the image's, and
     // the program is looked up in the container's PATH by execvp after pivot_root.
-    let (argv, env, program, plan, descriptions) = match container {
+    let (argv, env, program, plan) = match container {
         Some(ready) => {
             let program = PathBuf::from(&ready.argv[0]);
-            (ready.argv, ready.env, program, Some(ready.plan), None::<Vec<String>>)
+            (ready.argv, ready.env, program, Some(ready.plan))
         }
-        None => (launch.argv.clone(), launch.env.clone(), program, None, None),
+        None => (launch.argv.clone(), launch.env.clone(), program, None),
     };
-    let descriptions = descriptions.or_else(|| plan.as_ref().map(|p| p.descriptions.clone()));
+    // What each container step does, for the error when one fails (the plan itself moves into the child's closure).
+    let descriptions = plan.as_ref().map(|p| p.descriptions.clone());
     let stderr_for_errors = stderr.try_clone().ok();
     // The job's cgroups, joined by the task itself between fork and exec (so nothing it allocates or spends
     // escapes them).
