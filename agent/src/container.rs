@@ -103,6 +103,8 @@ pub enum ContainerError {
     Cdi(String),
     #[error("the mount source {path} does not exist on this node")]
     MissingSource { path: String },
+    #[error("cannot mount {path} in the container: {cause}")]
+    MountSource { path: String, cause: io::Error },
 }
 
 /// The task a container is prepared for: whose it is, and what it runs.
@@ -147,6 +149,9 @@ pub struct Plan {
     /// The OCI state the hooks read on stdin, with [`PID_PLACEHOLDER`] spaces at `pid_at` for the task's pid.
     pub hook_state: Vec<u8>,
     pub pid_at: usize,
+    /// Detached copies of the user's mount sources (see `PlanBuilder::bind_user`), which the child attaches.
+    /// Closed once the task has started (close-on-exec).
+    pub held: Vec<std::os::fd::OwnedFd>,
 }
 
 /// One hook, ready for the child: its program, argv and environment as C strings.
@@ -181,6 +186,13 @@ pub enum MountOp {
     Umount {
         target: CString,
     },
+    /// A detached mount (`open_tree` clone, a descriptor the child inherited) attached at `target`, then remounted
+    /// with `flags` when any are set.
+    Attach {
+        tree: libc::c_int,
+        target: CString,
+        flags: libc::c_ulong,
+    },
     Mkdir {
         path: CString,
         mode: libc::mode_t,
@@ -202,6 +214,7 @@ pub fn prepare(
     c: &ContainerLaunch,
     task: &Task<'_>,
     open_as_user: &dyn Fn(&str) -> io::Result<File>,
+    path_as_user: &dyn Fn(&str) -> io::Result<File>,
     credentials: &RegistryCredentials,
 ) -> Result<Ready, ContainerError> {
     let Task { uid, gid, home, argv, env: task_env, .. } = *task;
@@ -227,13 +240,14 @@ pub fn prepare(
     let cwd = c.spec.workdir.clone().or(mounted.working_dir.clone()).filter(|d| !d.is_empty());
     let cwd = cwd.unwrap_or_else(|| "/".to_string());
     let writable = !c.spec.readonly;
-    let mut plan = PlanBuilder { rootfs: &rootfs, writable, ops: Vec::new(), descriptions: Vec::new() };
+    let mut plan =
+        PlanBuilder { rootfs: &rootfs, writable, ops: Vec::new(), descriptions: Vec::new(), held: Vec::new() };
     plan.system(c, &dir)?;
     if let Some(script) = &c.script {
         plan.bind(script, script, libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV, true)?;
     }
     for path in &c.binds {
-        plan.bind(path, path, libc::MS_NOSUID | libc::MS_NODEV, false)?;
+        plan.bind_user(path, path, libc::MS_NOSUID | libc::MS_NODEV, true, path_as_user)?;
     }
     for (host, inside, readonly) in c.cdi.iter().flat_map(|cdi| &cdi.mounts) {
         let flags = libc::MS_NOSUID | libc::MS_NODEV | if *readonly { libc::MS_RDONLY } else { 0 };
@@ -243,7 +257,7 @@ pub fn prepare(
     if c.spec.mount_home
         && let Some(home) = home
     {
-        plan.bind(home, home, libc::MS_NOSUID | libc::MS_NODEV, false)?;
+        plan.bind_user(home, home, libc::MS_NOSUID | libc::MS_NODEV, true, path_as_user)?;
     }
     for m in &c.spec.mounts {
         let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
@@ -254,10 +268,7 @@ pub fn prepare(
             flags |= libc::MS_NOEXEC;
         }
         match &m.source {
-            MountSource::Path(source) => {
-                let file = fs::metadata(source).map(|m| !m.is_dir()).unwrap_or(false);
-                plan.bind_with(source, &m.target, flags, file, !m.non_recursive)?;
-            }
+            MountSource::Path(source) => plan.bind_user(source, &m.target, flags, !m.non_recursive, path_as_user)?,
             MountSource::Tmpfs => {
                 plan.target(&m.target, false)?;
                 plan.push(
@@ -276,7 +287,7 @@ pub fn prepare(
             }
         }
     }
-    let PlanBuilder { ops, mut descriptions, .. } = plan;
+    let PlanBuilder { ops, mut descriptions, held, .. } = plan;
     let remap = c.spec.remap_root.then_some((uid, gid));
     let (hooks, hook_state, pid_at) = hooks_for(c, &dir, &rootfs, &env, &mut descriptions)?;
     Ok(Ready {
@@ -289,6 +300,7 @@ pub fn prepare(
             hooks,
             hook_state,
             pid_at,
+            held,
         },
         env,
         argv,
@@ -515,6 +527,23 @@ fn mapped_layers(dir: &Path, image: &Path, readonly: bool, uid: u32, gid: u32) -
     Ok(())
 }
 
+/// A detached copy of the mount at `source` (an open descriptor), with what is mounted below it when `recursive`.
+fn detached_tree(source: &File, recursive: bool) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    let mut flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as libc::c_uint;
+    }
+    // SAFETY: open_tree on a descriptor we own and an empty path; the result is a new descriptor.
+    let tree = unsafe { libc::syscall(libc::SYS_open_tree, source.as_raw_fd(), c"".as_ptr(), flags) };
+    if tree < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: open_tree returned a descriptor nobody else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(tree as libc::c_int) })
+}
+
 /// The mounts a container leaves in its directory, the overlay first.
 const CONTAINER_MOUNTS: [&str; 3] = ["rootfs", "layer-mapped", "lower"];
 
@@ -702,6 +731,7 @@ struct PlanBuilder<'a> {
     writable: bool,
     ops: Vec<MountOp>,
     descriptions: Vec<String>,
+    held: Vec<std::os::fd::OwnedFd>,
 }
 
 impl PlanBuilder<'_> {
@@ -761,23 +791,39 @@ impl PlanBuilder<'_> {
         Ok(())
     }
 
+    /// A bind mount of a source the node itself chose (a device, the script, a driver library, its files).
     fn bind(&mut self, source: &str, inside: &str, flags: libc::c_ulong, file: bool) -> Result<(), ContainerError> {
-        self.bind_with(source, inside, flags, file, true)
-    }
-
-    fn bind_with(
-        &mut self,
-        source: &str,
-        inside: &str,
-        flags: libc::c_ulong,
-        file: bool,
-        recursive: bool,
-    ) -> Result<(), ContainerError> {
         if fs::symlink_metadata(source).is_err() {
             return Err(ContainerError::MissingSource { path: source.to_string() });
         }
         self.target(inside, file)?;
-        let op = MountOp::Bind { source: cstring(source), target: self.inside(inside), recursive, flags };
+        let op = MountOp::Bind { source: cstring(source), target: self.inside(inside), recursive: true, flags };
+        self.push(op, format!("mount {source} at {inside}"));
+        Ok(())
+    }
+
+    /// A bind mount of a source the user named (`--container-mounts`, `$HOME`, the job's checkpoints). The mount
+    /// is made as root, which could reach what the user cannot (a file in a directory the user may not enter), so
+    /// the source is opened as the user first (`O_PATH`: the user's right to every directory on the way decides)
+    /// and mounted from that descriptor: the object the user could reach is the object mounted.
+    fn bind_user(
+        &mut self,
+        source: &str,
+        inside: &str,
+        flags: libc::c_ulong,
+        recursive: bool,
+        path_as_user: &dyn Fn(&str) -> io::Result<File>,
+    ) -> Result<(), ContainerError> {
+        let refused = |cause| ContainerError::MountSource { path: source.to_string(), cause };
+        let opened = path_as_user(source).map_err(refused)?;
+        let file = opened.metadata().map(|m| !m.is_dir()).unwrap_or(false);
+        // A detached copy of the mount, made here in the host's namespace from what the user opened; the task's
+        // process attaches it in its own namespace (a path or a descriptor of the host's namespace could not be
+        // mounted from there).
+        let tree = detached_tree(&opened, recursive).map_err(refused)?;
+        self.target(inside, file)?;
+        let op = MountOp::Attach { tree: tree.as_raw_fd(), target: self.inside(inside), flags };
+        self.held.push(tree);
         self.push(op, format!("mount {source} at {inside}"));
         Ok(())
     }
@@ -1131,6 +1177,26 @@ pub unsafe fn enter(plan: &Plan, mark: &dyn Fn(u8)) -> io::Result<()> {
                     }
                 }
                 MountOp::Umount { target } => check(libc::umount2(target.as_ptr(), libc::MNT_DETACH))?,
+                MountOp::Attach { tree, target, flags } => {
+                    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+                    check(libc::syscall(
+                        libc::SYS_move_mount,
+                        *tree,
+                        c"".as_ptr(),
+                        libc::AT_FDCWD,
+                        target.as_ptr(),
+                        MOVE_MOUNT_F_EMPTY_PATH,
+                    ) as libc::c_int)?;
+                    if *flags != 0 {
+                        check(libc::mount(
+                            std::ptr::null(),
+                            target.as_ptr(),
+                            std::ptr::null(),
+                            libc::MS_REMOUNT | libc::MS_BIND | *flags,
+                            std::ptr::null(),
+                        ))?;
+                    }
+                }
                 MountOp::Mkdir { path, mode } => {
                     if libc::mkdir(path.as_ptr(), *mode) != 0 && *libc::__errno_location() != libc::EEXIST {
                         return Err(io::Error::last_os_error());
@@ -1404,12 +1470,24 @@ mod tests {
     fn a_mount_destination_through_a_symlink_in_the_image_is_refused() {
         let root = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink("/etc", root.path().join("data")).unwrap();
-        let builder = PlanBuilder { rootfs: root.path(), writable: true, ops: Vec::new(), descriptions: Vec::new() };
+        let builder = PlanBuilder {
+            rootfs: root.path(),
+            writable: true,
+            ops: Vec::new(),
+            descriptions: Vec::new(),
+            held: Vec::new(),
+        };
         let refused = builder.target("/data/x", false).unwrap_err();
         assert!(refused.to_string().contains("symbolic link"), "{refused}");
         builder.target("/scratch/deep", false).unwrap();
         assert!(root.path().join("scratch/deep").is_dir(), "missing mount points are made in a writable container");
-        let readonly = PlanBuilder { rootfs: root.path(), writable: false, ops: Vec::new(), descriptions: Vec::new() };
+        let readonly = PlanBuilder {
+            rootfs: root.path(),
+            writable: false,
+            ops: Vec::new(),
+            descriptions: Vec::new(),
+            held: Vec::new(),
+        };
         assert!(readonly.target("/other", false).unwrap_err().to_string().contains("--container-writable"));
     }
 

@@ -602,6 +602,10 @@ fn enter_container_prepared(
     let open_as_user = |path: &str| {
         as_user(creds, || OpenOptions::new().read(true).custom_flags(libc::O_CLOEXEC).open(path)).and_then(|r| r)
     };
+    let path_as_user = |path: &str| {
+        as_user(creds, || OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_CLOEXEC).open(path))
+            .and_then(|r| r)
+    };
     let started = Instant::now();
     let task = crate::container::Task {
         uid: launch.uid,
@@ -611,7 +615,7 @@ fn enter_container_prepared(
         argv: &launch.argv,
         env: &launch.env,
     };
-    let ready = crate::container::prepare(c, &task, &open_as_user, &credentials).map_err(|e| {
+    let ready = crate::container::prepare(c, &task, &open_as_user, &path_as_user, &credentials).map_err(|e| {
         let message = format!("container: {e}");
         Failure::setup(message.clone(), Some(message))
     })?;

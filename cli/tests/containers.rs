@@ -228,6 +228,18 @@ fn srun_runs_a_squashfs_image_with_its_own_files_devices_and_mounts() {
     assert_ne!(code, 0);
     assert!(err.contains("container"), "{err}");
 
+    // A file the tenant cannot reach on the node (in root's 0700 directory) cannot be reached by mounting it either:
+    // the mount is made as root, but from the source as the tenant opened it.
+    let vault = dir.path().join("vault");
+    fs::create_dir(&vault).unwrap();
+    fs::set_permissions(&vault, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::write(vault.join("secret"), "root's secret\n").unwrap();
+    fs::set_permissions(vault.join("secret"), fs::Permissions::from_mode(0o644)).unwrap();
+    let mount = format!("--container-mounts={}:/stolen", vault.join("secret").display());
+    let (code, out, err) = srun(&sh, ALICE, &["--container-image=./test.sqsh", &mount, "cat", "/stolen"]);
+    assert_ne!(code, 0, "read root's file: {out}");
+    assert!(!out.contains("secret") && err.contains("cannot mount") && err.contains("Permission denied"), "{err}");
+
     // Once the jobs have left, their containers are unmounted and gone; the node's image store stays.
     let prefix = dir.path().display().to_string();
     let start = Instant::now();
