@@ -527,6 +527,19 @@ fn mapped_layers(dir: &Path, image: &Path, readonly: bool, uid: u32, gid: u32) -
     Ok(())
 }
 
+/// `name` opened as an `O_PATH` descriptor (relative to `dir`, or absolute), never through a symlink.
+fn open_beneath(dir: Option<&File>, name: &CString, kind: libc::c_int) -> io::Result<File> {
+    use std::os::fd::FromRawFd;
+    let base = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
+    // SAFETY: openat on a descriptor we own (or AT_FDCWD) and a C string; the result is a new descriptor.
+    let fd = unsafe { libc::openat(base, name.as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC | kind) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: openat returned a descriptor nobody else owns.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
 /// A detached copy of the mount at `source` (an open descriptor), with what is mounted below it when `recursive`.
 fn detached_tree(source: &File, recursive: bool) -> io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
@@ -749,43 +762,65 @@ impl PlanBuilder<'_> {
     /// missing where the container is writable, and never following a symbolic link the image put on the way (which
     /// could point anywhere on the host).
     fn target(&self, inside: &str, file: bool) -> Result<(), ContainerError> {
-        let mut path = self.rootfs.to_path_buf();
+        let symlink = || ContainerError::SymlinkTarget { target: inside.to_string() };
+        let failed = |what: &str, cause| ContainerError::Setup {
+            dir: self.rootfs.display().to_string(),
+            what: format!("{what} {inside}"),
+            cause,
+        };
+        // Walked one component at a time relative to the directory before it, never following a symlink: a task of
+        // the same named container could swap a directory of the writable layer for a symlink between a check by
+        // path and a mkdir by path, and root would then make a directory wherever it pointed.
+        let mut dir = open_beneath(None, &cstring_path(self.rootfs), libc::O_DIRECTORY)
+            .map_err(|e| failed("open the container's root for", e))?;
         let components: Vec<&str> = inside.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
         for (i, component) in components.iter().enumerate() {
             if *component == ".." {
-                return Err(ContainerError::SymlinkTarget { target: inside.to_string() });
+                return Err(symlink());
             }
-            path.push(component);
+            let name = cstring(component);
             let last = i + 1 == components.len();
-            match fs::symlink_metadata(&path) {
-                Ok(meta) if meta.file_type().is_symlink() => {
-                    return Err(ContainerError::SymlinkTarget { target: inside.to_string() });
+            let want_file = last && file;
+            let kind = if want_file { 0 } else { libc::O_DIRECTORY };
+            match open_beneath(Some(&dir), &name, kind) {
+                // O_PATH|O_NOFOLLOW opens a symlink itself when no directory is asked for.
+                Ok(next) if next.metadata().is_ok_and(|m| m.file_type().is_symlink()) => return Err(symlink()),
+                Ok(next) => dir = next,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP)) => return Err(symlink()),
+                // A symlink named where a directory is wanted also says ENOTDIR under O_NOFOLLOW|O_DIRECTORY.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTDIR)) && !want_file => {
+                    return Err(symlink());
                 }
-                Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     if !self.writable {
                         return Err(ContainerError::MissingTarget { target: inside.to_string() });
                     }
-                    let made = if last && file {
-                        OpenOptions::new().create_new(true).write(true).mode(0o644).open(&path).map(drop)
-                    } else {
-                        fs::DirBuilder::new().mode(0o755).create(&path)
+                    // SAFETY: a directory descriptor we own and a C string.
+                    let made = unsafe {
+                        if want_file {
+                            let fd = libc::openat(
+                                dir.as_raw_fd(),
+                                name.as_ptr(),
+                                libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                                0o644,
+                            );
+                            if fd >= 0 { libc::close(fd) } else { -1 }
+                        } else {
+                            libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755)
+                        }
                     };
-                    made.or_else(|e| if e.kind() == io::ErrorKind::AlreadyExists { Ok(()) } else { Err(e) }).map_err(
-                        |cause| ContainerError::Setup {
-                            dir: self.rootfs.display().to_string(),
-                            what: format!("create the mount point {inside}"),
-                            cause,
-                        },
-                    )?;
+                    if made != 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
+                        return Err(failed("create the mount point", io::Error::last_os_error()));
+                    }
+                    if !want_file {
+                        dir =
+                            open_beneath(Some(&dir), &name, libc::O_DIRECTORY).map_err(|e| match e.raw_os_error() {
+                                Some(libc::ELOOP | libc::ENOTDIR) => symlink(),
+                                _ => failed("open the mount point", e),
+                            })?;
+                    }
                 }
-                Err(cause) => {
-                    return Err(ContainerError::Setup {
-                        dir: self.rootfs.display().to_string(),
-                        what: format!("look at {inside}"),
-                        cause,
-                    });
-                }
+                Err(e) => return Err(failed("look at", e)),
             }
         }
         Ok(())
@@ -1479,7 +1514,11 @@ mod tests {
         };
         let refused = builder.target("/data/x", false).unwrap_err();
         assert!(refused.to_string().contains("symbolic link"), "{refused}");
+        std::os::unix::fs::symlink("/etc/passwd", root.path().join("hosts")).unwrap();
+        assert!(builder.target("/hosts", true).unwrap_err().to_string().contains("symbolic link"), "a file too");
         builder.target("/scratch/deep", false).unwrap();
+        builder.target("/scratch/file", true).unwrap();
+        assert!(root.path().join("scratch/file").is_file());
         assert!(root.path().join("scratch/deep").is_dir(), "missing mount points are made in a writable container");
         let readonly = PlanBuilder {
             rootfs: root.path(),
