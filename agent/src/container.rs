@@ -622,7 +622,6 @@ fn idmapped_clone(source: &Path, target: &Path, mapping: &std::os::fd::OwnedFd) 
     }
     const OPEN_TREE_CLONE: libc::c_uint = 1;
     const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
     let (source, target) = (cstring_path(source), cstring_path(target));
     // SAFETY: open_tree on a valid C string; the result is a descriptor we own.
     let tree = unsafe {
@@ -1201,19 +1200,10 @@ pub unsafe fn enter(plan: &Plan, mark: &dyn Fn(u8)) -> io::Result<()> {
                         libc::MS_BIND | rec,
                         std::ptr::null(),
                     ))?;
-                    if *flags != 0 {
-                        check(libc::mount(
-                            std::ptr::null(),
-                            target.as_ptr(),
-                            std::ptr::null(),
-                            libc::MS_REMOUNT | libc::MS_BIND | *flags,
-                            std::ptr::null(),
-                        ))?;
-                    }
+                    remount_bind(target, *flags)?;
                 }
                 MountOp::Umount { target } => check(libc::umount2(target.as_ptr(), libc::MNT_DETACH))?,
                 MountOp::Attach { tree, target, flags } => {
-                    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
                     check(libc::syscall(
                         libc::SYS_move_mount,
                         *tree,
@@ -1222,15 +1212,7 @@ pub unsafe fn enter(plan: &Plan, mark: &dyn Fn(u8)) -> io::Result<()> {
                         target.as_ptr(),
                         MOVE_MOUNT_F_EMPTY_PATH,
                     ) as libc::c_int)?;
-                    if *flags != 0 {
-                        check(libc::mount(
-                            std::ptr::null(),
-                            target.as_ptr(),
-                            std::ptr::null(),
-                            libc::MS_REMOUNT | libc::MS_BIND | *flags,
-                            std::ptr::null(),
-                        ))?;
-                    }
+                    remount_bind(target, *flags)?;
                 }
                 MountOp::Mkdir { path, mode } => {
                     if libc::mkdir(path.as_ptr(), *mode) != 0 && *libc::__errno_location() != libc::EEXIST {
@@ -1267,6 +1249,28 @@ pub unsafe fn enter(plan: &Plan, mark: &dyn Fn(u8)) -> io::Result<()> {
         check(libc::chdir(c"/".as_ptr()))?;
     }
     Ok(())
+}
+
+/// `move_mount` from the descriptor itself (libc does not name the flag).
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+
+/// A bind mount's flags (read-only, nosuid, ...), which it takes only on a remount; nothing when there are none.
+/// Async-signal-safe: runs in the child.
+fn remount_bind(target: &CString, flags: libc::c_ulong) -> io::Result<()> {
+    if flags == 0 {
+        return Ok(());
+    }
+    // SAFETY: mount on a C string that outlives the call.
+    let rc = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            target.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REMOUNT | libc::MS_BIND | flags,
+            std::ptr::null(),
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
 /// Runs one hook from the child (still root, in the container's mount namespace before pivot_root): the OCI state,
