@@ -129,9 +129,9 @@ mod tests {
         // Re-encoded, it is the old record with the fields added to the spec since then appended at the spec's
         // end (at their defaults), its array one longer for each: nothing before them moved. So adding a spec
         // field, as the append-only rule asks, needs no change here.
-        // Fields appended to the job itself since then (`suspension: None`) add one byte each at the record's end
-        // and one each to the job's field count.
-        const JOB_FIELDS_ADDED: usize = 1;
+        // Fields appended to the job itself since then (`suspension: None`, `resilience: None`) add one byte each at
+        // the record's end and one each to the job's field count.
+        const JOB_FIELDS_ADDED: usize = 2;
         let now = encode(&expected).unwrap();
         let spec_now = encode(&expected.spec).unwrap();
         let fields_now = &spec_now[4..]; // after the tag and the array16 header
@@ -146,7 +146,7 @@ mod tests {
         assert_eq!(old[head + 3..head + 3 + fields_old], fields_now[..fields_old], "the old fields, unmoved");
         let after_spec = &now[head + 3 + fields_now.len()..now.len() - JOB_FIELDS_ADDED];
         assert_eq!(old[head + 3 + fields_old..], *after_spec, "the job's fields after it");
-        assert_eq!(now[now.len() - JOB_FIELDS_ADDED..], [0xc0], "the added fields, at their defaults");
+        assert_eq!(now[now.len() - JOB_FIELDS_ADDED..], [0xc0, 0xc0], "the added fields, at their defaults");
         // A job that never overflowed its history now stores one byte (nil) for it instead of seven zeros.
         assert_eq!(encode(&busy_job()).unwrap().len() + 7, now.len());
     }

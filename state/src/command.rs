@@ -198,6 +198,45 @@ pub enum Command {
         by_uid: u32,
         suspend: bool,
     },
+    /// `drover progress [--step N]` from inside a job (or its agent, for the progress marker): the incarnation is
+    /// alive. The leader drops reports that would change nothing it needs (see the controller's progress filter).
+    RecordProgress {
+        job_id: JobId,
+        incarnation: u64,
+        step: Option<u64>,
+        by_uid: u32,
+    },
+    /// The leader saw no progress from this incarnation within its timeout: requeued with reason `Hung`, its nodes
+    /// charged. Re-checked against the log's time, so a report committed meanwhile wins.
+    JobHung {
+        job_id: JobId,
+        incarnation: u64,
+    },
+    /// A node's agent reported a GPU error with the remedy its XID table names.
+    GpuFault {
+        node: String,
+        fault: crate::model::node::GpuFault,
+    },
+    /// An operator takes GPUs out of service one by one (`drover node gpus drain`), or returns them.
+    DrainGpus {
+        node: String,
+        gpus: Vec<u32>,
+        drain: bool,
+        reason: String,
+        by_uid: u32,
+    },
+    /// A node's agent reset these GPUs (drained for a reset) once idle, and they pass their health check again.
+    GpusReset {
+        node: String,
+        gpus: Vec<u32>,
+    },
+    /// `drover checkpoint invalidate`: never resume from this checkpoint (default: the one the next incarnation
+    /// would resume from).
+    InvalidateCheckpoint {
+        job_id: JobId,
+        path: Option<String>,
+        by_uid: u32,
+    },
     /// `scontrol requeue` of a finished batch job: back to PENDING as its next incarnation. The leader reads the
     /// job from the accounting history (which only it and the other replicas' stores hold, not `State`) and
     /// proposes it whole; applying checks it is still finished (a second request finds it active).
@@ -297,6 +336,12 @@ impl Command {
             Command::RecordImage { .. } => "record_image",
             Command::RecordImageStore { .. } => "record_image_store",
             Command::ReleaseLingering { .. } => "release_lingering",
+            Command::RecordProgress { .. } => "record_progress",
+            Command::JobHung { .. } => "job_hung",
+            Command::GpuFault { .. } => "gpu_fault",
+            Command::DrainGpus { .. } => "drain_gpus",
+            Command::GpusReset { .. } => "gpus_reset",
+            Command::InvalidateCheckpoint { .. } => "invalidate_checkpoint",
         }
     }
 }

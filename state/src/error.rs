@@ -116,6 +116,8 @@ pub enum AllocationRefusal {
     GpuHeld { node: String, gpu: u32, holder: JobId },
     #[error("GPU {gpu} on {node} is still held by an ended incarnation")]
     GpuLingers { node: String, gpu: u32 },
+    #[error("GPU {gpu} on {node} is drained")]
+    GpuDrained { node: String, gpu: u32 },
     #[error("{planned} CPUs planned on {node}, {free} free")]
     Cpus { node: String, planned: u32, free: u32 },
     #[error("{planned} MiB planned on {node}, the job asks for {asked}")]

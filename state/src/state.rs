@@ -396,6 +396,20 @@ impl State {
             Command::RecordAudit { by_uid, .. } => self
                 .require_level(*by_uid, AdminLevel::Administrator, "recording an audit entry")
                 .map(|()| Reply::Nothing),
+            Command::RecordProgress { job_id, incarnation, step, by_uid } => {
+                self.record_progress(*job_id, *incarnation, *step, *by_uid, request.time_ms, &mut changes)
+            }
+            Command::JobHung { job_id, incarnation } => {
+                self.job_hung(*job_id, *incarnation, request.time_ms, &mut changes)
+            }
+            Command::GpuFault { node, fault } => self.gpu_fault(node, fault, request.time_ms, &mut changes),
+            Command::DrainGpus { node, gpus, drain, reason, by_uid } => self
+                .may_drain_gpus(*by_uid)
+                .and_then(|()| self.drain_gpus(node, gpus, *drain, reason, request.time_ms, &mut changes)),
+            Command::GpusReset { node, gpus } => self.gpus_reset(node, gpus, &mut changes),
+            Command::InvalidateCheckpoint { job_id, path, by_uid } => {
+                self.invalidate_checkpoint(*job_id, path.as_deref(), *by_uid, &mut changes)
+            }
         };
         debug_assert!(response.is_ok() || changes.is_empty(), "a refused command changed the state");
         if response.is_ok()
@@ -425,6 +439,7 @@ impl State {
             Command::UpdatePartition { .. }
             | Command::Admin { .. }
             | Command::DrainNodes { .. }
+            | Command::DrainGpus { .. }
             | Command::RecordAudit { .. } => {
                 let mut trial = State {
                     meta: self.meta.clone(),
@@ -583,6 +598,13 @@ fn audited(command: &Command) -> Option<(u32, &str, String)> {
         Command::DrainNodes { names, drain, reason, by_uid, .. } => {
             let action = if *drain { "drain_nodes" } else { "resume_nodes" };
             Some((*by_uid, action, format!("nodes={} reason={reason:?}", names.join(","))))
+        }
+        Command::DrainGpus { node, gpus, drain, reason, by_uid } => {
+            let action = if *drain { "drain_gpus" } else { "return_gpus" };
+            Some((*by_uid, action, format!("node={node} gpus={gpus:?} reason={reason:?}")))
+        }
+        Command::InvalidateCheckpoint { job_id, path, by_uid } => {
+            Some((*by_uid, "invalidate_checkpoint", format!("job={job_id} path={path:?}")))
         }
         Command::Admin { op, by_uid } => Some((*by_uid, op.kind(), json(op))),
         Command::RecordAudit { by_uid, action, detail } => Some((*by_uid, action.as_str(), detail.clone())),

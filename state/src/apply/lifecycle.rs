@@ -24,8 +24,8 @@ const MAX_STEP_NAME: usize = 256;
 pub const MAX_RUNNING_SHARES: usize = 1_024;
 use crate::error::{AllocationRefusal, CommandError};
 use crate::model::job::{
-    Job, JobId, JobState, MAX_STEP_RECORDS, MeasuredUsage, NodeAllocation, NodeUsage, PendingReason, StepEnd,
-    StepRecord,
+    Job, JobId, JobState, MAX_STEP_RECORDS, MeasuredUsage, NodeAllocation, NodeUsage, PendingReason, RequeueKind,
+    RequeueOrder, StepEnd, StepRecord,
 };
 use crate::model::node::{Lingering, Node, NodeHealth, NodeInfo, RunningShare};
 use crate::state::{Change, State};
@@ -132,8 +132,12 @@ impl State {
             count_lingering(&mut self.lingering_jobs, l.job, -1);
         }
         let jobs: Vec<JobId> = node.jobs.iter().copied().collect();
-        for id in jobs {
+        for &id in &jobs {
             self.end_on_node_failure(id, name, now_ms, changes);
+        }
+        // Charged when it cost jobs: a node lost while idle hurt no one (and a drill restarting agents is no lemon).
+        if let Some(first) = jobs.first() {
+            self.charge_failure(name, Some(*first), format!("node lost ({reason})"), now_ms, changes);
         }
         let node = self.nodes[name].clone();
         changes.push(Change::PutNode(node));
@@ -238,6 +242,11 @@ impl State {
             node.drain = drain;
             node.reason = if drain { reason.to_string() } else { String::new() };
             node.since_ms = now_ms;
+            if !drain {
+                // Resumed by an operator, who looked at it: its charged failures are forgiven, or a repaired lemon
+                // would be quarantined again at its next single failure.
+                node.failures.clear();
+            }
             changes.push(Change::PutNode(node.clone()));
         }
         Ok(Reply::Nothing)
@@ -312,7 +321,9 @@ impl State {
             {
                 return Err(R::HeldExclusively { node: node_name(), holder: *other });
             }
-            let wanted = if job.spec.exclusive { node.info.gpus.len() as u32 } else { job.spec.gpus_per_node };
+            // An exclusive job takes every GPU in service (a drained one stays out).
+            let in_service = node.info.gpus.len().saturating_sub(node.drained_gpus.len()) as u32;
+            let wanted = if job.spec.exclusive { in_service } else { job.spec.gpus_per_node };
             if share.gpus.len() as u32 != wanted {
                 let (planned, asked) = (share.gpus.len() as u32, job.spec.gpus_per_node);
                 return Err(R::GpuCount { node: node_name(), planned, asked });
@@ -326,6 +337,9 @@ impl State {
                 }
                 if node.gpu_held(gpu) {
                     return Err(R::GpuLingers { node: node_name(), gpu });
+                }
+                if node.drained_gpus.contains_key(&gpu) {
+                    return Err(R::GpuDrained { node: node_name(), gpu });
                 }
             }
             if share.cpus > node.free_cpus() {
@@ -419,7 +433,8 @@ impl State {
             // Its node lost the controllers for longer than its lease and killed the tasks: a node failure, not
             // the job's own failure.
             let reason = "its node lost contact with the controllers and fenced its tasks".to_string();
-            self.fail_incarnation(job, reason, now_ms, changes);
+            let blame = job.nodes.first().cloned().into_iter().collect();
+            self.fail_incarnation(job, reason, blame, now_ms, changes);
             return Ok(Reply::Nothing);
         }
         if let Some(order) = job.requeue.take() {
@@ -438,6 +453,27 @@ impl State {
             () if end.exit_code == 0 && end.signal == 0 => JobState::Completed,
             () => JobState::Failed,
         };
+        if state == JobState::Failed {
+            // A failure right after resuming: the checkpoint is suspect, and the one before is tried (the requeue
+            // limit ends the loop). Otherwise, a failure soon after starting is charged to the job's nodes.
+            let window_ms = self.fallback_window_ms();
+            match crate::apply::resilience::distrust_fresh_checkpoint(&mut job, window_ms, now_ms, "failed") {
+                Some(note) if job.resume_from().is_some() && job.requeueable() => {
+                    let reason = format!("failed ({}:{}): {note}", job.exit_code, job.exit_signal);
+                    let order = RequeueOrder {
+                        kind: RequeueKind::Fallback,
+                        hold: None,
+                        reason,
+                        preempted_for: None,
+                        blame: Vec::new(),
+                    };
+                    self.requeue(job, order, now_ms, changes);
+                    return Ok(Reply::Nothing);
+                }
+                Some(note) => job.message = Some(note.into()),
+                None => self.charge_early_failure(&job, now_ms, changes),
+            }
+        }
         self.archive(job, state, now_ms, changes);
         Ok(Reply::Nothing)
     }

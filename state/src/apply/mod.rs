@@ -15,4 +15,5 @@ pub mod goodput;
 pub(crate) mod jobs;
 pub mod lifecycle;
 pub mod requeue;
+pub(crate) mod resilience;
 pub(crate) mod submit;

@@ -47,7 +47,7 @@ impl State {
             self.archive(job, state, now_ms, changes);
             return;
         }
-        self.fail_incarnation(job, format!("node {node} failed"), now_ms, changes);
+        self.fail_incarnation(job, format!("node {node} failed"), vec![node.to_string()], now_ms, changes);
     }
 
     /// `--no-kill`: the job keeps its other nodes; the failed one's share is simply gone (the node is down).
@@ -75,6 +75,7 @@ impl State {
         &mut self,
         mut job: Box<Job>,
         reason: String,
+        blame: Vec<String>,
         now_ms: u64,
         changes: &mut Vec<Change>,
     ) {
@@ -83,7 +84,7 @@ impl State {
             self.archive(job, JobState::NodeFail, now_ms, changes);
             return;
         }
-        let order = RequeueOrder { kind: RequeueKind::NodeFailure, hold: None, reason, preempted_for: None };
+        let order = RequeueOrder { kind: RequeueKind::NodeFailure, hold: None, reason, preempted_for: None, blame };
         self.requeue(job, order, now_ms, changes);
     }
 
@@ -92,7 +93,8 @@ impl State {
     pub(crate) fn requeue(&mut self, mut job: Box<Job>, order: RequeueOrder, now_ms: u64, changes: &mut Vec<Change>) {
         let limit = self.config().map_or(DEFAULT_MAX_BATCH_REQUEUE, |c| c.max_batch_requeue);
         self.record_incarnation(&mut job, order.kind.state(), &order.reason, now_ms, true, changes);
-        if order.kind == RequeueKind::NodeFailure {
+        crate::apply::resilience::avoid(&mut job, &order.blame);
+        if order.kind.is_failure() {
             job.failures += 1;
             if job.failures > limit {
                 job.message = Some(
@@ -270,7 +272,8 @@ impl State {
             (true, false) => Some(PendingReason::RequeuedHeld),
         };
         let reason = format!("requeued by uid {by_uid}");
-        let order = RequeueOrder { kind: RequeueKind::Requested, hold: held, reason, preempted_for: None };
+        let order =
+            RequeueOrder { kind: RequeueKind::Requested, hold: held, reason, preempted_for: None, blame: Vec::new() };
         self.order_requeue(id, order, changes);
         Ok(())
     }
@@ -292,7 +295,13 @@ impl State {
         let mut preempted = Vec::new();
         for &id in victims {
             let reason = format!("preempted by job {for_job}");
-            let order = RequeueOrder { kind: RequeueKind::Preempted, hold: None, reason, preempted_for: Some(for_job) };
+            let order = RequeueOrder {
+                kind: RequeueKind::Preempted,
+                hold: None,
+                reason,
+                preempted_for: Some(for_job),
+                blame: Vec::new(),
+            };
             if self.order_requeue(id, order, changes) {
                 preempted.push(id);
             }
@@ -306,7 +315,13 @@ impl State {
         let ids: Vec<JobId> = self.nodes.get(node).map(|n| n.jobs.iter().copied().collect()).unwrap_or_default();
         for id in ids {
             let why = format!("node {node} drained: {reason}");
-            let order = RequeueOrder { kind: RequeueKind::NodeFailure, hold: None, reason: why, preempted_for: None };
+            let order = RequeueOrder {
+                kind: RequeueKind::NodeFailure,
+                hold: None,
+                reason: why,
+                preempted_for: None,
+                blame: vec![node.to_string()],
+            };
             self.order_requeue(id, order, changes);
         }
     }
@@ -339,7 +354,7 @@ impl State {
             )));
         }
         let job = self.jobs.get_mut(&id).expect("checked by active_job");
-        job.checkpoint = Some(Box::new(checkpoint));
+        State::push_checkpoint(job, checkpoint);
         changes.push(Change::PutJob(job.clone()));
         Ok(Reply::Nothing)
     }

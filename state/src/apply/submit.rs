@@ -321,6 +321,17 @@ impl State {
         if !environment.is_empty() {
             changes.push(Change::PutEnvironment { id: first, environment: environment.to_vec() });
         }
+        // The job's own progress timeout, else its QOS's, its partition's, the cluster's.
+        let config = self.config().expect("validated");
+        let progress_timeout_s = spec
+            .progress_timeout_s
+            .map(u64::from)
+            .or_else(|| self.qos.get(resolved.qos.as_str()).and_then(|q| q.progress_timeout_s))
+            .or_else(|| config.partition(&resolved.partition).and_then(|p| p.progress_timeout_s))
+            .or(config.resilience.progress_timeout_s)
+            .filter(|s| *s > 0);
+        let resilience = progress_timeout_s
+            .map(|s| Box::new(crate::model::job::Resilience { progress_timeout_s: Some(s), ..Default::default() }));
         for (offset, array) in tasks.into_iter().enumerate() {
             let id = first + offset as u64;
             let job = Box::new(Job {
@@ -337,6 +348,7 @@ impl State {
                 checkpoint_root: resolved.checkpoint_root.as_str().into(),
                 array,
                 dependency_state: resolved.dependency_state.clone().into(),
+                resilience: resilience.clone(),
                 ..Job::default()
             });
             self.index_dependencies(&job);

@@ -49,6 +49,9 @@ pub struct Partition {
     /// same nodes (Slurm's `preempt/partition_prio`).
     #[serde(default)]
     pub preempt_mode: PreemptMode,
+    /// The progress timeout of this partition's jobs that set none (`--progress-timeout`), in seconds.
+    #[serde(default)]
+    pub progress_timeout_s: Option<u64>,
 }
 
 impl Partition {
@@ -68,6 +71,7 @@ impl Partition {
             allow_qos: Vec::new(),
             checkpoint_dir: None,
             preempt_mode: PreemptMode::Off,
+            progress_timeout_s: None,
         }
     }
 }
@@ -224,6 +228,38 @@ pub struct ClusterConfig {
     /// is initialized; a site moving from Slurm starts above its old ids so no script confuses the two.
     #[serde(default = "default_first_job_id")]
     pub first_job_id: u64,
+    /// Hang detection, lemon-node quarantine and checkpoint fallback.
+    #[serde(default)]
+    pub resilience: ResilienceSettings,
+}
+
+/// What turns repeated failures into action: see the README's operations section.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ResilienceSettings {
+    /// The progress timeout of jobs whose request, QOS and partition set none, in seconds (`None`: no hang
+    /// detection for them).
+    pub progress_timeout_s: Option<u64>,
+    /// A node charged with this many failures within `quarantine_window_s` is drained (0: never).
+    pub quarantine_failures: u32,
+    pub quarantine_window_s: u64,
+    /// A job that fails within this many seconds of starting charges its nodes with a failure (0: never).
+    pub early_failure_s: u64,
+    /// An incarnation that fails (exits non-zero or hangs) within this many seconds of resuming from a checkpoint
+    /// marks that checkpoint bad and is restarted from the one before (0: never).
+    pub checkpoint_fallback_s: u64,
+}
+
+impl Default for ResilienceSettings {
+    fn default() -> Self {
+        ResilienceSettings {
+            progress_timeout_s: None,
+            quarantine_failures: 3,
+            quarantine_window_s: 24 * 3600,
+            early_failure_s: 300,
+            checkpoint_fallback_s: 600,
+        }
+    }
 }
 
 fn default_first_job_id() -> u64 {
@@ -279,6 +315,7 @@ impl Default for ClusterConfig {
             max_batch_requeue: DEFAULT_MAX_BATCH_REQUEUE,
             checkpoint_dir: None,
             first_job_id: default_first_job_id(),
+            resilience: ResilienceSettings::default(),
         }
         .normalized()
     }

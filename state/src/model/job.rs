@@ -131,6 +131,11 @@ pub struct JobSpec {
     /// `--container-image` and the other pyxis options: the job's batch script (and its srun steps, unless they
     /// name their own) run inside this container. Boxed like `gpu_freq`: one word in every spec.
     pub container: Option<Box<crate::container::ContainerSpec>>,
+    /// `--progress-timeout=MINUTES` (seconds here): the job is hung when no progress (`drover progress`, a
+    /// checkpoint, the progress marker) arrives for this long, and is requeued. `None`: the QOS's, the
+    /// partition's or the cluster's default, resolved at submit into [`Resilience::progress_timeout_s`].
+    #[serde(default)]
+    pub progress_timeout_s: Option<u32>,
 }
 
 /// `--gpu-freq=[<level>][,memory=<level>][,verbose]`: the GPUs' graphics and memory clocks, as Slurm's option
@@ -340,6 +345,11 @@ pub enum RequeueKind {
     Preempted,
     /// Its node failed: a GPU fault, a fence, a lost node. Counts towards the cluster's requeue limit.
     NodeFailure,
+    /// No progress within its `--progress-timeout`. Counts towards the requeue limit.
+    Hung,
+    /// It failed right after resuming from a checkpoint, which is now marked bad: restarted from the one before.
+    /// Counts towards the requeue limit.
+    Fallback,
 }
 
 impl RequeueKind {
@@ -349,7 +359,14 @@ impl RequeueKind {
             RequeueKind::Requested => JobState::Requeued,
             RequeueKind::Preempted => JobState::Preempted,
             RequeueKind::NodeFailure => JobState::NodeFail,
+            RequeueKind::Hung => JobState::Requeued,
+            RequeueKind::Fallback => JobState::Failed,
         }
+    }
+
+    /// Whether it is a failure (counted towards `max_batch_requeue`), not a request or a preemption.
+    pub fn is_failure(self) -> bool {
+        matches!(self, RequeueKind::NodeFailure | RequeueKind::Hung | RequeueKind::Fallback)
     }
 }
 
@@ -363,6 +380,9 @@ pub struct RequeueOrder {
     /// For a preemption: the job whose start it makes room for.
     #[serde(default)]
     pub preempted_for: Option<JobId>,
+    /// The nodes the failure is charged to: the next incarnation avoids them (see [`Resilience::avoid_nodes`]).
+    #[serde(default)]
+    pub blame: Vec<String>,
 }
 
 /// What a `--dependency` entry waits for.
@@ -756,6 +776,44 @@ pub struct Job {
     /// `scontrol suspend` of this incarnation (rare: boxed, one word when never suspended).
     #[serde(default)]
     pub suspension: Option<Box<Suspension>>,
+    /// Hang detection, checkpoint fallback and the nodes to avoid (boxed: one word for jobs that use none).
+    #[serde(default)]
+    pub resilience: Option<Box<Resilience>>,
+}
+
+/// The last progress a job's incarnation reported (`drover progress`, a checkpoint record, the marker file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    pub incarnation: u64,
+    /// The leader's stamp of the report.
+    pub time_ms: u64,
+    /// The training step it named, if any.
+    pub step: Option<u64>,
+}
+
+/// How many earlier checkpoints a job keeps besides its latest, to fall back to when the latest proves bad.
+pub const MAX_EARLIER_CHECKPOINTS: usize = 3;
+/// How many checkpoint paths a job remembers as bad.
+pub const MAX_BAD_CHECKPOINTS: usize = 8;
+/// How many nodes a requeued job avoids (those its failed incarnation ran on).
+pub const MAX_AVOID_NODES: usize = 64;
+
+/// What a job carries for surviving hangs, bad checkpoints and bad nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct Resilience {
+    /// The progress timeout in force (the job's, its QOS's, its partition's or the cluster's), in seconds.
+    pub progress_timeout_s: Option<u64>,
+    /// The current incarnation's latest progress.
+    pub progress: Option<Progress>,
+    /// Checkpoints recorded before `Job::checkpoint`, newest first (at most [`MAX_EARLIER_CHECKPOINTS`]).
+    pub earlier_checkpoints: Vec<Checkpoint>,
+    /// Checkpoint paths found bad (an incarnation failed right after resuming from one, or `drover checkpoint
+    /// invalidate`): never resumed from again.
+    pub bad_checkpoints: Vec<String>,
+    /// The nodes the last failed incarnation ran on: the scheduler places the next one elsewhere unless no other
+    /// nodes could ever hold it.
+    pub avoid_nodes: Vec<String>,
 }
 
 /// A job's suspensions (`scontrol suspend`/`resume`) in its current incarnation.
@@ -882,9 +940,58 @@ impl Job {
         self.restart_count + u32::from(self.requeue.is_some())
     }
 
-    /// The checkpoint this incarnation resumes from: the latest one an earlier incarnation recorded.
+    /// The checkpoint this incarnation resumes from: the newest good one, if an earlier incarnation recorded it
+    /// (once the incarnation records its own, it resumes from nothing any more: what it loaded has proved itself).
     pub fn resume_from(&self) -> Option<&Checkpoint> {
-        self.checkpoint.as_deref().filter(|c| c.incarnation < self.incarnation)
+        self.checkpoints().find(|c| !self.checkpoint_is_bad(&c.path)).filter(|c| c.incarnation < self.incarnation)
+    }
+
+    /// Every checkpoint the job keeps, newest first.
+    pub fn checkpoints(&self) -> impl Iterator<Item = &Checkpoint> {
+        let earlier = self.resilience.as_deref().map(|r| r.earlier_checkpoints.as_slice()).unwrap_or_default();
+        self.checkpoint.as_deref().into_iter().chain(earlier)
+    }
+
+    /// Whether `path` was found bad (and is never resumed from).
+    pub fn checkpoint_is_bad(&self, path: &str) -> bool {
+        self.resilience.as_deref().is_some_and(|r| r.bad_checkpoints.iter().any(|b| b == path))
+    }
+
+    /// The progress timeout in force, in seconds.
+    pub fn progress_timeout_s(&self) -> Option<u64> {
+        self.resilience.as_deref().and_then(|r| r.progress_timeout_s)
+    }
+
+    /// The current incarnation's latest progress report, if it made one.
+    pub fn progress(&self) -> Option<Progress> {
+        self.resilience.as_deref().and_then(|r| r.progress).filter(|p| p.incarnation == self.incarnation)
+    }
+
+    /// When the current incarnation last showed progress: its latest report or checkpoint, else its start.
+    pub fn last_progress_ms(&self) -> Option<u64> {
+        let start = self.start_time_ms?;
+        let checkpoint = self.incarnation_checkpoint_ms().unwrap_or(0);
+        let report = self.progress().map_or(0, |p| p.time_ms);
+        Some(start.max(checkpoint).max(report))
+    }
+
+    /// When a running job with a progress timeout counts as hung (`None`: no timeout, not running, or suspended).
+    pub fn hung_at_ms(&self) -> Option<u64> {
+        if self.state != JobState::Running || self.stopping() || self.suspended_since().is_some() {
+            return None;
+        }
+        let timeout_s = self.progress_timeout_s()?;
+        Some(self.last_progress_ms()?.saturating_add(timeout_s.saturating_mul(1_000)))
+    }
+
+    /// The nodes this job should not be placed on again (those its last failed incarnation ran on).
+    pub fn avoid_nodes(&self) -> &[String] {
+        self.resilience.as_deref().map(|r| r.avoid_nodes.as_slice()).unwrap_or_default()
+    }
+
+    /// The resilience record, created on first use.
+    pub fn resilience_mut(&mut self) -> &mut Resilience {
+        self.resilience.get_or_insert_default()
     }
 
     /// When the current incarnation recorded its latest checkpoint, if it recorded one itself.
@@ -1072,9 +1179,11 @@ mod tests {
         // replica's memory at a million jobs). 760 since `scontrol suspend`: one boxed word for a rare state
         // (unboxed, its time and total would have cost 24). 768 since `--gpu-freq`: one boxed word (the request
         // inline would have cost 16 more). 776 since `--container-image`: one boxed word (inline, the container's
-        // options would cost over 100 bytes in every job, though few jobs of a million name an image).
-        assert!(std::mem::size_of::<Job>() <= 776, "Job is {} bytes", std::mem::size_of::<Job>());
-        assert!(std::mem::size_of::<JobSpec>() <= 456, "JobSpec is {} bytes", std::mem::size_of::<JobSpec>());
+        // options would cost over 100 bytes in every job, though few jobs of a million name an image). 792 since hang
+        // detection: the request (`--progress-timeout`, 8 bytes in the spec: it travels in the submission) and one
+        // boxed word for what the job keeps for hangs, checkpoint fallback and nodes to avoid (inline, over 100).
+        assert!(std::mem::size_of::<Job>() <= 792, "Job is {} bytes", std::mem::size_of::<Job>());
+        assert!(std::mem::size_of::<JobSpec>() <= 464, "JobSpec is {} bytes", std::mem::size_of::<JobSpec>());
         // A trivial job's names need no heap block of their own.
         let job = Job {
             spec: JobSpec { name: "wrap".into(), user: "alice".into(), work_dir: "/tmp".into(), ..JobSpec::default() },

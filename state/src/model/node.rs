@@ -126,6 +126,79 @@ pub struct Node {
     /// What the node's container image store holds, as its agent last reported it (`scontrol show node`).
     #[serde(default)]
     pub image_store: Option<ImageStoreSummary>,
+    /// GPUs out of service one by one (an XID whose remedy is a GPU reset, or an operator): jobs get the node's
+    /// other GPUs meanwhile. By index.
+    #[serde(default)]
+    pub drained_gpus: BTreeMap<u32, GpuDrain>,
+    /// Failures charged to this node (oldest first, at most [`MAX_NODE_FAILURES`]): the evidence for quarantine.
+    #[serde(default)]
+    pub failures: Vec<NodeFailure>,
+}
+
+/// How many failures a node keeps on record.
+pub const MAX_NODE_FAILURES: usize = 16;
+
+/// What NVIDIA's XID catalog prescribes for an error, as the agent's XID table says (operators may override it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+pub enum XidAction {
+    /// Informational: logged, nothing else.
+    Ignore,
+    /// The application hit it (or caused it): its job is requeued; the GPU and the node stay in service.
+    RestartApp,
+    /// The GPU needs a reset: drained alone, reset once idle, then returned.
+    ResetGpu,
+    /// The node needs a reboot: drained, rebooted once empty.
+    RebootNode,
+    /// The GPU needs replacing: the node is drained and stays drained until an operator resumes it.
+    Hardware,
+}
+
+impl XidAction {
+    pub fn name(self) -> &'static str {
+        match self {
+            XidAction::Ignore => "ignore",
+            XidAction::RestartApp => "restart_app",
+            XidAction::ResetGpu => "reset_gpu",
+            XidAction::RebootNode => "reboot_node",
+            XidAction::Hardware => "hardware",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<XidAction> {
+        [XidAction::Ignore, XidAction::RestartApp, XidAction::ResetGpu, XidAction::RebootNode, XidAction::Hardware]
+            .into_iter()
+            .find(|a| a.name().eq_ignore_ascii_case(text.trim()))
+    }
+}
+
+/// A GPU error as a node's agent classified it with its XID table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuFault {
+    pub gpu: u32,
+    pub xid: Option<u64>,
+    pub action: XidAction,
+    /// What the XID means (the table's words).
+    pub reason: String,
+}
+
+/// One GPU out of service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuDrain {
+    pub reason: String,
+    /// Why it was drained: a reset (the agent resets it once idle and it comes back), or an operator (it comes back
+    /// only when an operator returns it).
+    pub action: XidAction,
+    pub since_ms: u64,
+}
+
+/// A failure charged to a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeFailure {
+    pub time_ms: u64,
+    /// The job that failed with it, if one did.
+    pub job: Option<JobId>,
+    /// What happened (`node lost`, `XID 79`, `job hung`, `job 12 failed 30 s after starting`).
+    pub what: String,
 }
 
 /// A node's container image cache: reported by its agent after imports and evictions, not per heartbeat.
@@ -172,6 +245,8 @@ impl Node {
             lingering: Vec::new(),
             epoch: 1,
             image_store: None,
+            drained_gpus: BTreeMap::new(),
+            failures: Vec::new(),
         }
     }
 
@@ -196,8 +271,14 @@ impl Node {
         self.health == NodeHealth::Up && !self.drain
     }
 
+    /// GPUs no job or lingering incarnation holds, and that are in service.
     pub fn free_gpus(&self) -> impl Iterator<Item = u32> + '_ {
-        self.info.gpus.iter().map(|g| g.index).filter(|i| !self.gpu_held(*i))
+        self.info.gpus.iter().map(|g| g.index).filter(|i| !self.gpu_held(*i) && !self.drained_gpus.contains_key(i))
+    }
+
+    /// Failures charged here at or after `since_ms`.
+    pub fn failures_since(&self, since_ms: u64) -> impl Iterator<Item = &NodeFailure> {
+        self.failures.iter().filter(move |f| f.time_ms >= since_ms)
     }
 
     /// Whether a running job or a lingering incarnation holds GPU `index`.

@@ -26,6 +26,8 @@ pub struct Qos {
     pub preempt: Vec<String>,
     /// Slurm's `PreemptExemptTime`: a job of this QOS that started less than this long ago is not preempted.
     pub preempt_exempt_time_s: Option<u64>,
+    /// The progress timeout of this QOS's jobs that set none (`--progress-timeout`), in seconds.
+    pub progress_timeout_s: Option<u64>,
 }
 
 impl Qos {
