@@ -43,6 +43,14 @@ pub struct AgentConfig {
     /// sends the cluster's value.
     #[serde(default = "default_kill_wait_ms")]
     pub kill_wait_ms: u64,
+    /// Overrides of the built-in XID table (`XID ACTION` per line; see `crate::xid`).
+    #[serde(default)]
+    pub xid_actions: Option<PathBuf>,
+    /// Resets one GPU drained for a reset once no task uses it, `{gpu}` standing for its index (split on
+    /// whitespace, no shell), e.g. `nvidia-smi --gpu-reset -i {gpu}`. Unset: such GPUs stay drained until an
+    /// operator returns them (`drover node gpus resume`).
+    #[serde(default)]
+    pub gpu_reset_command: Option<String>,
     /// The cluster key (to verify `srun` users' credentials) and this agent's certificate, whose role must be
     /// `agent/<name>`. Required: the agent speaks mutual TLS only.
     #[serde(default)]
@@ -73,6 +81,38 @@ pub struct AgentConfig {
     /// Containers (`--container-image`): where images are cached, how large the cache may grow, and more.
     #[serde(default)]
     pub containers: ContainerConfig,
+    /// Slurm's `HealthCheckProgram` (e.g. LBNL NHC's `/usr/sbin/nhc`): run as the agent's user with no arguments
+    /// and `SLURMD_NODENAME`/`DROVER_NODE` set; a non-zero exit, a signal, a timeout or a failure to start marks
+    /// the node unhealthy with the last line it printed as the reason (see `crate::health_check`). Must be an
+    /// absolute path: the program runs with a minimal environment and `/` as its working directory. Unset: none.
+    #[serde(default)]
+    pub health_check_program: Option<PathBuf>,
+    /// Seconds between runs (Slurm's `HealthCheckInterval`); 0: no periodic runs (only the one at start, if
+    /// `health_check_on_start`). Slurm's default is 0; 300 here is what NHC deployments commonly set, and a
+    /// program has to be configured before anything runs at all.
+    #[serde(default = "default_health_check_interval_s")]
+    pub health_check_interval_s: u64,
+    /// The program's whole process group is killed (SIGKILL) after this many seconds and the node reported
+    /// unhealthy. Slurm's slurmd uses a fixed 60 s; here it is a setting with that default. Must be at least 1.
+    #[serde(default = "default_health_check_timeout_s")]
+    pub health_check_timeout_s: u64,
+    /// Run the program once at agent start, before registering (as slurmd does), so a node that fails it
+    /// registers with the failure as a problem instead of taking jobs first.
+    #[serde(default = "default_true")]
+    pub health_check_on_start: bool,
+}
+
+/// `health_check_interval_s` when unset.
+pub const DEFAULT_HEALTH_CHECK_INTERVAL_S: u64 = 300;
+/// `health_check_timeout_s` when unset: slurmd's fixed limit.
+pub const DEFAULT_HEALTH_CHECK_TIMEOUT_S: u64 = 60;
+
+fn default_health_check_interval_s() -> u64 {
+    DEFAULT_HEALTH_CHECK_INTERVAL_S
+}
+
+fn default_health_check_timeout_s() -> u64 {
+    DEFAULT_HEALTH_CHECK_TIMEOUT_S
 }
 
 /// The node's container settings.
@@ -174,6 +214,7 @@ impl AgentConfig {
         if self.name.is_empty() {
             self.name = hostname();
         }
+        self.check_health_check()?;
         if self.controllers.is_empty() {
             return Err(ConfigError::Setting("no controllers given (controllers = [\"host:port\", ...])".into()));
         }
@@ -200,6 +241,23 @@ impl AgentConfig {
             self.memory_mb = Some(machine_memory_mb());
         }
         Ok(self)
+    }
+
+    /// The health check settings `finish` refuses: a relative program path (it would resolve against whatever
+    /// directory the agent was started in, and the program runs with a minimal `PATH`), or a zero timeout.
+    pub fn check_health_check(&self) -> Result<(), ConfigError> {
+        if let Some(program) = &self.health_check_program
+            && !program.is_absolute()
+        {
+            return Err(ConfigError::Setting(format!(
+                "health_check_program = {:?} is not an absolute path (e.g. \"/usr/sbin/nhc\")",
+                program.display().to_string()
+            )));
+        }
+        if self.health_check_program.is_some() && self.health_check_timeout_s == 0 {
+            return Err(ConfigError::Setting("health_check_timeout_s must be at least 1".into()));
+        }
+        Ok(())
     }
 
     pub fn host(&self) -> String {

@@ -21,11 +21,6 @@ use serde::{Deserialize, Serialize};
 /// and drag every rank of a collective with them.
 pub const MAX_TEMPERATURE_C: u32 = 90;
 
-/// XIDs after which the GPU cannot be trusted with a job until an operator resets or replaces it: memory corruption
-/// (48, 63, 64, 92, 94, 95), NVLink failure (74), the GPU gone from the bus (79) and GSP firmware failures (119, 120).
-/// Every other XID (e.g. 13 or 31, which an application's own bug raises) is logged but keeps the GPU in service.
-pub const FATAL_XIDS: [u64; 10] = [48, 63, 64, 74, 79, 92, 94, 95, 119, 120];
-
 /// Upper bound of events drained from one GPU's event set per poll, so a GPU storming XIDs cannot stall the poll.
 const MAX_XID_EVENTS_PER_POLL: usize = 256;
 
@@ -206,45 +201,11 @@ pub fn unhealthy(health: &[GpuHealth]) -> Vec<(u32, String)> {
     health.iter().filter_map(|h| h.problem.clone().map(|reason| (h.index, reason))).collect()
 }
 
-/// What an XID means, for the problem text an operator reads in `sinfo`/`scontrol show node`.
-fn xid_meaning(code: u64) -> &'static str {
-    match code {
-        48 => "double-bit ECC error",
-        63 => "ECC page retirement or row remapping event",
-        64 => "ECC page retirement or row remapping failure",
-        74 => "NVLink error",
-        79 => "GPU has fallen off the bus",
-        92 => "high single-bit ECC error rate",
-        94 => "contained ECC error",
-        95 => "uncontained ECC error",
-        119 => "GSP RPC timeout",
-        120 => "GSP error",
-        _ => "see NVIDIA's XID catalog",
-    }
-}
-
 /// The one place health thresholds are applied, shared by both backends so a simulated drill exercises exactly the
-/// rules production uses. `fatal_xid` is the GPU's remembered fatal XID: NVML reports an XID once, but the GPU stays
-/// broken until it is reset, so the first fatal XID keeps the GPU out until the agent restarts (or a drill clears it).
-fn assess(
-    index: u32,
-    temperature_c: Option<u32>,
-    ecc_uncorrected: u64,
-    new_xids: &[u64],
-    fatal_xid: &mut Option<u64>,
-) -> Vec<String> {
-    for &xid in new_xids {
-        if FATAL_XIDS.contains(&xid) {
-            tracing::warn!(gpu = index, xid, "fatal XID {xid} ({}); GPU withheld from jobs", xid_meaning(xid));
-            fatal_xid.get_or_insert(xid);
-        } else {
-            tracing::info!(gpu = index, xid, "non-fatal XID {xid}; GPU stays in service");
-        }
-    }
+/// rules production uses. XIDs are not judged here: they are events the agent classifies with its XID table (see
+/// `crate::xid`), which decides whether one GPU, the node or only the job pays for them.
+fn assess(temperature_c: Option<u32>, ecc_uncorrected: u64) -> Vec<String> {
     let mut problems = Vec::new();
-    if let Some(xid) = *fatal_xid {
-        problems.push(format!("XID {xid} ({})", xid_meaning(xid)));
-    }
     // Any uncorrectable error means some job already read corrupt memory; the page may not be retired yet.
     if ecc_uncorrected > 0 {
         problems.push(format!("uncorrectable ECC errors: {ecc_uncorrected}"));
@@ -290,7 +251,6 @@ struct NvmlPollState {
     /// One set per GPU rather than one shared set: a failed registration releases the set it was given, and one GPU
     /// that cannot report XIDs must not cost the others theirs. The index also saves a lookup per event.
     xid_sets: Vec<(u32, EventSet<'static>)>,
-    fatal_xids: BTreeMap<u32, u64>,
 }
 
 impl NvmlBackend {
@@ -313,7 +273,7 @@ impl NvmlBackend {
         Ok(NvmlBackend {
             nvml,
             description: format!("NVML {nvml_version} driver {driver_version}"),
-            poll: Mutex::new(NvmlPollState { xid_sets, fatal_xids: BTreeMap::new() }),
+            poll: Mutex::new(NvmlPollState { xid_sets }),
         })
     }
 
@@ -330,7 +290,7 @@ impl NvmlBackend {
 
     /// Reads one GPU. A GPU that is lost becomes a problem on that GPU rather than an error for the whole poll: the
     /// other GPUs are fine, and the agent must learn which one to withhold.
-    fn gpu_health(&self, index: u32, xids: &[u64], fatal_xid: &mut Option<u64>) -> Result<GpuHealth, GpuError> {
+    fn gpu_health(&self, index: u32, xids: &[u64]) -> Result<GpuHealth, GpuError> {
         let mut lost = None;
         let device = match self.nvml.device_by_index(index) {
             Ok(device) => Some(device),
@@ -375,7 +335,7 @@ impl NvmlBackend {
         // Load figures are for operators (metrics), never a reason to withhold a GPU: unreadable is simply unknown.
         let utilization_pct = device.as_ref().and_then(|d| d.utilization_rates().ok()).map(|u| u.gpu);
         let memory_used_mb = device.as_ref().and_then(|d| d.memory_info().ok()).map(|m| m.used >> 20);
-        let mut problems = assess(index, temperature_c, ecc_uncorrected, xids, fatal_xid);
+        let mut problems = assess(temperature_c, ecc_uncorrected);
         if let Some(lost) = lost {
             problems.insert(0, lost);
         }
@@ -499,16 +459,12 @@ impl GpuBackend for NvmlBackend {
 
     fn health(&self) -> Result<Vec<GpuHealth>, GpuError> {
         let count = self.nvml.device_count().map_err(nvml_error("nvmlDeviceGetCount"))?;
-        let mut poll = lock(&self.poll);
+        let poll = lock(&self.poll);
         let xids = drain_xids(&poll.xid_sets);
         let mut health = Vec::with_capacity(count as usize);
         for index in 0..count {
-            let mut fatal_xid = poll.fatal_xids.get(&index).copied();
             let gpu_xids = xids.get(&index).map(Vec::as_slice).unwrap_or_default();
-            health.push(self.gpu_health(index, gpu_xids, &mut fatal_xid)?);
-            if let Some(xid) = fatal_xid {
-                poll.fatal_xids.insert(index, xid);
-            }
+            health.push(self.gpu_health(index, gpu_xids)?);
         }
         Ok(health)
     }
@@ -560,7 +516,6 @@ struct SimulatedGpu {
     temperature_c: Option<u32>,
     ecc_uncorrected: u64,
     pending_xids: Vec<u64>,
-    fatal_xid: Option<u64>,
     utilization_pct: u32,
     /// Application clocks set for a job; `None` at the defaults.
     clocks: Option<Clocks>,
@@ -868,7 +823,7 @@ impl GpuBackend for SimulatedBackend {
             .zip(0u32..)
             .map(|(gpu, index)| {
                 let xid_events = std::mem::take(&mut gpu.pending_xids);
-                let problems = assess(index, gpu.temperature_c, gpu.ecc_uncorrected, &xid_events, &mut gpu.fatal_xid);
+                let problems = assess(gpu.temperature_c, gpu.ecc_uncorrected);
                 GpuHealth {
                     index,
                     temperature_c: gpu.temperature_c,
@@ -1022,12 +977,10 @@ mod tests {
         assert_eq!(health[3].xid_events, vec![79]);
         assert_eq!(
             unhealthy(&health),
-            vec![
-                (1, "uncorrectable ECC errors: 3".to_string()),
-                (2, "temperature 95 C above limit 90 C".to_string()),
-                (3, "XID 79 (GPU has fallen off the bus)".to_string()),
-            ]
+            vec![(1, "uncorrectable ECC errors: 3".to_string()), (2, "temperature 95 C above limit 90 C".to_string())],
+            "an XID is an event for the agent's XID table, not a standing problem"
         );
+        assert_eq!(node.health().unwrap()[3].xid_events, Vec::<u64>::new(), "reported in one poll only");
     }
 
     #[test]
@@ -1038,16 +991,10 @@ mod tests {
     }
 
     #[test]
-    fn a_fatal_xid_is_reported_once_but_keeps_the_gpu_out_until_cleared() {
+    fn clearing_a_simulated_gpu_brings_back_its_idle_readings() {
         let node = SimulatedBackend::new(2, "H200", "n1");
-        node.inject(0, SimulatedFault::Xid(48));
-
-        let first = node.health().unwrap();
-        assert_eq!(first[0].xid_events, vec![48]);
-        let second = node.health().unwrap();
-        assert!(second[0].xid_events.is_empty(), "an XID is an event: reported in one poll only");
-        assert_eq!(unhealthy(&second), vec![(0, "XID 48 (double-bit ECC error)".to_string())]);
-
+        node.inject(0, SimulatedFault::UncorrectableEcc(2));
+        assert_eq!(unhealthy(&node.health().unwrap()).len(), 1);
         node.inject(0, SimulatedFault::Clear);
         let cleared = node.health().unwrap();
         assert!(unhealthy(&cleared).is_empty());
@@ -1067,11 +1014,11 @@ mod tests {
     #[test]
     fn several_problems_on_one_gpu_are_all_named() {
         let node = SimulatedBackend::new(1, "H200", "n1");
-        node.inject(0, SimulatedFault::Xid(95));
+        node.inject(0, SimulatedFault::Temperature(97));
         node.inject(0, SimulatedFault::UncorrectableEcc(1));
 
         let problem = node.health().unwrap()[0].problem.clone().unwrap();
-        assert_eq!(problem, "XID 95 (uncontained ECC error); uncorrectable ECC errors: 1");
+        assert_eq!(problem, "uncorrectable ECC errors: 1; temperature 97 C above limit 90 C");
     }
 
     #[test]
@@ -1124,7 +1071,8 @@ mod tests {
         assert_eq!(health[3].xid_events, vec![79]);
         assert_eq!(health[1].ecc_uncorrected, 2);
         assert_eq!(health[0].temperature_c, Some(97));
-        assert_eq!(unhealthy(&health).iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![0, 1, 3]);
+        // The XID is an event for the agent's XID table, not a standing problem of the GPU.
+        assert_eq!(unhealthy(&health).iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![0, 1]);
 
         // Unchanged file: nothing is applied twice.
         let again = node.health().unwrap();

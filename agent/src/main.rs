@@ -69,6 +69,8 @@ fn load_config(args: &Args) -> anyhow::Result<AgentConfig> {
             topology: Default::default(),
             gpus: Default::default(),
             kill_wait_ms: 10_000,
+            xid_actions: None,
+            gpu_reset_command: None,
             security: None,
             client_config: None,
             enforce_memory: true,
@@ -77,6 +79,10 @@ fn load_config(args: &Args) -> anyhow::Result<AgentConfig> {
             metrics_listen: None,
             spare: false,
             containers: Default::default(),
+            health_check_program: None,
+            health_check_interval_s: drover_agent::config::DEFAULT_HEALTH_CHECK_INTERVAL_S,
+            health_check_timeout_s: drover_agent::config::DEFAULT_HEALTH_CHECK_TIMEOUT_S,
+            health_check_on_start: true,
         },
     };
     if let Some(v) = &args.name {
@@ -136,6 +142,8 @@ async fn run(mut config: AgentConfig) -> anyhow::Result<()> {
             None => drover_agent::cdi::default_spec(),
         };
     }
+    // A bad XID table stops the agent here, naming the line, rather than applying half of an operator's policy.
+    drover_agent::xid::XidTable::load(config.xid_actions.as_deref())?;
     let mut problems = Vec::new();
     if let Err(e) = check_inventory(&gpus, &expected) {
         tracing::error!("{e}; the node is drained until this is fixed");
@@ -177,8 +185,17 @@ async fn run(mut config: AgentConfig) -> anyhow::Result<()> {
     }
     client_tls.spawn_reloader(security.reload_interval());
     server_tls.spawn_reloader(security.reload_interval());
+    // Slurm's HealthCheckProgram: run once before the node registers (a node failing it registers drained), then
+    // every interval; its failure drains the node with the program's last line as the reason.
+    let health_check = drover_agent::health_check::HealthCheck::from_config(&config, &config.name);
     let agent = NodeAgent::new(config, info, exe, backend, problems, key, client_tls)
         .with_context(|| format!("cannot use the state directory {}", state_dir.display()))?;
+    if let Some(check) = health_check {
+        if let Some(reason) = check.run_at_start(&agent.health_check).await {
+            tracing::warn!("{reason}; the node will be drained");
+        }
+        tokio::spawn(check.run_forever(agent.health_check.clone()));
+    }
     let reattached = agent.task_dirs().len();
     if reattached > 0 {
         tracing::info!(tasks = reattached, "re-attaching to tasks left by the previous agent");

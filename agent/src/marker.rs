@@ -15,6 +15,8 @@ use drover_state::Job;
 
 /// The marker's name in the incarnation's checkpoint directory.
 pub const MARKER_FILE: &str = "LATEST";
+/// The progress marker's name there: any write to it is progress (`--progress-timeout`); it may hold the step.
+pub const PROGRESS_FILE: &str = "PROGRESS";
 /// Its largest accepted size.
 const MAX_MARKER_BYTES: u64 = 4_096;
 
@@ -32,7 +34,22 @@ pub type Record = (String, Option<u64>);
 /// and the checkpoint it names (`None` if the file is not acceptable, which is logged).
 pub fn read(job: &Job, previous: Option<&Seen>) -> Option<(Seen, Option<Record>)> {
     let dir = job.checkpoint_dir();
-    let path = format!("{dir}/{MARKER_FILE}");
+    let (seen, text) = read_file(job, MARKER_FILE, previous)?;
+    Some((seen, text.and_then(|text| parse(&text, &dir))))
+}
+
+/// Reads `job`'s progress marker if it changed since `previous`: what was seen, and `Some(step)` when the change
+/// counts as progress (`step` is the number the file holds, if any); `None` inside when the file is not acceptable.
+pub fn read_progress(job: &Job, previous: Option<&Seen>) -> Option<(Seen, Option<Option<u64>>)> {
+    let (seen, text) = read_file(job, PROGRESS_FILE, previous)?;
+    Some((seen, text.map(|text| text.split_whitespace().next().and_then(|w| w.parse().ok()))))
+}
+
+/// One of the job's marker files, if it changed since `previous`: what was seen, and its text (`None` if the file
+/// is not a small regular file of the job's user, which is logged).
+fn read_file(job: &Job, name: &str, previous: Option<&Seen>) -> Option<(Seen, Option<String>)> {
+    let dir = job.checkpoint_dir();
+    let path = format!("{dir}/{name}");
     let mut file = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(&path).ok()?;
     let meta = file.metadata().ok()?;
     let seen = Seen { modified: meta.modified().ok()?, len: meta.len() };
@@ -40,14 +57,14 @@ pub fn read(job: &Job, previous: Option<&Seen>) -> Option<(Seen, Option<Record>)
         return None;
     }
     if !meta.is_file() || meta.len() > MAX_MARKER_BYTES || meta.uid() != job.spec.uid {
-        tracing::warn!(job = job.id, %path, "ignoring the checkpoint marker: not a small regular file of the job's user");
+        tracing::warn!(job = job.id, %path, "ignoring the marker file: not a small regular file of the job's user");
         return Some((seen, None));
     }
     let mut text = String::new();
     if file.by_ref().take(MAX_MARKER_BYTES).read_to_string(&mut text).is_err() {
         return Some((seen, None));
     }
-    Some((seen, parse(&text, &dir)))
+    Some((seen, Some(text)))
 }
 
 /// `PATH [STEP]`: a relative path is taken from the checkpoint directory.

@@ -135,6 +135,18 @@ struct Inner {
     warned_to_stop: HashMap<JobKey, Instant>,
     /// Checkpoint marker files: when each job's was last looked at, and what it looked like then.
     markers: HashMap<JobKey, (Instant, Option<crate::marker::Seen>)>,
+    /// What each running job's progress marker looked like when last read.
+    progress_markers: HashMap<JobKey, Option<crate::marker::Seen>>,
+    /// Progress seen since the last heartbeat, relayed with the next one: (job, incarnation, step).
+    progress: Vec<(JobId, u64, Option<u64>)>,
+    /// GPU faults remembered until the GPU is reset (RestartApp ones are reported once and not kept), by GPU.
+    gpu_faults: HashMap<u32, drover_proto::wire::GpuFaultReport>,
+    /// Faults reported once (restart the application), sent with the next heartbeat.
+    pending_faults: Vec<drover_proto::wire::GpuFaultReport>,
+    /// GPUs this agent reset after a fault, reported until a new fault hits them.
+    gpus_reset: HashSet<u32>,
+    /// When a reset was last tried per GPU: one try a minute.
+    reset_tried: HashMap<u32, Instant>,
     /// Jobs whose container image digest was relayed to the leader.
     images_reported: HashSet<JobKey>,
     /// When the image store was last looked at, and what the leader was last told of it.
@@ -209,7 +221,26 @@ pub struct NodeAgent {
     last_health: Mutex<Vec<crate::gpu::GpuHealth>>,
     /// Heartbeats sent since the agent started.
     pub heartbeats_sent: std::sync::atomic::AtomicU64,
+    /// The remedy per XID (built in, with the operator's overrides).
+    pub xid_table: crate::xid::XidTable,
+    /// The health-check program's latest failure (`None`: passing, or not configured).
+    pub health_check: Arc<Mutex<Option<String>>>,
 }
+
+/// What a heartbeat carries besides its sequence number.
+#[derive(Debug, Default)]
+pub struct HeartbeatReport {
+    pub problems: Vec<String>,
+    pub gpu_faults: Vec<drover_proto::wire::GpuFaultReport>,
+    pub gpus_reset: Vec<u32>,
+    pub progress: Vec<(JobId, u64, Option<u64>)>,
+    pub health_check: Option<String>,
+}
+
+/// How long a GPU reset command may run.
+const GPU_RESET_TIMEOUT: Duration = Duration::from_secs(120);
+/// Between two tries to reset the same GPU.
+const GPU_RESET_RETRY: Duration = Duration::from_secs(60);
 
 use drover_common::wall::now_ms;
 
@@ -263,7 +294,10 @@ impl NodeAgent {
                 }
             },
         };
+        let xid_table = crate::xid::XidTable::load(config.xid_actions.as_deref()).map_err(std::io::Error::other)?;
         Ok(Arc::new(NodeAgent {
+            xid_table,
+            health_check: Arc::new(Mutex::new(None)),
             config,
             info,
             exe,
@@ -288,6 +322,12 @@ impl NodeAgent {
                 stopping: HashMap::new(),
                 warned_to_stop: HashMap::new(),
                 markers: HashMap::new(),
+                progress_markers: HashMap::new(),
+                progress: Vec::new(),
+                gpu_faults: HashMap::new(),
+                pending_faults: Vec::new(),
+                gpus_reset: HashSet::new(),
+                reset_tried: HashMap::new(),
                 images_reported: HashSet::new(),
                 image_store_checked: None,
                 image_store_sent: None,
@@ -665,6 +705,7 @@ impl NodeAgent {
             inner.reports.retain(|key, _| live.contains(key));
             inner.warned_to_stop.retain(|key, _| live.contains(key));
             inner.markers.retain(|key, _| live.contains(key));
+            inner.progress_markers.retain(|key, _| live.contains(key));
             inner.images_reported.retain(|key| live.contains(key));
             drop(inner);
             self.forget_suspensions(&live);
@@ -930,6 +971,26 @@ impl NodeAgent {
         }
     }
 
+    /// A running job's progress marker, read on the checkpoint marker's schedule: a change is progress, relayed
+    /// with the next heartbeat (one entry per job however often it changed).
+    fn check_progress_marker(&self, a: &Assignment) {
+        // Only jobs watched for hangs. Every node of a job reads it (a shared checkpoint directory); the leader
+        // writes one report per job however many nodes relay it.
+        if a.job.progress_timeout_s().is_none() || a.cancelled() {
+            return;
+        }
+        let key = (a.job.id, a.job.incarnation);
+        let previous = self.lock().progress_markers.get(&key).cloned().flatten();
+        let Some((seen, change)) = crate::marker::read_progress(&a.job, previous.as_ref()) else { return };
+        let mut inner = self.lock();
+        // The first look at a marker left by nothing (a fresh incarnation) is progress too: the file is new.
+        inner.progress_markers.insert(key, Some(seen));
+        if let Some(step) = change {
+            inner.progress.retain(|(job, incarnation, _)| (*job, *incarnation) != key);
+            inner.progress.push((key.0, key.1, step));
+        }
+    }
+
     /// Looks at a running job's checkpoint marker file (at most once a second) and relays a new one.
     fn check_marker(&self, a: &Assignment) {
         if a.cancelled() && a.job.requeue.is_none() {
@@ -945,6 +1006,7 @@ impl NodeAgent {
             entry.0 = Instant::now();
             entry.1.clone()
         };
+        self.check_progress_marker(a);
         let Some((seen, record)) = crate::marker::read(&a.job, previous.as_ref()) else { return };
         let outbox = {
             let mut inner = self.lock();
@@ -1219,11 +1281,134 @@ impl NodeAgent {
                 for (index, why) in crate::gpu::unhealthy(&health) {
                     problems.push(format!("GPU {index}: {why}"));
                 }
+                self.classify_xids(&health);
                 *self.last_health.lock().expect("health poisoned") = health;
             }
             Err(e) => problems.push(format!("GPU health check failed: {e}")),
         }
         problems
+    }
+
+    /// Everything the next heartbeat carries: problems (which drain the node), GPU faults by their XID remedy,
+    /// GPUs reset since, progress markers seen, and the health check's failure.
+    pub fn heartbeat_report(&self) -> HeartbeatReport {
+        let problems = self.problems();
+        self.reset_idle_gpus();
+        let mut inner = self.lock();
+        let mut gpu_faults: Vec<_> = inner.gpu_faults.values().cloned().collect();
+        gpu_faults.sort_by_key(|f| f.gpu);
+        gpu_faults.append(&mut inner.pending_faults);
+        let mut gpus_reset: Vec<u32> = inner.gpus_reset.iter().copied().collect();
+        gpus_reset.sort_unstable();
+        let progress = std::mem::take(&mut inner.progress);
+        drop(inner);
+        let health_check = self.health_check.lock().expect("health check poisoned").clone();
+        HeartbeatReport { problems, gpu_faults, gpus_reset, progress, health_check }
+    }
+
+    /// Turns a poll's XID events into faults by the table's remedy: a restart-the-application one is reported once
+    /// (its job is requeued); the others stay until the GPU is reset (or the agent restarts, as a reboot does).
+    fn classify_xids(&self, health: &[crate::gpu::GpuHealth]) {
+        use drover_state::node::XidAction;
+        let mut inner = self.lock();
+        for gpu in health {
+            for &xid in &gpu.xid_events {
+                let (action, what) = self.xid_table.classify(xid);
+                let report = drover_proto::wire::GpuFaultReport {
+                    gpu: gpu.index,
+                    xid: Some(xid),
+                    action,
+                    reason: what.to_string(),
+                };
+                match action {
+                    XidAction::Ignore => tracing::info!(gpu = gpu.index, xid, "XID {xid} ({what}): nothing to do"),
+                    XidAction::RestartApp => {
+                        tracing::warn!(gpu = gpu.index, xid, "XID {xid} ({what}): the job on this GPU is restarted");
+                        inner.pending_faults.push(report);
+                    }
+                    _ => {
+                        tracing::warn!(gpu = gpu.index, xid, "XID {xid} ({what}): {}", action.name());
+                        inner.gpus_reset.remove(&gpu.index);
+                        // The most severe remedy wins while the GPU waits for one.
+                        let keep = inner.gpu_faults.get(&gpu.index).is_some_and(|f| f.action >= action);
+                        if !keep {
+                            inner.gpu_faults.insert(gpu.index, report);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Resets GPUs whose fault asks for a reset once no task of this node uses them (with the configured command,
+    /// in the background; at most one try a minute per GPU). A reset GPU is reported back until a new fault.
+    fn reset_idle_gpus(self: &NodeAgent) {
+        use drover_state::node::XidAction;
+        let Some(template) = self.config.gpu_reset_command.clone() else { return };
+        let idle: Vec<u32> = {
+            let mut inner = self.lock();
+            if !inner.synced {
+                return;
+            }
+            let busy: HashSet<u32> = inner
+                .assignments
+                .values()
+                .flat_map(|a| a.job.allocation.get(a.node_index as usize).map(|s| s.gpus.to_vec()).unwrap_or_default())
+                .chain(inner.lingering_gpus.values().flatten().copied())
+                .collect();
+            let candidates: Vec<u32> = inner
+                .gpu_faults
+                .values()
+                .filter(|f| f.action == XidAction::ResetGpu && !busy.contains(&f.gpu))
+                .map(|f| f.gpu)
+                .filter(|gpu| inner.reset_tried.get(gpu).is_none_or(|at| at.elapsed() >= GPU_RESET_RETRY))
+                .collect();
+            for gpu in &candidates {
+                inner.reset_tried.insert(*gpu, Instant::now());
+            }
+            candidates
+        };
+        for gpu in idle {
+            if self.gpus.compute_processes(gpu).is_ok_and(|pids| !pids.is_empty()) {
+                continue;
+            }
+            let argv: Vec<String> = template.split_whitespace().map(|w| w.replace("{gpu}", &gpu.to_string())).collect();
+            let Some((program, args)) = argv.split_first() else { return };
+            match run_bounded(program, args, GPU_RESET_TIMEOUT) {
+                Ok(()) => {
+                    tracing::warn!(gpu, "GPU reset by {program}; reporting it back in service");
+                    let mut inner = self.lock();
+                    inner.gpu_faults.remove(&gpu);
+                    inner.gpus_reset.insert(gpu);
+                }
+                Err(why) => tracing::error!(gpu, "resetting the GPU failed: {why}; it stays drained"),
+            }
+        }
+    }
+}
+
+/// Runs an operator's command (no shell) for at most `timeout`: Ok when it exits 0.
+fn run_bounded(program: &str, args: &[String], timeout: Duration) -> Result<(), String> {
+    let mut child = std::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start {program}: {e}"))?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => return Ok(()),
+            Ok(Some(status)) => return Err(format!("{program} exited with {status}")),
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{program} took longer than {} s", timeout.as_secs()));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => return Err(format!("waiting for {program}: {e}")),
+        }
     }
 }
 

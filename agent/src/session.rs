@@ -142,16 +142,24 @@ async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
                 }
             }
             _ = ticker.tick(), if welcomed => {
-                let problems = {
+                let report = {
                     let agent = agent.clone();
-                    tokio::task::spawn_blocking(move || agent.problems()).await.unwrap_or_default()
+                    tokio::task::spawn_blocking(move || agent.heartbeat_report()).await.unwrap_or_default()
                 };
                 seq += 1;
                 if sent.len() == MAX_IN_FLIGHT {
                     sent.pop_front();
                 }
                 sent.push_back((seq, Instant::now()));
-                if tx.try_send(AgentMessage::Heartbeat { seq, problems }).is_err() {
+                let heartbeat = AgentMessage::Heartbeat {
+                    seq,
+                    problems: report.problems,
+                    gpu_faults: report.gpu_faults,
+                    gpus_reset: report.gpus_reset,
+                    progress: report.progress,
+                    health_check: report.health_check,
+                };
+                if tx.try_send(heartbeat).is_err() {
                     break "the outbox to the leader is full".to_string();
                 }
                 agent.heartbeats_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

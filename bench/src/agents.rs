@@ -385,7 +385,14 @@ async fn beat(
             _ = stop.changed() => return None,
             _ = ticker.tick() => {
                 seq += 1;
-                let heartbeat = envelope(&AgentMessage::Heartbeat { seq, problems: Vec::new() });
+                let heartbeat = envelope(&AgentMessage::Heartbeat {
+                    seq,
+                    problems: Vec::new(),
+                    gpu_faults: Vec::new(),
+                    gpus_reset: Vec::new(),
+                    progress: Vec::new(),
+                    health_check: None,
+                });
                 if tx.try_send(heartbeat).is_ok() {
                     sim.heartbeats.fetch_add(1, Ordering::Relaxed);
                     if in_flight.len() < SIM_IN_FLIGHT {

@@ -295,6 +295,9 @@ enum Col {
     Requeue,
     Reservation,
     RestartCnt,
+    /// Drover's: the current incarnation's last progress (time) and step.
+    LastProgress,
+    ProgressStep,
     StartTime,
     State,
     StateCompact,
@@ -423,6 +426,8 @@ impl Col {
             "requeue" => Col::Requeue,
             "reservation" => Col::Reservation,
             "restartcnt" => Col::RestartCnt,
+            "lastprogress" => Col::LastProgress,
+            "progressstep" => Col::ProgressStep,
             "starttime" => Col::StartTime,
             "state" => Col::State,
             "statecompact" => Col::StateCompact,
@@ -499,6 +504,8 @@ impl Col {
             Col::Requeue => "REQUEUE",
             Col::Reservation => "RESERVATION",
             Col::RestartCnt => "RESTART_COUNT",
+            Col::LastProgress => "LAST_PROGRESS",
+            Col::ProgressStep => "PROGRESS_STEP",
             Col::StartTime => "START_TIME",
             Col::State => "STATE",
             Col::StateCompact => "ST",
@@ -590,6 +597,12 @@ impl Col {
             Col::Requeue => u8::from(spec.requeue.unwrap_or(true)).to_string(),
             Col::Reservation => or_null(&spec.reservation),
             Col::RestartCnt => job.restarts().to_string(),
+            Col::LastProgress => {
+                job.progress().map_or_else(|| "N/A".to_string(), |p| format_timestamp(Some(p.time_ms)))
+            }
+            Col::ProgressStep => {
+                job.progress().and_then(|p| p.step).map_or_else(|| "N/A".to_string(), |s| s.to_string())
+            }
             Col::StartTime => format_timestamp(job.start_time_ms),
             Col::State => job.shown_state().name().to_string(),
             Col::StateCompact => job.shown_state().short().to_string(),

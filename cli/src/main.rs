@@ -72,6 +72,23 @@ enum Top {
         #[command(subcommand)]
         command: CheckpointCmd,
     },
+    /// From inside a job: this incarnation is making progress (resets its --progress-timeout).
+    Progress {
+        /// The training step reached (shown by squeue -O LastProgress and scontrol show job).
+        #[arg(long)]
+        step: Option<u64>,
+        /// The job (default: $SLURM_JOB_ID).
+        #[arg(long, env = "SLURM_JOB_ID")]
+        job: u64,
+        /// The incarnation reporting (default: $DROVER_INCARNATION).
+        #[arg(long, env = "DROVER_INCARNATION")]
+        incarnation: u64,
+    },
+    /// GPUs of a node, one by one (operators): `drover node gpus drain NODE 3 --reason "..."`.
+    Node {
+        #[command(subcommand)]
+        command: NodeCmd,
+    },
     /// The cluster's CA, cluster key and certificates (for production set-ups; `local up` makes its own).
     Certs {
         #[command(subcommand)]
@@ -116,6 +133,39 @@ enum CheckpointCmd {
         /// The incarnation recording it (default: $DROVER_INCARNATION).
         #[arg(long, env = "DROVER_INCARNATION")]
         incarnation: u64,
+    },
+    /// Never resume the job from this checkpoint (default: the one its next incarnation would resume from); the
+    /// next resume takes the newest good one before it.
+    Invalidate {
+        /// The job (default: $SLURM_JOB_ID).
+        #[arg(long, env = "SLURM_JOB_ID")]
+        job: u64,
+        path: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum NodeCmd {
+    /// Take GPUs out of service (jobs keep the node's others), or return them.
+    Gpus {
+        #[command(subcommand)]
+        command: GpusCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum GpusCmd {
+    Drain {
+        node: String,
+        #[arg(required = true)]
+        gpus: Vec<u32>,
+        #[arg(long)]
+        reason: String,
+    },
+    Resume {
+        node: String,
+        #[arg(required = true)]
+        gpus: Vec<u32>,
     },
 }
 
@@ -269,6 +319,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let path = path.to_str().ok_or_else(|| anyhow::anyhow!("the checkpoint path is not UTF-8"))?.to_string();
             let client = connect::client(cli.controllers.as_deref())?;
             connect::runtime().block_on(client.record_checkpoint(job, incarnation, &path, step))?;
+            Ok(())
+        }
+        Top::Checkpoint { command: CheckpointCmd::Invalidate { job, path } } => {
+            let client = connect::client(cli.controllers.as_deref())?;
+            connect::runtime().block_on(client.invalidate_checkpoint(job, path))?;
+            Ok(())
+        }
+        Top::Progress { step, job, incarnation } => {
+            let client = connect::client(cli.controllers.as_deref())?;
+            connect::runtime().block_on(client.record_progress(job, incarnation, step))?;
+            Ok(())
+        }
+        Top::Node { command: NodeCmd::Gpus { command } } => {
+            let client = connect::client(cli.controllers.as_deref())?;
+            let (node, gpus, drain, reason) = match command {
+                GpusCmd::Drain { node, gpus, reason } => (node, gpus, true, reason),
+                GpusCmd::Resume { node, gpus } => (node, gpus, false, String::new()),
+            };
+            connect::runtime().block_on(client.drain_gpus(&node, gpus, drain, &reason))?;
             Ok(())
         }
         Top::Demo { dir } => demo::run(dir),

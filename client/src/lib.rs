@@ -558,6 +558,35 @@ impl Client {
         Ok(())
     }
 
+    /// `drover progress`: incarnation `incarnation` of job `job_id` is alive (at `step`, if known).
+    pub async fn record_progress(&self, job_id: u64, incarnation: u64, step: Option<u64>) -> Result<(), ClientError> {
+        let request = RecordProgressRequest { job_id, incarnation, step };
+        self.call(|mut c| async move { c.record_progress(request).await }).await?;
+        Ok(())
+    }
+
+    /// `drover checkpoint invalidate`: never resume job `job_id` from `path` (default: its next resume's choice).
+    pub async fn invalidate_checkpoint(&self, job_id: u64, path: Option<String>) -> Result<(), ClientError> {
+        let request = InvalidateCheckpointRequest { job_id, path };
+        self.call(|mut c| {
+            let request = request.clone();
+            async move { c.invalidate_checkpoint(request).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// `drover node gpus drain|resume`: GPUs of `node` out of service (or back).
+    pub async fn drain_gpus(&self, node: &str, gpus: Vec<u32>, drain: bool, reason: &str) -> Result<(), ClientError> {
+        let request = DrainGpusRequest { node: node.to_string(), gpus, drain, reason: reason.to_string() };
+        self.call(|mut c| {
+            let request = request.clone();
+            async move { c.drain_gpus(request).await }
+        })
+        .await?;
+        Ok(())
+    }
+
     /// Ends an interactive allocation (`srun` outside a job) with its step's exit.
     pub async fn complete_job(
         &self,

@@ -175,6 +175,11 @@ impl Api {
         propose(&self.proposer, command).await
     }
 
+    /// Whether a progress report should be written (see [`crate::leader::hangs::progress_worth_writing`]).
+    fn progress_worth_writing(&self, job_id: u64, incarnation: u64) -> bool {
+        crate::leader::hangs::progress_worth_writing(&self.view.read().state, job_id, incarnation, now_ms())
+    }
+
     /// Refuses a command that the current state would refuse, without a log entry (`apply` decides again on the
     /// state it commits on).
     fn precheck(&self, command: &Command) -> Result<(), Status> {
@@ -890,6 +895,43 @@ impl DroverService for Api {
             step: m.step,
             by_uid: caller.uid,
         };
+        self.write(command).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn record_progress(&self, request: Request<RecordProgressRequest>) -> Result<Response<Empty>, Status> {
+        forward_if_follower!(self, request, record_progress);
+        let caller = self.security.caller(&request)?;
+        let m = request.into_inner();
+        // Every rank of a large job may report every step: only reports that move the hang deadline by a useful
+        // amount (or name a new step after a quiet while) are written to the log; the rest are answered at once.
+        if !self.progress_worth_writing(m.job_id, m.incarnation) {
+            return Ok(Response::new(Empty {}));
+        }
+        let command =
+            Command::RecordProgress { job_id: m.job_id, incarnation: m.incarnation, step: m.step, by_uid: caller.uid };
+        self.write(command).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn invalidate_checkpoint(
+        &self,
+        request: Request<InvalidateCheckpointRequest>,
+    ) -> Result<Response<Empty>, Status> {
+        forward_if_follower!(self, request, invalidate_checkpoint);
+        let caller = self.security.caller(&request)?;
+        let m = request.into_inner();
+        let command = Command::InvalidateCheckpoint { job_id: m.job_id, path: m.path, by_uid: caller.uid };
+        self.write(command).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn drain_gpus(&self, request: Request<DrainGpusRequest>) -> Result<Response<Empty>, Status> {
+        forward_if_follower!(self, request, drain_gpus);
+        let caller = self.security.caller(&request)?;
+        let m = request.into_inner();
+        let command =
+            Command::DrainGpus { node: m.node, gpus: m.gpus, drain: m.drain, reason: m.reason, by_uid: caller.uid };
         self.write(command).await?;
         Ok(Response::new(Empty {}))
     }

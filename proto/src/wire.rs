@@ -22,6 +22,20 @@ pub enum AgentMessage {
         #[serde(default)]
         seq: u64,
         problems: Vec<String>,
+        /// GPU errors with their XID table's remedy. A `RestartApp` one is sent once; the others in every
+        /// heartbeat while the GPU stays faulted (the leader acts once: the state shows what it did).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        gpu_faults: Vec<GpuFaultReport>,
+        /// GPUs drained for a reset that the agent reset and that are healthy again.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        gpus_reset: Vec<u32>,
+        /// Progress markers its jobs touched since the last heartbeat: (job, incarnation, step).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        progress: Vec<(JobId, u64, Option<u64>)>,
+        /// The health-check program's failure (Slurm's HealthCheckProgram): the node is drained with it as
+        /// reason; its jobs carry on.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        health_check: Option<String>,
     },
     /// A job's batch script (or the cancelled remains of an interactive job) ended on its first node.
     JobEnded { job_id: JobId, incarnation: u64, end: JobEnd },
@@ -39,6 +53,9 @@ pub enum AgentMessage {
         usage: Vec<((JobId, u64), MeasuredUsage)>,
     },
 }
+
+/// One GPU error as the agent classified it (the state's own type: the leader proposes it as it came).
+pub type GpuFaultReport = drover_state::node::GpuFault;
 
 /// Which of a job's tasks a signal reaches (`scancel --signal`, as Slurm: steps by default, `-b` the batch shell
 /// only, `--full` everything).

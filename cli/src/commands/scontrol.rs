@@ -656,6 +656,19 @@ fn node_lines(node: &Node, partitions: &[String], details: bool) -> Vec<String> 
     }
     lines.push(format!("Topology={}", if topology.is_empty() { "(null)".to_string() } else { topology.join(",") }));
     lines.push(format!("Spare={}", if node.spare { "yes" } else { "no" }));
+    for (gpu, drain) in &node.drained_gpus {
+        lines.push(format!("DrainedGpu[{gpu}]={} [{}]", drain.reason.replace(' ', "_"), drain.action.name()));
+    }
+    if !node.failures.is_empty() {
+        let last: Vec<String> = node
+            .failures
+            .iter()
+            .rev()
+            .take(5)
+            .map(|f| format!("{}:{}", format_timestamp(Some(f.time_ms)), f.what.replace(' ', "_")))
+            .collect();
+        lines.push(format!("Failures={} RecentFailures={}", node.failures.len(), last.join(",")));
+    }
     if let Some(store) = &node.image_store {
         lines.push(format!(
             "ContainerImages={} ImageCacheSize={} ImageCacheLimit={}",
@@ -991,6 +1004,21 @@ fn drover_lines(job: &Job, lines: &mut Vec<String>) {
     }
     if let Some(r) = &job.requeue {
         lines.push(format!("Requeueing={:?} RequeueReason={}", r.kind, r.reason.replace(' ', "_")));
+    }
+    if let Some(res) = job.resilience.as_deref() {
+        let progress = job.progress();
+        lines.push(format!(
+            "ProgressTimeout={} LastProgress={} LastProgressStep={}",
+            res.progress_timeout_s.map_or_else(|| "NONE".to_string(), |s| format!("{}", s.div_ceil(60))),
+            format_timestamp(progress.map(|p| p.time_ms)),
+            progress.and_then(|p| p.step).map_or_else(|| "N/A".to_string(), |s| s.to_string()),
+        ));
+        if !res.bad_checkpoints.is_empty() {
+            lines.push(format!("BadCheckpoints={}", res.bad_checkpoints.join(",")));
+        }
+        if !res.avoid_nodes.is_empty() {
+            lines.push(format!("AvoidNodes={}", res.avoid_nodes.join(",")));
+        }
     }
     // One field per earlier incarnation, its parts inside the value: `scontrol show job -o` is parsed as
     // KEY=VALUE tokens, and a second `StartTime=` or `Reason=` would overwrite Slurm's own in every such parser.

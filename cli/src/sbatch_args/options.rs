@@ -114,6 +114,8 @@ pub enum SbatchOption {
     KillOnInvalidDep(bool),
     /// `--gpu-freq`: the clocks of the job's GPUs.
     GpuFreq(GpuFreq),
+    /// `--progress-timeout` (seconds; `None`: no hang detection for this job, whatever the defaults).
+    ProgressTimeout(Option<u64>),
     /// One of pyxis's `--container-*` options (applied in order in [`Draft::finish`], where paths are resolved).
     Container(ContainerOption),
     Parsable,
@@ -493,6 +495,12 @@ pub(super) const OPTIONS: &[OptDef] = &[
     opt("partition", Some('p'), &["SBATCH_PARTITION"], Value(|_, v| option(SbatchOption::Partition(v)))),
     opt("power", None, &["SBATCH_POWER"], Ignored(Arg::Required, "Drover has no power management")),
     opt("profile", None, &["SBATCH_PROFILE"], Ignored(Arg::Required, "Drover gathers no profiles")),
+    opt(
+        "progress-timeout",
+        None,
+        &["SBATCH_PROGRESS_TIMEOUT"],
+        Value(|f, v| option(SbatchOption::ProgressTimeout(parse_limit(f, &v)?))),
+    ),
     opt("qos", Some('q'), &["SBATCH_QOS"], Value(|_, v| option(SbatchOption::Qos(v)))),
     opt("switches", None, &["SBATCH_REQ_SWITCH", "SBATCH_WAIT4SWITCH"], Ignored(Arg::Required, NO_SWITCHES)),
     opt("requeue", None, &["SBATCH_REQUEUE"], Nothing(|| Item::Option(SbatchOption::Requeue(true)))),
@@ -828,6 +836,10 @@ impl Draft {
             SbatchOption::MultiSite => spec.multi_site = true,
             SbatchOption::KillOnInvalidDep(v) => spec.kill_on_invalid_dep = *v,
             SbatchOption::GpuFreq(freq) => spec.gpu_freq = Some(Box::new(*freq)),
+            // Seconds in the spec, at most u32 (136 years); UNLIMITED or 0 turns detection off for the job.
+            SbatchOption::ProgressTimeout(limit) => {
+                spec.progress_timeout_s = Some(limit.map_or(0, |s| s.min(u64::from(u32::MAX)) as u32))
+            }
             SbatchOption::Container(c) => self.container.push(c.clone()),
             SbatchOption::OpenAppend(v) => spec.open_append = *v,
             SbatchOption::Exclusive(mode) => {

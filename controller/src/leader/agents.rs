@@ -661,9 +661,13 @@ impl LiveSession {
         let (hub, name, epoch, tx) = (&self.hub, &self.name, self.epoch, &self.tx);
         hub.seen(name);
         match decode::<AgentMessage>(&envelope.json) {
-            Ok(AgentMessage::Heartbeat { seq, problems }) => {
+            Ok(AgentMessage::Heartbeat { seq, problems, gpu_faults, gpus_reset, progress, health_check }) => {
                 if !problems.is_empty() {
                     drain_for_problems(hub, name, &problems);
+                }
+                if !gpu_faults.is_empty() || !gpus_reset.is_empty() || !progress.is_empty() || health_check.is_some() {
+                    let report = NodeReport { gpu_faults, gpus_reset, progress, health_check };
+                    act_on_report(hub, name, report);
                 }
                 // No lease unless this leader can vouch for the node's epoch (the module's comment): the
                 // agent's lease then runs out and it looks for the leader the quorum elected, or, for a
@@ -774,6 +778,75 @@ impl LiveSession {
     }
 }
 
+/// What a heartbeat carries besides liveness.
+struct NodeReport {
+    gpu_faults: Vec<drover_proto::wire::GpuFaultReport>,
+    gpus_reset: Vec<u32>,
+    progress: Vec<(JobId, u64, Option<u64>)>,
+    health_check: Option<String>,
+}
+
+/// The most GPU faults and progress reports taken from one heartbeat.
+const MAX_REPORTS_PER_HEARTBEAT: usize = 64;
+
+/// GPU faults by their remedy, GPUs back from a reset, progress markers and a failed health check: proposed in
+/// the background, each only when the state does not already show it (faults are repeated every heartbeat).
+fn act_on_report(hub: &Arc<AgentHub>, node: &str, report: NodeReport) {
+    use drover_state::node::XidAction;
+    let now_ms = crate::runtime::now_ms();
+    let mut commands = Vec::new();
+    {
+        let applied = hub.view.read();
+        let Some(n) = applied.state.nodes.get(node) else { return };
+        for fault in report.gpu_faults.into_iter().take(MAX_REPORTS_PER_HEARTBEAT) {
+            let done = match fault.action {
+                XidAction::Ignore => true,
+                XidAction::RestartApp => false,
+                XidAction::ResetGpu => n.drained_gpus.contains_key(&fault.gpu),
+                XidAction::RebootNode | XidAction::Hardware => n.drain,
+            };
+            if !done {
+                commands.push(Command::GpuFault { node: node.to_string(), fault });
+            }
+        }
+        let reset: Vec<u32> = report
+            .gpus_reset
+            .into_iter()
+            .filter(|g| n.drained_gpus.get(g).is_some_and(|d| d.action == XidAction::ResetGpu))
+            .collect();
+        if !reset.is_empty() {
+            commands.push(Command::GpusReset { node: node.to_string(), gpus: reset });
+        }
+        for (job_id, incarnation, step) in report.progress.into_iter().take(MAX_REPORTS_PER_HEARTBEAT) {
+            // The agent speaks only for jobs on its node.
+            let on_node = n.jobs.contains(&job_id);
+            if on_node && super::hangs::progress_worth_writing(&applied.state, job_id, incarnation, now_ms) {
+                commands.push(Command::RecordProgress { job_id, incarnation, step, by_uid: 0 });
+            }
+        }
+        if let Some(reason) = report.health_check
+            && !n.drain
+        {
+            let names = vec![node.to_string()];
+            commands.push(Command::DrainNodes { names, drain: true, reason, by_uid: 0, requeue_jobs: false });
+        }
+    }
+    if commands.is_empty() {
+        return;
+    }
+    let (hub, node) = (hub.clone(), node.to_string());
+    tokio::spawn(async move {
+        for command in commands {
+            let kind = command.kind();
+            match propose_checked(&hub.proposer, command).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(refused)) => tracing::info!(node, kind, "node report refused: {refused}"),
+                Err(e) => tracing::warn!(node, kind, "node report not committed: {}", e.message()),
+            }
+        }
+    });
+}
+
 /// A node whose agent reports problems (failed GPUs, a wrong inventory) is drained, once, with its reasons.
 fn drain_for_problems(hub: &Arc<AgentHub>, node: &str, problems: &[String]) {
     let already = hub.view.read().state.nodes.get(node).is_none_or(|n| n.drain);
@@ -809,6 +882,9 @@ pub async fn leader_loops(hub: Arc<AgentHub>) {
     let mut tick = tokio::time::interval(Duration::from_millis((hub.timing.heartbeat_ms / 4).clamp(10, 250)));
     // One liveness check at a time, off this loop, so node-change notices keep flowing while it commits.
     let checking = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Hangs are judged once a second (timeouts are minutes), one check at a time.
+    let hang_every = (1_000 / (hub.timing.heartbeat_ms / 4).clamp(10, 250)).max(1);
+    let (mut ticks, judging_hangs) = (0u64, Arc::new(std::sync::atomic::AtomicBool::new(false)));
     let catching_up = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut leadership = hub.raft.server_metrics();
     loop {
@@ -869,6 +945,14 @@ pub async fn leader_loops(hub: Arc<AgentHub>) {
                 }
                 if hub.timing.fence_command.is_some() {
                     fence_suspects(&hub);
+                }
+                ticks += 1;
+                if ticks % hang_every == 0 && !judging_hangs.swap(true, Ordering::AcqRel) {
+                    let (hub, judging) = (hub.clone(), judging_hangs.clone());
+                    tokio::spawn(async move {
+                        super::hangs::declare_hung_jobs(&hub.proposer, &hub.view).await;
+                        judging.store(false, Ordering::Release);
+                    });
                 }
             }
         }

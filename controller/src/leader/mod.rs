@@ -4,6 +4,7 @@
 //! client API, and stands down when leadership moves.
 
 pub mod agents;
+pub mod hangs;
 pub mod placement;
 pub mod planner;
 pub mod scheduling;

@@ -89,6 +89,7 @@ pub fn view_in_chunks(
             totals.add(job, now_ms, half_life_s);
         });
         with_state(Hold::Other, &mut |state| view.accounts = account_tree_from(state, now_ms, &totals));
+        relax_avoidance(&mut view);
         return (view, config);
     }
     // More active jobs than the depth: the fair-share tree ranks the pending ones, so it comes first (one walk for
@@ -105,6 +106,7 @@ pub fn view_in_chunks(
                 }
             });
             view.pending = top.into_jobs();
+            relax_avoidance(&mut view);
         }
         // A tree the pass would refuse too (it reports why); the view is left without pending jobs.
         Err(e) => tracing::warn!("cannot rank the pending jobs for this pass: {e}"),
@@ -132,7 +134,8 @@ fn view_without_jobs(state: &State, now_ms: u64) -> sched::ClusterView {
             let cpus = if n.info.cpus == 0 { UNDECLARED_CPUS } else { n.info.cpus };
             sched::Node {
                 name: n.info.name.clone(),
-                gpus_total: n.info.gpus.len() as u32,
+                // GPUs in service: a drained GPU is neither free nor part of an exclusive job's whole node.
+                gpus_total: n.info.gpus.len().saturating_sub(n.drained_gpus.len()) as u32,
                 free_gpus: n.free_gpus().collect(),
                 cpus_total: cpus,
                 // CPUs still held by ended incarnations (lingering) are not free either.
@@ -237,6 +240,30 @@ fn running_job(job: &drover_state::Job, now_ms: u64) -> Option<sched::RunningJob
     })
 }
 
+/// Prefixes a node name a pending job avoids (rather than excludes) in the view being built; no node name holds it.
+const AVOID_MARK: &str = "\u{1}avoid:";
+
+/// A requeued job avoids the nodes its failed incarnation was charged on, unless the other nodes of its partition
+/// could never hold it (too few with enough GPUs in service): then it may go back to them. Avoided nodes become
+/// plain exclusions, or are dropped.
+fn relax_avoidance(view: &mut sched::ClusterView) {
+    for job in view.pending.iter_mut().filter(|j| j.exclude.iter().any(|n| n.starts_with(AVOID_MARK))) {
+        let avoided: Vec<String> =
+            job.exclude.iter().filter_map(|n| n.strip_prefix(AVOID_MARK)).map(str::to_string).collect();
+        job.exclude.retain(|n| !n.starts_with(AVOID_MARK));
+        let elsewhere = view
+            .nodes
+            .iter()
+            .filter(|n| n.schedulable && !n.spare && n.partitions.iter().any(|p| p.as_str() == job.partition.as_str()))
+            .filter(|n| !job.exclude.contains(&n.name) && !avoided.contains(&n.name))
+            .filter(|n| n.gpus_total >= job.gpus_per_node)
+            .count();
+        if elsewhere >= job.nodes as usize {
+            job.exclude.extend(avoided);
+        }
+    }
+}
+
 /// An active job as the view's pending job, if it is pending (and holds nothing: a job being requeued is not
 /// pending yet). Others are not the scheduler's.
 fn pending_job(job: &drover_state::Job, singleton_blocked: &Singletons) -> Option<sched::PendingJob> {
@@ -265,7 +292,14 @@ fn pending_job(job: &drover_state::Job, singleton_blocked: &Singletons) -> Optio
         exclusive: spec.exclusive,
         constraint: spec.constraint.to_vec(),
         nodelist: spec.nodelist.to_vec(),
-        exclude: spec.exclude.to_vec(),
+        // The nodes its last failed incarnation was charged on come after the user's own exclusions, marked by
+        // `AVOID_MARK`, so that `relax_avoidance` can take them back when nothing else could hold the job.
+        exclude: spec
+            .exclude
+            .iter()
+            .cloned()
+            .chain(job.avoid_nodes().iter().map(|n| format!("{AVOID_MARK}{n}")))
+            .collect(),
         reservation: spec.reservation.as_deref().map(Into::into),
         held: job.held,
         dependency: dependency_of(job, singleton_blocked),
