@@ -4,6 +4,7 @@
 
 mod agents;
 mod containers;
+mod ettr;
 mod requeue;
 mod sites;
 mod wan;
@@ -114,6 +115,9 @@ enum BenchCmd {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// ETTR of Llama 3 405B's 54-day run (Meta's published failures), simulated under Drover's recovery and under
+    /// Slurm's defaults: GPU-hours lost per root cause. Deterministic per seed; starts no cluster.
+    Ettr(ettr::EttrArgs),
 }
 
 fn run(cmd: BenchCmd) -> anyhow::Result<()> {
@@ -145,6 +149,7 @@ fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             BenchCmd::Heartbeats { agents, heartbeat_ms, duration_s, dir } => {
                 bench_agents::heartbeats(agents, heartbeat_ms, duration_s, bench_dir(dir, "heartbeats")).await
             }
+            BenchCmd::Ettr(args) => ettr::ettr(&args),
         }
     })
 }
