@@ -1291,7 +1291,7 @@ impl NodeAgent {
 
     /// Everything the next heartbeat carries: problems (which drain the node), GPU faults by their XID remedy,
     /// GPUs reset since, progress markers seen, and the health check's failure.
-    pub fn heartbeat_report(&self) -> HeartbeatReport {
+    pub fn heartbeat_report(self: &Arc<NodeAgent>) -> HeartbeatReport {
         let problems = self.problems();
         self.reset_idle_gpus();
         let mut inner = self.lock();
@@ -1340,9 +1340,10 @@ impl NodeAgent {
         }
     }
 
-    /// Resets GPUs whose fault asks for a reset once no task of this node uses them (with the configured command,
-    /// in the background; at most one try a minute per GPU). A reset GPU is reported back until a new fault.
-    fn reset_idle_gpus(self: &NodeAgent) {
+    /// Resets GPUs whose fault asks for a reset once no task of this node uses them, with the configured command
+    /// on a thread of its own (a reset takes seconds; the heartbeat must not wait for it), at most one try a minute
+    /// per GPU. A reset GPU is reported back until a new fault hits it.
+    fn reset_idle_gpus(self: &Arc<NodeAgent>) {
         use drover_state::node::XidAction;
         let Some(template) = self.config.gpu_reset_command.clone() else { return };
         let idle: Vec<u32> = {
@@ -1373,16 +1374,23 @@ impl NodeAgent {
                 continue;
             }
             let argv: Vec<String> = template.split_whitespace().map(|w| w.replace("{gpu}", &gpu.to_string())).collect();
-            let Some((program, args)) = argv.split_first() else { return };
-            match run_bounded(program, args, GPU_RESET_TIMEOUT) {
+            if argv.is_empty() {
+                return;
+            }
+            let agent = self.clone();
+            std::thread::spawn(move || match run_bounded(&argv[0], &argv[1..], GPU_RESET_TIMEOUT) {
                 Ok(()) => {
-                    tracing::warn!(gpu, "GPU reset by {program}; reporting it back in service");
-                    let mut inner = self.lock();
-                    inner.gpu_faults.remove(&gpu);
-                    inner.gpus_reset.insert(gpu);
+                    tracing::warn!(gpu, "GPU reset by {}; reporting it back in service", argv[0]);
+                    let mut inner = agent.lock();
+                    // A fault that arrived while the reset ran is not cleared by it: the GPU waits for the next.
+                    if inner.reset_tried.get(&gpu).is_some_and(|at| at.elapsed() < GPU_RESET_RETRY + GPU_RESET_TIMEOUT)
+                    {
+                        inner.gpu_faults.remove(&gpu);
+                        inner.gpus_reset.insert(gpu);
+                    }
                 }
                 Err(why) => tracing::error!(gpu, "resetting the GPU failed: {why}; it stays drained"),
-            }
+            });
         }
     }
 }

@@ -1009,7 +1009,7 @@ fn drover_lines(job: &Job, lines: &mut Vec<String>) {
         let progress = job.progress();
         lines.push(format!(
             "ProgressTimeout={} LastProgress={} LastProgressStep={}",
-            res.progress_timeout_s.map_or_else(|| "NONE".to_string(), |s| format!("{}", s.div_ceil(60))),
+            res.progress_timeout_s.map_or_else(|| "NONE".to_string(), format_duration_long),
             format_timestamp(progress.map(|p| p.time_ms)),
             progress.and_then(|p| p.step).map_or_else(|| "N/A".to_string(), |s| s.to_string()),
         ));

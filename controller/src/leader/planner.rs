@@ -256,6 +256,7 @@ fn relax_avoidance(view: &mut sched::ClusterView) {
             .iter()
             .filter(|n| n.schedulable && !n.spare && n.partitions.iter().any(|p| p.as_str() == job.partition.as_str()))
             .filter(|n| !job.exclude.contains(&n.name) && !avoided.contains(&n.name))
+            .filter(|n| job.nodelist.is_empty() || job.nodelist.contains(&n.name))
             .filter(|n| n.gpus_total >= job.gpus_per_node)
             .count();
         if elsewhere >= job.nodes as usize {

@@ -152,13 +152,15 @@ impl State {
             }
         }
         let stopped = if matches!(action, XidAction::RebootNode | XidAction::Hardware) { everyone } else { holders };
+        // An application error (restart the app) says nothing against the node: its job may come back to it.
+        let blame = if action == XidAction::RestartApp { Vec::new() } else { vec![node.to_string()] };
         for id in &stopped {
             let order = RequeueOrder {
                 kind: RequeueKind::NodeFailure,
                 hold: None,
                 reason: format!("node {node} {what}"),
                 preempted_for: None,
-                blame: vec![node.to_string()],
+                blame: blame.clone(),
             };
             self.order_requeue(*id, order, changes);
         }
