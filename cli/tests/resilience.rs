@@ -66,7 +66,7 @@ impl Shell {
 
     fn state(&self, id: u64) -> String {
         let out = self.ok("sacct", &["-X", "-j", &id.to_string(), "-n", "-P", "-o", "State"]);
-        out.trim().split_whitespace().next().unwrap_or_default().to_string()
+        out.split_whitespace().next().unwrap_or_default().to_string()
     }
 
     fn log(&self) -> String {
