@@ -51,6 +51,10 @@ pub struct AgentConfig {
     /// operator returns them (`drover node gpus resume`).
     #[serde(default)]
     pub gpu_reset_command: Option<String>,
+    /// Slurm's RebootProgram: run (split on whitespace, no shell) for `scontrol reboot` once the node is empty,
+    /// e.g. `/usr/sbin/reboot`. Unset: a requested reboot waits, and the agent logs why.
+    #[serde(default)]
+    pub reboot_program: Option<String>,
     /// The cluster key (to verify `srun` users' credentials) and this agent's certificate, whose role must be
     /// `agent/<name>`. Required: the agent speaks mutual TLS only.
     #[serde(default)]

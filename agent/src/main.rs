@@ -71,6 +71,7 @@ fn load_config(args: &Args) -> anyhow::Result<AgentConfig> {
             kill_wait_ms: 10_000,
             xid_actions: None,
             gpu_reset_command: None,
+            reboot_program: None,
             security: None,
             client_config: None,
             enforce_memory: true,

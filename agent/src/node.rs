@@ -147,6 +147,10 @@ struct Inner {
     gpus_reset: HashSet<u32>,
     /// When a reset was last tried per GPU: one try a minute.
     reset_tried: HashMap<u32, Instant>,
+    /// The reboot order the leader sent (`scontrol reboot`), carried out once the node is empty.
+    reboot: Option<u64>,
+    /// The reboot order whose program is running now.
+    rebooting: Option<u64>,
     /// Jobs whose container image digest was relayed to the leader.
     images_reported: HashSet<JobKey>,
     /// When the image store was last looked at, and what the leader was last told of it.
@@ -178,6 +182,8 @@ pub struct AssignmentUpdate {
     pub epoch: u64,
     pub lingering_gpus: Vec<(JobKey, Vec<u32>)>,
     pub cluster_name: String,
+    /// `scontrol reboot`'s order, once the node is empty.
+    pub reboot: Option<u64>,
 }
 
 /// A snapshot of the agent for `/metrics`.
@@ -235,7 +241,14 @@ pub struct HeartbeatReport {
     pub gpus_reset: Vec<u32>,
     pub progress: Vec<(JobId, u64, Option<u64>)>,
     pub health_check: Option<String>,
+    pub rebooted: Option<u64>,
 }
+
+/// Where the agent writes down a reboot order before running the reboot program, and the order carried out.
+const REBOOT_PENDING_FILE: &str = "reboot-pending";
+const REBOOT_DONE_FILE: &str = "reboot-done";
+/// How long a reboot program may run (one that really reboots never returns).
+const REBOOT_PROGRAM_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// How long a GPU reset command may run.
 const GPU_RESET_TIMEOUT: Duration = Duration::from_secs(120);
@@ -328,6 +341,8 @@ impl NodeAgent {
                 pending_faults: Vec::new(),
                 gpus_reset: HashSet::new(),
                 reset_tried: HashMap::new(),
+                reboot: None,
+                rebooting: None,
                 images_reported: HashSet::new(),
                 image_store_checked: None,
                 image_store_sent: None,
@@ -556,8 +571,16 @@ impl NodeAgent {
 
     /// The leader's latest word on what this node runs (see `ControllerMessage::Assignments`).
     pub fn set_assignments(&self, update: AssignmentUpdate) {
-        let AssignmentUpdate { jobs, applied_index, lingering, allow_root_jobs, epoch, lingering_gpus, cluster_name } =
-            update;
+        let AssignmentUpdate {
+            jobs,
+            applied_index,
+            lingering,
+            allow_root_jobs,
+            epoch,
+            lingering_gpus,
+            cluster_name,
+            reboot,
+        } = update;
         let mut inner = self.lock();
         if applied_index < inner.applied_index {
             tracing::warn!(
@@ -576,6 +599,7 @@ impl NodeAgent {
         inner.assignments_epoch = epoch;
         inner.released_sent = None;
         inner.synced = true;
+        inner.reboot = reboot;
         drop(inner);
         self.wake.notify_one();
     }
@@ -1303,7 +1327,73 @@ impl NodeAgent {
         let progress = std::mem::take(&mut inner.progress);
         drop(inner);
         let health_check = self.health_check.lock().expect("health check poisoned").clone();
-        HeartbeatReport { problems, gpu_faults, gpus_reset, progress, health_check }
+        let rebooted = self.reboot_if_empty();
+        HeartbeatReport { problems, gpu_faults, gpus_reset, progress, health_check, rebooted }
+    }
+
+    /// `scontrol reboot`: once the node has no task left (no assignment, nothing lingering, no task directory),
+    /// runs the reboot program (Slurm's RebootProgram) for the leader's order, on a thread of its own. The order
+    /// is written down first: a program that really reboots the machine never returns, and the agent that starts
+    /// afterwards finds the order and reports it carried out. Returns the order carried out, if any, until the
+    /// leader's assignments no longer name it.
+    fn reboot_if_empty(self: &Arc<NodeAgent>) -> Option<u64> {
+        let done_file = self.config.state_dir.join(REBOOT_DONE_FILE);
+        let pending_file = self.config.state_dir.join(REBOOT_PENDING_FILE);
+        // An order written down by the agent before this one: the program ran (and the machine rebooted).
+        if let Ok(id) = std::fs::read_to_string(&pending_file) {
+            let _ = std::fs::write(&done_file, id.trim());
+            let _ = std::fs::remove_file(&pending_file);
+        }
+        let done: Option<u64> = std::fs::read_to_string(&done_file).ok().and_then(|t| t.trim().parse().ok());
+        let (order, empty, running) = {
+            let inner = self.lock();
+            let empty = inner.synced && inner.assignments.is_empty() && inner.lingering.is_empty();
+            (inner.reboot, empty, inner.rebooting)
+        };
+        let Some(order) = order else {
+            if done.is_some() {
+                let _ = std::fs::remove_file(&done_file);
+            }
+            return None;
+        };
+        if done == Some(order) {
+            return Some(order);
+        }
+        if !empty || running == Some(order) || !self.task_dirs().is_empty() {
+            return None;
+        }
+        let Some(program) = self.config.reboot_program.clone() else {
+            tracing::error!(order, "a reboot is requested but no reboot_program is configured; the node waits");
+            return None;
+        };
+        let argv: Vec<String> = program.split_whitespace().map(str::to_string).collect();
+        if argv.is_empty() {
+            return None;
+        }
+        if let Err(e) = std::fs::write(&pending_file, order.to_string()) {
+            tracing::error!("cannot write down the reboot order: {e}; not rebooting");
+            return None;
+        }
+        self.lock().rebooting = Some(order);
+        tracing::warn!(order, ?argv, "the node is empty: running the reboot program");
+        let agent = self.clone();
+        std::thread::spawn(move || {
+            let result = run_bounded(&argv[0], &argv[1..], REBOOT_PROGRAM_TIMEOUT);
+            match result {
+                // Still here: the program did its work without taking this process down (a node reset by a
+                // BMC or a service restart, or a simulated node).
+                Ok(()) => {
+                    let _ = std::fs::write(&done_file, order.to_string());
+                    let _ = std::fs::remove_file(&pending_file);
+                }
+                Err(why) => {
+                    tracing::error!(order, "the reboot program failed: {why}; trying again at the next heartbeat");
+                    let _ = std::fs::remove_file(&pending_file);
+                }
+            }
+            agent.lock().rebooting = None;
+        });
+        None
     }
 
     /// Turns a poll's XID events into faults by the table's remedy: a restart-the-application one is reported once

@@ -120,9 +120,9 @@ async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
                         tracing::info!(%addr, leader_id, epoch, "session with the leader established");
                     }
                     Ok(ControllerMessage::Assignments {
-                        jobs, applied_index, lingering, allow_root_jobs, epoch, lingering_gpus, cluster_name,
+                        jobs, applied_index, lingering, allow_root_jobs, epoch, lingering_gpus, cluster_name, reboot,
                     }) => agent.set_assignments(AssignmentUpdate {
-                        jobs, applied_index, lingering, allow_root_jobs, epoch, lingering_gpus, cluster_name,
+                        jobs, applied_index, lingering, allow_root_jobs, epoch, lingering_gpus, cluster_name, reboot,
                     }),
                     Ok(ControllerMessage::EndAcked { job_id, incarnation }) => agent.acked((job_id, incarnation)),
                     Ok(ControllerMessage::Signal { job_id, incarnation, signal, target }) => {
@@ -158,6 +158,7 @@ async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
                     gpus_reset: report.gpus_reset,
                     progress: report.progress,
                     health_check: report.health_check,
+                    rebooted: report.rebooted,
                 };
                 if tx.try_send(heartbeat).is_err() {
                     break "the outbox to the leader is full".to_string();

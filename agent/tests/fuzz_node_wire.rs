@@ -210,6 +210,7 @@ fn update() -> impl Strategy<Value = AssignmentUpdate> {
             epoch,
             lingering_gpus,
             cluster_name: String::new(),
+            reboot: None,
         })
 }
 

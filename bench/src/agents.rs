@@ -392,6 +392,7 @@ async fn beat(
                     gpus_reset: Vec::new(),
                     progress: Vec::new(),
                     health_check: None,
+                    rebooted: None,
                 });
                 if tx.try_send(heartbeat).is_ok() {
                     sim.heartbeats.fetch_add(1, Ordering::Relaxed);

@@ -587,6 +587,16 @@ impl Client {
         Ok(())
     }
 
+    /// `scontrol reboot` (or `cancel_reboot` with `cancel`) of `names` (`all`: every node).
+    pub async fn reboot_nodes(&self, request: RebootNodesRequest) -> Result<(), ClientError> {
+        self.call(|mut c| {
+            let request = request.clone();
+            async move { c.reboot_nodes(request).await }
+        })
+        .await?;
+        Ok(())
+    }
+
     /// Ends an interactive allocation (`srun` outside a job) with its step's exit.
     pub async fn complete_job(
         &self,

@@ -936,6 +936,29 @@ impl DroverService for Api {
         Ok(Response::new(Empty {}))
     }
 
+    async fn reboot_nodes(&self, request: Request<RebootNodesRequest>) -> Result<Response<Empty>, Status> {
+        forward_if_follower!(self, request, reboot_nodes);
+        let caller = self.security.caller(&request)?;
+        let m = request.into_inner();
+        let names = if m.all { self.view.read().state.nodes.keys().cloned().collect() } else { m.names };
+        let command = if m.cancel {
+            Command::CancelReboot { names, by_uid: caller.uid }
+        } else {
+            let next_state = match m.next_state.to_ascii_lowercase().as_str() {
+                "" => None,
+                "resume" => Some(drover_state::node::NextState::Resume),
+                "down" => Some(drover_state::node::NextState::Down),
+                other => {
+                    return Err(Status::invalid_argument(format!("Invalid nextstate {other:?}: use RESUME or DOWN")));
+                }
+            };
+            Command::RebootNodes { names, asap: m.asap, next_state, reason: m.reason, by_uid: caller.uid }
+        };
+        self.precheck(&command)?;
+        self.write(command).await?;
+        Ok(Response::new(Empty {}))
+    }
+
     async fn who_am_i(&self, request: Request<Empty>) -> Result<Response<WhoAmIReply>, Status> {
         let caller = self.security.caller(&request)?;
         let level = self.level(&caller);

@@ -36,6 +36,9 @@ pub enum AgentMessage {
         /// reason; its jobs carry on.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         health_check: Option<String>,
+        /// The reboot order this node carried out (it ran the reboot program and is back).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rebooted: Option<u64>,
     },
     /// A job's batch script (or the cancelled remains of an interactive job) ended on its first node.
     JobEnded { job_id: JobId, incarnation: u64, end: JobEnd },
@@ -106,6 +109,9 @@ pub enum ControllerMessage {
         /// The cluster's name (`SLURM_CLUSTER_NAME` in every task).
         #[serde(default)]
         cluster_name: String,
+        /// `scontrol reboot`: the order to carry out (run the reboot program) once the node has no task left.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reboot: Option<u64>,
     },
     /// A `JobEnded` report is committed (or stale); the agent may forget it.
     EndAcked { job_id: JobId, incarnation: u64 },

@@ -230,6 +230,24 @@ pub enum Command {
         node: String,
         gpus: Vec<u32>,
     },
+    /// `scontrol reboot [ASAP] [nextstate=RESUME|DOWN] [reason=...] NODES` (operators).
+    RebootNodes {
+        names: Vec<String>,
+        asap: bool,
+        next_state: Option<crate::model::node::NextState>,
+        reason: String,
+        by_uid: u32,
+    },
+    /// `scontrol cancel_reboot NODES`.
+    CancelReboot {
+        names: Vec<String>,
+        by_uid: u32,
+    },
+    /// A node's agent ran the reboot program for order `id` and is back: the node returns in the order's next state.
+    NodeRebooted {
+        node: String,
+        id: u64,
+    },
     /// `drover checkpoint invalidate`: never resume from this checkpoint (default: the one the next incarnation
     /// would resume from).
     InvalidateCheckpoint {
@@ -342,6 +360,9 @@ impl Command {
             Command::DrainGpus { .. } => "drain_gpus",
             Command::GpusReset { .. } => "gpus_reset",
             Command::InvalidateCheckpoint { .. } => "invalidate_checkpoint",
+            Command::RebootNodes { .. } => "reboot_nodes",
+            Command::CancelReboot { .. } => "cancel_reboot",
+            Command::NodeRebooted { .. } => "node_rebooted",
         }
     }
 }

@@ -410,6 +410,15 @@ impl State {
             Command::InvalidateCheckpoint { job_id, path, by_uid } => {
                 self.invalidate_checkpoint(*job_id, path.as_deref(), *by_uid, &mut changes)
             }
+            Command::RebootNodes { names, asap, next_state, reason, by_uid } => {
+                self.require_level(*by_uid, AdminLevel::Operator, "rebooting nodes").and_then(|()| {
+                    self.reboot_nodes(names, *asap, *next_state, reason, *by_uid, request.time_ms, &mut changes)
+                })
+            }
+            Command::CancelReboot { names, by_uid } => self
+                .require_level(*by_uid, AdminLevel::Operator, "cancelling node reboots")
+                .and_then(|()| self.cancel_reboot(names, &mut changes)),
+            Command::NodeRebooted { node, id } => self.node_rebooted(node, *id, request.time_ms, &mut changes),
         };
         debug_assert!(response.is_ok() || changes.is_empty(), "a refused command changed the state");
         if response.is_ok()
@@ -440,6 +449,8 @@ impl State {
             | Command::Admin { .. }
             | Command::DrainNodes { .. }
             | Command::DrainGpus { .. }
+            | Command::RebootNodes { .. }
+            | Command::CancelReboot { .. }
             | Command::RecordAudit { .. } => {
                 let mut trial = State {
                     meta: self.meta.clone(),
@@ -602,6 +613,14 @@ fn audited(command: &Command) -> Option<(u32, &str, String)> {
         Command::DrainGpus { node, gpus, drain, reason, by_uid } => {
             let action = if *drain { "drain_gpus" } else { "return_gpus" };
             Some((*by_uid, action, format!("node={node} gpus={gpus:?} reason={reason:?}")))
+        }
+        Command::RebootNodes { names, asap, next_state, reason, by_uid } => Some((
+            *by_uid,
+            "reboot_nodes",
+            format!("nodes={} asap={asap} nextstate={next_state:?} reason={reason:?}", names.join(",")),
+        )),
+        Command::CancelReboot { names, by_uid } => {
+            Some((*by_uid, "cancel_reboot", format!("nodes={}", names.join(","))))
         }
         Command::InvalidateCheckpoint { job_id, path, by_uid } => {
             Some((*by_uid, "invalidate_checkpoint", format!("job={job_id} path={path:?}")))

@@ -128,6 +128,11 @@ fn progress_timeouts_come_from_the_job_its_qos_its_partition_or_the_cluster() {
     assert_eq!(state.job(own).unwrap().progress_timeout_s(), Some(300));
     let off = submit(&mut state, JobSpec { progress_timeout_s: Some(0), ..alice_job(1, 1) });
     assert_eq!(state.job(off).unwrap().progress_timeout_s(), None, "UNLIMITED turns detection off");
+    let qos = drover_state::Qos { progress_timeout_s: Some(900), ..drover_state::Qos::normal() };
+    let put = Command::Admin { op: drover_state::AdminOp::PutQos { qos, create: false }, by_uid: 0 };
+    state.apply(&at(5, put)).response.unwrap();
+    let from_qos = submit(&mut state, alice_job(1, 1));
+    assert_eq!(state.job(from_qos).unwrap().progress_timeout_s(), Some(900), "the QOS's, before the partition's");
 
     let mut bare = State::default();
     bare.apply(&at(0, Command::InitCluster { config: ClusterConfig::default() }));
@@ -219,10 +224,20 @@ fn an_operator_drains_and_returns_one_gpu() {
 }
 
 #[test]
-fn a_node_that_kills_three_jobs_is_quarantined_with_its_evidence_and_resuming_forgives_it() {
+fn a_node_that_kills_three_users_jobs_is_quarantined_with_its_evidence_and_resuming_forgives_it() {
     let mut state = cluster();
+    // One user's broken script failing again and again says nothing about the node: counted once.
     for round in 0..3u64 {
         let id = submit(&mut state, alice_job(1, 2));
+        start_on(&mut state, id, "n1", &[0, 1], round * MIN);
+        end(&mut state, id, JobEnd { exit_code: 1, ..JobEnd::default() }, round * MIN + 10_000);
+    }
+    assert_eq!(state.nodes["n1"].failures.len(), 3);
+    assert!(!state.nodes["n1"].drain, "one user's early failures count once");
+    // Three users' jobs dying early on the same node do.
+    for round in 0..3u64 {
+        let uid = ALICE + round as u32;
+        let id = submit(&mut state, JobSpec { uid, user: format!("user{uid}").into(), ..alice_job(1, 2) });
         start_on(&mut state, id, "n2", &[0, 1], round * MIN);
         // Dies 30 s in, on its own: a lemon kills jobs early.
         end(&mut state, id, JobEnd { exit_code: 1, ..JobEnd::default() }, round * MIN + 30_000);
@@ -326,4 +341,45 @@ fn old_records_without_the_new_fields_still_decode() {
     let order: drover_state::RequeueOrder =
         serde_json::from_str(r#"{"kind":"NodeFailure","hold":null,"reason":"x"}"#).unwrap();
     assert!(order.blame.is_empty());
+}
+
+#[test]
+fn scontrol_reboot_asap_drains_waits_for_the_node_to_empty_and_returns_it_in_its_next_state() {
+    use drover_state::node::NextState;
+    let mut state = cluster();
+    let id = submit(&mut state, alice_job(1, 2));
+    start_on(&mut state, id, "n1", &[0, 1], 20);
+    let reboot = |names: &[&str], asap, next_state, by_uid| Command::RebootNodes {
+        names: names.iter().map(|n| n.to_string()).collect(),
+        asap,
+        next_state,
+        reason: String::new(),
+        by_uid,
+    };
+    let denied = state.apply(&at(30, reboot(&["n1"], true, None, ALICE))).response.unwrap_err();
+    assert!(matches!(denied, CommandError::NotAuthorized { .. }), "{denied}");
+    state.apply(&at(30, reboot(&["n1"], true, Some(NextState::Resume), 0))).response.unwrap();
+    let n1 = &state.nodes["n1"];
+    assert!(n1.drain && n1.reason == "Reboot ASAP" && !n1.schedulable());
+    assert_eq!(state.job(id).unwrap().state, JobState::Running, "ASAP waits for its jobs: they are not killed");
+    // The agent cannot have rebooted while a job runs there.
+    let early = state.apply(&at(40, Command::NodeRebooted { node: "n1".into(), id: 30 })).response.unwrap_err();
+    assert!(early.to_string().contains("still runs jobs"), "{early}");
+    end(&mut state, id, JobEnd::default(), 50);
+    let stale = state.apply(&at(60, Command::NodeRebooted { node: "n1".into(), id: 29 })).response.unwrap_err();
+    assert!(stale.to_string().contains("no pending reboot 29"), "{stale}");
+    state.apply(&at(60, Command::NodeRebooted { node: "n1".into(), id: 30 })).response.unwrap();
+    assert!(state.nodes["n1"].schedulable(), "back in service: nextstate=RESUME");
+
+    // Without ASAP the node is not drained, only kept from new jobs; nextstate=DOWN brings it back drained.
+    state.apply(&at(70, reboot(&["n2"], false, Some(NextState::Down), 0))).response.unwrap();
+    assert!(!state.nodes["n2"].drain && !state.nodes["n2"].schedulable());
+    state.apply(&at(80, Command::NodeRebooted { node: "n2".into(), id: 70 })).response.unwrap();
+    assert!(state.nodes["n2"].drain && state.nodes["n2"].reason.contains("nextstate=DOWN"));
+    // cancel_reboot lifts an ASAP order's own drain and the pending reboot.
+    state.apply(&at(90, reboot(&["n3"], true, None, 0))).response.unwrap();
+    state.apply(&at(91, Command::CancelReboot { names: vec!["n3".into()], by_uid: 0 })).response.unwrap();
+    assert!(state.nodes["n3"].schedulable() && state.nodes["n3"].reboot.is_none());
+    let unknown = state.apply(&at(92, reboot(&["n9"], true, None, 0))).response.unwrap_err();
+    assert!(matches!(unknown, CommandError::InvalidNodeName { .. }), "{unknown}");
 }

@@ -150,6 +150,8 @@ fn dispatch(options: &Options, args: &[String]) -> anyhow::Result<i32> {
         ["write", "batch_script", id, rest @ ..] if rest.len() <= 1 => {
             write_batch_script(controllers.as_deref(), id, rest.first().copied())
         }
+        [_, rest @ ..] if verb == "reboot" || verb == "reboot_nodes" => reboot(controllers.as_deref(), rest, false),
+        [_, rest @ ..] if verb == "cancel_reboot" => reboot(controllers.as_deref(), rest, true),
         ["requeue", ids @ ..] if !ids.is_empty() => requeue(controllers.as_deref(), &job_list(ids), false),
         ["requeuehold", ids @ ..] if !ids.is_empty() => requeue(controllers.as_deref(), &job_list(ids), true),
         [_, ids @ ..]
@@ -530,6 +532,35 @@ fn update_nodes(controllers: Option<&str>, words: &[&str]) -> anyhow::Result<i32
     Ok(0)
 }
 
+/// `scontrol reboot [ASAP] [nextstate=RESUME|DOWN] [reason=TEXT] ALL|NODELIST` and `scontrol cancel_reboot NODELIST`:
+/// the nodes take no new job, and each runs its agent's reboot program once it has no job left.
+fn reboot(controllers: Option<&str>, words: &[&str], cancel: bool) -> anyhow::Result<i32> {
+    let mut request = drover_proto::v1::RebootNodesRequest { cancel, ..Default::default() };
+    for word in words {
+        match word.split_once('=') {
+            Some((key, value)) if key.eq_ignore_ascii_case("nextstate") && !cancel => {
+                match value.to_ascii_lowercase().as_str() {
+                    "resume" | "down" => request.next_state = value.to_ascii_lowercase(),
+                    _ => anyhow::bail!("Invalid nextstate {value:?}: use RESUME or DOWN"),
+                }
+            }
+            Some((key, value)) if key.eq_ignore_ascii_case("reason") && !cancel => {
+                request.reason = value.trim_matches('"').to_string()
+            }
+            Some((key, _)) => anyhow::bail!("Invalid reboot option {key:?}: ASAP, nextstate=, reason= or nodes"),
+            None if word.eq_ignore_ascii_case("asap") && !cancel => request.asap = true,
+            None if word.eq_ignore_ascii_case("all") => request.all = true,
+            None => request.names.extend(expand_hostlist(word).map_err(|e| anyhow::anyhow!(e))?),
+        }
+    }
+    if request.names.is_empty() && !request.all {
+        anyhow::bail!("Missing node list. Specify ALL|<NodeList>");
+    }
+    let client = crate::connect::client(controllers)?;
+    crate::connect::runtime().block_on(client.reboot_nodes(request))?;
+    Ok(0)
+}
+
 /// `yes`/`no` as Slurm's update values spell them (also `1`/`0`, `true`/`false`), case-insensitively.
 fn parse_yes_no(value: &str) -> Option<bool> {
     match value.to_ascii_lowercase().as_str() {
@@ -656,6 +687,14 @@ fn node_lines(node: &Node, partitions: &[String], details: bool) -> Vec<String> 
     }
     lines.push(format!("Topology={}", if topology.is_empty() { "(null)".to_string() } else { topology.join(",") }));
     lines.push(format!("Spare={}", if node.spare { "yes" } else { "no" }));
+    if let Some(reboot) = &node.reboot {
+        let next = match reboot.next_state {
+            Some(drover_state::node::NextState::Resume) => "RESUME",
+            Some(drover_state::node::NextState::Down) => "DOWN",
+            None => "(previous)",
+        };
+        lines.push(format!("RebootRequested={} NextState={next}", if reboot.asap { "ASAP" } else { "yes" }));
+    }
     for (gpu, drain) in &node.drained_gpus {
         lines.push(format!("DrainedGpu[{gpu}]={} [{}]", drain.reason.replace(' ', "_"), drain.action.name()));
     }

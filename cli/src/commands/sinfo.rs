@@ -296,6 +296,8 @@ struct NodeState {
     no_respond: bool,
     /// An up, undrained hot spare (Drover): idle ones print as `spare`, so the pool has its own line.
     spare: bool,
+    /// `scontrol reboot` pending: Slurm's `@` suffix.
+    reboot: bool,
 }
 
 impl NodeState {
@@ -313,7 +315,8 @@ impl NodeState {
             }
         };
         let spare = node.spare && !node.drain && node.health == NodeHealth::Up;
-        NodeState { base, drain: node.drain, no_respond: node.health == NodeHealth::Down, spare }
+        let (drain, no_respond, reboot) = (node.drain, node.health == NodeHealth::Down, node.reboot.is_some());
+        NodeState { base, drain, no_respond, spare, reboot }
     }
 
     /// Slurm's state word as a number (`node_state`), which `-S t` sorts by: the flags weigh most.
@@ -338,7 +341,7 @@ impl NodeState {
             (false, Base::Allocated) => "alloc",
             (false, Base::Mixed) => "mix",
         };
-        format!("{word}{}", if self.no_respond { "*" } else { "" })
+        format!("{word}{}{}", if self.no_respond { "*" } else { "" }, if self.reboot { "@" } else { "" })
     }
 
     /// `%T`: `idle`, `mixed`, `allocated`, `down*`, `drained`, `draining`, ...
@@ -352,7 +355,7 @@ impl NodeState {
             (false, Base::Allocated) => "allocated",
             (false, Base::Mixed) => "mixed",
         };
-        format!("{word}{}", if self.no_respond { "*" } else { "" })
+        format!("{word}{}{}", if self.no_respond { "*" } else { "" }, if self.reboot { "@" } else { "" })
     }
 }
 

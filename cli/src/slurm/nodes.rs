@@ -10,11 +10,13 @@ pub fn node_state(node: &Node) -> String {
         "DRAINING" => "MIXED",
         other => other,
     };
+    // Slurm's flag for a node with `scontrol reboot` pending.
+    let reboot = if node.reboot.is_some() { "+REBOOT_REQUESTED" } else { "" };
     match (node.health, node.drain) {
-        (NodeHealth::Down, true) => "DOWN+DRAIN+NOT_RESPONDING".to_string(),
-        (NodeHealth::Down, false) => "DOWN+NOT_RESPONDING".to_string(),
-        (NodeHealth::Up, true) => format!("{base}+DRAIN"),
-        (NodeHealth::Up, false) => base.to_string(),
+        (NodeHealth::Down, true) => format!("DOWN+DRAIN+NOT_RESPONDING{reboot}"),
+        (NodeHealth::Down, false) => format!("DOWN+NOT_RESPONDING{reboot}"),
+        (NodeHealth::Up, true) => format!("{base}+DRAIN{reboot}"),
+        (NodeHealth::Up, false) => format!("{base}{reboot}"),
     }
 }
 

@@ -334,6 +334,7 @@ impl AgentHub {
                     epoch: 0,
                     lingering_gpus: Vec::new(),
                     cluster_name,
+                    reboot: None,
                 };
             };
             let lingering: Vec<((JobId, u64), Vec<u32>)> =
@@ -352,8 +353,9 @@ impl AgentHub {
                     Assignment { job: (**job).clone(), hosts, node_index, script: None }
                 })
                 .collect();
-            (jobs, index, n.epoch, lingering, allow_root_jobs, cluster_name)
+            (jobs, index, n.epoch, lingering, allow_root_jobs, (cluster_name, n.reboot.as_ref().map(|r| r.id)))
         };
+        let (cluster_name, reboot) = cluster_name;
         for a in out.iter_mut() {
             if let Err(e) = self.view.with_environment(&mut a.job) {
                 tracing::error!(job = a.job.id, "cannot read the job's environment: {e}");
@@ -373,6 +375,7 @@ impl AgentHub {
             epoch,
             lingering_gpus: lingering,
             cluster_name,
+            reboot,
         }
     }
 
@@ -585,9 +588,9 @@ use tokio_stream::StreamExt as _;
 
 /// What an agent acts on for one job: id, incarnation, stopping, time limit (s), suspended since (ms).
 type JobFingerprint = (JobId, u64, bool, Option<u64>, Option<u64>);
-/// What an agent was last told: each job, the lingering incarnations, and whether root jobs may run. A new
-/// assignment message goes out only when it changes.
-type Fingerprint = (Vec<JobFingerprint>, Vec<(JobId, u64)>, bool);
+/// What an agent was last told: each job, the lingering incarnations, whether root jobs may run and the reboot
+/// order pending. A new assignment message goes out only when it changes.
+type Fingerprint = (Vec<JobFingerprint>, Vec<(JobId, u64)>, (bool, Option<u64>));
 
 async fn run_session(
     hub: Arc<AgentHub>,
@@ -661,12 +664,13 @@ impl LiveSession {
         let (hub, name, epoch, tx) = (&self.hub, &self.name, self.epoch, &self.tx);
         hub.seen(name);
         match decode::<AgentMessage>(&envelope.json) {
-            Ok(AgentMessage::Heartbeat { seq, problems, gpu_faults, gpus_reset, progress, health_check }) => {
+            Ok(AgentMessage::Heartbeat { seq, problems, gpu_faults, gpus_reset, progress, health_check, rebooted }) => {
                 if !problems.is_empty() {
                     drain_for_problems(hub, name, &problems);
                 }
-                if !gpu_faults.is_empty() || !gpus_reset.is_empty() || !progress.is_empty() || health_check.is_some() {
-                    let report = NodeReport { gpu_faults, gpus_reset, progress, health_check };
+                let quiet = gpu_faults.is_empty() && gpus_reset.is_empty() && progress.is_empty();
+                if !quiet || health_check.is_some() || rebooted.is_some() {
+                    let report = NodeReport { gpu_faults, gpus_reset, progress, health_check, rebooted };
                     act_on_report(hub, name, report);
                 }
                 // No lease unless this leader can vouch for the node's epoch (the module's comment): the
@@ -752,7 +756,8 @@ impl LiveSession {
             return Flow::Continue;
         }
         let message = hub.assignments(name);
-        let ControllerMessage::Assignments { jobs, lingering, allow_root_jobs, epoch: now, .. } = &message else {
+        let ControllerMessage::Assignments { jobs, lingering, allow_root_jobs, epoch: now, reboot, .. } = &message
+        else {
             unreachable!("assignments() makes Assignments")
         };
         if *now != epoch || hub.node_epoch(name).is_none_or(|(_, up)| !up) {
@@ -767,7 +772,7 @@ impl LiveSession {
             .iter()
             .map(|a| (a.job.id, a.job.incarnation, a.cancelled(), a.job.time_limit_s, a.job.suspended_since()))
             .collect();
-        let fingerprint = (jobs, lingering.clone(), *allow_root_jobs);
+        let fingerprint = (jobs, lingering.clone(), (*allow_root_jobs, *reboot));
         if self.last_sent.as_ref() != Some(&fingerprint) {
             if tx.send(message).await.is_err() {
                 return Flow::Close;
@@ -784,6 +789,7 @@ struct NodeReport {
     gpus_reset: Vec<u32>,
     progress: Vec<(JobId, u64, Option<u64>)>,
     health_check: Option<String>,
+    rebooted: Option<u64>,
 }
 
 /// The most GPU faults and progress reports taken from one heartbeat.
@@ -823,6 +829,11 @@ fn act_on_report(hub: &Arc<AgentHub>, node: &str, report: NodeReport) {
             if on_node && super::hangs::progress_worth_writing(&applied.state, job_id, incarnation, now_ms) {
                 commands.push(Command::RecordProgress { job_id, incarnation, step, by_uid: 0 });
             }
+        }
+        if let Some(id) = report.rebooted
+            && n.reboot.as_ref().is_some_and(|r| r.id == id)
+        {
+            commands.push(Command::NodeRebooted { node: node.to_string(), id });
         }
         if let Some(reason) = report.health_check
             && !n.drain

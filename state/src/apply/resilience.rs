@@ -12,7 +12,7 @@ use crate::model::job::{
     Checkpoint, Job, JobId, JobState, MAX_AVOID_NODES, MAX_BAD_CHECKPOINTS, MAX_EARLIER_CHECKPOINTS, Progress,
     RequeueKind, RequeueOrder,
 };
-use crate::model::node::{GpuDrain, GpuFault, MAX_NODE_FAILURES, NodeFailure, XidAction};
+use crate::model::node::{GpuDrain, GpuFault, MAX_NODE_FAILURES, NextState, NodeFailure, RebootOrder, XidAction};
 use crate::model::role::AdminLevel;
 use crate::state::{Change, State};
 
@@ -278,7 +278,8 @@ impl State {
     }
 
     /// Charges a failure to a node, and quarantines (drains) it once its failures within the window reach the
-    /// cluster's threshold. Repeated charges for one job count once: one bad job does not quarantine a node.
+    /// cluster's threshold. Repeated charges for one job count once, and early exits once per user: one bad job,
+    /// or one user's broken script, does not quarantine a node.
     pub(crate) fn charge_failure(
         &mut self,
         node: &str,
@@ -287,17 +288,26 @@ impl State {
         now_ms: u64,
         changes: &mut Vec<Change>,
     ) {
+        self.charge(node, NodeFailure { time_ms: now_ms, job, what: bounded(&what), early_exit_of: None }, changes);
+    }
+
+    fn charge(&mut self, node: &str, failure: NodeFailure, changes: &mut Vec<Change>) {
         let settings = self.config().map(|c| c.resilience.clone()).unwrap_or_default();
+        let now_ms = failure.time_ms;
         let Some(entry) = self.nodes.get_mut(node) else { return };
         if entry.failures.len() >= MAX_NODE_FAILURES {
             entry.failures.remove(0);
         }
-        entry.failures.push(NodeFailure { time_ms: now_ms, job, what: bounded(&what) });
+        entry.failures.push(failure);
         if settings.quarantine_failures > 0 && !entry.drain {
             let since_ms = now_ms.saturating_sub(settings.quarantine_window_s.saturating_mul(1_000));
             let mut counted: Vec<&NodeFailure> = Vec::new();
             for failure in entry.failures_since(since_ms) {
-                if failure.job.is_none() || !counted.iter().any(|c| c.job == failure.job) {
+                let repeated = match failure.early_exit_of {
+                    Some(user) => counted.iter().any(|c| c.early_exit_of == Some(user)),
+                    None => failure.job.is_some() && counted.iter().any(|c| c.job == failure.job),
+                };
+                if !repeated {
                     counted.push(failure);
                 }
             }
@@ -325,8 +335,97 @@ impl State {
         let (code, signal) = (job.exit_code, job.exit_signal);
         for node in job.nodes.iter() {
             let what = format!("job {} failed ({code}:{signal}) {} s after starting", job.id, ran_ms / 1_000);
-            self.charge_failure(node, Some(job.id), what, now_ms, changes);
+            let failure = NodeFailure { time_ms: now_ms, job: Some(job.id), what, early_exit_of: Some(job.spec.uid) };
+            self.charge(node, failure, changes);
         }
+    }
+
+    /// `scontrol reboot`: each node takes no new job until it has rebooted; with ASAP it is also drained (Slurm's
+    /// `Reboot ASAP`). A node that is down reboots when its agent comes back. A new order replaces a pending one.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn reboot_nodes(
+        &mut self,
+        names: &[String],
+        asap: bool,
+        next_state: Option<NextState>,
+        reason: &str,
+        by_uid: u32,
+        now_ms: u64,
+        changes: &mut Vec<Change>,
+    ) -> Response {
+        if let Some(unknown) = names.iter().find(|n| !self.nodes.contains_key(*n)) {
+            return Err(CommandError::InvalidNodeName { name: unknown.clone() });
+        }
+        if names.is_empty() {
+            return Err(CommandError::InvalidRequest("no node named to reboot".to_string()));
+        }
+        for name in names {
+            let node = self.nodes.get_mut(name).expect("checked above");
+            let reason = if reason.is_empty() && asap { "Reboot ASAP".to_string() } else { bounded(reason) };
+            if asap && !node.drain {
+                node.drain = true;
+                node.reason = reason.clone();
+                node.since_ms = now_ms;
+            }
+            node.reboot = Some(RebootOrder { id: now_ms, asap, next_state, reason, by_uid });
+            changes.push(Change::PutNode(node.clone()));
+        }
+        Ok(Reply::Nothing)
+    }
+
+    /// `scontrol cancel_reboot`: the pending reboot is dropped, and the drain an ASAP order made with it.
+    pub(crate) fn cancel_reboot(&mut self, names: &[String], changes: &mut Vec<Change>) -> Response {
+        if let Some(unknown) = names.iter().find(|n| !self.nodes.contains_key(*n)) {
+            return Err(CommandError::InvalidNodeName { name: unknown.clone() });
+        }
+        for name in names {
+            let node = self.nodes.get_mut(name).expect("checked above");
+            if let Some(order) = node.reboot.take() {
+                if order.asap && node.drain && node.reason == order.reason {
+                    node.drain = false;
+                    node.reason.clear();
+                }
+                changes.push(Change::PutNode(node.clone()));
+            }
+        }
+        Ok(Reply::Nothing)
+    }
+
+    /// The node's agent ran the reboot program for order `id` and registered again: the node returns in the
+    /// order's next state (RESUME: in service, whatever drained it; DOWN: drained with the order's reason; unset:
+    /// as before, less the reboot's own drain). Its charged failures are forgiven with a RESUME, as an operator's
+    /// resume forgives them. A report for another order (a newer one was given meanwhile) is refused.
+    pub(crate) fn node_rebooted(&mut self, name: &str, id: u64, now_ms: u64, changes: &mut Vec<Change>) -> Response {
+        let node = self.nodes.get_mut(name).ok_or_else(|| CommandError::InvalidNodeName { name: name.to_string() })?;
+        let Some(order) = node.reboot.clone().filter(|o| o.id == id) else {
+            return Err(CommandError::InvalidRequest(format!("node {name} has no pending reboot {id}")));
+        };
+        if !node.jobs.is_empty() {
+            return Err(CommandError::InvalidRequest(format!("node {name} still runs jobs: it cannot have rebooted")));
+        }
+        node.reboot = None;
+        node.since_ms = now_ms;
+        match order.next_state {
+            Some(NextState::Resume) => {
+                node.drain = false;
+                node.reason.clear();
+                node.failures.clear();
+            }
+            // Drover has no administrative DOWN (a registering agent brings its node up): the node returns drained
+            // with the order's reason, out of service until an operator resumes it, which is what DOWN is for.
+            Some(NextState::Down) => {
+                node.drain = true;
+                node.reason =
+                    if order.reason.is_empty() { "Reboot complete: nextstate=DOWN".to_string() } else { order.reason };
+            }
+            None if order.asap && node.reason == order.reason => {
+                node.drain = false;
+                node.reason.clear();
+            }
+            None => {}
+        }
+        changes.push(Change::PutNode(node.clone()));
+        Ok(Reply::Nothing)
     }
 
     /// Whether `uid` may return GPUs to service or drain them.

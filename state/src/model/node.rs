@@ -133,6 +133,28 @@ pub struct Node {
     /// Failures charged to this node (oldest first, at most [`MAX_NODE_FAILURES`]): the evidence for quarantine.
     #[serde(default)]
     pub failures: Vec<NodeFailure>,
+    /// `scontrol reboot`: the node takes no new job until its agent has run the reboot program and come back.
+    #[serde(default)]
+    pub reboot: Option<RebootOrder>,
+}
+
+/// A reboot an operator asked for (`scontrol reboot [ASAP] [nextstate=RESUME|DOWN] [reason=...] NODES`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebootOrder {
+    /// Names this order (the leader's stamp when it was given): the agent reports this reboot done, not another.
+    pub id: u64,
+    /// `ASAP`: the node is drained meanwhile (`Reboot ASAP` in `sinfo -R`).
+    pub asap: bool,
+    pub next_state: Option<NextState>,
+    pub reason: String,
+    pub by_uid: u32,
+}
+
+/// The state a rebooted node returns in (`nextstate=`); unset: as it was before, less the reboot's own drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NextState {
+    Resume,
+    Down,
 }
 
 /// How many failures a node keeps on record.
@@ -199,6 +221,10 @@ pub struct NodeFailure {
     pub job: Option<JobId>,
     /// What happened (`node lost`, `XID 79`, `job hung`, `job 12 failed 30 s after starting`).
     pub what: String,
+    /// For a job that failed on its own soon after starting: its owner. Such failures count once per user, since
+    /// one user's broken script failing again and again says nothing about the node.
+    #[serde(default)]
+    pub early_exit_of: Option<u32>,
 }
 
 /// A node's container image cache: reported by its agent after imports and evictions, not per heartbeat.
@@ -247,6 +273,7 @@ impl Node {
             image_store: None,
             drained_gpus: BTreeMap::new(),
             failures: Vec::new(),
+            reboot: None,
         }
     }
 
@@ -266,9 +293,9 @@ impl Node {
         }
     }
 
-    /// Whether new work may be placed here.
+    /// Whether new work may be placed here (not while a reboot is pending: it waits for the node to empty).
     pub fn schedulable(&self) -> bool {
-        self.health == NodeHealth::Up && !self.drain
+        self.health == NodeHealth::Up && !self.drain && self.reboot.is_none()
     }
 
     /// GPUs no job or lingering incarnation holds, and that are in service.
