@@ -59,7 +59,11 @@ impl Shell {
     fn wait_for(&self, what: &str, timeout: Duration, mut done: impl FnMut(&Shell) -> bool) {
         let deadline = std::time::Instant::now() + timeout;
         while !done(self) {
-            assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}; log:\n{}", self.log());
+            if std::time::Instant::now() >= deadline {
+                let queue = self.ok("squeue", &["-a", "-o", "%i %T %r %N"]);
+                let nodes = self.ok("scontrol", &["show", "node"]);
+                panic!("timed out waiting for {what}; log:\n{}\nqueue:\n{queue}\nnodes:\n{nodes}", self.log());
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -179,15 +183,31 @@ fn one_bad_gpu_leaves_the_other_in_service() {
 #[test]
 fn a_node_that_kills_three_jobs_is_quarantined_with_its_evidence() {
     let dir = tempfile::tempdir().unwrap();
-    let (_cluster, sh) = setup(dir.path(), options());
+    let (cluster, sh) = setup(dir.path(), options());
+    let mut faults = String::new();
     for n in 0..3 {
-        let id = sh.submit(&["-w", "node01", "--gres=gpu:1", "-o", "/dev/null", "--wrap", "exit 3"]);
-        sh.wait_for("the job to fail", Duration::from_secs(30), |sh| sh.state(id) == "FAILED");
-        let drained = sh.ok("sinfo", &["-R", "-h"]);
-        assert_eq!(drained.contains("node01"), n == 2, "after job {n}: {drained}");
+        let script = "#!/bin/sh\necho $SLURM_JOB_GPUS > gpu.$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}\nsleep 60\n";
+        std::fs::write(sh.cwd.join("victim.sh"), script).unwrap();
+        let id = sh.submit(&["-w", "node01", "--gres=gpu:1", "-o", "/dev/null", "victim.sh"]);
+        let marker = sh.cwd.join(format!("gpu.{id}.0"));
+        sh.wait_for("the job running", Duration::from_secs(30), |_| marker.exists());
+        // Its GPU throws an error (XID 13): the job is requeued and the node charged.
+        faults.push_str(&format!("{} xid 13\n", std::fs::read_to_string(&marker).unwrap().trim()));
+        std::fs::write(cluster.fault_file("node01"), &faults).unwrap();
+        sh.wait_for("the job requeued", Duration::from_secs(30), |sh| {
+            sh.ok("sacct", &["-X", "-j", &id.to_string(), "-n", "-P", "-o", "Restarts"]).trim() != "0"
+        });
+        sh.ok("scancel", &[&id.to_string()]);
+        if n < 2 {
+            std::thread::sleep(Duration::from_millis(500));
+            assert!(!sh.ok("sinfo", &["-R", "-h"]).contains("node01"), "after job {n}");
+        }
     }
-    let reason = sh.ok("sinfo", &["-R", "-h", "-o", "%E"]);
-    assert!(reason.contains("quarantined: 3 failures in 24 h") && reason.contains("after starting"), "{reason}");
+    sh.wait_for("node01 quarantined", Duration::from_secs(20), |sh| {
+        let reason = sh.ok("sinfo", &["-R", "-h", "-o", "%E"]);
+        reason.contains("quarantined: 3 failures in 24 h") && reason.contains("XID 13")
+    });
+    assert!(sh.show_node("node01").contains("RecentFailures="), "{}", sh.show_node("node01"));
     sh.ok("scontrol", &["update", "nodename=node01", "state=resume"]);
     assert!(!sh.show_node("node01").contains("RecentFailures"), "resumed: forgiven");
 }
@@ -241,4 +261,33 @@ fn a_failing_health_check_drains_its_node_and_its_job_runs_on() {
     });
     assert_eq!(sh.state(id), "RUNNING", "a drain, not a kill: the job runs on");
     sh.ok("scancel", &[&id.to_string()]);
+}
+
+#[test]
+fn scontrol_reboot_asap_waits_for_the_node_to_empty_then_runs_the_reboot_program_and_resumes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = dir.path().join("reboot.sh");
+    let rebooted = dir.path().join("rebooted");
+    std::fs::write(&program, format!("#!/bin/sh\necho rebooted >> {}\n", rebooted.display())).unwrap();
+    std::fs::set_permissions(&program, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let toml = format!("reboot_program = {:?}", program.display().to_string());
+    let (_cluster, sh) = setup(dir.path(), UpOptions { agent_toml: vec![toml], ..options() });
+    let busy = sh.submit(&["-w", "node01", "--gres=gpu:1", "-o", "/dev/null", "--wrap", "sleep 3"]);
+    sh.wait_for("the job running", Duration::from_secs(30), |sh| sh.state(busy) == "RUNNING");
+    sh.ok("scontrol", &["reboot", "ASAP", "nextstate=RESUME", "reason=new driver", "node01"]);
+    let show = sh.show_node("node01");
+    assert!(show.contains("+DRAIN+REBOOT_REQUESTED") && show.contains("RebootRequested=ASAP"), "{show}");
+    let waiting = sh.submit(&["-w", "node01", "--gres=gpu:1", "-o", "/dev/null", "--wrap", "true"]);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(!rebooted.exists(), "not while a job runs there");
+    assert_eq!(sh.state(waiting), "PENDING", "no new job on a node waiting for its reboot");
+    sh.wait_for("the reboot and the node back", Duration::from_secs(30), |sh| {
+        let show = sh.show_node("node01");
+        !show.contains("REBOOT") && !show.contains("DRAIN")
+    });
+    assert_eq!(std::fs::read_to_string(&rebooted).unwrap().lines().count(), 1, "the program ran once");
+    assert_eq!(sh.state(busy), "COMPLETED", "ASAP let the running job finish");
+    sh.wait_for("the waiting job to run", Duration::from_secs(30), |sh| sh.state(waiting) == "COMPLETED");
+    let refused = sh.err("scontrol", &["reboot", "nextstate=LATER", "node01"]);
+    assert!(refused.contains("Invalid nextstate"), "{refused}");
 }

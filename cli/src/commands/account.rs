@@ -86,6 +86,10 @@ pub struct QosFields {
     /// Jobs of this QOS that started less than this long ago are not preempted (Slurm's PreemptExemptTime).
     #[arg(long = "preempt-exempt-time")]
     preempt_exempt_time: Option<String>,
+    /// The progress timeout of this QOS's jobs that set none (`--progress-timeout`; Slurm time format, UNLIMITED
+    /// removes it).
+    #[arg(long = "progress-timeout")]
+    progress_timeout: Option<String>,
     #[arg(long)]
     description: Option<String>,
 }
@@ -138,6 +142,10 @@ fn apply_qos_fields(mut qos: Qos, f: &QosFields) -> anyhow::Result<Qos> {
     if let Some(t) = &f.preempt_exempt_time {
         qos.preempt_exempt_time_s =
             parse_time_limit(t).map_err(|e| anyhow::anyhow!("--preempt-exempt-time {t:?}: {e}"))?;
+    }
+    if let Some(t) = &f.progress_timeout {
+        qos.progress_timeout_s =
+            parse_time_limit(t).map_err(|e| anyhow::anyhow!("--progress-timeout {t:?}: {e}"))?.filter(|s| *s > 0);
     }
     Ok(qos)
 }

@@ -218,7 +218,7 @@ const NO_REBOOT: &str = "Drover never reboots nodes for a job";
 const NO_SWITCHES: &str = "Drover's placement does not count network switches";
 const NO_SPEC_CORES: &str = "Drover reserves no cores for system use";
 
-/// Every option of Slurm 22.05's `sbatch`, and Drover's `--multi-site`.
+/// Every option of Slurm 22.05's `sbatch`, and Drover's `--multi-site` and `--progress-timeout`.
 ///
 /// The order matters only for the input environment variables, which are applied in table order: a later one
 /// replaces an earlier one where options replace each other (`SBATCH_GPUS_PER_NODE` over `SBATCH_GRES`, as in
@@ -495,12 +495,6 @@ pub(super) const OPTIONS: &[OptDef] = &[
     opt("partition", Some('p'), &["SBATCH_PARTITION"], Value(|_, v| option(SbatchOption::Partition(v)))),
     opt("power", None, &["SBATCH_POWER"], Ignored(Arg::Required, "Drover has no power management")),
     opt("profile", None, &["SBATCH_PROFILE"], Ignored(Arg::Required, "Drover gathers no profiles")),
-    opt(
-        "progress-timeout",
-        None,
-        &["SBATCH_PROGRESS_TIMEOUT"],
-        Value(|f, v| option(SbatchOption::ProgressTimeout(parse_limit(f, &v)?))),
-    ),
     opt("qos", Some('q'), &["SBATCH_QOS"], Value(|_, v| option(SbatchOption::Qos(v)))),
     opt("switches", None, &["SBATCH_REQ_SWITCH", "SBATCH_WAIT4SWITCH"], Ignored(Arg::Required, NO_SWITCHES)),
     opt("requeue", None, &["SBATCH_REQUEUE"], Nothing(|| Item::Option(SbatchOption::Requeue(true)))),
@@ -537,6 +531,12 @@ pub(super) const OPTIONS: &[OptDef] = &[
     .unlisted(),
     opt("output", Some('o'), &["SBATCH_OUTPUT"], Value(|_, v| option(SbatchOption::Output(v)))),
     opt("multi-site", None, &["SBATCH_MULTI_SITE"], Nothing(|| Item::Option(SbatchOption::MultiSite))),
+    opt(
+        "progress-timeout",
+        None,
+        &["SBATCH_PROGRESS_TIMEOUT"],
+        Value(|f, v| option(SbatchOption::ProgressTimeout(parse_limit(f, &v)?))),
+    ),
     // The options with no input environment variable, in the order of Slurm's option table.
     opt("begin", Some('b'), &[], Value(|f, v| option(SbatchOption::Begin(parse_date(f, &v)?)))),
     opt("bbf", None, &[], Refused(Arg::Required, "burst buffers are not supported")),

@@ -1708,7 +1708,7 @@ fn heterogeneous_jobs_are_refused_clearly() {
 #[test]
 fn input_variables_are_applied_in_slurms_order() {
     // Slurm 22.05's sbatch reads its input variables in this order (src/sbatch/opt.c, env_vars[]); where two
-    // options replace each other the later variable wins. Drover's own SBATCH_MULTI_SITE comes last. The one
+    // options replace each other the later variable wins. Drover's own SBATCH_MULTI_SITE and SBATCH_PROGRESS_TIMEOUT come last. The one
     // difference: SBATCH_WAIT4SWITCH is read beside SBATCH_REQ_SWITCH, as both only make --switches warn.
     let expected = [
         "SBATCH_IGNORE_PBS",
@@ -1772,6 +1772,7 @@ fn input_variables_are_applied_in_slurms_order() {
         "SBATCH_INPUT",
         "SBATCH_OUTPUT",
         "SBATCH_MULTI_SITE",
+        "SBATCH_PROGRESS_TIMEOUT",
     ];
     let read: Vec<&str> = env_options().map(|(var, _)| var).collect();
     assert_eq!(read, expected);
