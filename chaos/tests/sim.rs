@@ -18,8 +18,8 @@ fn env_u64(name: &str) -> Option<u64> {
 
 fn summary(r: &SimReport) -> String {
     format!(
-        "seed {}: {} acked, {} faults, {} delivered, {} lost, {} snapshots, {} nodes back from down, {} sim ms, \
-         trace {:016x} ({} events)",
+        "seed {}: {} acked, {} faults, {} delivered, {} lost, {} snapshots, {} nodes back from down, {} hangs, \
+         {} quarantines, {} sim ms, trace {:016x} ({} events)",
         r.seed,
         r.acked,
         r.faults,
@@ -27,6 +27,8 @@ fn summary(r: &SimReport) -> String {
         r.lost,
         r.snapshots,
         r.reregistrations,
+        r.hangs,
+        r.quarantines,
         r.sim_ms,
         r.trace_hash,
         r.trace_events
@@ -49,6 +51,9 @@ fn bounded_seeds_keep_every_promise() {
     // The node-return drill must do its job: most seeds bring a node back from DOWN.
     let returned = reports.iter().filter(|r| r.reregistrations > 0).count();
     assert!(returned * 2 > reports.len(), "only {returned} of {} seeds brought a node back from DOWN", reports.len());
+    // The hang path must run under those faults too: watched jobs hang and are requeued, nodes are quarantined.
+    let hangs: u64 = reports.iter().map(|r| r.hangs).sum();
+    assert!(hangs > 0, "no seed requeued a hung job");
 }
 
 /// The fencing race of issue 36, as the soak found it on seeds CI never ran (profile `soak-no-drills`, the soak

@@ -115,6 +115,11 @@ pub struct SimOptions {
     /// was before the drills existed (the regression seeds replay that way).
     pub return_drills: bool,
     pub planted: Option<PlantedBug>,
+    /// Hang detection and quarantine under the faults: a quarter of the jobs have a 1 s progress timeout, their
+    /// batch tasks report progress, and a third of those hang in their first incarnation; a node charged twice is
+    /// quarantined, and an operator resumes quarantined nodes. Off, a seed's schedule is what it was before (the
+    /// fencing-race seeds replay that way).
+    pub hangs: bool,
     /// Which of [`SimOptions::profile`]'s shapes this is, so a failure prints the command that replays it.
     pub profile: &'static str,
 }
@@ -132,6 +137,7 @@ impl Default for SimOptions {
             faults: Faults::All,
             return_drills: true,
             planted: None,
+            hangs: true,
             profile: "ci",
         }
     }
@@ -154,6 +160,7 @@ impl SimOptions {
                 jobs: 60,
                 fault_phase_ms: 30_000,
                 return_drills: false,
+                hangs: false,
                 profile: "soak-no-drills",
                 ..SimOptions::default()
             }),
@@ -178,6 +185,9 @@ pub struct SimReport {
     pub snapshots: u64,
     /// Agents that found their node declared down and registered again.
     pub reregistrations: u64,
+    /// Incarnations requeued as hung, and quarantined nodes the operator resumed.
+    pub hangs: u64,
+    pub quarantines: u64,
     pub faults: u64,
     pub sim_ms: u64,
     /// The last trace lines, for a failure report.
@@ -280,6 +290,8 @@ fn failed_to_start(seed: u64, options: &SimOptions, why: String) -> SimReport {
         lost: 0,
         snapshots: 0,
         reregistrations: 0,
+        hangs: 0,
+        quarantines: 0,
         faults: 0,
         sim_ms: 0,
         tail: Vec::new(),
@@ -333,7 +345,7 @@ async fn start_replica(net: &Net, id: u64) -> anyhow::Result<()> {
     let proposer = Proposer::new(raft.clone());
     let hub = AgentHub::new(id, proposer.clone(), view.clone(), timing, raft_config().election_timeout_min);
     let tasks = vec![
-        tokio::spawn(leader_duties(proposer.clone(), view.clone(), id, ClusterConfig::default())),
+        tokio::spawn(leader_duties(proposer.clone(), view.clone(), id, lock(net).cluster.clone())),
         tokio::spawn(scheduling_loop(proposer.clone(), view.clone(), id, Insights::default())),
         tokio::spawn(drover_controller::leader::agents::leader_loops(hub.clone())),
     ];
@@ -579,6 +591,7 @@ async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
     let ids: Vec<u64> = (1..=options.replicas).collect();
     let dirs: BTreeMap<u64, PathBuf> = ids.iter().map(|id| (*id, root.join(format!("replica-{id}")))).collect();
     let net = new_net(seed, dirs, Conditions { max_delay_ms: BASE_MAX_DELAY_MS, ..Conditions::default() });
+    lock(&net).cluster = sim_cluster(options);
     let mut setup_errors = Vec::new();
     for id in &ids {
         if let Err(e) = start_replica(&net, *id).await {
@@ -600,7 +613,8 @@ async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
         })
     };
     let until_ms = options.fault_phase_ms + options.settle_ms;
-    let client = tokio::spawn(workload::client(net.clone(), seed, options.jobs, options.gpus_per_node));
+    let client = tokio::spawn(workload::client(net.clone(), seed, options.jobs, options.gpus_per_node, options.hangs));
+    let operator = options.hangs.then(|| tokio::spawn(workload::operator(net.clone())));
     let agents: Vec<_> = (1..=options.nodes)
         .map(|n| {
             let fences = options.planted != Some(PlantedBug::AgentsNeverFence);
@@ -629,6 +643,9 @@ async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
     }
     let sim_ms = now_ms();
     client.abort();
+    if let Some(operator) = operator {
+        operator.abort();
+    }
     for a in &agents {
         a.abort();
     }
@@ -637,6 +654,7 @@ async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
     sample(&net, &mut oracle);
 
     let violations = judge(&net, &ids, options, setup_errors, oracle);
+    let hangs = count_hangs(&net);
     for id in &ids {
         crash_replica(&net, *id).await;
     }
@@ -653,10 +671,20 @@ async fn simulate(seed: u64, options: &SimOptions, root: &Path) -> SimReport {
         lost: net.lost,
         snapshots: net.snapshots_received,
         reregistrations: net.reregistrations,
+        hangs,
+        quarantines: net.quarantines_resumed,
         faults,
         sim_ms,
         tail: net.trace.tail(),
     }
+}
+
+/// The cluster the simulation configures: with hangs, quarantine after two charges (so it happens within a seed);
+/// without, none, as before quarantine existed.
+fn sim_cluster(options: &SimOptions) -> ClusterConfig {
+    let mut cluster = ClusterConfig::default();
+    cluster.resilience.quarantine_failures = if options.hangs { 2 } else { 0 };
+    cluster
 }
 
 /// How far apart node-return drills start (each needs a cut past `node_timeout_ms` and an election after it).
@@ -790,6 +818,19 @@ async fn wipe_all(net: &Net, ids: &[u64], errors: &mut Vec<String>) {
 }
 
 /// Every acknowledged job is terminal on the leader, nothing lingers, and every replica applied as far.
+/// Incarnations the first replica's state records as requeued for a hang, over every acknowledged job.
+fn count_hangs(net: &Net) -> u64 {
+    let events = lock(net).events.clone();
+    let Some(view) = lock(net).replicas.values().next().map(|r| r.view.clone()) else { return 0 };
+    let mut hangs = 0;
+    for id in crate::history::acked_jobs(&events) {
+        if let Ok(Some(job)) = view.job(id) {
+            hangs += job.history.iter().filter(|h| h.reason.starts_with("Hung")).count() as u64;
+        }
+    }
+    hangs
+}
+
 fn settled(net: &Net) -> bool {
     let Some(leader) = workload::leader(net) else { return false };
     let view = leader.view;

@@ -66,6 +66,10 @@ pub struct NetState {
     pub lost: u64,
     pub snapshots_received: u64,
     pub reregistrations: u64,
+    /// Quarantined nodes the simulated operator resumed.
+    pub quarantines_resumed: u64,
+    /// The cluster configuration every replica's leader duties commit.
+    pub cluster: drover_state::ClusterConfig,
 }
 
 pub type Net = Arc<Mutex<NetState>>;
@@ -83,6 +87,8 @@ pub fn new_net(seed: u64, data_dirs: BTreeMap<u64, PathBuf>, conditions: Conditi
         delivered: 0,
         lost: 0,
         snapshots_received: 0,
+        quarantines_resumed: 0,
+        cluster: drover_state::ClusterConfig::default(),
         reregistrations: 0,
     }))
 }

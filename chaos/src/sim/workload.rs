@@ -19,6 +19,13 @@ use rand::{RngExt, SeedableRng};
 use super::network::{Net, lock};
 use crate::history::EventKind;
 
+/// The progress timeout of the watched jobs (seconds).
+const PROGRESS_TIMEOUT_S: u32 = 1;
+/// How often a watched task that is not hung reports progress (simulated ms).
+const PROGRESS_EVERY_MS: u64 = 300;
+/// How often the simulated operator resumes quarantined nodes (simulated ms).
+const OPERATOR_EVERY_MS: u64 = 2_000;
+
 /// The uid every simulated job runs as (not root: root jobs are refused by default).
 const SIM_UID: u32 = 1000;
 /// How often an agent looks at its assignments (stands for the leader's push on its heartbeat stream).
@@ -118,10 +125,13 @@ async fn write(net: &Net, command: Command) -> Outcome {
     Outcome::GaveUp(last_error)
 }
 
-fn spec(rng: &mut SmallRng, op: u64, gpus_per_node: u32) -> JobSpec {
+fn spec(rng: &mut SmallRng, op: u64, gpus_per_node: u32, hangs: bool) -> JobSpec {
     // One job in five spans two nodes: its second node's share lingers until that node's agent lets it go.
     let nodes = if rng.random_range(0..5) == 0 { 2 } else { 1 };
+    // With hangs, one job in four is watched (from the op, not the seeded stream: the schedule stays the same).
+    let progress_timeout_s = (hangs && op % 4 == 1).then_some(PROGRESS_TIMEOUT_S);
     JobSpec {
+        progress_timeout_s,
         name: format!("sim-{op}").into(),
         user: "sim".into(),
         uid: SIM_UID,
@@ -136,7 +146,7 @@ fn spec(rng: &mut SmallRng, op: u64, gpus_per_node: u32) -> JobSpec {
 }
 
 /// One user: submits `jobs` jobs at seeded intervals, and cancels an acknowledged one now and then.
-pub async fn client(net: Net, seed: u64, jobs: u64, gpus_per_node: u32) {
+pub async fn client(net: Net, seed: u64, jobs: u64, gpus_per_node: u32, hangs: bool) {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x636c_6965_6e74);
     let mut acked: Vec<u64> = Vec::new();
     for op in 0..jobs {
@@ -152,7 +162,7 @@ pub async fn client(net: Net, seed: u64, jobs: u64, gpus_per_node: u32) {
             lock(&net).trace.record(format_args!("client cancel {job} {what}"), &[]);
         }
         let command = Command::SubmitJob {
-            spec: Box::new(spec(&mut rng, op, gpus_per_node)),
+            spec: Box::new(spec(&mut rng, op, gpus_per_node, hangs)),
             request_id: Some(format!("sim-op-{op}")),
         };
         lock(&net).event(EventKind::SubmitSent { op });
@@ -165,6 +175,38 @@ pub async fn client(net: Net, seed: u64, jobs: u64, gpus_per_node: u32) {
             Outcome::Refused(error) | Outcome::GaveUp(error) => EventKind::SubmitFailed { op, error },
         };
         lock(&net).event(event);
+    }
+}
+
+/// The operator: every [`OPERATOR_EVERY_MS`], resumes the nodes quarantine drained (they were "repaired"), so
+/// the cluster never runs out of nodes while the hang and quarantine paths are exercised under faults.
+pub async fn operator(net: Net) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(OPERATOR_EVERY_MS)).await;
+        let quarantined: Vec<String> = {
+            let Some(Leader { view, .. }) = leader(&net) else { continue };
+            let applied = view.read();
+            applied
+                .state
+                .nodes
+                .values()
+                .filter(|n| n.drain && n.reason.starts_with("quarantined"))
+                .map(|n| n.info.name.clone())
+                .collect()
+        };
+        if quarantined.is_empty() {
+            continue;
+        }
+        let names = quarantined.clone();
+        let command =
+            Command::DrainNodes { names, drain: false, reason: String::new(), by_uid: 0, requeue_jobs: false };
+        let outcome = write(&net, command).await;
+        let committed = matches!(outcome, Outcome::Committed(_));
+        let mut net = lock(&net);
+        if committed {
+            net.quarantines_resumed += quarantined.len() as u64;
+        }
+        net.trace.record(format_args!("operator resumed quarantined {quarantined:?}: {committed}"), &[]);
     }
 }
 
@@ -207,6 +249,8 @@ struct Assigned {
     /// Cancelled: the tasks must stop.
     stopping: bool,
     gpus: Vec<u32>,
+    /// It has a progress timeout.
+    watched: bool,
 }
 
 /// A task the agent runs: one incarnation's share on this node.
@@ -217,6 +261,8 @@ struct Task {
     gpus: Vec<u32>,
     /// Told to stop: it is gone at this simulated ms (until then it still holds its GPUs).
     dies_at_ms: Option<u64>,
+    /// A watched batch task that is not hung reports progress at this simulated ms next.
+    progress_at_ms: Option<u64>,
 }
 
 /// What one agent knows, shared between its main loop and its lease check.
@@ -373,11 +419,18 @@ pub async fn agent(net: Net, seed: u64, name: String, gpus: u32, until_ms: u64, 
             applied.state.nodes.get(&name).map(|n| n.lingering.iter().map(|l| (l.job, l.incarnation)).collect())
         }
         .unwrap_or_default();
-        let (reports, gone) = {
+        let (reports, gone, progress) = {
             let mut guard = state.lock().expect("agent state lock");
-            guard.advance(now_ms(), (&assigned, assigned_epoch), lingering, &mut rng, (&net, &name))
+            let (reports, gone) =
+                guard.advance(now_ms(), (&assigned, assigned_epoch), lingering, &mut rng, (&net, &name));
+            (reports, gone, guard.due_progress(now_ms()))
         };
         send_reports(&net, &name, &state, reports, gone).await;
+        for (job_id, incarnation) in progress {
+            let command = Command::RecordProgress { job_id, incarnation, step: None, by_uid: 0 };
+            // A report lost to a fault is simply not made: the next one comes a moment later.
+            let _ = write_once(&net, &name, command).await;
+        }
     }
     if let Some(task) = lease_task {
         task.abort();
@@ -390,7 +443,11 @@ fn assigned_here(jobs: &[drover_proto::wire::Assignment], name: &str) -> BTreeMa
         .map(|a| {
             let gpus =
                 a.job.allocation.iter().find(|share| share.node == name).map(|s| s.gpus.clone()).unwrap_or_default();
-            ((a.job.id, a.job.incarnation), Assigned { batch: a.node_index == 0, stopping: a.cancelled(), gpus })
+            let watched = a.job.progress_timeout_s().is_some();
+            (
+                (a.job.id, a.job.incarnation),
+                Assigned { batch: a.node_index == 0, stopping: a.cancelled(), gpus, watched },
+            )
         })
         .collect()
 }
@@ -430,8 +487,16 @@ impl AgentState {
                 lock(net).trace.record(format_args!("agent {name}: {key:?} waits for {holder:?}'s GPUs"), &[]);
                 continue;
             }
-            let exits_at_ms = now + rng.random_range(100..3_000);
-            self.running.insert(*key, Task { exits_at_ms, batch: a.batch, gpus: a.gpus.clone(), dies_at_ms: None });
+            let mut exits_at_ms = now + rng.random_range(100..3_000);
+            // A watched job's first incarnation hangs for one job in three (decided by its id, not the seeded
+            // stream): it neither exits nor reports progress until it is stopped.
+            let hangs = a.watched && key.1 == 0 && key.0 % 3 == 0;
+            if hangs {
+                exits_at_ms = u64::MAX;
+            }
+            let progress_at_ms = (a.watched && a.batch && !hangs).then_some(now);
+            let task = Task { exits_at_ms, batch: a.batch, gpus: a.gpus.clone(), dies_at_ms: None, progress_at_ms };
+            self.running.insert(*key, task);
             lock(net).event(EventKind::IncarnationStarted {
                 job: key.0,
                 incarnation: key.1,
@@ -463,6 +528,18 @@ impl AgentState {
         }
         let gone: Vec<(u64, u64)> = lingering.into_iter().filter(|key| !self.running.contains_key(key)).collect();
         (std::mem::take(&mut self.reports), gone)
+    }
+
+    /// The watched tasks due to report progress now (each reports again [`PROGRESS_EVERY_MS`] later).
+    fn due_progress(&mut self, now: u64) -> Vec<(u64, u64)> {
+        let mut due = Vec::new();
+        for (key, task) in self.running.iter_mut().filter(|(_, t)| t.dies_at_ms.is_none()) {
+            if let Some(at) = task.progress_at_ms.filter(|at| *at <= now) {
+                task.progress_at_ms = Some(at.max(now) + PROGRESS_EVERY_MS);
+                due.push(*key);
+            }
+        }
+        due
     }
 }
 
