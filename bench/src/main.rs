@@ -94,6 +94,9 @@ enum BenchCmd {
         /// Configure a fence command (a stand-in for a BMC power-off) so the dead node is declared down at once.
         #[arg(long)]
         fence_command: bool,
+        /// What goes wrong: the node dies, its GPU falls off the bus, or the job hangs.
+        #[arg(long, value_enum, default_value = "node")]
+        fault: requeue::Fault,
         #[arg(long)]
         dir: Option<PathBuf>,
     },
@@ -138,8 +141,8 @@ fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             BenchCmd::Jobs { count, gpus, clients, no_cgroups, dir } => {
                 bench_agents::jobs(count, gpus, clients, !no_cgroups, bench_dir(dir, "jobs")).await
             }
-            BenchCmd::Requeue { runs, fence_command, dir } => {
-                requeue::requeue(runs, fence_command, bench_dir(dir, "requeue")).await
+            BenchCmd::Requeue { runs, fence_command, fault, dir } => {
+                requeue::requeue(runs, fence_command, fault, bench_dir(dir, "requeue")).await
             }
             BenchCmd::Sites(args) => {
                 let dir = bench_dir(args.dir.clone(), "sites");

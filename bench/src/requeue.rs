@@ -1,7 +1,9 @@
 //! `drover-bench requeue`: a node dies under a checkpointing job; how long until the job runs elsewhere from its
 //! checkpoint. With the controllers' default timing (a 5 s lease, nodes declared down after 8 s), and with a fence
 //! command (a stand-in for a BMC power-off), which lets the leader declare a silent node down as soon as the
-//! command succeeds.
+//! command succeeds. `--fault xid`: the job's GPU falls off the bus (XID 79) instead; `--fault hang`: the job stops
+//! making progress (`--progress-timeout`), and the figure is from its last progress to its next incarnation's first
+//! step.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,6 +21,8 @@ if [ -n "$DROVER_RESUME_FROM" ]; then step=$(cat "$DROVER_RESUME_FROM"); fi
 while [ "$step" -lt 100000 ]; do
   step=$((step + 1))
   sleep 0.1
+  if [ -e hang ] && [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then while true; do sleep 1; done; fi
+  echo "$step" > "$DROVER_CHECKPOINT_DIR/PROGRESS"
   echo "step ${SLURM_RESTART_COUNT:-0} $step $(date +%s%N) $SLURMD_NODENAME" >> steps.log
   if [ $((step % 5)) -eq 0 ]; then
     f="$DROVER_CHECKPOINT_DIR/step-$step"; echo "$step" > "$f"
@@ -27,15 +31,34 @@ while [ "$step" -lt 100000 ]; do
 done
 "#;
 
-pub async fn requeue(runs: usize, fence: bool, dir: PathBuf) -> anyhow::Result<()> {
+/// What goes wrong under the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fault {
+    /// The node dies (its agent and tasks are killed).
+    Node,
+    /// The job's GPU falls off the bus (XID 79, injected through the simulated GPUs' fault file).
+    Xid,
+    /// The job stops making progress (`--progress-timeout` of [`HANG_TIMEOUT`]).
+    Hang,
+}
+
+/// The progress timeout of the hang runs, as `sbatch` spells it, and in seconds.
+const HANG_TIMEOUT: (&str, f64) = ("0:30", 30.0);
+
+pub async fn requeue(runs: usize, fence: bool, fault: Fault, dir: PathBuf) -> anyhow::Result<()> {
     if runs == 0 {
         bail!("--runs must be at least 1");
     }
+    let what = match fault {
+        Fault::Node => "node killed",
+        Fault::Xid => "XID 79 on the job's GPU",
+        Fault::Hang => "last progress of a hung job",
+    };
     let mut times = Vec::new();
     for run in 0..runs {
-        let took = one_run(fence, &dir.join(format!("run{run}"))).await?;
+        let took = one_run(fence, fault, &dir.join(format!("run{run}"))).await?;
         println!(
-            "run {run}: node killed -> job stepping again elsewhere, from its checkpoint, after {:.2} s",
+            "run {run}: {what} -> job stepping again elsewhere, from its checkpoint, after {:.2} s",
             took.as_secs_f64()
         );
         times.push(took);
@@ -44,15 +67,20 @@ pub async fn requeue(runs: usize, fence: bool, dir: PathBuf) -> anyhow::Result<(
     let p50 = times[times.len() / 2];
     let max = *times.last().expect("at least one run");
     println!(
-        "bench requeue ({}): {runs} runs, p50 {:.2} s, max {:.2} s",
+        "bench requeue ({}, {what}): {runs} runs, p50 {:.2} s, max {:.2} s{}",
         if fence { "fence command" } else { "default timing" },
         p50.as_secs_f64(),
-        max.as_secs_f64()
+        max.as_secs_f64(),
+        if fault == Fault::Hang {
+            format!(" (the progress timeout is {} s of it)", HANG_TIMEOUT.1)
+        } else {
+            String::new()
+        }
     );
     Ok(())
 }
 
-async fn one_run(fence: bool, dir: &Path) -> anyhow::Result<Duration> {
+async fn one_run(fence: bool, fault: Fault, dir: &Path) -> anyhow::Result<Duration> {
     let exe = std::env::current_exe()?;
     let mut extra = String::new();
     if fence {
@@ -70,6 +98,7 @@ async fn one_run(fence: bool, dir: &Path) -> anyhow::Result<Duration> {
         node_timeout_ms: 8_000,
         kill_wait_ms: 1_000,
         extra_toml: extra,
+        agent_fault_files: fault == Fault::Xid,
         ..UpOptions::default()
     };
     let mut cluster = LocalCluster::up(dir, options)?;
@@ -79,8 +108,14 @@ async fn one_run(fence: bool, dir: &Path) -> anyhow::Result<Duration> {
     std::fs::create_dir_all(&work)?;
     std::fs::write(work.join("count.sh"), COUNTER)?;
     let path = format!("{}:/usr/bin:/bin", exe.parent().context("the drover binary's directory")?.display());
+    let timeout = format!("--progress-timeout={}", HANG_TIMEOUT.0);
+    let mut args = vec!["sbatch", "--parsable", "--gres=gpu:1", "-o", "count.out"];
+    if fault == Fault::Hang {
+        args.push(&timeout);
+    }
+    args.push("count.sh");
     let submitted = Command::new(&exe)
-        .args(["sbatch", "--parsable", "--gres=gpu:1", "-o", "count.out", "count.sh"])
+        .args(&args)
         .current_dir(&work)
         .env("DROVER_CONFIG", dir.join("client.toml"))
         .env("DROVER_CONTROLLERS", cluster.addresses())
@@ -96,9 +131,23 @@ async fn one_run(fence: bool, dir: &Path) -> anyhow::Result<Duration> {
         .last()
         .and_then(|l| l.split_whitespace().nth(4).map(str::to_string))
         .context("the job's node")?;
-    // The node dies: its agent and its tasks.
-    drover_testkit::local::fence_node(&mut cluster, &node)?;
-    let killed_ns = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
+    let killed_ns = match fault {
+        Fault::Node => {
+            // The node dies: its agent and its tasks.
+            drover_testkit::local::fence_node(&mut cluster, &node)?;
+            SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos()
+        }
+        Fault::Xid => {
+            std::fs::write(cluster.fault_file(&node), "0 xid 79\n")?;
+            SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos()
+        }
+        Fault::Hang => {
+            // The job stops at its next step; its last progress is its last logged step.
+            std::fs::write(work.join("hang"), "")?;
+            std::thread::sleep(Duration::from_millis(500));
+            lines(&log).last().map(|(_, _, t)| *t).context("the job's last step")?
+        }
+    };
     let resumed_ns = {
         let mut found = None;
         wait_until(Duration::from_secs(120), || {
