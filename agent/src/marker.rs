@@ -57,7 +57,8 @@ fn read_file(job: &Job, name: &str, previous: Option<&Seen>) -> Option<(Seen, Op
         return None;
     }
     if !meta.is_file() || meta.len() > MAX_MARKER_BYTES || meta.uid() != job.spec.uid {
-        tracing::warn!(job = job.id, %path, "ignoring the marker file: not a small regular file of the job's user");
+        let what = if name == MARKER_FILE { "checkpoint" } else { "progress" };
+        tracing::warn!(job = job.id, %path, "ignoring the {what} marker: not a small regular file of the job's user");
         return Some((seen, None));
     }
     let mut text = String::new();

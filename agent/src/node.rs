@@ -1485,27 +1485,41 @@ impl NodeAgent {
     }
 }
 
+/// Why an operator's command (a GPU reset, the reboot program) did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorCommandError {
+    #[error("cannot start {program}: {source}")]
+    Start { program: String, source: std::io::Error },
+    #[error("{program} exited with {status}")]
+    Failed { program: String, status: std::process::ExitStatus },
+    #[error("{program} took longer than {timeout_s} s and was killed")]
+    Timeout { program: String, timeout_s: u64 },
+    #[error("waiting for {program}: {source}")]
+    Wait { program: String, source: std::io::Error },
+}
+
 /// Runs an operator's command (no shell) for at most `timeout`: Ok when it exits 0.
-fn run_bounded(program: &str, args: &[String], timeout: Duration) -> Result<(), String> {
+fn run_bounded(program: &str, args: &[String], timeout: Duration) -> Result<(), OperatorCommandError> {
+    let name = || program.to_string();
     let mut child = std::process::Command::new(program)
         .args(args)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
-        .map_err(|e| format!("cannot start {program}: {e}"))?;
+        .map_err(|source| OperatorCommandError::Start { program: name(), source })?;
     let deadline = Instant::now() + timeout;
     loop {
         match child.try_wait() {
             Ok(Some(status)) if status.success() => return Ok(()),
-            Ok(Some(status)) => return Err(format!("{program} exited with {status}")),
+            Ok(Some(status)) => return Err(OperatorCommandError::Failed { program: name(), status }),
             Ok(None) if Instant::now() >= deadline => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("{program} took longer than {} s", timeout.as_secs()));
+                return Err(OperatorCommandError::Timeout { program: name(), timeout_s: timeout.as_secs() });
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => return Err(format!("waiting for {program}: {e}")),
+            Err(source) => return Err(OperatorCommandError::Wait { program: name(), source }),
         }
     }
 }

@@ -382,43 +382,20 @@ impl State {
             Command::RecordImage { job_id, incarnation, digest } => {
                 self.record_image(*job_id, *incarnation, digest, &mut changes)
             }
-            Command::RecordImageStore { node, summary } => match self.nodes.get_mut(node) {
-                None => Err(CommandError::InvalidNodeName { name: node.clone() }),
-                Some(entry) => {
-                    if entry.image_store != Some(*summary) {
-                        entry.image_store = Some(*summary);
-                        changes.push(Change::PutNode(entry.clone()));
-                    }
-                    Ok(Reply::Nothing)
-                }
-            },
+            Command::RecordImageStore { node, summary } => self.record_image_store(node, summary, &mut changes),
             Command::ReleaseLingering { node, keys, usage } => self.release_lingering(node, keys, usage, &mut changes),
             Command::RecordAudit { by_uid, .. } => self
                 .require_level(*by_uid, AdminLevel::Administrator, "recording an audit entry")
                 .map(|()| Reply::Nothing),
-            Command::RecordProgress { job_id, incarnation, step, by_uid } => {
-                self.record_progress(*job_id, *incarnation, *step, *by_uid, request.time_ms, &mut changes)
-            }
-            Command::JobHung { job_id, incarnation } => {
-                self.job_hung(*job_id, *incarnation, request.time_ms, &mut changes)
-            }
-            Command::GpuFault { node, fault } => self.gpu_fault(node, fault, request.time_ms, &mut changes),
-            Command::DrainGpus { node, gpus, drain, reason, by_uid } => self
-                .may_drain_gpus(*by_uid)
-                .and_then(|()| self.drain_gpus(node, gpus, *drain, reason, request.time_ms, &mut changes)),
-            Command::GpusReset { node, gpus } => self.gpus_reset(node, gpus, &mut changes),
-            Command::InvalidateCheckpoint { job_id, path, by_uid } => {
-                self.invalidate_checkpoint(*job_id, path.as_deref(), *by_uid, &mut changes)
-            }
-            Command::RebootNodes { names, asap, next_state, reason, by_uid } => {
-                self.require_level(*by_uid, AdminLevel::Operator, "rebooting nodes").and_then(|()| {
-                    self.reboot_nodes(names, *asap, *next_state, reason, *by_uid, request.time_ms, &mut changes)
-                })
-            }
-            Command::CancelReboot { names, by_uid } => self
-                .require_level(*by_uid, AdminLevel::Operator, "cancelling node reboots")
-                .and_then(|()| self.cancel_reboot(names, &mut changes)),
-            Command::NodeRebooted { node, id } => self.node_rebooted(node, *id, request.time_ms, &mut changes),
+            command @ (Command::RecordProgress { .. }
+            | Command::JobHung { .. }
+            | Command::GpuFault { .. }
+            | Command::DrainGpus { .. }
+            | Command::GpusReset { .. }
+            | Command::InvalidateCheckpoint { .. }
+            | Command::RebootNodes { .. }
+            | Command::CancelReboot { .. }
+            | Command::NodeRebooted { .. }) => self.apply_resilience(command, request.time_ms, &mut changes),
         };
         debug_assert!(response.is_ok() || changes.is_empty(), "a refused command changed the state");
         if response.is_ok()
@@ -436,6 +413,47 @@ impl State {
             }
         }
         Applied { response, changes }
+    }
+
+    /// A node's agent reported what its container image store holds.
+    fn record_image_store(
+        &mut self,
+        node: &str,
+        summary: &crate::model::node::ImageStoreSummary,
+        changes: &mut Vec<Change>,
+    ) -> Response {
+        let entry = self.nodes.get_mut(node).ok_or_else(|| CommandError::InvalidNodeName { name: node.to_string() })?;
+        if entry.image_store != Some(*summary) {
+            entry.image_store = Some(*summary);
+            changes.push(Change::PutNode(entry.clone()));
+        }
+        Ok(Reply::Nothing)
+    }
+
+    /// The commands of hang detection, GPU faults and drains, checkpoint fallback and reboots (`apply` for them).
+    fn apply_resilience(&mut self, command: &Command, now_ms: u64, changes: &mut Vec<Change>) -> Response {
+        match command {
+            Command::RecordProgress { job_id, incarnation, step, by_uid } => {
+                self.record_progress(*job_id, *incarnation, *step, *by_uid, now_ms, changes)
+            }
+            Command::JobHung { job_id, incarnation } => self.job_hung(*job_id, *incarnation, now_ms, changes),
+            Command::GpuFault { node, fault } => self.gpu_fault(node, fault, now_ms, changes),
+            Command::DrainGpus { node, gpus, drain, reason, by_uid } => {
+                self.may_drain_gpus(*by_uid).and_then(|()| self.drain_gpus(node, gpus, *drain, reason, now_ms, changes))
+            }
+            Command::GpusReset { node, gpus } => self.gpus_reset(node, gpus, changes),
+            Command::InvalidateCheckpoint { job_id, path, by_uid } => {
+                self.invalidate_checkpoint(*job_id, path.as_deref(), *by_uid, changes)
+            }
+            Command::RebootNodes { names, asap, next_state, reason, by_uid } => self
+                .require_level(*by_uid, AdminLevel::Operator, "rebooting nodes")
+                .and_then(|()| self.reboot_nodes(names, *asap, *next_state, reason, *by_uid, now_ms, changes)),
+            Command::CancelReboot { names, by_uid } => self
+                .require_level(*by_uid, AdminLevel::Operator, "cancelling node reboots")
+                .and_then(|()| self.cancel_reboot(names, changes)),
+            Command::NodeRebooted { node, id } => self.node_rebooted(node, *id, now_ms, changes),
+            _ => unreachable!("apply routes only these commands here"),
+        }
     }
 
     /// Checks a command against this state without changing it, so the leader can refuse bad input with no log
