@@ -459,7 +459,8 @@ fn absorb(
 /// id, stays ours. Woken by SIGCHLD, with a poll in case the signal is missed or unavailable.
 async fn exited_unreaped(pid: i32, mut sigchld: Option<&mut Signal>) {
     loop {
-        if exited_without_reaping(pid) {
+        // Not our child any more (reaped elsewhere) counts as gone: nothing is left to wait for.
+        if crate::supervise::exited_unreaped(pid).unwrap_or(true) {
             return;
         }
         match sigchld.as_deref_mut() {
@@ -470,27 +471,6 @@ async fn exited_unreaped(pid: i32, mut sigchld: Option<&mut Signal>) {
                 }
             }
             None => tokio::time::sleep(EXIT_POLL).await,
-        }
-    }
-}
-
-/// Whether `pid` has exited; it stays a zombie until `wait`.
-fn exited_without_reaping(pid: i32) -> bool {
-    loop {
-        // SAFETY: siginfo_t is plain data; waitid fills it.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: a valid out pointer. WNOHANG: returns at once; si_pid stays 0 while the process runs.
-        let rc = unsafe {
-            libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT | libc::WNOHANG)
-        };
-        if rc == 0 {
-            // SAFETY: waitid filled `info`.
-            return unsafe { info.si_pid() } != 0;
-        }
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EINTR) {
-            // Not our child any more (reaped elsewhere): nothing left to wait for; `wait` reports the error.
-            return true;
         }
     }
 }

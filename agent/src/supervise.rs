@@ -1555,21 +1555,30 @@ fn wait_within_lease(pid: i32, pgid: i32, lease: &Path, notice: &mut Notice, log
 
 /// Whether the task's main process has exited (it stays unreaped: its pid and group stay ours).
 fn exited_without_reaping(pid: i32, log: &mut Log) -> bool {
+    exited_unreaped(pid).unwrap_or_else(|err| {
+        log.line(format_args!("waitid({pid}): {err}"));
+        true
+    })
+}
+
+/// Whether our child `pid` has exited, leaving it unreaped (a zombie until `wait`, so its pid and process group
+/// cannot be reused meanwhile). An error means it is not our child any more (reaped elsewhere): nothing is left
+/// to wait for, and `wait` reports it.
+pub(crate) fn exited_unreaped(pid: i32) -> io::Result<bool> {
     loop {
         // SAFETY: siginfo_t is plain data; waitid fills it.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: a valid out pointer. WNOHANG: returns at once; si_pid stays 0 while the task runs.
+        // SAFETY: a valid out pointer. WNOHANG: returns at once; si_pid stays 0 while the process runs.
         let rc = unsafe {
             libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT | libc::WNOHANG)
         };
         if rc == 0 {
             // SAFETY: waitid filled `info`.
-            return unsafe { info.si_pid() } != 0;
+            return Ok(unsafe { info.si_pid() } != 0);
         }
         let err = io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::EINTR) {
-            log.line(format_args!("waitid({pid}): {err}"));
-            return true;
+            return Err(err);
         }
     }
 }

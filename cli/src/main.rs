@@ -77,12 +77,8 @@ enum Top {
         /// The training step reached (shown by squeue -O LastProgress and scontrol show job).
         #[arg(long)]
         step: Option<u64>,
-        /// The job (default: $SLURM_JOB_ID).
-        #[arg(long, env = "SLURM_JOB_ID")]
-        job: u64,
-        /// The incarnation reporting (default: $DROVER_INCARNATION).
-        #[arg(long, env = "DROVER_INCARNATION")]
-        incarnation: u64,
+        #[command(flatten)]
+        who: Incarnation,
     },
     /// GPUs of a node, one by one (operators): `drover node gpus drain NODE 3 --reason "..."`.
     Node {
@@ -117,6 +113,17 @@ enum ClusterCmd {
     RemoveReplica { id: u64 },
 }
 
+/// The job incarnation a report from inside a job speaks for.
+#[derive(clap::Args)]
+struct Incarnation {
+    /// The job (default: $SLURM_JOB_ID).
+    #[arg(long, env = "SLURM_JOB_ID")]
+    job: u64,
+    /// The incarnation reporting (default: $DROVER_INCARNATION); a report from any other is refused.
+    #[arg(long, env = "DROVER_INCARNATION")]
+    incarnation: u64,
+}
+
 #[derive(Subcommand)]
 enum CheckpointCmd {
     /// Record PATH as this job's latest finished checkpoint: its next incarnation (after a requeue, a node
@@ -127,12 +134,8 @@ enum CheckpointCmd {
         /// The training step the checkpoint holds (DROVER_RESUME_STEP next time).
         #[arg(long)]
         step: Option<u64>,
-        /// The job (default: $SLURM_JOB_ID).
-        #[arg(long, env = "SLURM_JOB_ID")]
-        job: u64,
-        /// The incarnation recording it (default: $DROVER_INCARNATION).
-        #[arg(long, env = "DROVER_INCARNATION")]
-        incarnation: u64,
+        #[command(flatten)]
+        who: Incarnation,
     },
     /// Never resume the job from this checkpoint (default: the one its next incarnation would resume from); the
     /// next resume takes the newest good one before it.
@@ -314,7 +317,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             connect::runtime().block_on(admin::whoami(&client))
         }
         Top::Certs { command } => admin::certs(command),
-        Top::Checkpoint { command: CheckpointCmd::Record { path, step, job, incarnation } } => {
+        Top::Checkpoint { command: CheckpointCmd::Record { path, step, who: Incarnation { job, incarnation } } } => {
             let path = if path.is_absolute() { path } else { std::env::current_dir()?.join(path) };
             let path = path.to_str().ok_or_else(|| anyhow::anyhow!("the checkpoint path is not UTF-8"))?.to_string();
             let client = connect::client(cli.controllers.as_deref())?;
@@ -326,7 +329,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             connect::runtime().block_on(client.invalidate_checkpoint(job, path))?;
             Ok(())
         }
-        Top::Progress { step, job, incarnation } => {
+        Top::Progress { step, who: Incarnation { job, incarnation } } => {
             let client = connect::client(cli.controllers.as_deref())?;
             connect::runtime().block_on(client.record_progress(job, incarnation, step))?;
             Ok(())

@@ -31,6 +31,24 @@ impl State {
         Ok(job)
     }
 
+    /// An active job `by_uid` may act on, at incarnation `incarnation`: a report (a checkpoint, progress, an image)
+    /// from any other incarnation is stale, and refused so that a zombie can never speak for the job. `what` ends
+    /// the refusal: "only it may record checkpoints".
+    pub(crate) fn job_at_incarnation(
+        &self,
+        id: JobId,
+        incarnation: u64,
+        by_uid: u32,
+        what: &str,
+    ) -> Result<&Job, CommandError> {
+        let job = self.active_job(id, by_uid)?;
+        if job.incarnation != incarnation {
+            let why = format!("the job is at incarnation {}{what}", job.incarnation);
+            return Err(CommandError::StaleReport { id, incarnation, why });
+        }
+        Ok(job)
+    }
+
     pub(crate) fn cancel(
         &mut self,
         id: JobId,

@@ -337,14 +337,7 @@ impl State {
         changes: &mut Vec<Change>,
     ) -> Response {
         let (incarnation, path) = (checkpoint.incarnation, checkpoint.path.as_str());
-        let job = self.active_job(id, by_uid)?;
-        if job.incarnation != incarnation {
-            return Err(CommandError::StaleReport {
-                id,
-                incarnation,
-                why: format!("the job is at incarnation {}: only it may record checkpoints", job.incarnation),
-            });
-        }
+        let job = self.job_at_incarnation(id, incarnation, by_uid, ": only it may record checkpoints")?;
         if !matches!(job.state, JobState::Running | JobState::Completing) {
             return Err(CommandError::NotRunning { id, state: job.state, cancelling: false });
         }
@@ -369,14 +362,7 @@ impl State {
         digest: &str,
         changes: &mut Vec<Change>,
     ) -> Response {
-        let job = self.active_job(id, 0)?;
-        if job.incarnation != incarnation {
-            return Err(CommandError::StaleReport {
-                id,
-                incarnation,
-                why: format!("the job is at incarnation {}", job.incarnation),
-            });
-        }
+        self.job_at_incarnation(id, incarnation, 0, "")?;
         if !crate::container::is_digest(digest) {
             return Err(CommandError::InvalidRequest(format!(
                 "image digest {digest:?} is not sha256: and 64 lower-case hex digits"

@@ -33,14 +33,7 @@ impl State {
         now_ms: u64,
         changes: &mut Vec<Change>,
     ) -> Response {
-        let job = self.active_job(id, by_uid)?;
-        if job.incarnation != incarnation {
-            return Err(CommandError::StaleReport {
-                id,
-                incarnation,
-                why: format!("the job is at incarnation {}: only it may report progress", job.incarnation),
-            });
-        }
+        let job = self.job_at_incarnation(id, incarnation, by_uid, ": only it may report progress")?;
         if job.state != JobState::Running {
             return Err(CommandError::NotRunning { id, state: job.state, cancelling: job.ending.is_some() });
         }
@@ -53,14 +46,7 @@ impl State {
     /// The leader saw no progress from a job within its timeout. Re-checked on the log's time: the job is requeued
     /// (its warning signal first, then SIGTERM, KillWait, SIGKILL) with reason `Hung`, and its nodes are charged.
     pub(crate) fn job_hung(&mut self, id: JobId, incarnation: u64, now_ms: u64, changes: &mut Vec<Change>) -> Response {
-        let job = self.active_job(id, 0)?;
-        if job.incarnation != incarnation {
-            return Err(CommandError::StaleReport {
-                id,
-                incarnation,
-                why: format!("the job is at incarnation {}", job.incarnation),
-            });
-        }
+        let job = self.job_at_incarnation(id, incarnation, 0, "")?;
         let Some(hung_at_ms) = job.hung_at_ms() else {
             return Err(CommandError::InvalidRequest(format!(
                 "job {id} is not a running job with a progress timeout (or is already stopping)"
