@@ -78,6 +78,8 @@ fn state(out: &mut Exposition, api: &Api) {
     let mut by_state: BTreeMap<&str, f64> = BTreeMap::new();
     let mut pending_by_reason: BTreeMap<&str, f64> = BTreeMap::new();
     let (mut restarts, mut without_checkpoint, mut oldest_checkpoint_s) = (0u64, 0u64, 0.0f64);
+    // Hang detection: running jobs held to a progress timeout, and the least time left before one is called hung.
+    let (mut watched, mut least_margin_s) = (0u64, f64::INFINITY);
     // A chunk of jobs per hold of the state lock: a scrape must not hold off `apply` for a walk over every job.
     api.view.for_each_job(|job| {
         *by_state.entry(job.state.name()).or_default() += 1.0;
@@ -85,6 +87,10 @@ fn state(out: &mut Exposition, api: &Api) {
             *pending_by_reason.entry(job.reason.name()).or_default() += 1.0;
         }
         restarts += u64::from(job.restart_count);
+        if let Some(hung_at_ms) = job.hung_at_ms() {
+            watched += 1;
+            least_margin_s = least_margin_s.min(hung_at_ms.saturating_sub(now_ms) as f64 / 1_000.0);
+        }
         if job.state == JobState::Running {
             match &job.checkpoint {
                 Some(checkpoint) => {
@@ -121,6 +127,12 @@ fn state(out: &mut Exposition, api: &Api) {
     out.gauge("running_jobs_without_checkpoint", "Running jobs that have recorded no checkpoint.", {
         without_checkpoint as f64
     });
+    out.gauge("running_jobs_with_progress_timeout", "Running jobs held to a progress timeout.", watched as f64);
+    out.gauge(
+        "progress_margin_min_seconds",
+        "Among running jobs with a progress timeout: the least time left before one is called hung (0: none).",
+        if least_margin_s.is_finite() { least_margin_s } else { 0.0 },
+    );
 
     // Goodput: sums kept by `apply` as incarnations end (since `goodput_since`), so no history scan.
     let g = state.goodput_totals();

@@ -117,6 +117,9 @@ pub fn job(api: &Api, id: u64) -> Response {
         "checkpoint": job.checkpoint.as_ref().map(|c| json!({
             "step": c.step, "incarnation": c.incarnation, "time_ms": c.time_ms,
         })),
+        // The current incarnation's last progress (hang detection), and the timeout it is held to.
+        "progress": job.progress().map(|p| json!({ "step": p.step, "time_ms": p.time_ms })),
+        "progress_timeout_s": job.progress_timeout_s(),
         "history": incarnations,
         "goodput": goodput_json(&drover_state::goodput::of_job(&job, crate::runtime::now_ms())),
         "answered_by": api.id,

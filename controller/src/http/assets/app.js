@@ -155,6 +155,8 @@ function renderJob(j) {
   fact(facts, "Nodes", j.nodes.join(","));
   fact(facts, "Restarts", j.restarts);
   fact(facts, "Latest checkpoint", j.checkpoint ? (j.checkpoint.step === null ? "" : "step " + j.checkpoint.step + " ") + "at " + time(j.checkpoint.time_ms) : null);
+  fact(facts, "Last progress", j.progress ? (j.progress.step === null ? "" : "step " + j.progress.step + " ") + "at " + time(j.progress.time_ms) : null);
+  fact(facts, "Progress timeout", j.progress_timeout_s ? j.progress_timeout_s + " s" : null);
   const goodput = document.getElementById("job-goodput");
   goodput.replaceChildren();
   fact(goodput, "GPU-hours", hours(j.goodput.allocated_gpu_hours));
