@@ -81,7 +81,8 @@ pub async fn requeue(runs: usize, fence: bool, fault: Fault, dir: PathBuf) -> an
 }
 
 async fn one_run(fence: bool, fault: Fault, dir: &Path) -> anyhow::Result<Duration> {
-    let exe = std::env::current_exe()?;
+    // The `drover` binary beside this one: its `sbatch`, `local fence` and, on the jobs' PATH, `drover checkpoint`.
+    let exe = drover_testkit::local::find_binary("drover")?;
     let mut extra = String::new();
     if fence {
         // `drover local fence` powers a local node off (SIGKILLs its agent and its tasks), as a BMC would.
