@@ -97,6 +97,18 @@ fn fencing_race_5100329_two_incarnations_of_one_job_at_once() {
     fencing_race_seed(5_100_329);
 }
 
+/// Found by the soak of issue 32 (profile `soak`, hangs and quarantine on): gpu01 was quarantined, then declared
+/// down, and `NodeDown` replaced its drain's reason with "Not responding"; the operator, who resumes quarantined
+/// nodes, no longer recognised it, and the drill's job pinned to gpu01 stayed PENDING for good. A drained node now
+/// keeps its drain's reason through a loss and a return, as Slurm's does.
+#[test]
+fn quarantine_44121008_a_quarantined_node_that_goes_down_keeps_its_reason() {
+    let options = SimOptions::profile("soak").expect("the profile exists");
+    let report = run_seed(44_121_008, &options);
+    eprintln!("{}", summary(&report));
+    assert!(report.passed(), "{}", report.failure_text());
+}
+
 /// Agents cut off under a stable leader: nodes are declared down and their jobs requeued elsewhere, and the
 /// checker must find no job running two incarnations at once (the agent fences itself first).
 #[test]

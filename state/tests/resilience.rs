@@ -383,3 +383,23 @@ fn scontrol_reboot_asap_drains_waits_for_the_node_to_empty_and_returns_it_in_its
     let unknown = state.apply(&at(92, reboot(&["n9"], true, None, 0))).response.unwrap_err();
     assert!(matches!(unknown, CommandError::InvalidNodeName { .. }), "{unknown}");
 }
+
+#[test]
+fn a_drained_node_that_goes_down_keeps_its_drain_reason_through_its_return() {
+    let mut state = cluster();
+    let drain = Command::DrainNodes {
+        names: vec!["n1".into()],
+        drain: true,
+        reason: "quarantined: 3 failures in 24 h".into(),
+        by_uid: 0,
+        requeue_jobs: false,
+    };
+    state.apply(&at(5, drain)).response.unwrap();
+    state.apply(&at(6, Command::NodeDown { name: "n1".into(), reason: "Not responding".into(), epoch: None }));
+    assert_eq!(state.nodes["n1"].reason, "quarantined: 3 failures in 24 h", "Slurm keeps a drain's reason too");
+    state.apply(&at(7, Command::RegisterNode { info: gpu_node("n1"), running: Vec::new() })).response.unwrap();
+    assert!(state.nodes["n1"].drain && state.nodes["n1"].reason.starts_with("quarantined"));
+    // An undrained node that goes down says why, and forgets it when it returns.
+    state.apply(&at(8, Command::NodeDown { name: "n2".into(), reason: "Not responding".into(), epoch: None }));
+    assert_eq!(state.nodes["n2"].reason, "Not responding");
+}

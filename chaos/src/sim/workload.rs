@@ -186,6 +186,9 @@ pub async fn operator(net: Net) {
         let quarantined: Vec<String> = {
             let Some(Leader { view, .. }) = leader(&net) else { continue };
             let applied = view.read();
+            for n in applied.state.nodes.values().filter(|n| n.drain) {
+                lock(&net).trace.record(format_args!("operator sees {} drained: {}", n.info.name, n.reason), &[]);
+            }
             applied
                 .state
                 .nodes

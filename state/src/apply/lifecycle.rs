@@ -123,7 +123,11 @@ impl State {
             return Ok(Reply::Nothing);
         }
         node.health = NodeHealth::Down;
-        node.reason = reason.to_string();
+        // A drained node keeps its drain's reason, as Slurm's does ("Not responding" only where there is none):
+        // it is what must be fixed before the node is resumed, and it outlives the node's return.
+        if !node.drain || node.reason.is_empty() {
+            node.reason = reason.to_string();
+        }
         node.since_ms = now_ms;
         // Whatever lingered here is gone: a node is declared down only after its agent's lease expired, and its
         // supervisors kill their tasks when it does. (What a returning agent still finds running, it lists when
