@@ -403,3 +403,22 @@ fn a_drained_node_that_goes_down_keeps_its_drain_reason_through_its_return() {
     state.apply(&at(8, Command::NodeDown { name: "n2".into(), reason: "Not responding".into(), epoch: None }));
     assert_eq!(state.nodes["n2"].reason, "Not responding");
 }
+
+#[test]
+fn a_hung_job_that_may_not_come_back_ends_failed_with_the_reason() {
+    let mut state = cluster();
+    let id = submit(&mut state, JobSpec { requeue: Some(false), ..watched(10) });
+    start_on(&mut state, id, "n1", &[0, 1], 0);
+    hung(&mut state, id, 10 * MIN).unwrap();
+    assert_eq!(state.job(id).unwrap().hung_at_ms(), None, "stopping: never judged again");
+    let ended = Command::JobEnded { job_id: id, incarnation: 0, end: JobEnd { signal: 15, ..JobEnd::default() } };
+    let applied = state.apply(&at(11 * MIN, ended));
+    applied.response.unwrap();
+    let archived = applied.changes.iter().find_map(|c| match c {
+        drover_state::Change::ArchiveJob(job) => Some(job.clone()),
+        _ => None,
+    });
+    let job = archived.expect("ended for good, not requeued");
+    assert_eq!((job.state, job.incarnation), (JobState::Failed, 0));
+    assert!(job.message.as_deref().unwrap_or_default().starts_with("Hung: no progress for 600 s"), "{:?}", job.message);
+}

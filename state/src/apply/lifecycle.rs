@@ -422,7 +422,10 @@ impl State {
         job.exit_code = end.exit_code;
         job.exit_signal = end.signal;
         job.usage = end.usage;
-        job.message = end.message.as_deref().map(ThinStr::from);
+        // A job told to end keeps the reason it was told for (a hang) unless the node has something to say.
+        if end.message.is_some() || job.ending.is_none() {
+            job.message = end.message.as_deref().map(ThinStr::from);
+        }
         // The batch node's figures; the other nodes' follow as they release the job (`release_lingering`).
         job.node_usage.clear();
         if let (Some(measured), Some(node)) = (end.measured, reporter) {

@@ -68,9 +68,17 @@ impl State {
             reason.push_str(&note);
         }
         let blame = if suspect { Vec::new() } else { nodes.clone() };
-        let order = RequeueOrder { kind: RequeueKind::Hung, hold: None, reason, preempted_for: None, blame };
-        if !self.order_requeue(id, order, changes) {
-            return Err(CommandError::InvalidRequest(format!("job {id} cannot be requeued")));
+        if self.jobs.get(&id).is_some_and(|j| j.requeueable()) {
+            let order = RequeueOrder { kind: RequeueKind::Hung, hold: None, reason, preempted_for: None, blame };
+            self.order_requeue(id, order, changes);
+        } else {
+            // `--no-requeue` or an interactive allocation: it cannot come back, so it ends FAILED with the reason
+            // (its tasks stopped like a cancelled job's), rather than holding its GPUs hung until its time limit.
+            let job = self.jobs.get_mut(&id).expect("checked by job_at_incarnation");
+            job.state = JobState::Completing;
+            job.ending = Some(JobState::Failed);
+            job.message = Some(reason.into());
+            changes.push(Change::PutJob(job.clone()));
         }
         for node in nodes.iter().filter(|_| !suspect) {
             self.charge_failure(
