@@ -214,7 +214,8 @@ fn write_layout(dir: &Path, variant: &str) -> String {
 }
 
 fn options() -> StoreOptions {
-    StoreOptions { limit_bytes: u64::MAX, timeout_ms: 5_000, ..StoreOptions::default() }
+    // A lock wait far below the production hour: a locking bug fails here in a minute instead of holding CI.
+    StoreOptions { limit_bytes: u64::MAX, timeout_ms: 5_000, lock_wait_ms: 60_000, ..StoreOptions::default() }
 }
 
 fn check_tiny(rootfs: &Path, variant: &str) {

@@ -252,9 +252,19 @@ fn flock(file: &File, operation: libc::c_int) -> io::Result<()> {
     if unsafe { libc::flock(file.as_raw_fd(), operation) } == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
-/// Opens and locks `path`, waiting until `deadline` (polled, since flock(2) has no timeout). Retries when the file was
-/// removed by an eviction between opening and locking, so the lock held is always on the file the path names.
-fn lock_file(path: &Path, mode: LockMode, deadline: Instant) -> io::Result<Option<File>> {
+/// What waiting for a lock came to.
+enum Locked {
+    Held(File),
+    /// `deadline` passed.
+    TimedOut,
+    /// The caller's `stop_waiting` said the lock is no longer needed.
+    NotNeeded,
+}
+
+/// Opens and locks `path`, waiting until `deadline` (polled, since flock(2) has no timeout) or until `stop_waiting`
+/// says the lock is no longer needed. Retries when the file was removed by an eviction between opening and locking,
+/// so the lock held is always on the file the path names.
+fn lock_file(path: &Path, mode: LockMode, deadline: Instant, stop_waiting: &dyn Fn() -> bool) -> io::Result<Locked> {
     let operation = match mode {
         LockMode::Shared => libc::LOCK_SH,
         LockMode::Exclusive => libc::LOCK_EX,
@@ -266,8 +276,11 @@ fn lock_file(path: &Path, mode: LockMode, deadline: Instant) -> io::Result<Optio
             match flock(&file, operation) {
                 Ok(()) => break,
                 Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) || e.kind() == io::ErrorKind::Interrupted => {
+                    if stop_waiting() {
+                        return Ok(Locked::NotNeeded);
+                    }
                     if Instant::now() >= deadline {
-                        return Ok(None);
+                        return Ok(Locked::TimedOut);
                     }
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(200));
@@ -277,7 +290,7 @@ fn lock_file(path: &Path, mode: LockMode, deadline: Instant) -> io::Result<Optio
         }
         let held = file.metadata()?;
         match fs::metadata(path) {
-            Ok(now) if now.ino() == held.ino() && now.dev() == held.dev() => return Ok(Some(file)),
+            Ok(now) if now.ino() == held.ino() && now.dev() == held.dev() => return Ok(Locked::Held(file)),
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
@@ -287,7 +300,10 @@ fn lock_file(path: &Path, mode: LockMode, deadline: Instant) -> io::Result<Optio
 
 /// Takes the lock without waiting: `None` when someone holds it.
 fn try_lock(path: &Path) -> io::Result<Option<File>> {
-    lock_file(path, LockMode::Exclusive, Instant::now())
+    match lock_file(path, LockMode::Exclusive, Instant::now(), &|| false)? {
+        Locked::Held(file) => Ok(Some(file)),
+        Locked::TimedOut | Locked::NotNeeded => Ok(None),
+    }
 }
 
 /// `overlay` mounts' super options in this mount namespace (`/proc/self/mountinfo`).
@@ -453,24 +469,31 @@ impl ImageStore {
         let entry = self.entry_path(digest);
         let lock_path = self.lock_path(digest);
         let deadline = Instant::now() + Duration::from_millis(self.options.lock_wait_ms);
-        let lock = |mode| {
-            lock_file(&lock_path, mode, deadline)
-                .map_err(|e| ImageError::store(&self.root, reference, &lock_path, "cannot lock", e))?
-                .ok_or_else(|| ImageError::LockTimeout {
-                    image: reference.to_string(),
-                    lock: lock_path.clone(),
-                    waited_ms: self.options.lock_wait_ms,
-                })
+        let complete = || entry.join("complete").exists();
+        let lock = |mode, stop_waiting: &dyn Fn() -> bool| match lock_file(&lock_path, mode, deadline, stop_waiting)
+            .map_err(|e| ImageError::store(&self.root, reference, &lock_path, "cannot lock", e))?
+        {
+            Locked::Held(file) => Ok(Some(file)),
+            Locked::NotNeeded => Ok(None),
+            Locked::TimedOut => Err(ImageError::LockTimeout {
+                image: reference.to_string(),
+                lock: lock_path.clone(),
+                waited_ms: self.options.lock_wait_ms,
+            }),
         };
         let mut imported = false;
         for _ in 0..MAX_ACQUIRE_ATTEMPTS {
-            let shared = lock(LockMode::Shared)?;
-            if entry.join("complete").exists() {
+            let Some(shared) = lock(LockMode::Shared, &|| false)? else { continue };
+            if complete() {
                 return self.use_entry(digest, &entry, reference, shared, imported);
             }
             drop(shared);
-            let exclusive = lock(LockMode::Exclusive)?;
-            if !entry.join("complete").exists() {
+            // Two acquirers can both find the entry missing under their shared locks. The one that wins the
+            // exclusive lock imports and keeps a shared lock for as long as it uses the image, so the other would
+            // wait for the exclusive lock forever: it stops waiting once the entry is complete and takes a shared
+            // lock instead.
+            let Some(exclusive) = lock(LockMode::Exclusive, &complete)? else { continue };
+            if !complete() {
                 self.import_entry(digest, &entry, reference, import)?;
                 imported = true;
             }

@@ -67,7 +67,9 @@ fn source(path: &Path) -> ImageSource {
 }
 
 fn store(root: &Path, limit_bytes: u64) -> ImageStore {
-    ImageStore::open(root, StoreOptions { limit_bytes, ..StoreOptions::default() }).expect("open store")
+    // A lock wait far below the production hour: a locking bug fails here in a minute instead of holding CI.
+    ImageStore::open(root, StoreOptions { limit_bytes, lock_wait_ms: 60_000, ..StoreOptions::default() })
+        .expect("open store")
 }
 
 #[test]
@@ -233,4 +235,36 @@ fn image_config_fields_may_be_missing_or_null() {
         ImageConfig::parse(br#"{"config":{"Env":null,"Entrypoint":["/init"],"WorkingDir":""}}"#).expect("null");
     assert_eq!(config.entrypoint, vec!["/init".to_string()]);
     assert!(config.env.is_empty() && config.working_dir.is_none());
+}
+
+/// CI hung here for an hour: two acquirers both found the entry missing, one imported and kept its shared lock while
+/// using the image, and the other waited for the exclusive lock behind it until `lock_wait_ms`. The interleaving is
+/// forced here: the test holds a shared lock (the importer's, still in use), so the acquirer finds the entry
+/// missing and waits for the exclusive lock; the entry then appears, and the acquirer must use it at once.
+#[test]
+fn an_acquirer_waiting_to_import_uses_the_image_another_finished_importing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (bytes, digest) = oci_archive("late", b"finished by another");
+    let path = dir.path().join("image.tar");
+    fs::write(&path, bytes).expect("write");
+    let root = dir.path().join("cache");
+    let first = store(&root, u64::MAX);
+    let entry = first.entry_path(&digest);
+    drop(first.acquire(&source(&path), &RegistryCredentials::none()).expect("first import"));
+    let aside = dir.path().join("aside");
+    fs::rename(&entry, &aside).expect("hide the entry");
+    let in_use = File::open(first.lock_path(&digest)).expect("lock file");
+    flock(&in_use, libc::LOCK_SH).expect("shared lock");
+    let options = StoreOptions { limit_bytes: u64::MAX, lock_wait_ms: 20_000, ..StoreOptions::default() };
+    let waiter = ImageStore::open(&root, options).expect("store");
+    let image = std::thread::scope(|scope| {
+        let handle = scope.spawn(|| waiter.acquire(&source(&path), &RegistryCredentials::none()));
+        std::thread::sleep(Duration::from_millis(300));
+        fs::rename(&aside, &entry).expect("the other import completes");
+        handle.join().expect("thread")
+    })
+    .expect("acquire while another holds the image");
+    assert!(!image.imported, "the waiter used the other's import");
+    assert!(image.rootfs.join("data/late").exists());
+    drop(in_use);
 }
