@@ -5,6 +5,7 @@
 mod agents;
 mod containers;
 mod ettr;
+mod recovery;
 mod requeue;
 mod sites;
 mod wan;
@@ -121,6 +122,8 @@ enum BenchCmd {
     /// ETTR of Llama 3 405B's 54-day run (Meta's published failures), simulated under Drover's recovery and under
     /// Slurm's defaults: GPU-hours lost per root cause. Deterministic per seed; starts no cluster.
     Ettr(ettr::EttrArgs),
+    /// Backup under load, restore into a new cluster, and a new cluster forced from one survivor, at N jobs.
+    Recovery(recovery::RecoveryArgs),
 }
 
 fn run(cmd: BenchCmd) -> anyhow::Result<()> {
@@ -153,6 +156,10 @@ fn run(cmd: BenchCmd) -> anyhow::Result<()> {
                 bench_agents::heartbeats(agents, heartbeat_ms, duration_s, bench_dir(dir, "heartbeats")).await
             }
             BenchCmd::Ettr(args) => ettr::ettr(&args),
+            BenchCmd::Recovery(args) => {
+                let dir = bench_dir(None, "recovery");
+                recovery::recovery(args, dir).await
+            }
         }
     })
 }
@@ -377,6 +384,24 @@ pub(crate) async fn kill_under_load(
 }
 
 /// Resident memory of a process, from /proc (0 when it is gone).
+/// Submits `jobs` trivial jobs from `clients` concurrent loops (rounded up to a multiple of `clients`).
+async fn fill(client: &Arc<Client>, jobs: u64, clients: usize) {
+    let per_client = jobs.div_ceil(clients as u64);
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let spec = trivial_spec();
+            for _ in 0..per_client {
+                client.submit(&spec).await.expect("submit");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("fill task");
+    }
+}
+
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
@@ -401,20 +426,7 @@ async fn state(jobs: u64, clients: usize, dir: PathBuf) -> anyhow::Result<()> {
     cluster.wait_ready(Duration::from_secs(30)).await?;
     let client = Arc::new(cluster.client()?);
     let started = Instant::now();
-    let per_client = jobs.div_ceil(clients as u64);
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let client = client.clone();
-        tasks.push(tokio::spawn(async move {
-            let spec = trivial_spec();
-            for _ in 0..per_client {
-                client.submit(&spec).await.expect("submit");
-            }
-        }));
-    }
-    for t in tasks {
-        t.await?;
-    }
+    fill(&client, jobs, clients).await;
     let fill_s = started.elapsed().as_secs_f64();
     let leader = cluster.wait_ready(Duration::from_secs(30)).await?;
     let pid = cluster.process(leader).and_then(|p| p.pid).unwrap_or(0);

@@ -111,6 +111,12 @@ enum ClusterCmd {
     AddReplica { id: u64, address: String },
     /// Remove a replica from the membership.
     RemoveReplica { id: u64 },
+    /// An online, checksummed backup of the cluster's state (jobs, accounting, accounts, QOS, reservations,
+    /// roles, audit log) at one log index, taken by the leader without pausing submissions (administrators).
+    /// Restore with `drover-controller --restore FILE` on fresh replicas, or `drover local up --restore FILE`.
+    Backup { file: PathBuf },
+    /// Check a backup file's checksum and say what it holds.
+    VerifyBackup { file: PathBuf },
 }
 
 /// The job incarnation a report from inside a job speaks for.
@@ -185,6 +191,9 @@ enum LocalCmd {
         agents: usize,
         #[arg(long, default_value_t = 8)]
         gpus_per_agent: u32,
+        /// Start from a backup (`drover cluster backup FILE`): every replica is restored from it first.
+        #[arg(long, value_name = "FILE")]
+        restore: Option<PathBuf>,
     },
     /// Stop the local cluster under DIR.
     Down {
@@ -243,6 +252,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Top::InstallShims { dir } => commands::shims::install(&dir),
         Top::Rendezvous => commands::rendezvous::run(),
+        Top::Cluster { command: ClusterCmd::VerifyBackup { file } } => cluster::verify_backup(&file),
         Top::Cluster { command } => {
             let client = connect::client(cli.controllers.as_deref())?;
             let rt = connect::runtime();
@@ -250,14 +260,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 ClusterCmd::Status { json } => rt.block_on(cluster::status(&client, json)),
                 ClusterCmd::AddReplica { id, address } => rt.block_on(cluster::add_replica(&client, id, &address)),
                 ClusterCmd::RemoveReplica { id } => rt.block_on(cluster::remove_replica(&client, id)),
+                ClusterCmd::Backup { file } => rt.block_on(cluster::backup(&client, &file)),
+                ClusterCmd::VerifyBackup { file } => cluster::verify_backup(&file),
             }
         }
         Top::Local { command } => match command {
-            LocalCmd::Up { dir, controllers, agents, gpus_per_agent } => {
+            LocalCmd::Up { dir, controllers, agents, gpus_per_agent, restore } => {
                 if agents > 64 || gpus_per_agent > 64 {
                     anyhow::bail!("--agents and --gpus-per-agent are limited to 64 on one machine");
                 }
-                let options = UpOptions { controllers, agents, gpus_per_agent, ..UpOptions::default() };
+                let options = UpOptions { controllers, agents, gpus_per_agent, restore, ..UpOptions::default() };
                 let mut local = LocalCluster::up(&dir, options)?;
                 let ready = connect::runtime().block_on(async {
                     local.wait_ready(Duration::from_secs(30)).await?;

@@ -1,54 +1,20 @@
 //! Stories about the replicated controller, told with real `drover-controller` processes on loopback.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use drover_cli::local::{LocalCluster, UpOptions, trivial_spec};
 use drover_client::{Client, JobFilter};
 use drover_state::JobState;
 
+mod common;
+use common::load::Load;
+
 fn cluster(options: UpOptions) -> (tempfile::TempDir, LocalCluster) {
     let dir = tempfile::tempdir().expect("tempdir");
     let cluster = LocalCluster::up(&dir.path().join("cluster"), options).expect("local cluster starts");
     (dir, cluster)
-}
-
-/// Submits from `clients` concurrent loops until stopped; every acknowledged id is recorded with its time.
-struct Load {
-    stop: Arc<AtomicBool>,
-    acked: Arc<Mutex<Vec<(u64, Instant)>>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Load {
-    fn start(client: Arc<Client>, clients: usize) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let acked = Arc::new(Mutex::new(Vec::new()));
-        let tasks = (0..clients)
-            .map(|_| {
-                let (client, stop, acked) = (client.clone(), stop.clone(), acked.clone());
-                tokio::spawn(async move {
-                    let spec = trivial_spec();
-                    while !stop.load(Ordering::Relaxed) {
-                        if let Ok(id) = client.submit(&spec).await {
-                            acked.lock().unwrap().push((id, Instant::now()));
-                        }
-                    }
-                })
-            })
-            .collect();
-        Load { stop, acked, tasks }
-    }
-
-    async fn stop(self) -> Vec<(u64, Instant)> {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.tasks {
-            t.await.unwrap();
-        }
-        self.acked.lock().unwrap().clone()
-    }
 }
 
 /// Every acknowledged id must be in the state exactly once, and no id may have been acknowledged twice.

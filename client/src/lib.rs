@@ -76,6 +76,9 @@ impl ClientError {
     }
 }
 
+/// How long a backup stream may go without a chunk before the client gives up on it.
+const BACKUP_IDLE_MS: u64 = 120_000;
+
 /// A controller connection that attaches the caller's credential to every call.
 type Service = InterceptedService<Channel, Credentials>;
 
@@ -510,6 +513,31 @@ impl Client {
             async move { c.add_replica(request).await }
         })
         .await
+    }
+
+    /// Streams a backup of the cluster's state from the leader into `out` (administrators); returns the bytes
+    /// written. The caller keeps the file only once `drover_proto::backup::verify_backup` accepts it.
+    pub async fn backup(&self, out: &mut impl std::io::Write) -> Result<u64, ClientError> {
+        let mut stream = self.call(|mut c| async move { c.backup(BackupRequest {}).await }).await?;
+        let mut bytes = 0u64;
+        loop {
+            // The leader flushes and checkpoints its database before the first chunk: a few seconds at most.
+            let next = tokio::time::timeout(Duration::from_millis(BACKUP_IDLE_MS), stream.message()).await;
+            let chunk = match next {
+                Err(_) => {
+                    return Err(ClientError::Protocol(format!(
+                        "the backup stream stalled: nothing for {} s",
+                        BACKUP_IDLE_MS / 1000
+                    )));
+                }
+                Ok(Err(status)) => return Err(ClientError::from_status(&status)),
+                Ok(Ok(None)) => return Ok(bytes),
+                Ok(Ok(Some(chunk))) => chunk,
+            };
+            out.write_all(&chunk.data)
+                .map_err(|e| ClientError::Config(format!("cannot write the backup where asked: {e}")))?;
+            bytes += chunk.data.len() as u64;
+        }
     }
 
     pub async fn remove_replica(&self, id: u64) -> Result<MembershipReply, ClientError> {

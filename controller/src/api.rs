@@ -36,6 +36,11 @@ const MAX_IDS_PER_REQUEST: usize = 10_000;
 const MAX_REQUEST_ID_BYTES: usize = 128;
 /// Marks a forwarded call, so a follower never forwards twice.
 const FORWARDED_KEY: &str = "x-drover-forwarded";
+/// A backup streams in chunks of this size, at most this many buffered ahead of the client.
+const BACKUP_CHUNK_BYTES: usize = 1 << 20;
+const BACKUP_CHUNKS_IN_FLIGHT: usize = 8;
+/// The backup thread's nice value (0 is the replica's own; 19 the lowest priority).
+const BACKUP_NICE: libc::c_int = 10;
 /// The most audit entries one listing returns.
 const MAX_LIST_AUDIT: usize = 10_000;
 /// A step runs on its job's nodes (a job has at most so many) under a program name of bounded length.
@@ -55,6 +60,35 @@ pub struct Api {
     proposer: crate::propose::Proposer,
     pub view: StateView,
     peers: Mutex<HashMap<String, DroverServiceClient<Channel>>>,
+    /// One backup at a time per replica: each holds a checkpoint of the database on disk while it streams.
+    backup_slot: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+/// Hands a backup's bytes to its gRPC stream in chunks; fails (and so stops the backup) when the client is gone.
+struct ChunkSender {
+    tx: tokio::sync::mpsc::Sender<Result<BackupChunk, Status>>,
+    buf: Vec<u8>,
+}
+
+impl std::io::Write for ChunkSender {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let n = data.len().min(BACKUP_CHUNK_BYTES - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == BACKUP_CHUNK_BYTES {
+            self.flush()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let data = std::mem::replace(&mut self.buf, Vec::with_capacity(BACKUP_CHUNK_BYTES));
+        self.tx
+            .blocking_send(Ok(BackupChunk { data }))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client stopped reading the backup"))
+    }
 }
 
 fn internal(context: &str, e: impl std::fmt::Display) -> Status {
@@ -78,7 +112,17 @@ impl Api {
         security: std::sync::Arc<Security>,
     ) -> Api {
         let raft = proposer.raft().clone();
-        Api { id, leader, local_ip, security, raft, proposer, view, peers: Mutex::new(HashMap::new()) }
+        Api {
+            id,
+            leader,
+            local_ip,
+            security,
+            raft,
+            proposer,
+            view,
+            peers: Mutex::new(HashMap::new()),
+            backup_slot: std::sync::Arc::new(tokio::sync::Semaphore::new(1)),
+        }
     }
 
     /// The leader's id and address as this replica knows them.
@@ -957,6 +1001,57 @@ impl DroverService for Api {
         self.precheck(&command)?;
         self.write(command).await?;
         Ok(Response::new(Empty {}))
+    }
+
+    type BackupStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<BackupChunk, Status>> + Send>>;
+
+    async fn backup(&self, request: Request<BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
+        // Streamed from the leader itself (not forwarded: a stream of gigabytes has no place on a second hop), so
+        // the state is what the cluster has committed; a follower names the leader and the client goes there.
+        if let Route::Forward(_, addr) = self.route(&request).await? {
+            return Err(not_leader(Some(&addr)));
+        }
+        let caller = self.security.caller(&request)?;
+        // The backup holds every user's scripts and environments.
+        self.require(&caller, AdminLevel::Administrator, "taking a backup")?;
+        let Ok(permit) = self.backup_slot.clone().try_acquire_owned() else {
+            return Err(Status::resource_exhausted(
+                "a backup is already being taken on this replica; wait for it to finish",
+            ));
+        };
+        self.record_audit(&caller, "backup", String::new()).await;
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<BackupChunk, Status>>(BACKUP_CHUNKS_IN_FLIGHT);
+        let (view, id) = (self.view.clone(), self.id);
+        // A thread of its own at a lower CPU priority: reading, hashing and sending a million jobs' records takes
+        // seconds of CPU, and on a small machine the replica's Raft and apply threads must win every contest with
+        // it (the leader's heartbeats and submissions come first; the backup just takes longer).
+        let spawned = std::thread::Builder::new().name("backup".into()).spawn(move || {
+            use std::io::Write as _;
+            // SAFETY: setpriority on this thread's own id (Linux applies PRIO_PROCESS with a tid per thread).
+            unsafe {
+                libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, BACKUP_NICE);
+            }
+            let _permit = permit;
+            let mut out = ChunkSender { tx: tx.clone(), buf: Vec::with_capacity(BACKUP_CHUNK_BYTES) };
+            let result = view.write_backup(id, now_ms(), &mut out).and_then(|summary| out.flush().map(|()| summary));
+            match result {
+                Ok(summary) => tracing::info!(
+                    bytes = summary.bytes,
+                    index = summary.header.last_log_index,
+                    sha256 = %summary.sha256,
+                    "backup taken"
+                ),
+                Err(e) => {
+                    tracing::warn!("backup failed: {e}");
+                    let _ = tx.blocking_send(Err(Status::internal(format!("backup failed on the leader: {e}"))));
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            return Err(internal("starting the backup thread", e));
+        }
+        let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn who_am_i(&self, request: Request<Empty>) -> Result<Response<WhoAmIReply>, Status> {

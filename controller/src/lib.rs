@@ -8,6 +8,7 @@ pub mod leader_watch;
 pub mod network;
 pub mod propose;
 pub mod raft_service;
+pub mod recovery;
 pub mod runtime;
 pub mod security;
 pub mod server;

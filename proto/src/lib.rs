@@ -8,6 +8,7 @@ pub mod v1 {
 /// The metadata key a follower uses to name the leader when it cannot forward.
 pub const LEADER_HINT_KEY: &str = "x-drover-leader";
 
+pub mod backup;
 pub mod wire;
 
 /// Tags the details of a status that carries a refused command, so other details are never misread as one.

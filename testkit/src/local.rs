@@ -87,6 +87,8 @@ pub struct UpOptions {
     /// `cluster.json`, `DROVER_CONTROLLERS`, the Raft membership), where something else, such as the benchmarks'
     /// WAN proxy (`drover-bench sites`), must forward to `Process::listen`. The certificate is unchanged: same IP.
     pub separate_advertise: bool,
+    /// A backup (`drover cluster backup FILE`) every founding replica is restored from before it first starts.
+    pub restore: Option<PathBuf>,
 }
 
 impl Default for UpOptions {
@@ -113,6 +115,7 @@ impl Default for UpOptions {
             allow_root_jobs: unsafe { libc::geteuid() } == 0,
             agent_toml: Vec::new(),
             separate_advertise: false,
+            restore: None,
         }
     }
 }
@@ -259,6 +262,11 @@ impl LocalCluster {
             let process = cluster.write_config(*id, addr, &members)?;
             cluster.processes.push(process);
         }
+        if let Some(backup) = cluster.options.restore.clone() {
+            for id in members.keys() {
+                cluster.restore(*id, &backup)?;
+            }
+        }
         for id in members.keys() {
             cluster.start(*id)?;
         }
@@ -269,6 +277,44 @@ impl LocalCluster {
         }
         cluster.save()?;
         Ok(cluster)
+    }
+
+    /// Runs `drover-controller --restore BACKUP` on controller `id`'s (stopped, empty) data directory.
+    pub fn restore(&mut self, id: u64, backup: &Path) -> anyhow::Result<()> {
+        let config = self.process_mut(id)?.config.clone();
+        let output = Command::new(find_binary("drover-controller")?)
+            .arg("--config")
+            .arg(&config)
+            .arg("--restore")
+            .arg(backup)
+            .output()
+            .context("cannot run drover-controller --restore")?;
+        if !output.status.success() {
+            bail!(
+                "restoring replica {id} from {} failed: {}",
+                backup.display(),
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        Ok(())
+    }
+
+    /// Runs `drover-controller --force-new-cluster --confirm-quorum-lost` on controller `id` (stopped); returns
+    /// what it printed.
+    pub fn force_new_cluster(&mut self, id: u64) -> anyhow::Result<String> {
+        let process = self.process_mut(id)?;
+        assert!(process.pid.is_none(), "force a new cluster on a stopped replica only");
+        let config = process.config.clone();
+        let output = Command::new(find_binary("drover-controller")?)
+            .arg("--config")
+            .arg(&config)
+            .args(["--force-new-cluster", "--confirm-quorum-lost"])
+            .output()
+            .context("cannot run drover-controller --force-new-cluster")?;
+        if !output.status.success() {
+            bail!("forcing a new cluster on replica {id} failed: {}", String::from_utf8_lossy(&output.stderr).trim());
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
     /// Records and starts one of the host's daemons (`authd`, `relayd`): it serves the Unix socket `DIR/socket`,

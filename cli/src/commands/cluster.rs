@@ -1,4 +1,4 @@
-//! `drover cluster status|add-replica|remove-replica`.
+//! `drover cluster status|add-replica|remove-replica|backup|verify-backup`.
 
 use drover_client::Client;
 
@@ -60,5 +60,67 @@ pub async fn add_replica(client: &Client, id: u64, address: &str) -> anyhow::Res
 pub async fn remove_replica(client: &Client, id: u64) -> anyhow::Result<()> {
     let m = client.remove_replica(id).await?;
     println!("replica {id} removed; voters {:?}, learners {:?}", m.voters, m.learners);
+    Ok(())
+}
+
+/// `drover cluster backup FILE`: the leader's state into `FILE.partial`, synced, checked from disk, then renamed to
+/// `FILE`; a failed or damaged backup never takes the name of a good one.
+pub async fn backup(client: &Client, file: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let started = std::time::Instant::now();
+    let mut partial = file.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = std::path::PathBuf::from(partial);
+    let written = async {
+        let mut out = std::io::BufWriter::with_capacity(
+            1 << 20,
+            std::fs::File::create(&partial).with_context(|| format!("cannot create {}", partial.display()))?,
+        );
+        client.backup(&mut out).await?;
+        let out = out.into_inner().map_err(|e| e.into_error())?;
+        out.sync_all().with_context(|| format!("cannot sync {}", partial.display()))?;
+        drover_proto::backup::verify_backup(&partial).map_err(anyhow::Error::from)
+    }
+    .await;
+    let verified = match written {
+        Ok(verified) => verified,
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            return Err(e.context("backup failed; no backup file was written"));
+        }
+    };
+    std::fs::rename(&partial, file)
+        .with_context(|| format!("cannot rename {} to {}", partial.display(), file.display()))?;
+    let h = &verified.header;
+    println!(
+        "backup of the state at log index {} (term {}, taken by replica {}, format {}) written to {}: {} bytes, sha256 {}, in {:.2} s",
+        h.last_log_index,
+        h.last_log_term,
+        h.taken_by,
+        h.state_format_version,
+        file.display(),
+        verified.file_bytes,
+        verified.sha256,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `drover cluster verify-backup FILE`: checks a backup's checksum and says what it holds.
+pub fn verify_backup(file: &std::path::Path) -> anyhow::Result<()> {
+    let verified = drover_proto::backup::verify_backup(file)?;
+    let h = &verified.header;
+    println!(
+        "{}: a good backup of the state at log index {} (term {}), taken by replica {} of {:?} (version {}, state format {}); {} bytes, sha256 {}",
+        file.display(),
+        h.last_log_index,
+        h.last_log_term,
+        h.taken_by,
+        h.replicas.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        h.binary_version,
+        h.state_format_version,
+        verified.file_bytes,
+        verified.sha256
+    );
     Ok(())
 }

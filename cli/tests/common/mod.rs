@@ -2,6 +2,8 @@
 //! local cluster, run from a work directory.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod load;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;

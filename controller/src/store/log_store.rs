@@ -13,8 +13,8 @@ use super::db::{CF_LOGS, CF_RAFT, Db, id_key, key_id};
 use super::log_tail::LogTail;
 use crate::types::{Entry, LogId, TypeConfig, Vote};
 
-const VOTE_KEY: &[u8] = b"vote";
-const PURGED_KEY: &[u8] = b"last_purged";
+pub(super) const VOTE_KEY: &[u8] = b"vote";
+pub(super) const PURGED_KEY: &[u8] = b"last_purged";
 
 /// The most entries one read returns; openraft asks in bounded ranges, this guards against a huge one.
 const MAX_READ_ENTRIES: usize = 64 * 1024;

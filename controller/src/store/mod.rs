@@ -6,12 +6,14 @@
 //! atomic batch that includes the applied log id, and the WAL is synced before a snapshot lets the log be
 //! purged. So a crash at any point leaves a state that equals "the log applied up to some index".
 
+mod backup;
 mod db;
 mod log_store;
 mod log_tail;
 mod snapshot;
 mod state_machine;
 
+pub use backup::{BackupSummary, ForceSummary, RecoveryError, RestoreSummary, force_new_cluster, restore_backup};
 pub use db::{Db, StoreError, open_db};
 pub use log_store::LogStore;
 pub use snapshot::SnapshotFile;

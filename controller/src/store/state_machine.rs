@@ -21,8 +21,8 @@ use crate::types::{LogId, SnapshotMeta, StoredMembership, TypeConfig};
 
 type Snapshot = openraft::alias::SnapshotOf<TypeConfig, SnapshotFile>;
 
-const APPLIED_KEY: &[u8] = b"applied";
-const MEMBERSHIP_KEY: &[u8] = b"membership";
+pub(super) const APPLIED_KEY: &[u8] = b"applied";
+pub(super) const MEMBERSHIP_KEY: &[u8] = b"membership";
 const META_KEY: &[u8] = b"meta";
 /// In CF_RAFT (which an install does not wipe): the current snapshot, and a marker while one is being installed.
 const CURRENT_SNAPSHOT_KEY: &[u8] = b"current_snapshot";
@@ -103,6 +103,11 @@ impl StateView {
     /// Every active job, in id order, `JOBS_PER_READ` per hold of the state lock (see `for_each_job_in_chunks`).
     pub fn for_each_job(&self, f: impl FnMut(&Job)) {
         for_each_job_in_chunks(|walk| walk(&self.read().state), JOBS_PER_READ, f)
+    }
+
+    /// The database behind the view (backups read it through a checkpoint).
+    pub(super) fn db(&self) -> &Db {
+        &self.db
     }
 
     pub fn node_changes(&self) -> tokio::sync::broadcast::Receiver<String> {
@@ -324,7 +329,7 @@ fn touched_nodes(change: &Change, touched: &mut std::collections::BTreeSet<Strin
 }
 
 /// Wipes the state machine families and fills them from a snapshot file, in bounded batches.
-fn load_snapshot_records(db: &Db, path: &std::path::Path) -> io::Result<()> {
+pub(super) fn load_snapshot_records(db: &Db, path: &std::path::Path) -> io::Result<()> {
     // Validate the whole file before destroying anything.
     let mut check = SnapshotReader::open(path)?;
     while check.next_record()?.is_some() {}
@@ -394,7 +399,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     }
 }
 
-fn build_snapshot_blocking(db: &Db, seq: u64) -> io::Result<Snapshot> {
+pub(super) fn build_snapshot_blocking(db: &Db, seq: u64) -> io::Result<Snapshot> {
     // Everything applied so far becomes durable before the log that produced it may be purged.
     db.db.flush_wal(true).map_err(|e| io_err("syncing before snapshot", e))?;
     let tag = format!("b{}-{seq}", std::process::id());
