@@ -72,9 +72,12 @@ pub struct BackupSummary {
 pub fn write_backup(db: &Db, taken_by: u64, taken_at_ms: u64, out: impl Write) -> io::Result<BackupSummary> {
     let dir = db.dir.join("backups");
     std::fs::create_dir_all(&dir)?;
+    // Checkpoints that a crash left behind (hard links that pin old files' disk space) go first; a replica takes
+    // one backup at a time (`Api`'s backup slot), so none of them is in use.
+    for leftover in std::fs::read_dir(&dir)?.flatten() {
+        let _ = std::fs::remove_dir_all(leftover.path());
+    }
     let checkpoint = dir.join(format!("backup-{}-{}", std::process::id(), taken_at_ms));
-    // A leftover of an earlier backup cut short by a crash is removed with this one's, by the same guard.
-    let _ = std::fs::remove_dir_all(&checkpoint);
     let guard = RemoveOnDrop(checkpoint.clone());
     db.db.flush_wal(true).map_err(|e| io::Error::other(format!("syncing before the backup: {e}")))?;
     rocksdb::checkpoint::Checkpoint::new(&db.db)
@@ -311,10 +314,12 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let source = old_cluster_dir(&tmp.path().join("old"), log_id(4, 57));
         let taken = tmp.path().join("taken");
+        // A checkpoint an earlier backup's crash left behind.
+        std::fs::create_dir_all(source.dir.join("backups").join("backup-999-1")).unwrap();
         let summary = write_backup(&source, 1, 1_000, File::create(&taken).unwrap()).unwrap();
         assert_eq!((summary.header.last_log_index, summary.header.last_log_term), (57, 4));
         assert_eq!(summary.header.replicas.iter().map(|(id, _)| *id).collect::<Vec<_>>(), vec![1, 2, 3]);
-        assert!(!source.dir.join("backups").read_dir().unwrap().any(|_| true), "the checkpoint is removed");
+        assert!(!source.dir.join("backups").read_dir().unwrap().any(|_| true), "checkpoints, old and new, are removed");
         // As a format-3 build would have labelled it.
         let verified = verify_backup(&taken).unwrap();
         let bytes = std::fs::read(&taken).unwrap();
