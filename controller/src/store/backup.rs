@@ -26,9 +26,11 @@ use rocksdb::IteratorMode;
 use thiserror::Error;
 
 use super::db::{CF_LOGS, CF_RAFT, CF_SM, Db, id_key, key_id};
-use super::log_store::{PURGED_KEY, VOTE_KEY, decode, encode};
+use super::log_store::{PURGED_KEY, VOTE_KEY, decode, delete_log_from, encode};
 use super::snapshot::SnapshotFile;
-use super::state_machine::{APPLIED_KEY, MEMBERSHIP_KEY, build_snapshot_blocking, load_snapshot_records};
+use super::state_machine::{
+    APPLIED_KEY, MEMBERSHIP_KEY, applied_in_checkpoint, build_snapshot_blocking, load_snapshot_records,
+};
 use crate::types::{Entry, LogId, ReplicaNode, StoredMembership};
 
 #[derive(Debug, Error)]
@@ -115,15 +117,6 @@ impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-fn applied_in_checkpoint(dir: &Path) -> io::Result<(Option<LogId>, StoredMembership)> {
-    let checkpoint = super::snapshot::open_checkpoint(dir)?;
-    let sm = checkpoint.cf_handle(CF_SM).ok_or_else(|| io::Error::other("checkpoint has no state machine family"))?;
-    let get = |key: &[u8]| checkpoint.get_cf(sm, key).map_err(|e| io::Error::other(format!("reading checkpoint: {e}")));
-    let applied = get(APPLIED_KEY)?.map(|b| decode(&b)).transpose()?;
-    let membership = get(MEMBERSHIP_KEY)?.map(|b| decode(&b)).transpose()?.unwrap_or_default();
-    Ok((applied, membership))
 }
 
 /// What a restore did.
@@ -254,10 +247,7 @@ pub fn force_new_cluster(db: &Db, id: u64, addr: &str) -> Result<ForceSummary, R
         dropped =
             db.db.iterator_cf(db.cf(CF_LOGS), IteratorMode::From(&id_key(from), rocksdb::Direction::Forward)).count()
                 as u64;
-        let cf = db.cf(CF_LOGS);
-        db.db
-            .delete_range_cf(cf, id_key(from), id_key(u64::MAX))
-            .and_then(|()| db.db.delete_cf(cf, id_key(u64::MAX)))
+        delete_log_from(db, from)
             .map_err(|e| io::Error::other(e.to_string()))
             .map_err(store_err(db, "cutting the log"))?;
     }

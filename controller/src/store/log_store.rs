@@ -75,6 +75,15 @@ pub(super) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> io::Result
     drover_state::codec::decode(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
+/// Deletes every log entry at `from` and after.
+pub(super) fn delete_log_from(db: &Db, from: u64) -> Result<(), rocksdb::Error> {
+    let cf = db.cf(CF_LOGS);
+    db.db
+        .delete_range_cf(cf, id_key(from), id_key(u64::MAX))
+        // Deleting the key u64::MAX itself, which delete_range's exclusive end leaves.
+        .and_then(|()| db.db.delete_cf(cf, id_key(u64::MAX)))
+}
+
 impl LogStore {
     pub fn new(db: Db) -> LogStore {
         let syncer = (!crate::runtime::is_simulated()).then(|| start_wal_syncer(std::sync::Arc::downgrade(&db.db)));
@@ -211,13 +220,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let from = last_log_id.map(|id| id.index() + 1).unwrap_or(0);
         let mut tail = self.tail();
         tail.truncate_from(from);
-        let cf = self.db.cf(CF_LOGS);
-        let result = self
-            .db
-            .db
-            .delete_range_cf(cf, id_key(from), id_key(u64::MAX))
-            // Deleting the key u64::MAX itself, which delete_range's exclusive end leaves.
-            .and_then(|()| self.db.db.delete_cf(cf, id_key(u64::MAX)));
+        let result = delete_log_from(&self.db, from);
         if result.is_err() {
             // The disk may still hold entries past the truncation: only it can answer reads now.
             tail.clear();

@@ -409,14 +409,7 @@ pub(super) fn build_snapshot_blocking(db: &Db, seq: u64) -> io::Result<Snapshot>
     rocksdb::checkpoint::Checkpoint::new(&db.db)
         .and_then(|c| c.create_checkpoint(&building))
         .map_err(|e| io_err(&format!("creating checkpoint {}", building.display()), e))?;
-    let (last_log_id, membership) = {
-        let checkpoint = open_checkpoint(&building)?;
-        let sm = checkpoint.cf_handle(CF_SM).ok_or_else(|| io_err("checkpoint", "no state machine family"))?;
-        let get = |key: &[u8]| checkpoint.get_cf(sm, key).map_err(|e| io_err("reading checkpoint", e));
-        let last_log_id: Option<LogId> = get(APPLIED_KEY)?.map(|b| decode(&b)).transpose()?;
-        let membership: StoredMembership = get(MEMBERSHIP_KEY)?.map(|b| decode(&b)).transpose()?.unwrap_or_default();
-        (last_log_id, membership)
-    };
+    let (last_log_id, membership) = applied_in_checkpoint(&building)?;
     let file_name = snapshot_file_name(&last_log_id, &tag, CHECKPOINT_SUFFIX);
     let path = db.snapshot_dir().join(&file_name);
     std::fs::rename(&building, &path)?;
@@ -430,6 +423,16 @@ pub(super) fn build_snapshot_blocking(db: &Db, seq: u64) -> io::Result<Snapshot>
     remove_old_snapshots(db, &file_name);
     tracing::info!(snapshot = %file_name, "built snapshot");
     Ok(Snapshot { meta, snapshot: SnapshotFile { path } })
+}
+
+/// The applied log id and membership a checkpoint holds (the snapshot's metadata, or a backup's header).
+pub(super) fn applied_in_checkpoint(dir: &std::path::Path) -> io::Result<(Option<LogId>, StoredMembership)> {
+    let checkpoint = open_checkpoint(dir)?;
+    let sm = checkpoint.cf_handle(CF_SM).ok_or_else(|| io_err("checkpoint", "no state machine family"))?;
+    let get = |key: &[u8]| checkpoint.get_cf(sm, key).map_err(|e| io_err("reading checkpoint", e));
+    let last_log_id: Option<LogId> = get(APPLIED_KEY)?.map(|b| decode(&b)).transpose()?;
+    let membership: StoredMembership = get(MEMBERSHIP_KEY)?.map(|b| decode(&b)).transpose()?.unwrap_or_default();
+    Ok((last_log_id, membership))
 }
 
 /// `snap-<term>-<node>-<index>-<tag><suffix>`: sortable by position, unique per build or receipt.
