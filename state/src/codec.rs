@@ -8,7 +8,9 @@
 //! with JSON for the common case: a field added at the *end* of a struct with `#[serde(default)]` reads as its
 //! default from older records. Removing or reordering fields needs a new `FORMAT_VERSION`, and no field may be
 //! skipped when serializing (`skip_serializing_if`), since positions must line up; `encoded_field_positions_line_up`
-//! below guards the types this crate writes.
+//! below guards the types this crate writes. The reverse holds too (since feature level 2): a record with more
+//! trailing fields than this build knows, written by a newer one, reads with the extra fields skipped
+//! ([`crate::tolerant`]), so a rolled-back replica still follows the log.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -44,7 +46,10 @@ pub fn encode_into<T: Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) -> Resul
 /// Decodes a record written by [`encode`], or by an older build as JSON.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
     match bytes.split_first() {
-        Some((&BINARY_TAG, rest)) => Ok(rmp_serde::from_slice(rest)?),
+        Some((&BINARY_TAG, rest)) => {
+            let mut reader = rmp_serde::Deserializer::from_read_ref(rest);
+            Ok(T::deserialize(crate::tolerant::Tolerant(&mut reader))?)
+        }
         _ => Ok(serde_json::from_slice(bytes)?),
     }
 }
@@ -161,5 +166,97 @@ mod tests {
         assert!(err.to_string().contains("binary record"), "{err}");
         let err = decode::<Job>(b"{\"id\": \"x\"").unwrap_err();
         assert!(err.to_string().contains("JSON record"), "{err}");
+    }
+
+    /// A newer build's shapes: each struct has a field more at its end than [`old`]'s, nested every way a record
+    /// nests (a field, an option, a box, a list, a map value, an enum's struct and tuple variants).
+    mod new {
+        use serde::{Deserialize, Serialize};
+        #[derive(Serialize, Deserialize)]
+        pub struct Inner {
+            pub a: u32,
+            pub added: Vec<String>,
+        }
+        #[derive(Serialize, Deserialize)]
+        pub enum Kind {
+            Plain { x: u8, added: bool },
+            Pair(u8, u8, Inner),
+            Unit,
+        }
+        #[derive(Serialize, Deserialize)]
+        pub struct Outer {
+            pub inner: Inner,
+            pub maybe: Option<Box<Inner>>,
+            pub list: Vec<Inner>,
+            pub map: std::collections::BTreeMap<String, Inner>,
+            pub kinds: Vec<Kind>,
+            pub tail: u64,
+            pub added: Option<Inner>,
+        }
+    }
+    mod old {
+        use serde::Deserialize;
+        #[derive(Debug, PartialEq, Deserialize)]
+        pub struct Inner {
+            pub a: u32,
+        }
+        #[derive(Debug, PartialEq, Deserialize)]
+        pub enum Kind {
+            Plain { x: u8 },
+            Pair(u8, u8),
+            Unit,
+        }
+        #[derive(Debug, PartialEq, Deserialize)]
+        pub struct Outer {
+            pub inner: Inner,
+            pub maybe: Option<Box<Inner>>,
+            pub list: Vec<Inner>,
+            pub map: std::collections::BTreeMap<String, Inner>,
+            pub kinds: Vec<Kind>,
+            pub tail: u64,
+        }
+    }
+
+    #[test]
+    fn a_record_with_fields_from_a_newer_build_reads_with_them_skipped() {
+        let inner = |a| new::Inner { a, added: vec!["x".into(); a as usize] };
+        let newer = new::Outer {
+            inner: inner(1),
+            maybe: Some(Box::new(inner(2))),
+            list: vec![inner(3), inner(4)],
+            map: [("k".to_string(), inner(5))].into(),
+            kinds: vec![new::Kind::Plain { x: 6, added: true }, new::Kind::Pair(7, 8, inner(9)), new::Kind::Unit],
+            tail: 10,
+            added: Some(inner(11)),
+        };
+        let bytes = encode(&newer).unwrap();
+        // Without the wrapper the reader refuses it, as the build before feature level 2 does.
+        let strict = rmp_serde::from_slice::<old::Outer>(&bytes[1..]).unwrap_err();
+        assert!(strict.to_string().contains("length"), "{strict}");
+        let read: old::Outer = decode(&bytes).unwrap();
+        assert_eq!(
+            read,
+            old::Outer {
+                inner: old::Inner { a: 1 },
+                maybe: Some(Box::new(old::Inner { a: 2 })),
+                list: vec![old::Inner { a: 3 }, old::Inner { a: 4 }],
+                map: [("k".to_string(), old::Inner { a: 5 })].into(),
+                kinds: vec![old::Kind::Plain { x: 6 }, old::Kind::Pair(7, 8), old::Kind::Unit],
+                tail: 10,
+            }
+        );
+    }
+
+    #[test]
+    fn a_record_missing_a_field_is_still_refused_unless_the_field_has_a_default() {
+        #[derive(Serialize)]
+        struct Short {
+            a: u32,
+        }
+        let err = decode::<old::Outer>(&encode(&Short { a: 1 }).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("binary record"), "{err}");
+        // A job of today's build still reads exactly (the wrapper changes nothing for records of the same shape).
+        let job = busy_job();
+        assert_eq!(decode::<Job>(&encode(&job).unwrap()).unwrap(), job);
     }
 }
