@@ -148,6 +148,7 @@ pub fn command_error_status(e: &CommandError) -> Status {
         CommandError::InvalidJobId { .. } => tonic::Code::NotFound,
         CommandError::PermissionDenied { .. } | CommandError::NotAuthorized { .. } => tonic::Code::PermissionDenied,
         CommandError::NotInitialized | CommandError::TooManyJobs { .. } => tonic::Code::Unavailable,
+        CommandError::FeatureNotFinalized { .. } | CommandError::FeatureLevel { .. } => tonic::Code::FailedPrecondition,
         _ => tonic::Code::InvalidArgument,
     };
     Status::with_details(code, e.to_string(), drover_proto::command_error_details(e).into())

@@ -263,6 +263,14 @@ pub enum Command {
         by_uid: u32,
         hold: bool,
     },
+    /// `drover cluster upgrade finalize`: raise the cluster's active feature level (`feature`). The leader
+    /// proposes it only once every member said it understands the level; it never goes down. Needs level 2
+    /// itself: no build before feature levels can read it, which is the point (a finalized cluster cannot roll
+    /// back past it).
+    SetFeatureLevel {
+        level: u32,
+        by_uid: u32,
+    },
 }
 
 /// The fields `scontrol update jobid=...` may change (`None` leaves one as it is).
@@ -363,6 +371,7 @@ impl Command {
             Command::RebootNodes { .. } => "reboot_nodes",
             Command::CancelReboot { .. } => "cancel_reboot",
             Command::NodeRebooted { .. } => "node_rebooted",
+            Command::SetFeatureLevel { .. } => "set_feature_level",
         }
     }
 }

@@ -79,6 +79,15 @@ pub enum CommandError {
     /// `scontrol top` of a held job (Slurm's words).
     #[error("Job is in held state, pending scheduler release")]
     HeldPendingRelease { id: JobId },
+    /// A command that uses something newer than the cluster's active feature level (see `feature`).
+    #[error(
+        "{feature} needs cluster feature level {needed}, and the cluster is at level {active}: once every replica runs a build that understands it (see `drover cluster version`), run `drover cluster upgrade finalize`"
+    )]
+    FeatureNotFinalized { feature: String, needed: u32, active: u32 },
+    /// `drover cluster upgrade finalize` to a level this replica cannot take (lower than the active one, or
+    /// higher than its build understands).
+    #[error("cannot set the cluster's feature level to {requested}: {why}")]
+    FeatureLevel { requested: u32, why: String },
 }
 
 /// Why `apply` refused one planned allocation: the plan was made on a view the log has since moved past (or a

@@ -10,6 +10,7 @@ pub mod codec;
 pub mod command;
 pub mod dependency;
 pub mod error;
+pub mod feature;
 pub mod first_fit;
 pub use drover_common::hostlist;
 pub mod model;
@@ -18,6 +19,7 @@ pub mod spare;
 pub use drover_common::slurm_time;
 pub mod state;
 pub mod thin_str;
+pub mod tolerant;
 
 // The old public paths (`drover_state::job::JobSpec`) stay: the data lives in `model`, the handlers in `apply`.
 pub use apply::{admin, dependents, goodput, lifecycle, requeue};

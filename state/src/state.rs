@@ -69,6 +69,11 @@ pub struct Meta {
     /// first incarnation end after the upgrade (earlier ones are not in it).
     #[serde(default)]
     pub goodput_since_ms: Option<u64>,
+    /// The cluster's active feature level (`feature`; 0, in data from before levels existed, is the base level).
+    /// Left out of the record while at the base level, so a replica rolled back to a build from before feature
+    /// levels still reads the meta of a cluster that never finalized an upgrade.
+    #[serde(default, skip_serializing_if = "crate::feature::is_base")]
+    pub feature_level: u32,
 }
 
 impl Default for Meta {
@@ -82,6 +87,7 @@ impl Default for Meta {
             next_audit_id: 1,
             goodput: GoodputTotals::default(),
             goodput_since_ms: None,
+            feature_level: 0,
         }
     }
 }
@@ -396,6 +402,9 @@ impl State {
             | Command::RebootNodes { .. }
             | Command::CancelReboot { .. }
             | Command::NodeRebooted { .. }) => self.apply_resilience(command, request.time_ms, &mut changes),
+            Command::SetFeatureLevel { level, by_uid } => self
+                .require_level(*by_uid, AdminLevel::Administrator, "finalizing an upgrade")
+                .and_then(|()| self.set_feature_level(*level, &mut changes)),
         };
         debug_assert!(response.is_ok() || changes.is_empty(), "a refused command changed the state");
         if response.is_ok()
@@ -413,6 +422,29 @@ impl State {
             }
         }
         Applied { response, changes }
+    }
+
+    /// The cluster's active feature level: what the log may carry (see `feature`).
+    pub fn feature_level(&self) -> u32 {
+        crate::feature::effective(self.meta.feature_level)
+    }
+
+    fn set_feature_level(&mut self, level: u32, changes: &mut Vec<Change>) -> Response {
+        let active = self.feature_level();
+        let refuse = |why: String| Err(CommandError::FeatureLevel { requested: level, why });
+        if level < active {
+            return refuse(format!("the cluster is already at level {active}, and a finalized level never goes back"));
+        }
+        if level > crate::feature::LEVEL {
+            // The leader asked every member first; the store stops a replica before it applies a level its build
+            // does not know, so every replica that gets here decides alike.
+            return refuse(format!("this build understands levels up to {}", crate::feature::LEVEL));
+        }
+        if level > active {
+            self.meta.feature_level = level;
+            changes.push(Change::Meta(self.meta.clone()));
+        }
+        Ok(Reply::Nothing)
     }
 
     /// A node's agent reported what its container image store holds.
@@ -469,6 +501,7 @@ impl State {
             | Command::DrainGpus { .. }
             | Command::RebootNodes { .. }
             | Command::CancelReboot { .. }
+            | Command::SetFeatureLevel { .. }
             | Command::RecordAudit { .. } => {
                 let mut trial = State {
                     meta: self.meta.clone(),
@@ -645,6 +678,7 @@ fn audited(command: &Command) -> Option<(u32, &str, String)> {
         }
         Command::Admin { op, by_uid } => Some((*by_uid, op.kind(), json(op))),
         Command::RecordAudit { by_uid, action, detail } => Some((*by_uid, action.as_str(), detail.clone())),
+        Command::SetFeatureLevel { level, by_uid } => Some((*by_uid, "finalize_upgrade", format!("level={level}"))),
         _ => None,
     }
 }

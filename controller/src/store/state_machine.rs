@@ -224,6 +224,18 @@ fn load_applied(db: &Db) -> io::Result<Applied> {
             format!("found version {}, this build reads {}", meta.format_version, drover_state::FORMAT_VERSION),
         ));
     }
+    let level = drover_state::feature::effective(meta.feature_level);
+    if level > drover_state::feature::LEVEL {
+        return Err(io_err(
+            "cluster feature level",
+            format!(
+                "the cluster in {} was finalized at feature level {level}, and this build understands levels up to {}: \
+                 a finalized upgrade cannot be rolled back; run the build the cluster was upgraded to",
+                db.dir.display(),
+                drover_state::feature::LEVEL
+            ),
+        ));
+    }
     // Sized up front: growing a vector of a million jobs copies it again at every doubling.
     let estimate = db.db.property_int_value_cf(db.cf(CF_JOBS), "rocksdb.estimate-num-keys").ok().flatten();
     let mut jobs = Vec::with_capacity(estimate.unwrap_or(0).min(MAX_PRESIZED_JOBS) as usize);
@@ -476,6 +488,20 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 let response = match entry.payload {
                     EntryPayload::Blank => Ok(Reply::Nothing),
                     EntryPayload::Normal(request) => {
+                        if let drover_state::Command::SetFeatureLevel { level, .. } = &request.command
+                            && *level > drover_state::feature::LEVEL
+                        {
+                            // Applying it anyway would leave this replica's state unlike the others'; stopping
+                            // keeps the log, and a newer build on this data directory carries on from here.
+                            return Err(io_err(
+                                "applying the log",
+                                format!(
+                                    "entry {log_id} raises the cluster's feature level to {level}, and this build \
+                                     understands levels up to {}: run a newer build on this replica",
+                                    drover_state::feature::LEVEL
+                                ),
+                            ));
+                        }
                         let outcome = applied.state.apply(&request);
                         for change in &outcome.changes {
                             if let Change::Meta(_) = change {
@@ -701,6 +727,36 @@ mod tests {
         assert!(!snapshot.snapshot.path.exists(), "the older snapshot is removed");
         assert!(second.snapshot.path.is_dir());
         assert_eq!(records(&src, CF_JOBS).len(), 3_099);
+    }
+
+    /// A replica of an older build refuses data finalized past what it understands, naming the level, instead of
+    /// misreading it; and it stops rather than apply an entry that raises the level past its build.
+    #[tokio::test]
+    async fn a_level_above_this_build_is_refused_at_open_and_at_apply() {
+        use openraft::vote::RaftLeaderId;
+        let beyond = drover_state::feature::LEVEL + 1;
+        let tmp = tempfile::TempDir::new().unwrap();
+        let db = open_db(tmp.path()).unwrap();
+        let meta = Meta { feature_level: beyond, ..Meta::default() };
+        db.db.put_cf(db.cf(CF_SM), META_KEY, encode(&meta).unwrap()).unwrap();
+        let err = StateMachineStore::open(db).err().expect("refused").to_string();
+        assert!(
+            err.contains(&format!("finalized at feature level {beyond}"))
+                && err.contains(&format!("levels up to {}", drover_state::feature::LEVEL)),
+            "{err}"
+        );
+
+        let tmp = tempfile::TempDir::new().unwrap();
+        let mut store = StateMachineStore::open(open_db(tmp.path()).unwrap()).unwrap();
+        let log_id = LogId::new(openraft::vote::leader_id_adv::CommittedLeaderId::new(1, 1), 3);
+        let request = drover_state::Request {
+            time_ms: 1,
+            command: drover_state::Command::SetFeatureLevel { level: beyond, by_uid: 0 },
+        };
+        let entry = crate::types::Entry { log_id, payload: EntryPayload::Normal(request) };
+        let err = store.apply(futures::stream::iter(vec![Ok((entry, None))])).await.unwrap_err().to_string();
+        assert!(err.contains(&format!("raises the cluster's feature level to {beyond}")), "{err}");
+        assert_eq!(store.view().read().state.feature_level(), drover_state::feature::BASE_LEVEL);
     }
 
     /// A data directory written by a format-3 build holds JSON: its state, dedup table and log entries read as
