@@ -74,7 +74,14 @@ async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
         let agent = agent.clone();
         tokio::task::spawn_blocking(move || agent.running_shares()).await.unwrap_or_default()
     };
-    if tx.try_send(AgentMessage::Register { info: agent.info.clone(), running }).is_err() {
+    if tx
+        .try_send(AgentMessage::Register {
+            info: agent.info.clone(),
+            running,
+            feature_level: drover_state::feature::LEVEL,
+        })
+        .is_err()
+    {
         return Ended::Failed("outbox closed".into());
     }
     let outbound = tokio_stream::wrappers::ReceiverStream::new(rx).map(|m| AgentEnvelope { json: encode(&m) });

@@ -285,8 +285,12 @@ async fn open_session(tls: &ClientTls, addr: &str, info: &NodeInfo) -> Result<Si
         .map_err(|e| Open::Failed(format!("cannot connect to {addr}: {e}")))?;
     let mut client = AgentGatewayClient::new(channel);
     let (tx, rx) = tokio::sync::mpsc::channel(SIM_OUTBOX);
-    tx.try_send(envelope(&AgentMessage::Register { info: info.clone(), running: Vec::new() }))
-        .expect("a new outbox has room");
+    tx.try_send(envelope(&AgentMessage::Register {
+        info: info.clone(),
+        running: Vec::new(),
+        feature_level: drover_state::feature::LEVEL,
+    }))
+    .expect("a new outbox has room");
     match client.session(ReceiverStream::new(rx)).await {
         Ok(response) => Ok((client, tx, response.into_inner())),
         Err(status) => match status.metadata().get(LEADER_HINT_KEY).and_then(|v| v.to_str().ok()) {

@@ -117,6 +117,27 @@ enum ClusterCmd {
     Backup { file: PathBuf },
     /// Check a backup file's checksum and say what it holds.
     VerifyBackup { file: PathBuf },
+    /// Every replica's and agent's build, the feature level each understands, and the cluster's active level.
+    Version {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rolling upgrades: see the README's upgrade runbook.
+    Upgrade {
+        #[command(subcommand)]
+        command: UpgradeCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum UpgradeCmd {
+    /// Raise the cluster's feature level once every replica runs a build that understands it (administrators).
+    /// Irreversible: afterwards no replica can be rolled back to a build below the level.
+    Finalize {
+        /// The level to finalize (default: the highest every replica understands).
+        #[arg(long)]
+        level: Option<u32>,
+    },
 }
 
 /// The job incarnation a report from inside a job speaks for.
@@ -262,6 +283,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 ClusterCmd::RemoveReplica { id } => rt.block_on(cluster::remove_replica(&client, id)),
                 ClusterCmd::Backup { file } => rt.block_on(cluster::backup(&client, &file)),
                 ClusterCmd::VerifyBackup { file } => cluster::verify_backup(&file),
+                ClusterCmd::Version { json } => rt.block_on(cluster::version(&client, json)),
+                ClusterCmd::Upgrade { command: UpgradeCmd::Finalize { level } } => {
+                    rt.block_on(cluster::finalize(&client, level.unwrap_or(0)))
+                }
             }
         }
         Top::Local { command } => match command {

@@ -477,10 +477,13 @@ fn an_agent_speaks_only_for_its_own_node_and_registers_only_a_real_host() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
 
-        let (tx, mut answers) =
-            agent_session(&cluster, "node02", AgentMessage::Register { info: node02, running: Vec::new() })
-                .await
-                .unwrap();
+        let (tx, mut answers) = agent_session(
+            &cluster,
+            "node02",
+            AgentMessage::Register { info: node02, running: Vec::new(), feature_level: drover_state::feature::LEVEL },
+        )
+        .await
+        .unwrap();
         let welcome = answers.message().await.unwrap().unwrap();
         assert!(matches!(decode(&welcome.json).unwrap(), ControllerMessage::Welcome { .. }));
         let end = drover_state::JobEnd { exit_code: 0, ..Default::default() };
@@ -514,8 +517,13 @@ fn an_agent_speaks_only_for_its_own_node_and_registers_only_a_real_host() {
             agent_addr: "127.0.0.1:1".into(),
             ..Default::default()
         };
-        let err =
-            agent_session(&cluster, "node03", AgentMessage::Register { info, running: Vec::new() }).await.unwrap_err();
+        let err = agent_session(
+            &cluster,
+            "node03",
+            AgentMessage::Register { info, running: Vec::new(), feature_level: drover_state::feature::LEVEL },
+        )
+        .await
+        .unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
         assert!(err.message().contains("neither an IP address nor a DNS host name"), "{}", err.message());
         let nodes = client.list_nodes(false).await.unwrap();

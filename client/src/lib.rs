@@ -65,12 +65,16 @@ pub enum ClientError {
     Config(String),
     #[error("cannot prove who you are to the cluster: {0}")]
     Credential(String),
+    /// The controller does not know the call: a build older than this client's.
+    #[error("the controller does not know this call (a build older than this client): {0}")]
+    Unimplemented(String),
 }
 
 impl ClientError {
     fn from_status(status: &Status) -> ClientError {
         match drover_proto::command_error_of(status) {
             Some(e) => ClientError::Rejected(e),
+            None if status.code() == Code::Unimplemented => ClientError::Unimplemented(status.message().to_string()),
             None => ClientError::Refused(status.message().to_string()),
         }
     }
@@ -504,6 +508,16 @@ impl Client {
 
     pub async fn cluster_status(&self) -> Result<ClusterStatusReply, ClientError> {
         self.call(|mut c| async move { c.cluster_status(ClusterStatusRequest { local_only: false }).await }).await
+    }
+
+    /// Every replica's and agent's build and the cluster's active feature level (from the leader).
+    pub async fn cluster_version(&self) -> Result<ClusterVersionReply, ClientError> {
+        self.call(|mut c| async move { c.cluster_version(ClusterVersionRequest {}).await }).await
+    }
+
+    /// Raises the cluster's feature level to `level` (0: the highest every replica understands); administrators.
+    pub async fn finalize_upgrade(&self, level: u32) -> Result<ClusterVersionReply, ClientError> {
+        self.call(|mut c| async move { c.finalize_upgrade(FinalizeUpgradeRequest { level }).await }).await
     }
 
     pub async fn add_replica(&self, id: u64, address: &str) -> Result<MembershipReply, ClientError> {

@@ -382,8 +382,80 @@ impl Api {
                 Ok(()) => String::new(),
                 Err(e) => e.to_string(),
             },
+            version: Some(drover_proto::this_build()),
         }
     }
+
+    /// `drover cluster version`, as this replica (the leader) sees the cluster now.
+    async fn version_report(&self) -> ClusterVersionReply {
+        let replicas: Vec<MemberVersion> = self
+            .replica_statuses(false)
+            .await
+            .into_iter()
+            .map(|r| MemberVersion {
+                id: r.id,
+                address: r.address,
+                voter: r.voter,
+                version: r.version,
+                reachable: r.reachable,
+                error: r.error,
+            })
+            .collect();
+        let agents = self
+            .leader
+            .agent_versions()
+            .into_iter()
+            .map(|(node, binary_version, feature_level)| AgentVersion {
+                node,
+                // An agent from before feature levels says only its build (level 1 is implied).
+                version: Some(SoftwareVersion { binary_version, feature_level, state_format_version: 0 }),
+            })
+            .collect();
+        ClusterVersionReply {
+            active_feature_level: self.view.read().state.feature_level(),
+            leader_id: self.id,
+            finalizable_level: finalizable_level(&replicas),
+            replicas,
+            agents,
+            levels: drover_state::feature::LEVELS
+                .iter()
+                .map(|l| FeatureLevelInfo { level: l.level, name: l.name.to_string(), summary: l.summary.to_string() })
+                .collect(),
+        }
+    }
+}
+
+/// The highest feature level every member understands: 0 while one cannot be asked (unreachable), since
+/// finalizing without it could strand it; a member that answered without a version is a build from before
+/// feature levels (level 1).
+fn finalizable_level(replicas: &[MemberVersion]) -> u32 {
+    replicas
+        .iter()
+        .map(|r| match (&r.version, r.reachable) {
+            (_, false) => 0,
+            (Some(v), true) => drover_state::feature::effective(v.feature_level),
+            (None, true) => drover_state::feature::BASE_LEVEL,
+        })
+        .min()
+        .unwrap_or(0)
+}
+
+/// Why finalizing `level` must wait, naming each member that stands in the way.
+fn finalize_blockers(replicas: &[MemberVersion], level: u32) -> Vec<String> {
+    replicas
+        .iter()
+        .filter_map(|r| match (&r.version, r.reachable) {
+            (_, false) => Some(format!("replica {} at {} did not answer ({})", r.id, r.address, r.error)),
+            (None, true) => {
+                Some(format!("replica {} at {} runs a build from before feature levels (level 1)", r.id, r.address))
+            }
+            (Some(v), true) if drover_state::feature::effective(v.feature_level) < level => Some(format!(
+                "replica {} at {} runs {} (levels up to {})",
+                r.id, r.address, v.binary_version, v.feature_level
+            )),
+            _ => None,
+        })
+        .collect()
 }
 
 /// One job's outcome on the wire.
@@ -1004,6 +1076,42 @@ impl DroverService for Api {
     }
 
     type BackupStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<BackupChunk, Status>> + Send>>;
+
+    async fn cluster_version(
+        &self,
+        request: Request<ClusterVersionRequest>,
+    ) -> Result<Response<ClusterVersionReply>, Status> {
+        forward_if_follower!(self, request, cluster_version);
+        self.security.caller(&request)?;
+        Ok(Response::new(self.version_report().await))
+    }
+
+    async fn finalize_upgrade(
+        &self,
+        request: Request<FinalizeUpgradeRequest>,
+    ) -> Result<Response<ClusterVersionReply>, Status> {
+        forward_if_follower!(self, request, finalize_upgrade);
+        let caller = self.security.caller(&request)?;
+        self.require(&caller, AdminLevel::Administrator, "finalizing an upgrade")?;
+        let report = self.version_report().await;
+        let level = match request.into_inner().level {
+            0 => report.finalizable_level.max(report.active_feature_level),
+            level => level,
+        };
+        let blockers = finalize_blockers(&report.replicas, level);
+        if !blockers.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "cannot finalize feature level {level}: {}; upgrade them (or remove them from the cluster) and try again",
+                blockers.join("; ")
+            )));
+        }
+        if level == report.active_feature_level {
+            return Ok(Response::new(report));
+        }
+        self.write(Command::SetFeatureLevel { level, by_uid: caller.uid }).await?;
+        tracing::info!(level, uid = caller.uid, "upgrade finalized");
+        Ok(Response::new(self.version_report().await))
+    }
 
     async fn backup(&self, request: Request<BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
         // Streamed from the leader itself (not forwarded: a stream of gigabytes has no place on a second hop), so

@@ -11,6 +11,16 @@ pub const LEADER_HINT_KEY: &str = "x-drover-leader";
 pub mod backup;
 pub mod wire;
 
+/// This build as `drover cluster version` reports it: the workspace version, the highest feature level it
+/// understands (`drover_state::feature`) and the data format it writes.
+pub fn this_build() -> v1::SoftwareVersion {
+    v1::SoftwareVersion {
+        binary_version: env!("CARGO_PKG_VERSION").to_string(),
+        feature_level: drover_state::feature::LEVEL,
+        state_format_version: drover_state::FORMAT_VERSION,
+    }
+}
+
 /// Tags the details of a status that carries a refused command, so other details are never misread as one.
 const COMMAND_ERROR_TAG: &[u8] = b"drover.CommandError/json:";
 

@@ -14,6 +14,11 @@ pub enum AgentMessage {
         info: NodeInfo,
         #[serde(default)]
         running: Vec<RunningShare>,
+        /// The highest feature level this agent understands (`drover_state::feature`; absent, 0, from an agent
+        /// before feature levels: level 1). The leader sends it nothing newer; `drover cluster version` lists it.
+        /// (Its build's version is `info.version`.)
+        #[serde(default)]
+        feature_level: u32,
     },
     /// Liveness (never logged), and problems that must keep new work off the node (a GPU failing its health
     /// check, an inventory that disagrees with the config): the leader drains the node with them as reason and

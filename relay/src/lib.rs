@@ -227,6 +227,7 @@ fn status_of(e: ClientError) -> Status {
         ClientError::Unreachable { .. } | ClientError::NoAddresses => Code::Unavailable,
         ClientError::Credential(_) => Code::Unauthenticated,
         ClientError::Protocol(_) | ClientError::Config(_) => Code::Internal,
+        ClientError::Unimplemented(_) => Code::Unimplemented,
     };
     Status::new(code, e.to_string())
 }

@@ -1,4 +1,4 @@
-//! `drover cluster status|add-replica|remove-replica|backup|verify-backup`.
+//! `drover cluster status|add-replica|remove-replica|backup|verify-backup|version|upgrade finalize`.
 
 use drover_client::Client;
 
@@ -122,5 +122,117 @@ pub fn verify_backup(file: &std::path::Path) -> anyhow::Result<()> {
         verified.file_bytes,
         verified.sha256
     );
+    Ok(())
+}
+
+/// What a replica or agent that gave no version is: a build from before feature levels.
+const BEFORE_LEVELS: &str = "(before 0.2.0)";
+
+/// `drover cluster version`.
+pub async fn version(client: &Client, json: bool) -> anyhow::Result<()> {
+    let report = client.cluster_version().await.map_err(before_levels)?;
+    print_version(&report, json)
+}
+
+/// `drover cluster upgrade finalize [--level N]`.
+pub async fn finalize(client: &Client, level: u32) -> anyhow::Result<()> {
+    let before = client.cluster_version().await.map_err(before_levels)?.active_feature_level;
+    let report = client.finalize_upgrade(level).await.map_err(before_levels)?;
+    if report.active_feature_level == before {
+        println!("the cluster is already at feature level {before}; nothing to finalize");
+    } else {
+        println!(
+            "feature level {} finalized (was {before}); replicas can no longer be rolled back to a build below it",
+            report.active_feature_level
+        );
+    }
+    Ok(())
+}
+
+/// A leader from before feature levels does not know the call: say so instead of "unimplemented".
+fn before_levels(e: drover_client::ClientError) -> anyhow::Error {
+    if let drover_client::ClientError::Unimplemented(_) = e {
+        return anyhow::anyhow!(
+            "the leader runs a build from before feature levels (0.1), which neither reports versions nor finalizes \
+             upgrades: upgrade the replicas first ({e})"
+        );
+    }
+    e.into()
+}
+
+fn print_version(report: &drover_proto::v1::ClusterVersionReply, json: bool) -> anyhow::Result<()> {
+    let build = |v: &Option<drover_proto::v1::SoftwareVersion>| match v {
+        Some(v) => (v.binary_version.clone(), drover_state::feature::effective(v.feature_level)),
+        None => (BEFORE_LEVELS.to_string(), drover_state::feature::BASE_LEVEL),
+    };
+    if json {
+        let replicas: Vec<serde_json::Value> = report
+            .replicas
+            .iter()
+            .map(|r| {
+                let (version, level) = build(&r.version);
+                serde_json::json!({
+                    "id": r.id, "address": r.address, "voter": r.voter, "reachable": r.reachable,
+                    "version": if r.reachable { Some(version) } else { None },
+                    "feature_level": if r.reachable { Some(level) } else { None },
+                    "error": r.error,
+                })
+            })
+            .collect();
+        let agents: Vec<serde_json::Value> = report
+            .agents
+            .iter()
+            .map(|a| {
+                let (version, level) = build(&a.version);
+                serde_json::json!({ "node": a.node, "version": version, "feature_level": level })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "active_feature_level": report.active_feature_level,
+            "finalizable_level": report.finalizable_level,
+            "leader": report.leader_id,
+            "replicas": replicas,
+            "agents": agents,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    println!("active feature level: {}", report.active_feature_level);
+    match report.finalizable_level {
+        0 => println!("finalizable: no (a replica did not answer)"),
+        level if level > report.active_feature_level => {
+            println!("finalizable: level {level} (drover cluster upgrade finalize; irreversible)")
+        }
+        _ => println!("finalizable: nothing above the active level"),
+    }
+    println!();
+    println!("{:<10} {:<22} {:<7} {:<16} {:>6}", "REPLICA", "ADDRESS", "VOTER", "VERSION", "LEVEL");
+    for r in &report.replicas {
+        let (version, level) = build(&r.version);
+        let (version, level) = if r.reachable { (version, level.to_string()) } else { ("?".into(), "?".into()) };
+        let leader = if r.id == report.leader_id { " (leader)" } else { "" };
+        println!(
+            "{:<10} {:<22} {:<7} {:<16} {:>6}{}{}",
+            r.id,
+            r.address,
+            if r.voter { "yes" } else { "no" },
+            version,
+            level,
+            leader,
+            if r.error.is_empty() { String::new() } else { format!("  ({})", r.error) }
+        );
+    }
+    if !report.agents.is_empty() {
+        println!();
+        println!("{:<16} {:<16} {:>6}", "AGENT", "VERSION", "LEVEL");
+        for a in &report.agents {
+            let (version, level) = build(&a.version);
+            println!("{:<16} {:<16} {:>6}", a.node, version, level);
+        }
+    }
+    println!();
+    for level in &report.levels {
+        println!("level {} ({}): {}", level.level, level.name, level.summary);
+    }
     Ok(())
 }

@@ -77,6 +77,9 @@ const MAX_NODE_GPUS: usize = 64;
 /// One connected agent.
 struct Session {
     token: u64,
+    /// The agent's build (`NodeInfo::version`) and the highest feature level it understands (1 for agents from
+    /// before feature levels): what `drover cluster version` lists, and the bound on what it may be sent.
+    version: (String, u32),
     tx: mpsc::Sender<ControllerMessage>,
     /// Woken when the node's assignments may have changed.
     changed: Arc<Notify>,
@@ -299,6 +302,15 @@ impl AgentHub {
     /// Agents with an open session to this replica (only a leader holds any).
     pub fn session_count(&self) -> usize {
         self.sessions.lock().expect("sessions poisoned").len()
+    }
+
+    /// Every agent with a session here: its node, build version and the feature level it understands.
+    pub fn agent_versions(&self) -> Vec<(String, String, u32)> {
+        let sessions = self.sessions.lock().expect("sessions poisoned");
+        let mut versions: Vec<_> =
+            sessions.iter().map(|(node, s)| (node.clone(), s.version.0.clone(), s.version.1)).collect();
+        versions.sort();
+        versions
     }
 
     /// `scancel --signal`: sends the signal to every node of the job that has a session here.
@@ -547,7 +559,7 @@ impl AgentGateway for Gateway {
             .await
             .map_err(|_| Status::deadline_exceeded("no registration within 5 s"))??
             .ok_or_else(|| Status::cancelled("session closed before registering"))?;
-        let AgentMessage::Register { info, running } =
+        let AgentMessage::Register { info, running, feature_level } =
             decode(&first.json).map_err(|e| Status::invalid_argument(e.to_string()))?
         else {
             return Err(Status::invalid_argument("the first message of a session must be Register"));
@@ -564,10 +576,15 @@ impl AgentGateway for Gateway {
         let (tx, rx) = mpsc::channel(SESSION_QUEUE);
         let token = hub.next_token.fetch_add(1, Ordering::Relaxed);
         let changed = Arc::new(Notify::new());
-        hub.sessions
-            .lock()
-            .expect("sessions poisoned")
-            .insert(name.clone(), Session { token, tx: tx.clone(), changed: changed.clone() });
+        hub.sessions.lock().expect("sessions poisoned").insert(
+            name.clone(),
+            Session {
+                token,
+                version: (info.version.clone(), drover_state::feature::effective(feature_level)),
+                tx: tx.clone(),
+                changed: changed.clone(),
+            },
+        );
         let welcome = ControllerMessage::Welcome {
             leader_id: hub.id,
             heartbeat_ms: hub.timing.heartbeat_ms,
@@ -717,7 +734,7 @@ impl LiveSession {
                 let (hub, name, tx) = (hub.clone(), name.clone(), tx.clone());
                 tokio::spawn(async move { hub.job_ended(&name, &tx, job_id, incarnation, end).await });
             }
-            Ok(AgentMessage::Register { info, running }) => {
+            Ok(AgentMessage::Register { info, running, .. }) => {
                 if info.name != *name {
                     tracing::warn!(node = %name, "agent tried to rename itself to {}", info.name);
                     return Flow::Close;

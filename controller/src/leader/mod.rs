@@ -57,6 +57,11 @@ impl LeaderHandle {
         self.hub.signal(job, signal, target);
     }
 
+    /// The agents with a session here: node, build version, feature level understood.
+    pub fn agent_versions(&self) -> Vec<(String, String, u32)> {
+        self.hub.agent_versions()
+    }
+
     /// The latest pass's priorities and expected starts (empty on a replica that does not lead).
     pub fn insights(&self) -> std::sync::RwLockReadGuard<'_, scheduling::InsightTable> {
         self.insights.latest()
