@@ -47,6 +47,9 @@ pub enum StartError {
 }
 
 /// A running replica.
+/// How long a leader stopping on purpose waits for its handover to take effect before it stops anyway.
+const SHUTDOWN_HANDOVER_WAIT_MS: u64 = 2_000;
+
 pub struct Controller {
     pub id: u64,
     pub raft: Raft,
@@ -56,6 +59,8 @@ pub struct Controller {
     pub http_addr: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
     db: crate::store::Db,
+    /// `raft.preferred_leaders`: who a leader stopping on purpose hands over to first.
+    preferred_leaders: Vec<u64>,
 }
 
 /// Opens the data directory and loads the state machine from it, saying how long each took.
@@ -198,7 +203,8 @@ impl Controller {
         #[cfg(feature = "raft-stats")]
         tokio::spawn(log_raft_stats(raft.clone(), config.id));
         tracing::info!(id = config.id, %addr, ?http_addr, data_dir = %config.data_dir.display(), "controller replica started");
-        Ok(Controller { id: config.id, raft, view, addr, http_addr, shutdown, db })
+        let preferred_leaders = config.raft.preferred_leaders.clone();
+        Ok(Controller { id: config.id, raft, view, addr, http_addr, shutdown, db, preferred_leaders })
     }
 
     /// Resolves when Raft stops on a fatal error (a failed disk write, say), with that error.
@@ -215,6 +221,15 @@ impl Controller {
     }
 
     pub async fn shutdown(self) {
+        // A leader stopping on purpose (an upgrade, a restart) hands over first: the cluster then elects nobody
+        // by timeout, and agents renew their leases with the new leader well inside `fence_after_ms`.
+        crate::leader::placement::hand_over_before_stopping(
+            &self.raft,
+            self.id,
+            &self.preferred_leaders,
+            SHUTDOWN_HANDOVER_WAIT_MS,
+        )
+        .await;
         let _ = self.shutdown.send(true);
         let _ = self.raft.shutdown().await;
         // Raft has stopped writing: the memtables go to disk now, so that the next start replays no log.
