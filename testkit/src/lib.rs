@@ -5,3 +5,4 @@
 pub mod identity;
 pub mod local;
 pub mod pki;
+pub mod previous;

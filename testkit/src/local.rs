@@ -36,6 +36,10 @@ pub struct Process {
     /// advertises, e.g. a WAN-emulating proxy in front of it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listen: Option<String>,
+    /// The program it runs, when not this build's (the upgrade drill runs the previous release's controllers and
+    /// agents, see [`crate::previous`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binary: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -89,6 +93,9 @@ pub struct UpOptions {
     pub separate_advertise: bool,
     /// A backup (`drover cluster backup FILE`) every founding replica is restored from before it first starts.
     pub restore: Option<PathBuf>,
+    /// A directory with another build's `drover-controller` and `drover-agent` that the replicas and agents run
+    /// from their first start (the upgrade drill's previous release); `None`: this build's.
+    pub binaries: Option<PathBuf>,
 }
 
 impl Default for UpOptions {
@@ -116,6 +123,7 @@ impl Default for UpOptions {
             agent_toml: Vec::new(),
             separate_advertise: false,
             restore: None,
+            binaries: None,
         }
     }
 }
@@ -330,6 +338,7 @@ impl LocalCluster {
             config,
             http: None,
             listen: None,
+            binary: None,
         });
         self.start(id)
     }
@@ -383,6 +392,7 @@ impl LocalCluster {
             config,
             http: Some(metrics),
             listen: None,
+            binary: None,
         };
         self.processes.push(process.clone());
         self.start(id)?;
@@ -551,6 +561,7 @@ impl LocalCluster {
             config,
             http: Some(http),
             listen,
+            binary: None,
         })
     }
 
@@ -579,7 +590,18 @@ impl LocalCluster {
     /// Starts (or restarts) process `id` (a controller, an agent or the authd) with its existing config and data.
     pub fn start(&mut self, id: u64) -> anyhow::Result<()> {
         let role = self.process_mut(id)?.role.clone();
-        let bin = find_binary(bin_name(&role))?;
+        let default_binary = match (&self.options.binaries, role.as_str()) {
+            (Some(dir), "controller" | "agent") => Some(dir.join(bin_name(&role))),
+            _ => None,
+        };
+        let process = self.process_mut(id)?;
+        if process.binary.is_none() {
+            process.binary = default_binary;
+        }
+        let bin = match &process.binary {
+            Some(binary) => binary.clone(),
+            None => find_binary(bin_name(&role))?,
+        };
         let process = self.process_mut(id)?;
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&process.log_file)?;
         let mut cmd = Command::new(bin);
@@ -614,6 +636,15 @@ impl LocalCluster {
             let mut child = child;
             let _ = child.wait();
         });
+        Ok(())
+    }
+
+    /// Runs process `id` from `binary` at its next start (`None`: this build's). Stop it first; the upgrade drill
+    /// swaps replicas and agents between releases this way.
+    pub fn set_binary(&mut self, id: u64, binary: Option<PathBuf>) -> anyhow::Result<()> {
+        let process = self.process_mut(id)?;
+        assert!(process.pid.is_none(), "change the binary of a stopped process only");
+        process.binary = binary;
         Ok(())
     }
 
@@ -885,6 +916,20 @@ fn wait_gone(pid: u32, timeout: Duration) -> bool {
 /// A stable 64-bit hash (FNV-1a) of a cluster's directory, to name its cgroups.
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// Whether replica `id`, just restarted, is back in a settled cluster, judged from one `cluster status` (each
+/// member's own report): a majority of the members answered, every one that answered follows one leader in one
+/// term, and `id` has applied within `lag` entries of that leader. Agreement matters: a leader restarted within
+/// its lease comes back claiming its old term while the others are already campaigning, and restarting the next
+/// replica then would leave no quorum (the rolling upgrades found that).
+pub fn rejoined(status: &drover_client::ClusterStatusReply, id: u64, lag: u64) -> bool {
+    let answered: Vec<_> = status.replicas.iter().filter(|r| r.reachable).collect();
+    let Some(me) = answered.iter().find(|r| r.id == id) else { return false };
+    let Some(leader) = answered.iter().find(|r| r.role == "leader" && r.id == me.leader_id) else { return false };
+    answered.len() * 2 > status.replicas.len()
+        && answered.iter().all(|r| r.has_leader && r.leader_id == leader.id && r.term == leader.term)
+        && me.applied_index + lag >= leader.applied_index
 }
 
 #[cfg(test)]
