@@ -37,6 +37,19 @@ pub struct ClusterShape {
     /// How long an agent that cannot reach a quorum keeps its tasks before it kills them (ms): must be shorter
     /// than `node_timeout_ms`, or a job could run twice.
     pub agent_fence_after_ms: u64,
+    /// Which build the replicas and agents start as: this one, or the previous release (an upgrade drill).
+    pub build: Build,
+}
+
+/// A build the cluster's processes run.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Build {
+    /// This build.
+    #[default]
+    Current,
+    /// The previous release (`drover_testkit::previous`: built from its commit on first use).
+    Previous,
 }
 
 impl Default for ClusterShape {
@@ -49,6 +62,7 @@ impl Default for ClusterShape {
             gpus_per_agent: 16,
             node_timeout_ms: 6_000,
             agent_fence_after_ms: 3_000,
+            build: Build::Current,
         }
     }
 }
@@ -165,6 +179,20 @@ pub enum FaultKind {
     RollingRestart,
     /// Two replicas added (3 -> 5), removed again at the heal (5 -> 3).
     Membership,
+    /// A rolling upgrade to this build: every replica in turn (followers first, the leader last), each caught up
+    /// before the next, then every agent.
+    Upgrade,
+    /// The same roll back to the previous release (possible until the upgrade is finalized).
+    Rollback,
+    /// `drover cluster upgrade finalize`: the feature level raised once every replica understands it.
+    Finalize,
+}
+
+impl FaultKind {
+    /// Operations on the whole cluster that end by themselves (no heal, no duration).
+    pub fn is_operation(self) -> bool {
+        matches!(self, FaultKind::RollingRestart | FaultKind::Upgrade | FaultKind::Rollback | FaultKind::Finalize)
+    }
 }
 
 /// Who a fault hits, as the drill names it (resolved against the live cluster when the fault starts).
@@ -244,11 +272,11 @@ impl Drill {
         for (index, f) in self.faults.iter().enumerate() {
             let line = format!("fault {} ({:?})", index + 1, f.kind);
             let target = parse_target(&f.target).map_err(|m| DrillError::Invalid(format!("{line}: {m}")))?;
-            let wants_cluster = matches!(f.kind, FaultKind::Loss | FaultKind::Delay | FaultKind::RollingRestart);
+            let wants_cluster = matches!(f.kind, FaultKind::Loss | FaultKind::Delay) || f.kind.is_operation();
             if wants_cluster != (target == TargetSpec::Cluster) && f.kind != FaultKind::Membership {
                 return bad(format!(
-                    "{line}: target {:?} does not fit; loss, delay and rolling_restart take `cluster`, the rest a \
-                     process",
+                    "{line}: target {:?} does not fit; loss, delay, rolling_restart, upgrade, rollback and finalize \
+                     take `cluster`, the rest a process",
                     f.target
                 ));
             }
@@ -268,7 +296,7 @@ impl Drill {
             if !(f.at_s >= 0.0 && f.duration_s >= 0.0 && f.at_s.is_finite() && f.duration_s.is_finite()) {
                 return bad(format!("{line}: at_s and duration_s must be non-negative numbers"));
             }
-            if f.duration_s == 0.0 && f.kind != FaultKind::RollingRestart {
+            if f.duration_s == 0.0 && !f.kind.is_operation() {
                 return bad(format!("{line}: duration_s must be above 0 (how long until it heals)"));
             }
             let (loss, delay) = (f.loss_percent.unwrap_or(0), f.delay_ms.unwrap_or(0));

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use drover_testkit::local::{LocalCluster, UpOptions};
 
-use crate::drill::ClusterShape;
+use crate::drill::{Build, ClusterShape};
 use crate::target::{FaultId, Member, Target, TargetError, TargetResult};
 
 /// The size of each replica's data disk in disk drills: room for a drill's log and snapshots, small enough
@@ -96,6 +96,13 @@ impl LocalTarget {
             // Heartbeats several times per fence period, so a healthy agent never fences by bad luck.
             agent_heartbeat_ms: (shape.agent_fence_after_ms / 6).max(100),
             kill_wait_ms: 1_000,
+            binaries: match shape.build {
+                Build::Current => None,
+                Build::Previous => Some(
+                    drover_testkit::previous::binaries()
+                        .map_err(|e| failed("building the previous release", format!("{e:#}")))?,
+                ),
+            },
             ..UpOptions::default()
         };
         let cluster =
@@ -248,6 +255,19 @@ impl Target for LocalTarget {
         }
         self.cluster.start(id).map_err(|e| failed(format!("starting {member}"), format!("{e:#}")))?;
         self.cluster.save().map_err(|e| failed("saving cluster.json", format!("{e:#}")))
+    }
+
+    fn set_build(&mut self, member: &Member, previous: bool) -> TargetResult<()> {
+        let id = self.id_of(member)?;
+        let name = if matches!(member, Member::Agent(_)) { "drover-agent" } else { "drover-controller" };
+        let dir = if previous {
+            drover_testkit::previous::binaries()
+                .map_err(|e| failed("building the previous release", format!("{e:#}")))?
+        } else {
+            let this = drover_testkit::local::find_binary(name).map_err(|e| failed("finding this build", e))?;
+            this.parent().expect("a binary's directory").to_path_buf()
+        };
+        self.cluster.set_binary(id, Some(dir.join(name))).map_err(|e| failed(format!("setting {member}'s build"), e))
     }
 
     fn is_running(&self, member: &Member) -> bool {

@@ -443,6 +443,16 @@ impl Runner<'_> {
                 }
                 ("rolling restart of every replica".to_string(), Undo::Nothing)
             }
+            FaultKind::Upgrade | FaultKind::Rollback => {
+                let previous = fault.kind == FaultKind::Rollback;
+                self.roll(previous).await?;
+                let build = if previous { "the previous release" } else { "this build" };
+                (format!("rolling {} to {build}", if previous { "back" } else { "upgrade" }), Undo::Nothing)
+            }
+            FaultKind::Finalize => {
+                let report = self.client.finalize_upgrade(0).await.context("finalizing the upgrade")?;
+                (format!("finalize: feature level {}", report.active_feature_level), Undo::Nothing)
+            }
             FaultKind::Membership => {
                 let mut added = Vec::new();
                 for _ in 0..2 {
@@ -482,6 +492,69 @@ impl Runner<'_> {
         Ok(())
     }
 
+    /// Rolls the cluster to this build (replicas first, then agents) or back to the previous release (agents
+    /// first, then replicas: the upgrade in reverse). Replicas go followers first and the leader last (one
+    /// election), each caught up before the next; agents one at a time, each back in session before the next.
+    async fn roll(&mut self, previous: bool) -> anyhow::Result<()> {
+        if previous {
+            self.roll_agents(previous).await?;
+            self.roll_replicas(previous).await
+        } else {
+            self.roll_replicas(previous).await?;
+            self.roll_agents(previous).await
+        }
+    }
+
+    async fn roll_replicas(&mut self, previous: bool) -> anyhow::Result<()> {
+        let leader = self.leader().await?;
+        let mut replicas: Vec<u64> = self.target.replicas().into_iter().filter(|&r| r != leader).collect();
+        replicas.push(leader);
+        for id in replicas {
+            let m = Member::Replica(id);
+            blocking(|| self.target.stop(&m))?;
+            self.target.set_build(&m, previous)?;
+            self.target.start(&m)?;
+            self.wait_caught_up(id).await?;
+        }
+        Ok(())
+    }
+
+    async fn roll_agents(&mut self, previous: bool) -> anyhow::Result<()> {
+        let want = if previous { drover_testkit::previous::VERSION } else { env!("CARGO_PKG_VERSION") };
+        for name in self.target.agents() {
+            let m = Member::Agent(name.clone());
+            blocking(|| self.target.stop(&m))?;
+            self.target.set_build(&m, previous)?;
+            self.target.start(&m)?;
+            self.wait_in_session(&name, want).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until agent `name` has a session with the leader again, as build `version`. A leader of the previous
+    /// release cannot say (it has no version report), so then the wait is a second, well inside the agent's lease.
+    async fn wait_in_session(&self, name: &str, version: &str) -> anyhow::Result<()> {
+        let start = tokio::time::Instant::now();
+        while start.elapsed() < Duration::from_secs(60) {
+            match self.client.cluster_version().await {
+                Ok(report)
+                    if report
+                        .agents
+                        .iter()
+                        .any(|a| a.node == name && a.version.as_ref().is_some_and(|v| v.binary_version == version)) =>
+                {
+                    return Ok(());
+                }
+                Err(drover_client::ClientError::Unimplemented(_)) => {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    return Ok(());
+                }
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        bail!("agent {name} did not open a session as {version} within 60 s of its restart")
+    }
+
     /// Waits until replica `id` answers and has applied what the leader had when it came back.
     async fn wait_caught_up(&self, id: u64) -> anyhow::Result<()> {
         let addr = self.target.replica_addresses().into_iter().find(|(r, _)| *r == id).map(|(_, a)| a);
@@ -490,9 +563,8 @@ impl Runner<'_> {
         let start = tokio::time::Instant::now();
         while start.elapsed() < Duration::from_secs(60) {
             if let Ok(s) = own.cluster_status().await
-                && let Some(me) = self_reported(&s, id)
-                && me.has_leader
-                && s.replicas.iter().filter(|r| r.role == "leader").all(|l| me.applied_index + 10 >= l.applied_index)
+                && self_reported(&s, id).is_some()
+                && drover_testkit::local::rejoined(&s, id, 10)
             {
                 return Ok(());
             }

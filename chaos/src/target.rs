@@ -52,6 +52,14 @@ pub trait Target: Send {
     /// A clean stop (SIGTERM), as an upgrade does it.
     fn stop(&mut self, member: &Member) -> TargetResult<()>;
     fn start(&mut self, member: &Member) -> TargetResult<()>;
+    /// Runs a stopped member from this build (`previous` false) or the previous release at its next start.
+    fn set_build(&mut self, member: &Member, previous: bool) -> TargetResult<()> {
+        let _ = previous;
+        Err(TargetError::Failed {
+            what: format!("changing the build of {member}"),
+            message: "this target runs one build only (upgrade drills run against a local cluster)".into(),
+        })
+    }
     /// Whether the process is running (a replica whose disk filled up may have stopped itself).
     fn is_running(&self, member: &Member) -> bool;
     /// SIGSTOP / SIGCONT.

@@ -1,6 +1,7 @@
-//! The drill CI runs on every change: `drover-chaos run chaos/drills/smoke.toml` against a local cluster of real
-//! processes, the leader killed twice under a checkpointing workload. It must keep every promise, and leave the
-//! history, the report and the timeline behind.
+//! The drills CI runs on every change: `drover-chaos run chaos/drills/smoke.toml` against a local cluster of real
+//! processes, the leader killed twice under a checkpointing workload, and `chaos/drills/upgrade.toml`, a rolling
+//! upgrade from the previous release, a rollback, the upgrade again and its finalization. Each must keep every
+//! promise, and leave the history, the report and the timeline behind.
 
 use std::process::Command;
 
@@ -15,16 +16,7 @@ fn the_smoke_drill_kills_the_leader_twice_and_every_promise_holds() {
         eprintln!("SKIPPED: drills need root for iptables (CI runs as root)");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let drill = concat!(env!("CARGO_MANIFEST_DIR"), "/drills/smoke.toml");
-    let out = Command::new(env!("CARGO_BIN_EXE_drover-chaos"))
-        .args(["run", drill, "--dir"])
-        .arg(dir.path().join("drill"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the drill failed:\n{stdout}\n{stderr}\n{}", log_tails(&dir.path().join("drill")));
+    let (dir, stdout) = run_drill("smoke");
     for line in ["faults injected      2 (kill x2)", "lost acknowledged    0", "invariants           all kept"] {
         assert!(stdout.contains(line), "{line:?} missing from the report:\n{stdout}");
     }
@@ -45,6 +37,41 @@ fn the_smoke_drill_kills_the_leader_twice_and_every_promise_holds() {
     let rules = Command::new("iptables").args(["-S", "INPUT"]).output().unwrap();
     let cluster = std::fs::read_to_string(dir.path().join("drill/cluster/ip_base")).unwrap();
     assert!(!String::from_utf8_lossy(&rules.stdout).contains(cluster.trim()), "rules left behind");
+}
+
+#[test]
+fn the_upgrade_drill_rolls_forward_back_and_forward_and_finalizes_with_every_promise_kept() {
+    if !is_root() {
+        eprintln!("SKIPPED: drills need root for iptables (CI runs as root)");
+        return;
+    }
+    let (_dir, stdout) = run_drill("upgrade");
+    for line in [
+        "rolling upgrade to this build",
+        "rolling back to the previous release",
+        "finalize: feature level 2",
+        "lost acknowledged    0",
+        "restarts             0 incarnations after the first",
+        "invariants           all kept",
+    ] {
+        assert!(stdout.contains(line), "{line:?} missing from the report:\n{stdout}");
+    }
+}
+
+/// Runs `chaos/drills/NAME.toml` in a new directory (`drill/` inside it) and returns the directory and the report;
+/// a failed drill fails the test with its output and every log's tail.
+fn run_drill(name: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let drill = format!("{}/drills/{name}.toml", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(env!("CARGO_BIN_EXE_drover-chaos"))
+        .args(["run", &drill, "--dir"])
+        .arg(dir.path().join("drill"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the drill failed:\n{stdout}\n{stderr}\n{}", log_tails(&dir.path().join("drill")));
+    (dir, stdout)
 }
 
 /// The last lines of every log under `dir`: the temporary directory goes with the test, and a failure in CI must

@@ -16,13 +16,17 @@ pub struct Load {
 
 impl Load {
     pub fn start(client: Arc<Client>, clients: usize) -> Load {
+        Load::start_with(client, clients, trivial_spec())
+    }
+
+    /// Like [`Load::start`], submitting `spec` (e.g. held jobs, a load that never reaches the agents).
+    pub fn start_with(client: Arc<Client>, clients: usize, spec: drover_state::JobSpec) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let acked = Arc::new(Mutex::new(Vec::new()));
         let tasks = (0..clients)
             .map(|_| {
-                let (client, stop, acked) = (client.clone(), stop.clone(), acked.clone());
+                let (client, stop, acked, spec) = (client.clone(), stop.clone(), acked.clone(), spec.clone());
                 tokio::spawn(async move {
-                    let spec = trivial_spec();
                     while !stop.load(Ordering::Relaxed) {
                         match client.submit(&spec).await {
                             Ok(id) => acked.lock().unwrap().push((id, Instant::now())),
