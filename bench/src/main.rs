@@ -7,6 +7,7 @@ mod containers;
 mod ettr;
 mod recovery;
 mod requeue;
+mod restarts;
 mod sites;
 mod wan;
 
@@ -124,6 +125,9 @@ enum BenchCmd {
     Ettr(ettr::EttrArgs),
     /// Backup under load, restore into a new cluster, and a new cluster forced from one survivor, at N jobs.
     Recovery(recovery::RecoveryArgs),
+    /// Planned leader restarts (SIGTERM) under load: the longest pause in acknowledgements, this build beside the
+    /// previous release (`--previous`).
+    Restarts(restarts::RestartsArgs),
 }
 
 fn run(cmd: BenchCmd) -> anyhow::Result<()> {
@@ -159,6 +163,10 @@ fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             BenchCmd::Recovery(args) => {
                 let dir = bench_dir(None, "recovery");
                 recovery::recovery(args, dir).await
+            }
+            BenchCmd::Restarts(args) => {
+                let dir = bench_dir(args.dir.clone(), "restarts");
+                restarts::restarts(args, dir).await
             }
         }
     })

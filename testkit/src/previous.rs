@@ -24,26 +24,59 @@ pub const VERSION: &str = "0.1.0";
 /// The binaries the drill swaps.
 const BINARIES: [&str; 2] = ["drover-controller", "drover-agent"];
 
-/// The directory holding the previous release's binaries, building them first if needed. `DROVER_PREVIOUS_BIN`
-/// names a directory that already holds them.
+/// The build profile of the previous release's binaries: the tests run debug builds, the benchmarks release
+/// builds (a comparison between the two releases is only fair within one profile).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    Debug,
+    Release,
+}
+
+impl Profile {
+    fn dir(self) -> &'static str {
+        match self {
+            Profile::Debug => "debug",
+            Profile::Release => "release",
+        }
+    }
+}
+
+/// The directory holding the previous release's debug binaries, building them first if needed.
+/// `DROVER_PREVIOUS_BIN` names a directory that already holds them.
 pub fn binaries() -> anyhow::Result<PathBuf> {
     if let Some(dir) = std::env::var_os("DROVER_PREVIOUS_BIN") {
         return Ok(PathBuf::from(dir));
     }
     let target = target_dir();
-    let bin = bin_dir(&target);
+    let bin = bin_dir(&target, Profile::Debug);
     if complete(&bin) {
         return Ok(bin);
     }
     // A target directory of its own: building into the shared one would swap the binaries other tests run.
-    build_into(&target.join("previous").join("target"), &target)?;
+    build_into(&target.join("previous").join("target"), &target, Profile::Debug)?;
+    Ok(bin)
+}
+
+/// The previous release's release-profile binaries, for the benchmarks; built beforehand with
+/// `target/release/previous-release --release` (which shares the release target directory, so it must not run
+/// beside a benchmark).
+pub fn release_binaries() -> anyhow::Result<PathBuf> {
+    let bin = bin_dir(&target_dir(), Profile::Release);
+    if !complete(&bin) {
+        bail!(
+            "the previous release's release build is not in {}: run `cargo build --release -p drover-testkit --bin \
+             previous-release && target/release/previous-release --release`, then build this one's binaries again \
+             (`cargo build --release`)",
+            bin.display()
+        );
+    }
     Ok(bin)
 }
 
 /// Builds the previous release with `cargo_target` as its target directory and puts its binaries under
-/// `target/previous/<commit>/bin`. One build at a time (a lock file); a finished one is kept.
-pub fn build_into(cargo_target: &Path, target: &Path) -> anyhow::Result<()> {
-    let bin = bin_dir(target);
+/// `target/previous/<commit>/<profile>-bin`. One build at a time (a lock file); a finished one is kept.
+pub fn build_into(cargo_target: &Path, target: &Path, profile: Profile) -> anyhow::Result<()> {
+    let bin = bin_dir(target, profile);
     let root = bin.parent().expect("bin has a parent").to_path_buf();
     std::fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
     let lock = std::fs::File::create(root.join("lock"))?;
@@ -85,6 +118,9 @@ pub fn build_into(cargo_target: &Path, target: &Path) -> anyhow::Result<()> {
     }
     let mut build = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     build.current_dir(&src).args(["build", "--locked", "--bins"]);
+    if profile == Profile::Release {
+        build.arg("--release");
+    }
     for binary in BINARIES {
         build.args(["-p", binary]);
     }
@@ -94,7 +130,7 @@ pub fn build_into(cargo_target: &Path, target: &Path) -> anyhow::Result<()> {
     }
     std::fs::create_dir_all(&bin)?;
     for binary in BINARIES {
-        let built = cargo_target.join("debug").join(binary);
+        let built = cargo_target.join(profile.dir()).join(binary);
         std::fs::copy(&built, bin.join(binary)).with_context(|| format!("cannot copy {}", built.display()))?;
     }
     std::fs::write(bin.join("COMMIT"), COMMIT)?;
@@ -107,8 +143,12 @@ fn complete(bin: &Path) -> bool {
         && std::fs::read_to_string(bin.join("COMMIT")).is_ok_and(|c| c == COMMIT)
 }
 
-fn bin_dir(target: &Path) -> PathBuf {
-    target.join("previous").join(COMMIT).join("bin")
+fn bin_dir(target: &Path, profile: Profile) -> PathBuf {
+    let name = match profile {
+        Profile::Debug => "bin".to_string(),
+        Profile::Release => "release-bin".to_string(),
+    };
+    target.join("previous").join(COMMIT).join(name)
 }
 
 /// The workspace's target directory (`CARGO_TARGET_DIR`, else `target/` beside the workspace's manifest).

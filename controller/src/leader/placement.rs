@@ -35,8 +35,10 @@ fn holds_whole_log(id: u64, voters: &[u64], matched: &BTreeMap<u64, Option<LogId
     voters.contains(&id) && matched.get(&id).and_then(|m| m.as_ref()).is_some_and(|m| m.index() >= last_log_index)
 }
 
-/// The voter a leader that stops on purpose hands over to: the first other voter, preferred leaders first, that
-/// has acknowledged every entry of its log (`None` in a one-member cluster or when every other voter lags).
+/// The voter a leader that stops on purpose hands over to: a preferred voter that has acknowledged its whole log,
+/// else the other voter furthest along (under load no follower has the very last entry at any instant; openraft's
+/// transfer stops new proposals and the target waits until its log holds the leader's last entry before it
+/// campaigns). `None` in a one-member cluster.
 pub fn shutdown_target(
     me: u64,
     preferred: &[u64],
@@ -44,18 +46,20 @@ pub fn shutdown_target(
     matched: &BTreeMap<u64, Option<LogId>>,
     last_log_index: u64,
 ) -> Option<u64> {
+    let matched_index = |id: &u64| matched.get(id).and_then(|m| m.as_ref()).map_or(0, |m| m.index());
     preferred
         .iter()
-        .chain(voters)
         .copied()
         .find(|id| *id != me && holds_whole_log(*id, voters, matched, last_log_index))
+        .or_else(|| voters.iter().copied().filter(|id| *id != me).max_by_key(|id| (matched_index(id), u64::MAX - id)))
 }
 
 /// Hands leadership to [`shutdown_target`] if this replica leads, and waits (at most `wait_ms`) until another
 /// replica leads. Without it, stopping a leader costs the cluster its lease and an election timeout with nobody
-/// leading; with it, the target campaigns at once (openraft's TransferLeader: its log is at least as long as the
-/// leader's, so Raft's safety is untouched) and clients and agents find it within a round trip. A leader that
-/// cannot hand over (nobody caught up) stops as before. Returns the new leader, if it moved in time.
+/// leading (or, restarted within its lease, the same leader back in its old term while the others wait for a
+/// different one); with it, the target campaigns at once (openraft's TransferLeader: once its log holds the
+/// leader's last entry, so Raft's safety is untouched) and clients and agents find it within a round trip.
+/// Returns the new leader, if it moved in time.
 pub async fn hand_over_before_stopping(raft: &Raft, me: u64, preferred: &[u64], wait_ms: u64) -> Option<u64> {
     let m = raft.metrics().borrow_watched().clone();
     if m.current_leader != Some(me) {
@@ -143,7 +147,9 @@ mod tests {
         assert_eq!(shutdown_target(1, &[5], &voters, &matched, 10), Some(3), "5 is no voter (a learner)");
         assert_eq!(shutdown_target(1, &[1], &voters, &matched, 10), Some(3), "never itself");
         assert_eq!(shutdown_target(1, &[], &[1], &matched, 10), None, "alone");
-        assert_eq!(shutdown_target(1, &[], &voters, &matched, 11), None, "nobody caught up");
+        assert_eq!(shutdown_target(1, &[4], &voters, &matched, 11), Some(3), "nobody holds it all: the furthest along");
+        let behind: BTreeMap<u64, Option<LogId>> = [(2, log_id(7)), (3, None), (4, log_id(8))].into();
+        assert_eq!(shutdown_target(1, &[], &voters, &behind, 10), Some(4));
     }
 
     #[test]
