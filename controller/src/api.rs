@@ -425,37 +425,32 @@ impl Api {
     }
 }
 
-/// The highest feature level every member understands: 0 while one cannot be asked (unreachable), since
-/// finalizing without it could strand it; a member that answered without a version is a build from before
-/// feature levels (level 1).
+/// The highest feature level a member understands: `None` when it did not answer (it cannot be asked, so nothing
+/// may be finalized past it); a member that answered without a version is a build from before feature levels.
+fn member_level(r: &MemberVersion) -> Option<u32> {
+    match (&r.version, r.reachable) {
+        (_, false) => None,
+        (Some(v), true) => Some(drover_state::feature::effective(v.feature_level)),
+        (None, true) => Some(drover_state::feature::BASE_LEVEL),
+    }
+}
+
+/// The highest feature level every member understands (0 while one does not answer).
 fn finalizable_level(replicas: &[MemberVersion]) -> u32 {
-    replicas
-        .iter()
-        .map(|r| match (&r.version, r.reachable) {
-            (_, false) => 0,
-            (Some(v), true) => drover_state::feature::effective(v.feature_level),
-            (None, true) => drover_state::feature::BASE_LEVEL,
-        })
-        .min()
-        .unwrap_or(0)
+    replicas.iter().map(|r| member_level(r).unwrap_or(0)).min().unwrap_or(0)
 }
 
 /// Why finalizing `level` must wait, naming each member that stands in the way.
 fn finalize_blockers(replicas: &[MemberVersion], level: u32) -> Vec<String> {
-    replicas
-        .iter()
-        .filter_map(|r| match (&r.version, r.reachable) {
-            (_, false) => Some(format!("replica {} at {} did not answer ({})", r.id, r.address, r.error)),
-            (None, true) => {
-                Some(format!("replica {} at {} runs a build from before feature levels (level 1)", r.id, r.address))
-            }
-            (Some(v), true) if drover_state::feature::effective(v.feature_level) < level => Some(format!(
-                "replica {} at {} runs {} (levels up to {})",
-                r.id, r.address, v.binary_version, v.feature_level
-            )),
-            _ => None,
-        })
-        .collect()
+    let blocks = |r: &MemberVersion| match (member_level(r), &r.version) {
+        (None, _) => Some(format!("did not answer ({})", r.error)),
+        (Some(_), None) => Some("runs a build from before feature levels (level 1)".to_string()),
+        (Some(understood), Some(v)) if understood < level => {
+            Some(format!("runs {} (levels up to {understood})", v.binary_version))
+        }
+        _ => None,
+    };
+    replicas.iter().filter_map(|r| blocks(r).map(|why| format!("replica {} at {} {why}", r.id, r.address))).collect()
 }
 
 /// One job's outcome on the wire.
@@ -1194,6 +1189,35 @@ impl Api {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finalizing_waits_for_every_member_and_names_those_in_the_way() {
+        let member = |id: u64, level: Option<u32>, reachable: bool| MemberVersion {
+            id,
+            address: format!("10.0.0.{id}:7100"),
+            voter: true,
+            version: level.map(|feature_level| SoftwareVersion {
+                binary_version: "0.2.0".into(),
+                feature_level,
+                state_format_version: 5,
+            }),
+            reachable,
+            error: if reachable { String::new() } else { "connection refused".into() },
+        };
+        let all_new = [member(1, Some(2), true), member(2, Some(2), true), member(3, Some(2), true)];
+        assert_eq!(finalizable_level(&all_new), 2);
+        assert!(finalize_blockers(&all_new, 2).is_empty());
+        let one_old = [member(1, Some(2), true), member(2, None, true), member(3, Some(2), true)];
+        assert_eq!(finalizable_level(&one_old), 1);
+        assert_eq!(
+            finalize_blockers(&one_old, 2),
+            vec!["replica 2 at 10.0.0.2:7100 runs a build from before feature levels (level 1)".to_string()]
+        );
+        let one_gone = [member(1, Some(2), true), member(2, Some(2), false), member(3, Some(2), true)];
+        assert_eq!(finalizable_level(&one_gone), 0, "nothing is finalized past a replica that cannot be asked");
+        assert!(finalize_blockers(&one_gone, 2)[0].contains("did not answer (connection refused)"));
+        assert!(finalize_blockers(&all_new, 3).iter().all(|b| b.contains("levels up to 2")));
+    }
 
     #[test]
     fn a_callers_grpc_timeout_bounds_the_wait_for_a_new_leader() {
