@@ -114,7 +114,7 @@ pub async fn recovery(args: RecoveryArgs, dir: PathBuf) -> anyhow::Result<()> {
 }
 
 /// Which of `ids` the cluster holds, asked in chunks (a listing returns at most 100,000 jobs).
-async fn present(client: &Client, ids: &[u64]) -> anyhow::Result<HashSet<u64>> {
+pub(crate) async fn present(client: &Client, ids: &[u64]) -> anyhow::Result<HashSet<u64>> {
     let mut found = HashSet::new();
     for chunk in ids.chunks(10_000) {
         let filter = JobFilter { ids: chunk.to_vec(), include_finished: true, ..Default::default() };

@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use drover_client::{Client, JobFilter};
 use drover_testkit::local::{LocalCluster, UpOptions, trivial_spec};
 
 use crate::percentile_ms;
@@ -123,7 +122,8 @@ async fn one_build(cluster: &mut LocalCluster, restarts: usize, clients: usize) 
         task.await?;
     }
     let ids: Vec<u64> = acks.lock().unwrap().iter().map(|(id, _)| *id).collect();
-    let lost = lost(&client, &ids).await?;
+    let found = crate::recovery::present(&client, &ids).await?;
+    let lost = ids.iter().filter(|id| !found.contains(id)).count();
     println!("  {} submissions acknowledged, {lost} lost", ids.len());
     if lost > 0 {
         bail!("{lost} acknowledged submissions lost");
@@ -160,16 +160,6 @@ async fn settled(cluster: &LocalCluster, id: u64) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     bail!("replica {id} did not rejoin within 60 s of its restart")
-}
-
-async fn lost(client: &Client, ids: &[u64]) -> anyhow::Result<usize> {
-    let mut found = std::collections::HashSet::new();
-    for chunk in ids.chunks(10_000) {
-        let filter = JobFilter { ids: chunk.to_vec(), include_finished: true, ..Default::default() };
-        let (jobs, _) = client.list_jobs(&filter).await?;
-        found.extend(jobs.into_iter().map(|j| j.id));
-    }
-    Ok(ids.iter().filter(|id| !found.contains(id)).count())
 }
 
 fn ms(d: Duration) -> f64 {
