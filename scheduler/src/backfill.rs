@@ -25,12 +25,12 @@ pub mod preempt;
 use crate::error::ScheduleError;
 use crate::fairshare::FairShareTree;
 use crate::model::{
-    ClusterView, DependencyState, JobId, PartitionState, PendingJob, Qos, RunningJob, SchedulerConfig, Topology,
-    mem_needed,
+    ClusterView, DependencyState, JobId, PartitionState, PendingJob, PriorityWeights, Qos, RunningJob, SchedulerConfig,
+    Topology, mem_needed,
 };
 use crate::placement::{Candidate, choose_nodes, lowest_gpus};
 use crate::plan::{NodeAlloc, Plan, Preemption, Reason};
-use crate::priority::{PriorityBreakdown, PriorityContext, apply_top};
+use crate::priority::{JobFactors, PriorityBreakdown, PriorityContext, apply_top};
 use crate::profile::Profile;
 
 /// GPUs per node the bit masks can hold.
@@ -120,7 +120,7 @@ impl Iterator for Bits {
 }
 
 /// What makes two jobs interchangeable for "can it start now" except the time limit.
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 struct ShapeKey {
     partition: usize,
     nodes: u32,
@@ -134,8 +134,165 @@ struct ShapeKey {
     spares: bool,
 }
 
-/// Min-heap of (lower bound of the earliest start, node).
-type StartBounds = BinaryHeap<Reverse<(u64, u32)>>;
+/// Hashed as four words rather than field by field: the pass looks up every pending job's shape, and the Fx hash
+/// costs a multiply per word. Equal keys write equal words, as `Hash` requires.
+impl std::hash::Hash for ShapeKey {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        let flags = u64::from(self.exclusive) | u64::from(self.multi_site) << 1 | u64::from(self.spares) << 2;
+        h.write_u64(u64::from(self.nodes) | u64::from(self.gpus_per_node) << 32);
+        h.write_u64(u64::from(self.cpus_per_node) | u64::from(self.gpu_type) << 32);
+        h.write_u64(self.mem_per_node_mb ^ self.features.rotate_left(29));
+        h.write_u64(self.partition as u64 | flags << 61);
+    }
+}
+
+impl ShapeKey {
+    /// A few bits of the key, mixed cheaply: the slot of [`ShapeIndex`]'s cache.
+    fn slot(&self) -> usize {
+        let x = self.nodes
+            ^ self.gpus_per_node.rotate_left(3)
+            ^ self.cpus_per_node.rotate_left(6)
+            ^ self.gpu_type.rotate_left(9)
+            ^ (self.mem_per_node_mb ^ self.features) as u32
+            ^ (self.partition as u32).rotate_left(12);
+        x as usize % SHAPE_CACHE_SLOTS
+    }
+}
+
+const SHAPE_CACHE_SLOTS: usize = 64;
+
+/// Shape ids in first-seen order: a map, with a small direct-mapped cache in front of it. A queue has few shapes,
+/// and finding a job's among them by one comparison instead of a hash lookup took a fifth of resolving 100k jobs.
+#[derive(Default)]
+struct ShapeIndex {
+    map: FxMap<ShapeKey, u32>,
+    cache: Vec<Option<(ShapeKey, u32)>>,
+}
+
+impl ShapeIndex {
+    /// The key's id, and whether it is new (then it got the next id, `len` before the call).
+    fn id(&mut self, key: ShapeKey) -> (u32, bool) {
+        if self.cache.is_empty() {
+            self.cache = vec![None; SHAPE_CACHE_SLOTS];
+        }
+        let slot = &mut self.cache[key.slot()];
+        if let Some((k, id)) = slot
+            && *k == key
+        {
+            return (*id, false);
+        }
+        let next = self.map.len() as u32;
+        let id = *self.map.entry(key).or_insert(next);
+        *slot = Some((key, id));
+        (id, id == next)
+    }
+}
+
+/// Min-heap of (lower bound of the earliest start, node). Its own small type rather than a `BinaryHeap`:
+/// [`BoundsWalk`] reads its array in order, which needs the layout (the children of `i` at `2i + 1` and `2i + 2`,
+/// none smaller than `i`) that `BinaryHeap` does not promise.
+#[derive(Clone, Default)]
+struct StartBounds {
+    heap: Vec<(u64, u32)>,
+}
+
+impl StartBounds {
+    fn from_vec(heap: Vec<(u64, u32)>) -> Self {
+        let mut h = Self { heap };
+        for i in (0..h.heap.len() / 2).rev() {
+            h.sift_down(i);
+        }
+        h
+    }
+
+    fn as_slice(&self) -> &[(u64, u32)] {
+        &self.heap
+    }
+
+    fn peek(&self) -> Option<(u64, u32)> {
+        self.heap.first().copied()
+    }
+
+    fn pop(&mut self) -> Option<(u64, u32)> {
+        let last = self.heap.pop()?;
+        let Some(top) = self.heap.first_mut() else { return Some(last) };
+        let min = std::mem::replace(top, last);
+        self.sift_down(0);
+        Some(min)
+    }
+
+    fn push(&mut self, x: (u64, u32)) {
+        self.heap.push(x);
+        let mut i = self.heap.len() - 1;
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if self.heap[parent] <= self.heap[i] {
+                break;
+            }
+            self.heap.swap(parent, i);
+            i = parent;
+        }
+    }
+
+    fn sift_down(&mut self, mut i: usize) {
+        loop {
+            let (l, r) = (2 * i + 1, 2 * i + 2);
+            let mut m = i;
+            if l < self.heap.len() && self.heap[l] < self.heap[m] {
+                m = l;
+            }
+            if r < self.heap.len() && self.heap[r] < self.heap[m] {
+                m = r;
+            }
+            if m == i {
+                return;
+            }
+            self.heap.swap(i, m);
+            i = m;
+        }
+    }
+}
+
+/// A shared [`StartBounds`] heap read in ascending order without copying or changing it, merged with the exact
+/// earliest starts a search pushes: the same sequence of (key, node, exact) minima as popping a private copy that
+/// holds both. The shared heap's array is itself a heap, so a small heap over its frontier (entries whose parent
+/// was taken) always holds its smallest entry not yet taken; each node is in the shared heap once, so no two
+/// entries tie and the frontier order is the full one.
+struct BoundsWalk<'h> {
+    shared: &'h [(u64, u32)],
+    /// (key, node, exact, position in `shared`; unused for exact entries).
+    heap: BinaryHeap<Reverse<(u64, u32, bool, usize)>>,
+}
+
+impl<'h> BoundsWalk<'h> {
+    fn new(shared: &'h [(u64, u32)]) -> Self {
+        let mut heap = BinaryHeap::new();
+        if let Some(&(k, i)) = shared.first() {
+            heap.push(Reverse((k, i, false, 0)));
+        }
+        Self { shared, heap }
+    }
+
+    fn peek(&self) -> Option<(u64, u32, bool)> {
+        self.heap.peek().map(|&Reverse((k, i, exact, _))| (k, i, exact))
+    }
+
+    fn pop(&mut self) -> Option<(u64, u32, bool)> {
+        let Reverse((k, i, exact, pos)) = self.heap.pop()?;
+        if !exact {
+            for c in [2 * pos + 1, 2 * pos + 2] {
+                if let Some(&(ck, ci)) = self.shared.get(c) {
+                    self.heap.push(Reverse((ck, ci, false, c)));
+                }
+            }
+        }
+        Some((k, i, exact))
+    }
+
+    fn push_exact(&mut self, e: u64, i: u32) {
+        self.heap.push(Reverse((e, i, true, usize::MAX)));
+    }
+}
 
 /// Sentinel for "no memoized shape".
 const NO_SHAPE: u32 = u32::MAX;
@@ -320,7 +477,7 @@ pub struct Pass<'a> {
     now_s: u64,
     nodes: Vec<NodeRt>,
     node_index: FxMap<&'a str, u32>,
-    node_names: Vec<&'a str>,
+    node_names: NodeNames,
     part_index: FxMap<&'a str, usize>,
     /// Per partition, per avail_now level: the nodes at that level, for best-fit scans in (level, node) order.
     part_free: Vec<Vec<NodeBits>>,
@@ -346,10 +503,10 @@ pub struct Pass<'a> {
 /// What [`Pass::run`] resolves per job before placing any, in view order (see `Pass::resolve_jobs`).
 struct Resolved<'a> {
     pre: Vec<JobPre>,
-    breakdowns: Vec<PriorityBreakdown>,
-    /// Submit times for the sort key; the rest of it is in `pre` and `breakdowns`. (Reading them back from the
-    /// jobs would be another walk over the big, strided `PendingJob`s; a full key vector, more scratch memory.)
-    submits: Vec<u64>,
+    /// The sort key's priority and submit time (the rest of it is in `pre`) and what the plan's breakdown is
+    /// recomputed from once the order is known.
+    prio: Vec<PrioRec>,
+    ctx: PriorityContext,
     shapes: Vec<ShapeMemo>,
     shape_filters: Vec<Filter>,
     /// Whether any job was moved up by `scontrol top`.
@@ -361,6 +518,19 @@ struct Resolved<'a> {
     user_ids: FxMap<&'a str, u32>,
     account_ids: FxMap<&'a str, u32>,
     array_ids: FxMap<u64, u32>,
+}
+
+/// What ordering a job and its breakdown in the plan need besides its [`JobPre`], in view order. Half the size of a
+/// [`PriorityBreakdown`]: storing the breakdowns in view order and gathering them into priority order cost more
+/// (6 MiB written, then read back at random, at 100k jobs) than computing them again in priority order.
+#[derive(Clone, Copy)]
+struct PrioRec {
+    /// Filled in by `priority_order`, then after `scontrol top`.
+    priority: u64,
+    submit_s: u64,
+    fairshare: f64,
+    qos_priority: u32,
+    nice: i32,
 }
 
 /// The main loop's state as it walks the jobs in priority order.
@@ -412,40 +582,83 @@ fn early_reason(view: &ClusterView, job: &PendingJob, p: Option<usize>, now_s: u
 /// and each one's priority breakdown for the plan.
 fn priority_order(
     view: &ClusterView,
+    weights: &PriorityWeights,
     pre: Vec<JobPre>,
-    mut breakdowns: Vec<PriorityBreakdown>,
-    submits: Vec<u64>,
+    mut prio: Vec<PrioRec>,
+    ctx: &PriorityContext,
     any_top: bool,
 ) -> (Vec<JobPre>, Vec<(u64, PriorityBreakdown)>) {
+    let tier_of = |p: u8| if p == NO_PARTITION { 0 } else { view.partitions[p as usize].priority_tier };
+    let factors = |pj: &JobPre, r: &PrioRec| JobFactors {
+        submit_s: r.submit_s,
+        total_gpus: pj.total_gpus,
+        time_limit_s: pj.time_limit_s,
+        nice: r.nice,
+    };
+    // Priorities in a loop of their own (each is a chain of divisions and sums, which the CPU overlaps across jobs
+    // here but hardly at all inside the long resolving loop), which also takes the ranges of the sort key.
+    let mut bounds = OrderBounds::default();
+    for (pj, r) in pre.iter().zip(prio.iter_mut()) {
+        let b =
+            PriorityBreakdown::from_factors(&factors(pj, r), weights, ctx, r.fairshare, tier_of(pj.p), r.qos_priority);
+        r.priority = b.priority;
+        bounds.add(&OrderKey {
+            tier: tier_of(pj.p),
+            priority: r.priority,
+            top_rank: 0,
+            submit_s: r.submit_s,
+            id: pj.id,
+        });
+    }
     if any_top {
         // `scontrol top` permutes priority values within users, after they are computed and before ordering.
-        let mut prio: Vec<u64> = breakdowns.iter().map(|b| b.priority).collect();
-        apply_top(&view.pending, &mut prio);
-        for (b, p) in breakdowns.iter_mut().zip(prio) {
-            b.priority = p;
+        let mut topped: Vec<u64> = prio.iter().map(|r| r.priority).collect();
+        apply_top(&view.pending, &mut topped);
+        for (r, p) in prio.iter_mut().zip(topped) {
+            r.priority = p;
         }
     }
-    let tier_of = |p: u8| if p == NO_PARTITION { 0 } else { view.partitions[p as usize].priority_tier };
-    let order = scheduling_order(view.pending.len(), |i| OrderKey {
+    let key = |i: usize| OrderKey {
         tier: tier_of(pre[i].p),
-        priority: breakdowns[i].priority,
-        top_rank: view.pending[i].top_rank,
-        submit_s: submits[i],
+        priority: prio[i].priority,
+        // Only read from the big, strided jobs when someone was topped at all.
+        top_rank: if any_top { view.pending[i].top_rank } else { 0 },
+        submit_s: prio[i].submit_s,
         id: pre[i].id,
-    });
-    drop(submits);
-    // Gathers into priority order, each in one tight loop (which keeps many loads in flight), and each reading
-    // one random place per job (the ids come from the already sorted `pre`). Every big buffer is dropped as
-    // soon as it is used, so the next one can reuse its memory instead of growing the heap.
-    let pre: Vec<JobPre> = {
-        let by_view = pre;
-        order.iter().map(|&i| by_view[i as usize]).collect()
     };
-    let priorities: Vec<(u64, PriorityBreakdown)> =
-        pre.iter().map(|pj| (pj.id, breakdowns[pj.idx as usize].clone())).collect();
-    drop(breakdowns);
+    let order = if any_top {
+        scheduling_order(view.pending.len(), key)
+    } else {
+        // Nobody topped: the ranges taken above are the key's.
+        scheduling_order_within(view.pending.len(), key, &bounds)
+    };
+    // Gathers into priority order, each in its own tight loop (which keeps many of its random loads in flight; a
+    // loop that also computes the breakdown waits on nearly every load). Each big buffer is dropped as soon as it
+    // is used, so the next one can reuse its memory.
+    let sorted: Vec<JobPre> = order.iter().map(|&i| pre[i as usize]).collect();
+    drop(pre);
+    let prio: Vec<PrioRec> = order.iter().map(|&i| prio[i as usize]).collect();
     drop(order);
-    (pre, priorities)
+    // The breakdown is recomputed from the same inputs with the same arithmetic, so it is the one the sort key's
+    // priority came from.
+    let priorities = sorted
+        .iter()
+        .zip(&prio)
+        .map(|(pj, r)| {
+            let mut b = PriorityBreakdown::from_factors(
+                &factors(pj, r),
+                weights,
+                ctx,
+                r.fairshare,
+                tier_of(pj.p),
+                r.qos_priority,
+            );
+            // After `scontrol top`.
+            b.priority = r.priority;
+            (pj.id, b)
+        })
+        .collect();
+    (sorted, priorities)
 }
 
 /// What running jobs already count against QOS limits and array throttles.
@@ -508,46 +721,77 @@ fn order_cmp(a: &(OrderKey, u32), b: &(OrderKey, u32)) -> std::cmp::Ordering {
 /// View indices in scheduling order (see [`OrderKey`]).
 ///
 /// Every field is stored relative to its minimum (or maximum, for the descending ones) in as few bits as its range
-/// needs; when they all fit one u128 together with the index, which real queues always do, the sort is over plain
-/// integers, several times faster than the tuple comparator at 100k jobs. Otherwise it falls back to the
-/// comparator; both give the same order.
+/// needs, and the sort is over plain integers, several times faster than the tuple comparator at 100k jobs. When
+/// the ids ascend with the view index (a view lists pending jobs by id), the id adds nothing to the index that
+/// breaks the last ties and is left out; a real queue's key then fits one u64, whose sort is about twice as fast
+/// again as the u128 one. Keys that do not fit a u128 fall back to the comparator; all give the same order.
 fn scheduling_order(n: usize, key: impl Fn(usize) -> OrderKey) -> Vec<u32> {
-    if n == 0 {
-        return Vec::new();
+    let mut bounds = OrderBounds::default();
+    for i in 0..n {
+        bounds.add(&key(i));
     }
-    let first = key(0);
-    let (mut max_t, mut max_p, mut min_s, mut max_s, mut min_id, mut max_id) =
-        (first.tier, first.priority, first.submit_s, first.submit_s, first.id, first.id);
-    let (mut min_t, mut min_p) = (first.tier, first.priority);
-    let (mut min_r, mut max_r) = (first.top_rank, first.top_rank);
-    for k in (0..n).map(&key) {
-        (min_t, max_t) = (min_t.min(k.tier), max_t.max(k.tier));
-        (min_p, max_p) = (min_p.min(k.priority), max_p.max(k.priority));
-        (min_r, max_r) = (min_r.min(k.top_rank), max_r.max(k.top_rank));
-        (min_s, max_s) = (min_s.min(k.submit_s), max_s.max(k.submit_s));
-        (min_id, max_id) = (min_id.min(k.id), max_id.max(k.id));
+    scheduling_order_within(n, key, &bounds)
+}
+
+/// The ranges of the [`OrderKey`]s of jobs `0..n`, in view order.
+#[derive(Default)]
+struct OrderBounds {
+    /// (min, max) of the keys so far; None before the first.
+    range: Option<(OrderKey, OrderKey)>,
+    /// Whether some id was not above the one before it. If not, the ids strictly ascend with the index, and "lower
+    /// id first" and "lower index first" agree.
+    descending_seen: bool,
+    last_id: Option<u64>,
+}
+
+impl OrderBounds {
+    /// Takes the next job's key (in view order).
+    fn add(&mut self, k: &OrderKey) {
+        self.descending_seen |= self.last_id.is_some_and(|p| p >= k.id);
+        self.last_id = Some(k.id);
+        let (lo, hi) = self.range.get_or_insert((*k, *k));
+        (lo.tier, hi.tier) = (lo.tier.min(k.tier), hi.tier.max(k.tier));
+        (lo.priority, hi.priority) = (lo.priority.min(k.priority), hi.priority.max(k.priority));
+        (lo.top_rank, hi.top_rank) = (lo.top_rank.min(k.top_rank), hi.top_rank.max(k.top_rank));
+        (lo.submit_s, hi.submit_s) = (lo.submit_s.min(k.submit_s), hi.submit_s.max(k.submit_s));
+        (lo.id, hi.id) = (lo.id.min(k.id), hi.id.max(k.id));
     }
+}
+
+/// [`scheduling_order`] with the keys' ranges already known.
+fn scheduling_order_within(n: usize, key: impl Fn(usize) -> OrderKey, bounds: &OrderBounds) -> Vec<u32> {
+    let Some((lo, hi)) = bounds.range else { return Vec::new() };
+    let ascending = !bounds.descending_seen;
+    let (min_t, max_t, min_p, max_p, min_r, max_r) =
+        (lo.tier, hi.tier, lo.priority, hi.priority, lo.top_rank, hi.top_rank);
+    let (min_s, max_s, min_id, max_id) = (lo.submit_s, hi.submit_s, lo.id, hi.id);
     let bits = |range: u64| u64::BITS - range.leading_zeros();
     let bt = bits(u64::from(max_t - min_t));
     let bp = bits(max_p - min_p);
     let br = bits(max_r - min_r);
     let bs = bits(max_s - min_s);
-    let bid = bits(max_id - min_id);
+    let bid = if ascending { 0 } else { bits(max_id - min_id) };
     let bi = bits(n as u64 - 1);
-    if bt + bp + br + bs + bid + bi <= u128::BITS {
-        let mut packed: Vec<u128> = (0..n)
-            .map(|i| {
-                let k = key(i);
-                let mut x = u128::from(max_t - k.tier);
-                x = (x << bp) | u128::from(max_p - k.priority);
-                x = (x << br) | u128::from(max_r - k.top_rank);
-                x = (x << bs) | u128::from(k.submit_s - min_s);
-                x = (x << bid) | u128::from(k.id - min_id);
-                (x << bi) | i as u128
-            })
-            .collect();
+    let total = bt + bp + br + bs + bid + bi;
+    let pack = |i: usize| {
+        let k = key(i);
+        let mut x = u128::from(max_t - k.tier);
+        x = (x << bp) | u128::from(max_p - k.priority);
+        x = (x << br) | u128::from(max_r - k.top_rank);
+        x = (x << bs) | u128::from(k.submit_s - min_s);
+        if bid > 0 {
+            x = (x << bid) | u128::from(k.id - min_id);
+        }
+        (x << bi) | i as u128
+    };
+    let mask = (1u128 << bi) - 1;
+    if total <= u64::BITS {
+        let mut packed: Vec<u64> = (0..n).map(|i| pack(i) as u64).collect();
+        sort_by_high_bits(&mut packed, bs + bid + bi);
+        packed.iter().map(|&x| (u128::from(x) & mask) as u32).collect()
+    } else if total <= u128::BITS {
+        let mut packed: Vec<u128> = (0..n).map(pack).collect();
         packed.sort_unstable();
-        let mask = (1u128 << bi) - 1;
         packed.iter().map(|&x| (x & mask) as u32).collect()
     } else {
         let mut v: Vec<(OrderKey, u32)> = (0..n).map(|i| (key(i), i as u32)).collect();
@@ -556,12 +800,73 @@ fn scheduling_order(n: usize, key: impl Fn(usize) -> OrderKey) -> Vec<u32> {
     }
 }
 
+/// The nodes' names, copied into one buffer: every start copies its nodes' names into the plan, and reading them
+/// from a few contiguous KiB rather than from each node's own allocation in the view saves a cache miss a start.
+struct NodeNames {
+    text: String,
+    /// Where each name ends in `text`.
+    ends: Vec<usize>,
+}
+
+impl NodeNames {
+    fn with_capacity(nodes: usize) -> Self {
+        Self { text: String::with_capacity(nodes * 8), ends: Vec::with_capacity(nodes) }
+    }
+
+    fn push(&mut self, name: &str) {
+        self.text.push_str(name);
+        self.ends.push(self.text.len());
+    }
+
+    fn get(&self, i: u32) -> &str {
+        let i = i as usize;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.text[start..self.ends[i]]
+    }
+
+    /// Whether node `i` exists and is called `name`.
+    fn is(&self, i: u32, name: &str) -> bool {
+        (i as usize) < self.ends.len() && self.get(i) == name
+    }
+}
+
+/// Sorts keys whose bits from `low` up take few values (a queue's tiers and priorities): one counting pass into
+/// a bucket per high value, then each (small) bucket sorted on its own, about twice as fast as sorting the whole
+/// at 100k jobs. Integers have one sorted order, so the result is the same as `sort_unstable`'s.
+fn sort_by_high_bits(keys: &mut [u64], low: u32) {
+    const MAX_BUCKETS: u64 = 1 << 16;
+    let high = |k: u64| if low >= u64::BITS { 0 } else { k >> low };
+    let top = if keys.len() < 4096 { None } else { keys.iter().map(|&k| high(k)).max() };
+    let Some(top) = top.filter(|&t| t < MAX_BUCKETS) else {
+        keys.sort_unstable();
+        return;
+    };
+    let mut start = vec![0usize; top as usize + 2];
+    for &k in keys.iter() {
+        start[high(k) as usize + 1] += 1;
+    }
+    for b in 1..start.len() {
+        start[b] += start[b - 1];
+    }
+    let mut out = vec![0u64; keys.len()];
+    let mut next = start.clone();
+    for &k in keys.iter() {
+        let b = high(k) as usize;
+        out[next[b]] = k;
+        next[b] += 1;
+    }
+    for w in start.windows(2) {
+        out[w[0]..w[1]].sort_unstable();
+    }
+    keys.copy_from_slice(&out);
+}
+
 /// The nodes as a pass works on them, and the dense ids their names, features and GPU types got (the first stage
 /// of [`Pass::new`]).
 struct NodeTables<'a> {
     nodes: Vec<NodeRt>,
     node_index: FxMap<&'a str, u32>,
-    node_names: Vec<&'a str>,
+    node_names: NodeNames,
     feature_index: FxMap<&'a str, u32>,
     gpu_type_index: FxMap<&'a str, u32>,
 }
@@ -574,7 +879,7 @@ impl<'a> NodeTables<'a> {
         let mut gpu_type_index: FxMap<&str, u32> = FxMap::default();
         let mut topo_index: FxMap<(&str, &str, &str), u32> = FxMap::default();
         let mut node_index = FxMap::with_capacity_and_hasher(view.nodes.len(), Default::default());
-        let mut node_names = Vec::with_capacity(view.nodes.len());
+        let mut node_names = NodeNames::with_capacity(view.nodes.len());
         let mut nodes = Vec::with_capacity(view.nodes.len());
         let mut prev_topo: Option<(&Topology, (u32, u32, u32))> = None;
         let mut prev_parts: Option<(&[String], u64)> = None;
@@ -583,7 +888,7 @@ impl<'a> NodeTables<'a> {
             if node_index.insert(n.name.as_str(), i as u32).is_some() {
                 return Err(ScheduleError::Duplicate { kind: "node", name: n.name.clone() });
             }
-            node_names.push(n.name.as_str());
+            node_names.push(&n.name);
             let free_mask = free_mask_of(n)?;
             // Like topology, partition and feature lists repeat from node to node; the masks are reused then.
             let part_mask = match prev_parts {
@@ -728,20 +1033,30 @@ impl Release {
 fn place_running<'a>(
     view: &'a ClusterView,
     part_index: &FxMap<&'a str, usize>,
-    node_index: &FxMap<&'a str, u32>,
+    (node_index, node_names): (&FxMap<&'a str, u32>, &NodeNames),
     nodes: &mut [NodeRt],
     preempt: &mut Option<preempt::Preempt<'a>>,
     release: &Release,
 ) -> Result<(), ScheduleError> {
     let now_s = view.now_s;
     let preempting = preempt.is_some();
+    // Running jobs are often listed in node order: the node after the last one found is tried first (names are
+    // unique, so an equal name is that node), a compare in the compact name buffer instead of a hash lookup
+    // that compares against the name in the view.
+    let mut guess = 0u32;
     for job in &view.running {
         let end_s = release.at(job);
         let mut held = Vec::new();
         for (name, gpus) in &job.alloc {
-            let Some(&ni) = node_index.get(name.as_str()) else {
-                return Err(ScheduleError::Unknown { kind: "node of a running job", name: name.clone() });
+            let ni = if node_names.is(guess, name) {
+                guess
+            } else {
+                let Some(&ni) = node_index.get(name.as_str()) else {
+                    return Err(ScheduleError::Unknown { kind: "node of a running job", name: name.clone() });
+                };
+                ni
             };
+            guess = ni + 1;
             let node = &mut nodes[ni as usize];
             for &g in gpus {
                 if g >= node.total || node.free_mask & (1 << g) != 0 {
@@ -903,7 +1218,7 @@ impl<'a> Pass<'a> {
             NodeTables::build(view, &part_index)?;
         let mut preempt = preempt::Preempt::new(view, config, &part_index, nodes.len());
         let release = Release::new(view, config, preempt.is_some());
-        place_running(view, &part_index, &node_index, &mut nodes, &mut preempt, &release)?;
+        place_running(view, &part_index, (&node_index, &node_names), &mut nodes, &mut preempt, &release)?;
         let (resv_index, resvs) = carve_reservations(view, &node_index, &mut nodes, &release)?;
         let PartitionIndexes { part_free, part_levels, part_nodes, part_spares, part_one_site } =
             PartitionIndexes::build(view, &mut nodes);
@@ -933,10 +1248,9 @@ impl<'a> Pass<'a> {
     pub fn run(mut self) -> Result<Plan, ScheduleError> {
         let view = self.view;
         let resolved = self.resolve_jobs()?;
-        let Resolved { pre, breakdowns, submits, shapes, shape_filters, any_top, qos_index, qos_limited, .. } =
-            resolved;
+        let Resolved { pre, prio, ctx, shapes, shape_filters, any_top, qos_index, qos_limited, .. } = resolved;
         let (mut user_ids, mut account_ids, array_ids) = (resolved.user_ids, resolved.account_ids, resolved.array_ids);
-        let (pre, priorities) = priority_order(view, pre, breakdowns, submits, any_top);
+        let (pre, priorities) = priority_order(view, &self.config.weights, pre, prio, &ctx, any_top);
         let usage = running_usage(view, &qos_index, &qos_limited, &mut user_ids, &mut account_ids, &array_ids);
         let plan = Plan {
             starts: Vec::new(),
@@ -967,11 +1281,10 @@ impl<'a> Pass<'a> {
     }
 
     /// Everything per job that does not depend on what the pass has done so far, resolved in view order (the
-    /// main loop goes in priority order and would otherwise chase every job's strings at random): priority
-    /// factors, a reason that needs no pass state, QOS and array interning, and the memoized shape.
+    /// main loop goes in priority order and would otherwise chase every job's strings at random): what the priority
+    /// factors need, a reason that needs no pass state, QOS and array interning, and the memoized shape.
     fn resolve_jobs(&self) -> Result<Resolved<'a>, ScheduleError> {
         let view = self.view;
-        let config = self.config;
         let now_s = self.now_s;
         let tree = FairShareTree::new(&view.accounts)?;
         let qos_index: FxMap<&str, usize> = view.qos.iter().enumerate().map(|(i, q)| (q.name.as_str(), i)).collect();
@@ -983,10 +1296,13 @@ impl<'a> Pass<'a> {
         };
         // Fair-share factors once per account, not per job.
         let mut fs_cache: FxMap<&str, f64> = FxMap::default();
+        // In front of it, the last account seen in each of a few slots (by length and first byte): one string
+        // compare instead of hashing the name and probing, per job.
+        let mut fs_recent: [Option<(&str, f64)>; 16] = [None; 16];
         let mut r = Resolved {
             pre: Vec::with_capacity(view.pending.len()),
-            breakdowns: Vec::with_capacity(view.pending.len()),
-            submits: Vec::with_capacity(view.pending.len()),
+            prio: Vec::with_capacity(view.pending.len()),
+            ctx,
             shapes: Vec::new(),
             shape_filters: Vec::new(),
             any_top: false,
@@ -997,28 +1313,41 @@ impl<'a> Pass<'a> {
             account_ids: FxMap::default(),
             array_ids: FxMap::default(),
         };
-        let mut shape_index: FxMap<ShapeKey, u32> = FxMap::default();
+        let mut shape_index = ShapeIndex::default();
         // Consecutive jobs mostly share partition and QOS: comparing with the previous job's names is cheaper than
         // hashing them again.
         let mut prev_part: Option<(&str, Option<usize>)> = None;
         let mut prev_qos: Option<(&str, Option<usize>)> = None;
         for (i, job) in view.pending.iter().enumerate() {
-            let fs = *fs_cache.entry(job.account.as_str()).or_insert_with(|| tree.factor(&job.account));
+            let account = job.account.as_str();
+            let slot = &mut fs_recent[(account.len() + usize::from(account.bytes().next().unwrap_or(0))) % 16];
+            let fs = match *slot {
+                Some((name, fs)) if name == account => fs,
+                _ => {
+                    let fs = *fs_cache.entry(account).or_insert_with(|| tree.factor(account));
+                    *slot = Some((account, fs));
+                    fs
+                }
+            };
             let p = match prev_part {
                 Some((name, p)) if name == job.partition => p,
                 _ => self.part_index.get(job.partition.as_str()).copied(),
             };
             prev_part = Some((job.partition.as_str(), p));
-            let tier = p.map_or(0, |p| view.partitions[p].priority_tier);
             let q = match prev_qos {
                 Some((name, q)) if name == job.qos => q,
                 _ => r.qos_index.get(job.qos.as_str()).copied(),
             };
             prev_qos = Some((job.qos.as_str(), q));
             let qos_prio = q.map_or(0, |q| view.qos[q].priority);
-            let b = PriorityBreakdown::compute(job, &config.weights, &ctx, fs, tier, qos_prio);
-            r.submits.push(job.submit_s);
-            r.breakdowns.push(b);
+            // The priority itself is computed by `priority_order`, once every job's inputs are in place.
+            r.prio.push(PrioRec {
+                priority: 0,
+                submit_s: job.submit_s,
+                fairshare: fs,
+                qos_priority: qos_prio,
+                nice: job.nice,
+            });
             let early = early_reason(view, job, p, now_s);
             let q_limited = q.filter(|&q| r.qos_limited[q]);
             let preempt_q = match (&self.preempt, p) {
@@ -1058,13 +1387,7 @@ impl<'a> Pass<'a> {
 
     /// The memoized shape of a job that could be placed (no node list, exclusions or advance reservation), made
     /// on first sight; else NO_SHAPE.
-    fn shape_of(
-        &self,
-        job: &PendingJob,
-        p: usize,
-        shape_index: &mut FxMap<ShapeKey, u32>,
-        r: &mut Resolved<'a>,
-    ) -> u32 {
+    fn shape_of(&self, job: &PendingJob, p: usize, shape_index: &mut ShapeIndex, r: &mut Resolved<'a>) -> u32 {
         if job.reservation.is_some() {
             return NO_SHAPE;
         }
@@ -1084,9 +1407,8 @@ impl<'a> Pass<'a> {
             multi_site: job.allow_multi_site,
             spares: job.may_use_spares,
         };
-        let next = r.shapes.len() as u32;
-        let shape = *shape_index.entry(key).or_insert(next);
-        if shape == next {
+        let (shape, new) = shape_index.id(key);
+        if new {
             r.shapes.push(ShapeMemo { req: Req::of(job), failed_limit: u64::MAX, never: None });
             r.shape_filters.push(filter);
         }
@@ -1138,7 +1460,10 @@ impl<'a> Pass<'a> {
             return Err(r);
         }
         let p = pj.p as usize;
-        if let Some(&t) = walk.claimed.get(&pj.id) {
+        // (Nearly always empty: then no hash per job.)
+        if !walk.claimed.is_empty()
+            && let Some(&t) = walk.claimed.get(&pj.id)
+        {
             // Slurm shows a job waiting for its preempted jobs to end as waiting for resources.
             walk.plan.expected_start.push((pj.id, t));
             walk.any_blocked = true;
@@ -1358,8 +1683,24 @@ impl<'a> Pass<'a> {
             // One node: any node that fits will do, no placement needed.
             return usable.any(|&i| fits(i));
         }
-        let ok = usable.filter(|&&i| fits(i)).map(|&i| self.candidate(i, 0)).collect::<Vec<_>>();
-        choose_nodes(&ok, job.nodes as usize, job.allow_multi_site).is_some()
+        // `choose_nodes` places the job iff some switch, rack or site holds enough of the nodes, or any nodes do
+        // when it may span sites; switches and racks lie within one site, so counting per site says the same, and
+        // can stop at the first site (or node total) that reaches the job's size instead of collecting them all.
+        let want = job.nodes;
+        let mut per_site: FxMap<u32, u32> = FxMap::default();
+        let mut total = 0u32;
+        for &i in usable {
+            if !fits(i) {
+                continue;
+            }
+            total += 1;
+            let on_site = per_site.entry(self.nodes[i as usize].site).or_default();
+            *on_site += 1;
+            if *on_site >= want || (job.allow_multi_site && total >= want) {
+                return true;
+            }
+        }
+        false
     }
 
     fn try_start_now(&mut self, job: &Req, filter: &Filter, p: usize) -> Option<Vec<NodeAlloc>> {
@@ -1377,16 +1718,22 @@ impl<'a> Pass<'a> {
         let mut cands = Vec::new();
         let levels = &self.part_free[p];
         let by_level = (min_level as usize..levels.len()).flat_map(|l| levels[l].iter().map(move |i| (l as u32, i)));
+        let mut single = None;
         for (avail, idx) in by_level {
             let n = &self.nodes[idx as usize];
             if avail < Self::need_on(job, n) || !filter.admits(idx, n) || !self.free_now(job, n, end_s) {
                 continue;
             }
-            cands.push(self.candidate(idx, avail as i32));
             if n_nodes == 1 {
-                // The set is ordered by free GPUs: the first that fits is the best fit.
+                // The set is ordered by (free GPUs, node): the first that fits is the best fit, the one
+                // `choose_nodes` would pick (taken without a candidate list and a result to allocate).
+                single = Some(idx);
                 break;
             }
+            cands.push(self.candidate(idx, avail as i32));
+        }
+        if let Some(idx) = single {
+            return Some(self.commit_now(job, &[idx], None));
         }
         let chosen = choose_nodes(&cands, n_nodes, job.allow_multi_site)?;
         Some(self.commit_now(job, &chosen, None))
@@ -1508,7 +1855,7 @@ impl<'a> Pass<'a> {
                 }
             }
             self.refresh_level(idx);
-            alloc.push((self.node_names[idx as usize].to_string(), gpus));
+            alloc.push((self.node_names.get(idx).to_string(), gpus));
         }
         alloc
     }
@@ -1616,10 +1963,12 @@ impl<'a> Pass<'a> {
     fn start_bounds(&mut self, p: usize, need: i32) -> &mut StartBounds {
         let (now_s, nodes) = (self.now_s, &self.nodes);
         self.start_bounds.entry((p, need)).or_insert_with(|| {
-            self.part_nodes[p]
-                .iter()
-                .filter_map(|&i| nodes[i as usize].general.first_at_least(now_s, need).map(|t| Reverse((t, i))))
-                .collect()
+            StartBounds::from_vec(
+                self.part_nodes[p]
+                    .iter()
+                    .filter_map(|&i| nodes[i as usize].general.first_at_least(now_s, need).map(|t| (t, i)))
+                    .collect(),
+            )
         })
     }
 
@@ -1632,28 +1981,28 @@ impl<'a> Pass<'a> {
     /// exact for the current `t`; an exact value `e >= t` stays exact when `t` grows to at most `e`, and lower
     /// bounds stay lower bounds (earliest fits only grow with `t`, and GPUs are only taken during a pass).
     fn earliest_multi_plain(&mut self, p: usize, need: i32, dur_s: u64, want: usize) -> Option<(u64, Vec<u32>)> {
-        // A private copy: the exact values below belong to this search's `t`; the shared heap keeps bounds only.
-        let shared = self.start_bounds(p, need).clone().into_vec();
-        let mut heap: BinaryHeap<Reverse<(u64, u32, bool)>> =
-            shared.into_iter().map(|Reverse((k, i))| Reverse((k, i, false))).collect();
+        self.start_bounds(p, need);
+        // The exact values below belong to this search's `t`; the shared heap keeps bounds only, and is read in
+        // order without being copied (most searches look at a small part of it).
+        let mut heap = BoundsWalk::new(self.start_bounds.get(&(p, need))?.as_slice());
         let fit = |i: u32, t: u64| self.nodes[i as usize].general.earliest_fit(t, dur_s, need);
         let mut t = self.now_s;
         let mut smallest: Vec<(u64, u32)> = Vec::with_capacity(want);
         for _ in 0..MAX_EARLIEST_START_ROUNDS {
             // The `want` smallest exact earliest fits, in ascending order.
             while smallest.len() < want {
-                let Reverse((k, i, exact)) = heap.pop()?; // fewer than `want` nodes fit at all
+                let (k, i, exact) = heap.pop()?; // fewer than `want` nodes fit at all
                 if exact {
                     smallest.push((k, i));
                 } else if let Some(e) = fit(i, t) {
-                    heap.push(Reverse((e, i, true)));
+                    heap.push_exact(e, i);
                 }
             }
             let tn = smallest[want - 1].0;
             if tn == t {
                 // Every node that fits at t: these, and any still in the heap whose bound allows t.
                 let mut at_t: Vec<u32> = smallest.iter().map(|&(_, i)| i).collect();
-                while let Some(&Reverse((k, i, exact))) = heap.peek() {
+                while let Some((k, i, exact)) = heap.peek() {
                     if k > t {
                         break;
                     }
@@ -1661,7 +2010,7 @@ impl<'a> Pass<'a> {
                     let e = if exact { Some(k) } else { fit(i, t) };
                     match e {
                         Some(e) if e == t => at_t.push(i),
-                        Some(e) => heap.push(Reverse((e, i, true))),
+                        Some(e) => heap.push_exact(e, i),
                         None => {}
                     }
                 }
@@ -1674,7 +2023,7 @@ impl<'a> Pass<'a> {
             for (e, i) in smallest.drain(..) {
                 let e = if e >= t { Some(e) } else { fit(i, t) };
                 if let Some(e) = e {
-                    heap.push(Reverse((e, i, true)));
+                    heap.push_exact(e, i);
                 }
             }
         }
@@ -1691,7 +2040,7 @@ impl<'a> Pass<'a> {
         let heap = self.start_bounds.get_mut(&(p, need))?;
         let mut best: Option<(u64, u32)> = None;
         let mut keep = Vec::new();
-        while let Some(&Reverse((key, i))) = heap.peek() {
+        while let Some((key, i)) = heap.peek() {
             // Every node still in the heap starts at (key, i) or later.
             if best.is_some_and(|b| (key, i) > b) {
                 break;
@@ -1702,7 +2051,7 @@ impl<'a> Pass<'a> {
                 // It never has enough again in this pass.
                 None => continue,
                 Some(lb) if lb > key => {
-                    heap.push(Reverse((lb, i)));
+                    heap.push((lb, i));
                     continue;
                 }
                 Some(_) => {}
@@ -1712,9 +2061,11 @@ impl<'a> Pass<'a> {
             {
                 best = Some((e, i));
             }
-            keep.push(Reverse((key, i)));
+            keep.push((key, i));
         }
-        heap.extend(keep);
+        for x in keep {
+            heap.push(x);
+        }
         best
     }
 
@@ -2071,11 +2422,16 @@ mod tests {
     fn scheduling_order_packed_matches_comparator() {
         use super::{OrderKey, order_cmp, scheduling_order};
         let mut rng = crate::synth::XorShift::new(3);
-        for wide in [false, true] {
-            let keys: Vec<OrderKey> = (0..500)
+        // Field ranges that pack into a u64, into a u128, and into neither (the comparator); ids in any order or
+        // ascending with the view index (then they are left out of the packed key).
+        for (range, ascending) in [(20, false), (1 << 20, false), (u64::MAX, false), (20, true), (1 << 20, true)] {
+            let mut keys: Vec<OrderKey> = (0..500)
                 .map(|_| {
-                    let big =
-                        |r: &mut crate::synth::XorShift, small: u64| if wide { r.next_u64() } else { r.below(small) };
+                    let big = |r: &mut crate::synth::XorShift, small: u64| match range {
+                        u64::MAX => r.next_u64(),
+                        20 => r.below(small),
+                        _ => r.below(range),
+                    };
                     OrderKey {
                         tier: rng.below(3) as u32,
                         priority: big(&mut rng, 20),
@@ -2085,12 +2441,60 @@ mod tests {
                     }
                 })
                 .collect();
+            if ascending {
+                // Ids ascending with the view index.
+                for (i, k) in keys.iter_mut().enumerate() {
+                    k.id = 7 + 3 * i as u64;
+                }
+            }
             let mut want: Vec<(OrderKey, u32)> = keys.iter().enumerate().map(|(i, &k)| (k, i as u32)).collect();
             want.sort_by(order_cmp);
             let want: Vec<u32> = want.iter().map(|&(_, i)| i).collect();
-            assert_eq!(scheduling_order(keys.len(), |i| keys[i]), want, "wide={wide}");
+            assert_eq!(scheduling_order(keys.len(), |i| keys[i]), want, "range={range} ascending={ascending}");
         }
         assert!(scheduling_order(0, |_| unreachable!()).is_empty());
+    }
+
+    #[test]
+    fn bucketed_sort_matches_sort_unstable() {
+        let mut rng = crate::synth::XorShift::new(11);
+        // Few high values (the bucketed path), one value only, and too many to bucket; short inputs sort directly.
+        for (n, high_values, low) in [(10_000, 300, 20), (10_000, 1, 20), (10_000, 1 << 20, 20), (100, 5, 8)] {
+            let keys: Vec<u64> =
+                (0..n).map(|_| rng.below(high_values) << low | rng.below(1 << low)).collect::<Vec<_>>();
+            let mut want = keys.clone();
+            want.sort_unstable();
+            let mut got = keys;
+            super::sort_by_high_bits(&mut got, low as u32);
+            assert_eq!(got, want, "n={n} high_values={high_values}");
+        }
+    }
+
+    #[test]
+    fn start_bounds_pop_and_walk_in_order() {
+        use super::{BoundsWalk, StartBounds};
+        let mut rng = crate::synth::XorShift::new(5);
+        let entries: Vec<(u64, u32)> = (0..300).map(|i| (rng.below(50), i)).collect();
+        let mut heap = StartBounds::from_vec(entries[..200].to_vec());
+        for &e in &entries[200..] {
+            heap.push(e);
+        }
+        let mut sorted = entries.clone();
+        sorted.sort_unstable();
+        // Walking leaves the heap as it is and merges pushed exact entries in order.
+        let mut walk = BoundsWalk::new(heap.as_slice());
+        walk.push_exact(7, 1_000);
+        let mut walked = Vec::new();
+        while let Some((k, i, exact)) = walk.pop() {
+            walked.push((k, i, exact));
+        }
+        let mut want: Vec<(u64, u32, bool)> = sorted.iter().map(|&(k, i)| (k, i, false)).collect();
+        want.push((7, 1_000, true));
+        want.sort_unstable();
+        assert_eq!(walked, want);
+        let popped: Vec<(u64, u32)> = std::iter::from_fn(|| heap.pop()).collect();
+        assert_eq!(popped, sorted);
+        assert_eq!(heap.peek(), None);
     }
 
     #[test]

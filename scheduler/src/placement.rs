@@ -27,12 +27,7 @@ pub fn choose_nodes(cands: &[Candidate], n: usize, allow_multi_site: bool) -> Op
     // one switch should not take a switch another job needs whole.
     let levels: [fn(&Candidate) -> u32; 3] = [|c| c.switch, |c| c.rack, |c| c.site];
     for level in levels {
-        let mut counts: FxMap<u32, usize> = FxMap::default();
-        for c in cands {
-            *counts.entry(level(c)).or_default() += 1;
-        }
-        let best = counts.iter().filter(|&(_, &k)| k >= n).min_by_key(|&(&g, &k)| (k, g)).map(|(&g, _)| g);
-        if let Some(g) = best {
+        if let Some(g) = Counts::of(cands, level).smallest_holding(n) {
             let group: Vec<Candidate> = cands.iter().copied().filter(|c| level(c) == g).collect();
             return Some(pack(&group, n));
         }
@@ -40,25 +35,66 @@ pub fn choose_nodes(cands: &[Candidate], n: usize, allow_multi_site: bool) -> Op
     if allow_multi_site { Some(pack(cands, n)) } else { None }
 }
 
+/// Candidates per group id at one level. The pass interns sites, racks and switches densely, so a table indexed
+/// by id is the common case (a hash map per level was most of a multi-node start at 10k nodes); ids much larger
+/// than the candidate count fall back to a map.
+enum Counts {
+    Dense(Vec<u32>),
+    Sparse(FxMap<u32, u32>),
+}
+
+impl Counts {
+    fn of(cands: &[Candidate], level: fn(&Candidate) -> u32) -> Self {
+        let max = cands.iter().map(level).max().unwrap_or(0) as usize;
+        if max <= 4 * cands.len() + 1024 {
+            let mut dense = vec![0u32; max + 1];
+            for c in cands {
+                dense[level(c) as usize] += 1;
+            }
+            Counts::Dense(dense)
+        } else {
+            let mut sparse: FxMap<u32, u32> = FxMap::default();
+            for c in cands {
+                *sparse.entry(level(c)).or_default() += 1;
+            }
+            Counts::Sparse(sparse)
+        }
+    }
+
+    fn get(&self, g: u32) -> u32 {
+        match self {
+            Counts::Dense(d) => d[g as usize],
+            Counts::Sparse(m) => m[&g],
+        }
+    }
+
+    /// The group with the fewest candidates that still has `n`, the lower id among equals. (Count and id are
+    /// unique per group, so the answer does not depend on the order the groups are visited in.)
+    fn smallest_holding(&self, n: usize) -> Option<u32> {
+        let holds = |k: u32| k as usize >= n;
+        match self {
+            Counts::Dense(d) => {
+                d.iter().enumerate().filter(|&(_, &k)| holds(k)).min_by_key(|&(g, &k)| (k, g)).map(|(g, _)| g as u32)
+            }
+            Counts::Sparse(m) => m.iter().filter(|&(_, &k)| holds(k)).min_by_key(|&(&g, &k)| (k, g)).map(|(&g, _)| g),
+        }
+    }
+}
+
 /// Takes `n` nodes filling the biggest sites, racks and switches first (so the job spans as few as possible),
 /// best fit within a switch.
 fn pack(group: &[Candidate], n: usize) -> Vec<u32> {
-    let mut site_n: FxMap<u32, usize> = FxMap::default();
-    let mut rack_n: FxMap<u32, usize> = FxMap::default();
-    let mut switch_n: FxMap<u32, usize> = FxMap::default();
-    for c in group {
-        *site_n.entry(c.site).or_default() += 1;
-        *rack_n.entry(c.rack).or_default() += 1;
-        *switch_n.entry(c.switch).or_default() += 1;
-    }
+    let site_n = Counts::of(group, |c| c.site);
+    let rack_n = Counts::of(group, |c| c.rack);
+    let switch_n = Counts::of(group, |c| c.switch);
     let mut sorted = group.to_vec();
     sorted.sort_by_key(|c| {
         (
-            std::cmp::Reverse(site_n[&c.site]),
+            std::cmp::Reverse(site_n.get(c.site)),
             c.site,
-            std::cmp::Reverse(rack_n[&c.rack]),
+            std::cmp::Reverse(rack_n.get(c.rack)),
             c.rack,
-            std::cmp::Reverse(switch_n[&c.switch]),
+            std::cmp::Reverse(switch_n.get(c.switch)),
             c.switch,
             c.free,
             c.node,
@@ -111,6 +147,29 @@ mod tests {
         assert_eq!(choose_nodes(&cands, 4, false), Some(vec![8, 9, 10, 11]));
         // 6 nodes: no switch holds it; rack 0 (8 nodes) does: switch 1 whole, then one from switch 0.
         assert_eq!(choose_nodes(&cands, 6, false), Some(vec![3, 4, 5, 6, 7, 0]));
+    }
+
+    #[test]
+    fn large_group_ids_choose_as_small_ones() {
+        // The same topology with ids far beyond the candidate count (counted in a map, not a table).
+        let mut small = Vec::new();
+        for i in 0..40 {
+            small.push(c(i, i / 20, i / 10, i / 3, (i % 5) as i32));
+        }
+        let big: Vec<Candidate> = small
+            .iter()
+            .map(|x| Candidate {
+                site: x.site * 1_000_003,
+                rack: x.rack * 1_000_003,
+                switch: x.switch * 1_000_003,
+                ..*x
+            })
+            .collect();
+        for n in 2..=25 {
+            for multi in [false, true] {
+                assert_eq!(choose_nodes(&small, n, multi), choose_nodes(&big, n, multi), "n={n}");
+            }
+        }
     }
 
     #[test]

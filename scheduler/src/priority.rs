@@ -33,6 +33,22 @@ pub struct PriorityContext {
     pub max_qos_priority: u32,
 }
 
+/// What a job's own priority factors depend on, copied out of the [`PendingJob`] (so a pass can recompute a
+/// breakdown from a few packed fields instead of re-reading the whole, randomly placed job).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobFactors {
+    pub submit_s: u64,
+    pub total_gpus: u64,
+    pub time_limit_s: u64,
+    pub nice: i32,
+}
+
+impl JobFactors {
+    pub fn of(job: &PendingJob) -> Self {
+        Self { submit_s: job.submit_s, total_gpus: job.total_gpus(), time_limit_s: job.time_limit_s, nice: job.nice }
+    }
+}
+
 impl PriorityBreakdown {
     /// `fairshare` is the account's factor from the fair-share tree; `partition_tier` and `qos_priority` come
     /// from the job's partition and QOS.
@@ -44,14 +60,24 @@ impl PriorityBreakdown {
         partition_tier: u32,
         qos_priority: u32,
     ) -> Self {
+        Self::from_factors(&JobFactors::of(job), weights, ctx, fairshare, partition_tier, qos_priority)
+    }
+
+    /// [`Self::compute`] from the job's [`JobFactors`]: the same arithmetic, so the same bits.
+    #[inline]
+    pub fn from_factors(
+        job: &JobFactors,
+        weights: &PriorityWeights,
+        ctx: &PriorityContext,
+        fairshare: f64,
+        partition_tier: u32,
+        qos_priority: u32,
+    ) -> Self {
         let age_s = ctx.now_s.saturating_sub(job.submit_s);
         let age =
             if weights.max_age_s == 0 { 1.0 } else { (age_s.min(weights.max_age_s)) as f64 / weights.max_age_s as f64 };
-        let size = if ctx.total_gpus == 0 {
-            0.0
-        } else {
-            (job.total_gpus().min(ctx.total_gpus)) as f64 / ctx.total_gpus as f64
-        };
+        let size =
+            if ctx.total_gpus == 0 { 0.0 } else { (job.total_gpus.min(ctx.total_gpus)) as f64 / ctx.total_gpus as f64 };
         let job_size = if weights.favor_small { 1.0 - size } else { size };
         let partition = if ctx.max_partition_tier == 0 {
             0.0
@@ -61,14 +87,16 @@ impl PriorityBreakdown {
         let qos =
             if ctx.max_qos_priority == 0 { 0.0 } else { f64::from(qos_priority) / f64::from(ctx.max_qos_priority) };
         let fairshare = fairshare.clamp(0.0, 1.0);
-        let short = if weights.short == 0 { 0.0 } else { short_factor(job) };
+        let short = if weights.short == 0 { 0.0 } else { short_factor_of(job.total_gpus, job.time_limit_s) };
         let total = f64::from(weights.age) * age
             + f64::from(weights.short) * short
             + f64::from(weights.fairshare) * fairshare
             + f64::from(weights.job_size) * job_size
             + f64::from(weights.partition) * partition
             + f64::from(weights.qos) * qos;
-        let priority = (total.floor() as u64).saturating_add_signed(-i64::from(job.nice));
+        // Every term is >= 0 (or NaN, which both give 0), so truncating rounds down exactly like `floor`, which
+        // is a libm call on baseline x86-64 and a pass computes it twice per job.
+        let priority = (total as u64).saturating_add_signed(-i64::from(job.nice));
         Self { age, fairshare, job_size, partition, qos, short, nice: job.nice, priority }
     }
 }
@@ -78,7 +106,12 @@ impl PriorityBreakdown {
 /// max = [`SHORT_FACTOR_MAX_GPU_S`]. Logarithmic, so a 10-minute job is as far ahead of a 100-minute one as that is
 /// of a 1,000-minute one.
 pub fn short_factor(job: &PendingJob) -> f64 {
-    let area = job.total_gpus().max(1).saturating_mul(job.time_limit_s) as f64;
+    short_factor_of(job.total_gpus(), job.time_limit_s)
+}
+
+/// [`short_factor`] of a job asking for `total_gpus` GPUs for `time_limit_s`.
+pub fn short_factor_of(total_gpus: u64, time_limit_s: u64) -> f64 {
+    let area = total_gpus.max(1).saturating_mul(time_limit_s) as f64;
     let unit = SHORT_FACTOR_UNIT_GPU_S as f64;
     let f = 1.0 - (area / unit).ln_1p() / (SHORT_FACTOR_MAX_GPU_S as f64 / unit).ln_1p();
     f.clamp(0.0, 1.0)

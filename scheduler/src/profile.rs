@@ -30,6 +30,10 @@ impl Profile {
 
     /// Index of the step containing `t` (clamped to the first step for `t` before the origin).
     fn index_at(&self, t: u64) -> usize {
+        // Most queries of a pass are from its `now`, inside the first step: answered without the search.
+        if self.steps.get(1).is_none_or(|&(s, _)| s > t) {
+            return 0;
+        }
         // partition_point: first step strictly after t; the one before it contains t.
         self.steps.partition_point(|&(s, _)| s <= t).saturating_sub(1)
     }

@@ -780,11 +780,16 @@ impl<'a> Pass<'a> {
             let keep = 8 * want + 64;
             let spans = |o: &NodeOption| o.set.iter().any(|&v| pre.victims[v as usize].nodes.len() > 1);
             if options.len() > keep {
-                let (mut top, mut single): (Vec<NodeOption>, Vec<NodeOption>) =
-                    options.iter().cloned().partition(spans);
-                single.select_nth_unstable_by(keep, |a, b| (a.cost, a.node).cmp(&(b.cost, b.node)));
+                // Chosen by index and cloned after, not before: a 10k-node partition has thousands of options.
+                // (Each node has one option, so (cost, node) orders them totally and the kept set is unique.)
+                let (mut top, mut single): (Vec<usize>, Vec<usize>) =
+                    (0..options.len()).partition(|&k| spans(&options[k]));
+                single.select_nth_unstable_by(keep, |&a, &b| {
+                    (options[a].cost, options[a].node).cmp(&(options[b].cost, options[b].node))
+                });
                 single.truncate(keep);
                 top.extend(single);
+                let mut top: Vec<NodeOption> = top.into_iter().map(|k| options[k].clone()).collect();
                 top.sort_by_key(|o| o.node);
                 match self.cover(pre, who, (req, filter), window, free, top) {
                     Some(found) => found,
