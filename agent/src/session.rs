@@ -17,17 +17,36 @@ use crate::node::{AssignmentUpdate, NodeAgent, Timing};
 /// Messages queued towards the leader.
 const OUTBOX: usize = 1_024;
 const CONNECT_TIMEOUT_MS: u64 = 500;
-/// Pause between attempts once every controller was tried.
+/// Pause after the first round of attempts in which every controller was tried and none led; it doubles with each
+/// such round up to `RETRY_ROUND_MAX_MS`, and each pause is drawn in [half, whole] (see `run`).
 const RETRY_ROUND_MS: u64 = 100;
+const RETRY_ROUND_MAX_MS: u64 = 1_600;
 /// A leader that sent nothing, or renewed no lease, for this many heartbeat intervals is treated as gone.
 const SILENT_HEARTBEATS: u64 = 3;
 /// Heartbeats remembered while their answers are outstanding.
 const MAX_IN_FLIGHT: usize = 64;
+/// After a session with a leader ends, the agent waits a random pause below this (and below one heartbeat)
+/// before it looks for the next leader: when a leader dies, every node in the cluster loses it in the same
+/// millisecond, and 10,000 mutual-TLS handshakes at once would land on the survivors together. Half a second
+/// spreads them while leaving the 5 s lease most of its length (a failover takes about 0.4 s).
+const RECONNECT_JITTER_MAX_MS: u64 = 500;
 
 enum Ended {
     /// A follower named the leader.
     Redirect(String),
+    /// No session was established.
     Failed(String),
+    /// A session with a leader was established and then ended.
+    Lost,
+}
+
+/// A pause in [0, bound) ms, different on every node and every call (std's hasher keys are random per instance).
+fn jitter(bound_ms: u64) -> Duration {
+    use std::hash::BuildHasher;
+    if bound_ms == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_millis(std::hash::RandomState::new().hash_one(Instant::now()) % bound_ms)
 }
 
 /// Runs sessions forever, moving between controllers.
@@ -36,6 +55,11 @@ pub async fn run(agent: Arc<NodeAgent>) {
     let mut next = 0usize;
     let mut redirect: Option<String> = None;
     let mut failures_in_row = 0usize;
+    // Rounds in a row in which no controller led: during an election every node of the cluster asks every
+    // survivor, each ask a mutual-TLS handshake, and a fixed 100 ms retry made 10 handshakes per second per node
+    // on the very replicas that were electing (at 500 nodes it delayed the election by seconds). Backing off,
+    // with jitter, keeps the asks to a few per node per election.
+    let mut empty_rounds = 0u32;
     loop {
         let addr = redirect.take().unwrap_or_else(|| {
             next += 1;
@@ -47,13 +71,20 @@ pub async fn run(agent: Arc<NodeAgent>) {
                 redirect = Some(leader);
                 failures_in_row = 0;
             }
+            Ended::Lost => {
+                failures_in_row = 0;
+                empty_rounds = 0;
+                tokio::time::sleep(jitter(RECONNECT_JITTER_MAX_MS.min(agent.timing().heartbeat_ms))).await;
+            }
             Ended::Failed(why) => {
                 failures_in_row += 1;
                 if failures_in_row % 50 == 1 {
                     tracing::info!(%addr, "no session with the leader: {why}");
                 }
                 if failures_in_row.is_multiple_of(controllers.len()) {
-                    tokio::time::sleep(Duration::from_millis(RETRY_ROUND_MS)).await;
+                    let round_ms = (RETRY_ROUND_MS << empty_rounds.min(8)).min(RETRY_ROUND_MAX_MS);
+                    empty_rounds += 1;
+                    tokio::time::sleep(Duration::from_millis(round_ms / 2) + jitter(round_ms / 2 + 1)).await;
                 }
             }
         }
@@ -177,6 +208,7 @@ async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
     if welcomed {
         agent.disconnected();
         tracing::info!("{why}; looking for the leader");
+        return Ended::Lost;
     }
     Ended::Failed(why)
 }
