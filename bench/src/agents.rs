@@ -31,6 +31,8 @@ const NO_PROGRESS_S: u64 = 60;
 /// Simulated agents registering at once: each registration is one Raft commit, and a thundering herd of 2,000
 /// would measure the ramp, not the steady state.
 const RAMP_CONCURRENCY: usize = 64;
+/// Reconnections in progress at once (each is a TCP connection, a TLS handshake and a registration).
+const RECONNECT_CONCURRENCY: usize = 2_048;
 /// Attempts to open one simulated session (a redirect to the leader counts as one).
 const OPEN_ATTEMPTS: u32 = 5;
 /// One attempt to connect and register may take this long (the registration waits for its commit).
@@ -213,8 +215,10 @@ struct Sim {
     /// Agent i beats at `epoch + i/N` of an interval, so the load is spread evenly over each interval.
     epoch: Instant,
     agents: usize,
-    /// Bounds sessions being opened at once, for the first registration and for reconnections alike.
+    /// Bounds sessions being opened at once for the first registration ...
     ramp: tokio::sync::Semaphore,
+    /// ... and for reconnections.
+    reconnect: tokio::sync::Semaphore,
     registered: AtomicUsize,
     /// Agents that never registered, or gave up reconnecting.
     failed: AtomicUsize,
@@ -230,6 +234,18 @@ struct Sim {
     /// Heartbeat → `Alive` round trip (µs).
     round_trip: Mutex<Histogram<u64>>,
     first_error: Mutex<Option<String>>,
+    /// Leases that ran out before the next renewal arrived: a real agent kills its node's tasks then (its lease
+    /// file stops every supervisor), so each one is a fenced node, counted rather than hidden.
+    fenced: AtomicU64,
+    /// Reconnections start after a uniformly random pause below this (ms), as a real agent's do.
+    reconnect_jitter_ms: u64,
+    /// The leader kill in progress (0: none yet), bumped just before each SIGKILL, and when it happened.
+    round: AtomicU64,
+    killed_at: Mutex<Option<Instant>>,
+    /// Per kill: (round, time from the kill until the agent's lease was renewed by the new leader).
+    renewals: Mutex<Vec<(u64, Duration)>>,
+    /// Per kill: (round, time from the kill until a session was opened again): the reconnect storm's shape.
+    reopened: Mutex<Vec<(u64, Duration)>>,
 }
 
 impl Sim {
@@ -240,6 +256,55 @@ impl Sim {
     fn first_error(&self) -> Option<String> {
         self.first_error.lock().expect("first_error poisoned").clone()
     }
+
+    /// The kill in progress, if `at` (a session's opening, a renewal) came after it.
+    fn round_after(&self, at: Instant) -> Option<(u64, Duration)> {
+        let round = self.round.load(Ordering::Acquire);
+        let killed_at = (*self.killed_at.lock().expect("killed_at poisoned"))?;
+        (round > 0 && at >= killed_at).then(|| (round, at - killed_at))
+    }
+}
+
+/// One simulated agent's lease, kept across its sessions as the real agent keeps it in its state directory.
+#[derive(Default)]
+struct SimLease {
+    /// When the lease runs out: a renewal runs from when the heartbeat it answers was sent.
+    until: Option<Instant>,
+    /// The last kill after which this agent's lease was renewed (each is counted once).
+    renewed_round: u64,
+}
+
+impl SimLease {
+    /// A `Lease` answering a heartbeat sent at `sent` arrived now on a session opened at `opened`.
+    fn renew(&mut self, sim: &Sim, sent: Instant, lease_ms: u64, opened: Instant) {
+        let now = Instant::now();
+        if self.until.is_some_and(|until| now > until) {
+            sim.fenced.fetch_add(1, Ordering::Relaxed);
+        }
+        let until = sent + Duration::from_millis(lease_ms);
+        self.until = Some(self.until.map_or(until, |u| u.max(until)));
+        // Only a session opened after the kill speaks for the new leader (an answer in flight from the old one
+        // proves nothing).
+        if let Some((round, _)) = sim.round_after(opened)
+            && round > self.renewed_round
+            && let Some((_, since_kill)) = sim.round_after(now)
+        {
+            self.renewed_round = round;
+            sim.renewals.lock().expect("renewals poisoned").push((round, since_kill));
+        }
+    }
+}
+
+/// A pause in [0, bound) ms that differs between agents and between their attempts (no RNG needed: a hash).
+fn jitter(i: usize, attempt: u64, bound_ms: u64) -> Duration {
+    if bound_ms == 0 {
+        return Duration::ZERO;
+    }
+    let mut x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ attempt.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 31;
+    x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^= x >> 29;
+    Duration::from_millis(x % bound_ms)
 }
 
 fn sim_node(i: usize) -> NodeInfo {
@@ -301,10 +366,27 @@ async fn open_session(tls: &ClientTls, addr: &str, info: &NodeInfo) -> Result<Si
 }
 
 /// Opens a session within the ramp's bound: the leader first, following its hints, then every controller in turn.
-async fn open_bounded(sim: &Sim, tls: &ClientTls, addr: &mut String, info: &NodeInfo) -> anyhow::Result<SimSession> {
-    let _permit = sim.ramp.acquire().await.expect("the ramp semaphore is never closed");
+async fn open_bounded(
+    sim: &Sim,
+    tls: &ClientTls,
+    addr: &mut String,
+    (i, info): (usize, &NodeInfo),
+    again: bool,
+) -> anyhow::Result<SimSession> {
+    // The first registrations go through the ramp; reconnections model separate hosts, bounded only so that
+    // this one process does not hold more handshakes than it can drive.
+    let bound = if again { &sim.reconnect } else { &sim.ramp };
+    let _permit = bound.acquire().await.expect("the semaphores are never closed");
     let mut last = String::new();
-    for attempt in 0..OPEN_ATTEMPTS {
+    // A reconnection retries as the real agent does (agent/src/session.rs): every controller in turn, and after a
+    // round with no leader a pause that doubles from 100 ms to 1.6 s, drawn in [half, whole]; it never gives up
+    // within the bench's 60 s. The first registration gives up after OPEN_ATTEMPTS.
+    let (attempts, started) = (if again { u32::MAX } else { OPEN_ATTEMPTS }, Instant::now());
+    let (mut failures, mut empty_rounds) = (0usize, 0u32);
+    for attempt in 0..attempts {
+        if again && started.elapsed() > Duration::from_secs(60) {
+            break;
+        }
         match tokio::time::timeout(Duration::from_secs(OPEN_TIMEOUT_S), open_session(tls, addr, info)).await {
             Ok(Ok(session)) => return Ok(session),
             Ok(Err(Open::Redirect(leader))) => *addr = leader,
@@ -312,7 +394,17 @@ async fn open_bounded(sim: &Sim, tls: &ClientTls, addr: &mut String, info: &Node
                 last = why;
                 let next = sim.controllers.iter().position(|c| c == addr).map_or(0, |p| p + 1);
                 *addr = sim.controllers[next % sim.controllers.len()].clone();
-                tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                if !again {
+                    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                    continue;
+                }
+                failures += 1;
+                if failures.is_multiple_of(sim.controllers.len()) {
+                    let round_ms = (100u64 << empty_rounds.min(8)).min(1_600);
+                    empty_rounds += 1;
+                    let pause = Duration::from_millis(round_ms / 2) + jitter(i, u64::from(attempt), round_ms / 2 + 1);
+                    tokio::time::sleep(pause).await;
+                }
             }
             Err(_) => last = format!("{addr}: no answer to the registration within {OPEN_TIMEOUT_S} s"),
         }
@@ -337,10 +429,21 @@ async fn sim_agent(sim: Arc<Sim>, i: usize, mut stop: tokio::sync::watch::Receiv
     };
     let mut addr = sim.controllers[0].clone();
     let mut registered = false;
+    let mut lease = SimLease::default();
+    let mut sessions = 0u64;
     loop {
+        if registered {
+            // As a real agent: a pause with jitter, so that thousands of agents losing their leader at once do
+            // not all knock on the next one in the same millisecond.
+            tokio::select! {
+                _ = stop.changed() => return,
+                _ = tokio::time::sleep(jitter(i, sessions, sim.reconnect_jitter_ms)) => {}
+            }
+        }
+        sessions += 1;
         let opened = tokio::select! {
             _ = stop.changed() => return,
-            opened = open_bounded(&sim, &tls, &mut addr, &info) => opened,
+            opened = open_bounded(&sim, &tls, &mut addr, (i, &info), registered) => opened,
         };
         let (_client, tx, inbound) = match opened {
             Ok(session) => session,
@@ -350,14 +453,24 @@ async fn sim_agent(sim: Arc<Sim>, i: usize, mut stop: tokio::sync::watch::Receiv
                 return;
             }
         };
+        let opened_at = Instant::now();
         if registered {
             sim.reconnected.fetch_add(1, Ordering::Relaxed);
+            if let Some(reopened) = sim.round_after(opened_at) {
+                sim.reopened.lock().expect("reopened poisoned").push(reopened);
+            }
         } else {
             registered = true;
             sim.registered.fetch_add(1, Ordering::Relaxed);
         }
-        match beat(&sim, i, tx, inbound, &mut stop).await {
-            None => return,
+        match beat(&sim, i, (tx, inbound, opened_at), &mut lease, &mut stop).await {
+            None => {
+                // The bench ends: a lease already run out by now was never renewed.
+                if lease.until.is_some_and(|until| Instant::now() > until) {
+                    sim.fenced.fetch_add(1, Ordering::Relaxed);
+                }
+                return;
+            }
             Some(why) => {
                 sim.lost.fetch_add(1, Ordering::Relaxed);
                 sim.note_error(format!("{}: {why}", info.name));
@@ -370,8 +483,8 @@ async fn sim_agent(sim: Arc<Sim>, i: usize, mut stop: tokio::sync::watch::Receiv
 async fn beat(
     sim: &Sim,
     i: usize,
-    tx: tokio::sync::mpsc::Sender<AgentEnvelope>,
-    mut inbound: Streaming<ControllerEnvelope>,
+    (tx, mut inbound, opened): (tokio::sync::mpsc::Sender<AgentEnvelope>, Streaming<ControllerEnvelope>, Instant),
+    lease: &mut SimLease,
     stop: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Option<String> {
     // The first beat is this agent's next slot on the shared schedule.
@@ -379,10 +492,14 @@ async fn beat(
     let behind = Instant::now().saturating_duration_since(phase).as_nanos();
     let period = sim.heartbeat.as_nanos().max(1);
     let first = phase + Duration::from_nanos((behind.div_ceil(period) * period) as u64);
+    // A session opened again beats at once, as the real agent's does (its ticker's first tick is immediate):
+    // the lease is renewed as soon as the new leader can, not at the agent's next slot.
+    let first = if lease.until.is_some() { Instant::now() } else { first };
     let mut ticker = tokio::time::interval_at(first.into(), sim.heartbeat);
     // A stalled bench process must not make up for lost time with a burst the leader never sees in reality.
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut in_flight: VecDeque<Instant> = VecDeque::with_capacity(SIM_IN_FLIGHT);
+    // (seq, sent) of the heartbeats awaiting their answer: a refused lease has none, so answers match by seq.
+    let mut in_flight: VecDeque<(u64, Instant)> = VecDeque::with_capacity(SIM_IN_FLIGHT);
     let mut seq = 0u64;
     loop {
         tokio::select! {
@@ -400,9 +517,10 @@ async fn beat(
                 });
                 if tx.try_send(heartbeat).is_ok() {
                     sim.heartbeats.fetch_add(1, Ordering::Relaxed);
-                    if in_flight.len() < SIM_IN_FLIGHT {
-                        in_flight.push_back(Instant::now());
+                    if in_flight.len() == SIM_IN_FLIGHT {
+                        in_flight.pop_front();
                     }
+                    in_flight.push_back((seq, Instant::now()));
                 } else {
                     sim.outbox_full.fetch_add(1, Ordering::Relaxed);
                 }
@@ -410,13 +528,17 @@ async fn beat(
             message = inbound.message() => {
                 let why = match message {
                     Ok(Some(envelope)) => match decode::<ControllerMessage>(&envelope.json) {
-                        Ok(ControllerMessage::Lease { .. }) => {
+                        Ok(ControllerMessage::Lease { seq: answered, lease_ms, .. }) => {
                             sim.alive.fetch_add(1, Ordering::Relaxed);
-                            if let Some(sent) = in_flight.pop_front()
-                                && sim.measuring.load(Ordering::Relaxed)
-                            {
-                                let us = sent.elapsed().as_micros() as u64;
-                                let _ = sim.round_trip.lock().expect("round_trip poisoned").record(us.max(1));
+                            while in_flight.front().is_some_and(|(s, _)| *s < answered) {
+                                in_flight.pop_front();
+                            }
+                            if let Some((_, sent)) = in_flight.pop_front().filter(|(s, _)| *s == answered) {
+                                lease.renew(sim, sent, lease_ms, opened);
+                                if sim.measuring.load(Ordering::Relaxed) {
+                                    let us = sent.elapsed().as_micros() as u64;
+                                    let _ = sim.round_trip.lock().expect("round_trip poisoned").record(us.max(1));
+                                }
                             }
                             continue;
                         }
@@ -433,30 +555,81 @@ async fn beat(
     }
 }
 
-pub async fn heartbeats(agents: usize, heartbeat_ms: u64, duration_s: u64, dir: PathBuf) -> anyhow::Result<()> {
-    if agents == 0 || heartbeat_ms == 0 || duration_s == 0 {
-        bail!("--agents, --heartbeat-ms and --duration-s must be at least 1");
+/// `drover-bench heartbeats`: simulated agents (each its own mTLS connection and certificate, a real lease that
+/// fences as the agent's does) heartbeating on one leader; optionally one long 8-GPU job per node, and leader
+/// kills under submission load with every lease's renewal timed.
+#[derive(clap::Args)]
+pub struct HeartbeatArgs {
+    #[arg(long, default_value_t = 2_000)]
+    agents: usize,
+    #[arg(long, default_value_t = 5_000)]
+    heartbeat_ms: u64,
+    /// The measured window (leader CPU per heartbeat).
+    #[arg(long, default_value_t = 60)]
+    duration_s: u64,
+    /// Controller replicas.
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
+    /// The agents' lease (`fence_after_ms`); default: the production 5 s, or 3 heartbeats when that is longer.
+    #[arg(long)]
+    fence_after_ms: Option<u64>,
+    /// `node_timeout_ms`; default: the production 8 s, or the lease plus a heartbeat when that is longer.
+    #[arg(long)]
+    node_timeout_ms: Option<u64>,
+    /// Give every node one running 8-GPU job before the window (nothing runs it: the simulated agents hold
+    /// their assignments, so a node declared down shows as a requeued job).
+    #[arg(long)]
+    jobs: bool,
+    /// After the window, SIGKILL the leader this many times under submission load, each time timing until every
+    /// agent's lease is renewed by the new leader.
+    #[arg(long, default_value_t = 0)]
+    kills: usize,
+    /// Clients submitting throughout the kills.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Each simulated agent waits a random pause below this before reconnecting (ms); the real agent's bound is
+    /// 500 ms (or one heartbeat, if shorter).
+    #[arg(long, default_value_t = 500)]
+    reconnect_jitter_ms: u64,
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+pub async fn heartbeats(args: HeartbeatArgs, dir: PathBuf) -> anyhow::Result<()> {
+    let HeartbeatArgs { agents, heartbeat_ms, duration_s, .. } = args;
+    if agents == 0 || heartbeat_ms == 0 || duration_s == 0 || args.replicas == 0 {
+        bail!("--agents, --heartbeat-ms, --duration-s and --replicas must be at least 1");
     }
     let nofile = raise_nofile(65_536.max(agents as libc::rlim_t * 2 + 4_096));
     if nofile < agents as libc::rlim_t + 1_024 {
         bail!("the open-file limit is {nofile} (hard limit); {agents} simulated agents need about {}", agents + 1_024);
     }
+    let fence_after_ms = args.fence_after_ms.unwrap_or((3 * heartbeat_ms).max(5_000));
+    let node_timeout_ms = args.node_timeout_ms.unwrap_or((fence_after_ms + heartbeat_ms).max(8_000));
+    if node_timeout_ms <= fence_after_ms {
+        bail!(
+            "--node-timeout-ms must be longer than the lease (--fence-after-ms), or a node is declared down while its jobs may run"
+        );
+    }
     let options = UpOptions {
+        controllers: args.replicas,
         agents: 0,
         agent_heartbeat_ms: heartbeat_ms,
-        agent_fence_after_ms: 3 * heartbeat_ms,
-        node_timeout_ms: 3 * heartbeat_ms + heartbeat_ms.max(500),
+        agent_fence_after_ms: fence_after_ms,
+        node_timeout_ms,
         ..UpOptions::default()
     };
-    let cluster = LocalCluster::up(&dir, options)?;
+    let mut cluster = LocalCluster::up(&dir, options)?;
     let first_leader = cluster.wait_ready(Duration::from_secs(30)).await?;
-    let client = cluster.client()?;
+    let client = Arc::new(cluster.client()?);
     let (_, leader_addr, log_before_ramp) = leader_of(&client).await?;
     let mut controllers: Vec<String> = cluster.addresses().split(',').map(str::to_string).collect();
     controllers.sort_by_key(|a| *a != leader_addr);
     println!(
-        "bench heartbeats: {agents} simulated agents, one heartbeat every {heartbeat_ms} ms each, {duration_s} s \
-         window; leader replica {first_leader}; open-file limit {nofile}"
+        "bench heartbeats: {agents} simulated agents, one heartbeat every {heartbeat_ms} ms each, lease \
+         {fence_after_ms} ms, node timeout {node_timeout_ms} ms, {} replicas, {duration_s} s window; leader replica \
+         {first_leader}; open-file limit {nofile}",
+        args.replicas
     );
 
     let sim = Arc::new(Sim {
@@ -466,6 +639,7 @@ pub async fn heartbeats(agents: usize, heartbeat_ms: u64, duration_s: u64, dir: 
         epoch: Instant::now(),
         agents,
         ramp: tokio::sync::Semaphore::new(RAMP_CONCURRENCY),
+        reconnect: tokio::sync::Semaphore::new(RECONNECT_CONCURRENCY),
         registered: AtomicUsize::new(0),
         failed: AtomicUsize::new(0),
         lost: AtomicUsize::new(0),
@@ -476,6 +650,12 @@ pub async fn heartbeats(agents: usize, heartbeat_ms: u64, duration_s: u64, dir: 
         measuring: AtomicBool::new(false),
         round_trip: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds")),
         first_error: Mutex::new(None),
+        fenced: AtomicU64::new(0),
+        reconnect_jitter_ms: args.reconnect_jitter_ms,
+        round: AtomicU64::new(0),
+        killed_at: Mutex::new(None),
+        renewals: Mutex::new(Vec::new()),
+        reopened: Mutex::new(Vec::new()),
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let ramp_start = Instant::now();
@@ -499,6 +679,7 @@ pub async fn heartbeats(agents: usize, heartbeat_ms: u64, duration_s: u64, dir: 
     if registered == 0 {
         bail!("no simulated agent registered; see the controller logs in {}", cluster.dir.display());
     }
+    let job_ids = if args.jobs { one_job_per_node(&client, &cluster, registered).await? } else { BTreeMap::new() };
 
     tokio::time::sleep(2 * sim.heartbeat).await;
     // The leader now, which is the one measured (a change during the ramp is reported above).
@@ -511,13 +692,180 @@ pub async fn heartbeats(agents: usize, heartbeat_ms: u64, duration_s: u64, dir: 
     let up = nodes.iter().filter(|n| names.contains(&n.info.name) && n.health == NodeHealth::Up).count();
     let log_entries = log_after as i64 - log_before as i64;
     print_window(&sim, &m, (leader, leader_after), (registered, agents, up), (heartbeat_ms, log_entries));
+    if args.kills > 0 {
+        failovers(&sim, &mut cluster, &client, (args.kills, args.clients), registered, (fence_after_ms, &names))
+            .await?;
+    }
+    if args.jobs {
+        print_jobs(&client, &job_ids).await?;
+    }
 
     let _ = stop_tx.send(true);
     let deadline = Instant::now() + Duration::from_secs(10);
     for task in tasks {
         let _ = tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), task).await;
     }
+    println!(
+        "leases: {} ran out before their renewal (each would have fenced its node's jobs)",
+        sim.fenced.load(Ordering::Relaxed)
+    );
     drop(cluster);
+    Ok(())
+}
+
+/// Submits one long 8-GPU job per simulated node and waits until every one runs.
+async fn one_job_per_node(
+    client: &Arc<Client>,
+    cluster: &LocalCluster,
+    nodes: usize,
+) -> anyhow::Result<BTreeMap<u64, u64>> {
+    let work_dir = cluster.dir.join("work");
+    std::fs::create_dir_all(&work_dir)?;
+    let spec = JobSpec { gpus_per_node: 8, name: "long".into(), ..true_job(&work_dir) };
+    let started = Instant::now();
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..16.min(nodes) {
+        let (client, next, spec) = (client.clone(), next.clone(), spec.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            while next.fetch_add(1, Ordering::Relaxed) < nodes {
+                ids.push(client.submit(&spec).await?);
+            }
+            anyhow::Ok(ids)
+        }));
+    }
+    let mut ids = Vec::with_capacity(nodes);
+    for t in tasks {
+        ids.extend(t.await??);
+    }
+    let ours: HashSet<u64> = ids.iter().copied().collect();
+    loop {
+        let status = client.cluster_status().await?;
+        if status.running_jobs as usize >= nodes {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(300) {
+            bail!("{} of {nodes} jobs running after 300 s", status.running_jobs);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "jobs: {nodes} 8-GPU jobs submitted and running on {nodes} nodes in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    // Each job's incarnation now: a requeue later shows as a higher one.
+    let (jobs, _) = client.list_jobs(&JobFilter { include_finished: true, limit: 0, ..Default::default() }).await?;
+    Ok(jobs.iter().filter(|j| ours.contains(&j.id)).map(|j| (j.id, j.incarnation)).collect())
+}
+
+/// Whether every long job still runs in its first incarnation: a node declared down, or a fenced one reported
+/// as failed, shows here as a requeue.
+async fn print_jobs(client: &Client, started: &BTreeMap<u64, u64>) -> anyhow::Result<()> {
+    let (jobs, _) = client.list_jobs(&JobFilter { include_finished: true, limit: 0, ..Default::default() }).await?;
+    let mine: Vec<_> = jobs.iter().filter(|j| started.contains_key(&j.id)).collect();
+    let first = |j: &&drover_state::Job| started.get(&j.id) == Some(&j.incarnation);
+    let running_first = mine.iter().filter(|j| j.state == JobState::Running && first(j)).count();
+    let restarted = mine.iter().filter(|j| !first(j)).count();
+    println!(
+        "long jobs: {running_first} of {} running in their first incarnation, {restarted} restarted, {} missing",
+        started.len(),
+        started.len() - mine.len()
+    );
+    Ok(())
+}
+
+/// SIGKILLs the leader `kills` times under `clients` submitting, each time once every agent's lease was renewed
+/// after the previous kill; prints per kill the renewals (p50/p99/max from the kill), the reconnect storm's peak,
+/// and at the end the nodes declared down and the leases that ran out.
+async fn failovers(
+    sim: &Arc<Sim>,
+    cluster: &mut LocalCluster,
+    client: &Arc<Client>,
+    (kills, clients): (usize, usize),
+    registered: usize,
+    (fence_after_ms, names): (u64, &HashSet<String>),
+) -> anyhow::Result<()> {
+    let fenced_before = sim.fenced.load(Ordering::Relaxed);
+    let on_kill = {
+        let sim = sim.clone();
+        move || {
+            *sim.killed_at.lock().expect("killed_at poisoned") = Some(Instant::now());
+            sim.round.fetch_add(1, Ordering::Release);
+        }
+    };
+    // Between kills: until every agent renewed after the last one (or the lease's length twice over, when some
+    // never do: those are counted), then until every replica is back in a settled cluster (a leader killed while
+    // the last one's replacement is still catching up leaves no quorum, which is another drill), then a heartbeat
+    // more.
+    let wait_renewed = {
+        let (sim, client) = (sim.clone(), client.clone());
+        move || -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+            let (sim, client) = (sim.clone(), client.clone());
+            Box::pin(async move {
+                let round = sim.round.load(Ordering::Acquire);
+                let waited = Instant::now();
+                while waited.elapsed() < Duration::from_millis(2 * fence_after_ms + 10_000) {
+                    let renewed =
+                        sim.renewals.lock().expect("renewals poisoned").iter().filter(|(r, _)| *r == round).count();
+                    if round == 0 || renewed >= registered {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let settling = Instant::now();
+                while settling.elapsed() < Duration::from_secs(60) {
+                    if let Ok(status) = client.cluster_status().await
+                        && status.replicas.iter().all(|r| drover_testkit::local::rejoined(&status, r.id, 10))
+                    {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                tokio::time::sleep(sim.heartbeat).await;
+            })
+        }
+    };
+    let faults = vec![crate::Fault::Leader; kills];
+    let hooks = crate::KillHooks { on_kill: &on_kill, before_kill: &wait_renewed };
+    let result = crate::kill_under_load(cluster, client.clone(), clients, &faults, Duration::ZERO, &[], hooks).await?;
+    wait_renewed().await;
+    let renewals = sim.renewals.lock().expect("renewals poisoned").clone();
+    let reopened = sim.reopened.lock().expect("reopened poisoned").clone();
+    let mut worst = Duration::ZERO;
+    for (round, r) in result.rounds.iter().enumerate() {
+        let round = round as u64 + 1;
+        let times: Vec<Duration> = renewals.iter().filter(|(n, _)| *n == round).map(|(_, d)| *d).collect();
+        worst = worst.max(times.iter().copied().max().unwrap_or_default());
+        // The storm: sessions opened per 100 ms after the kill, at its busiest.
+        let mut per_slot: BTreeMap<u128, usize> = BTreeMap::new();
+        for (_, d) in reopened.iter().filter(|(n, _)| *n == round) {
+            *per_slot.entry(d.as_millis() / 100).or_default() += 1;
+        }
+        let peak = per_slot.values().max().copied().unwrap_or(0);
+        println!(
+            "kill {round:>2}: leader {} -> {}; next ack {:.0} ms; leases renewed {} of {registered}: p50 {:.0} ms, p99 \
+             {:.0} ms, max {:.0} ms after the kill; reconnect peak {} sessions/s",
+            r.leader_before,
+            r.leader_after,
+            r.gap.as_secs_f64() * 1e3,
+            times.len(),
+            crate::percentile_ms(&times, 0.5),
+            crate::percentile_ms(&times, 0.99),
+            crate::percentile_ms(&times, 1.0),
+            peak * 10,
+        );
+    }
+    let nodes = client.list_nodes(false).await?;
+    let down = nodes.iter().filter(|n| names.contains(&n.info.name) && n.health != NodeHealth::Up).count();
+    println!(
+        "failover: {kills} leader kills with {registered} agents: every lease renewed within {:.0} ms of its kill \
+         (lease {fence_after_ms} ms); {} leases ran out; {down} nodes not Up; submissions {} acknowledged, {} lost",
+        worst.as_secs_f64() * 1e3,
+        sim.fenced.load(Ordering::Relaxed) - fenced_before,
+        result.acknowledged,
+        result.lost,
+    );
     Ok(())
 }
 

@@ -110,16 +110,7 @@ enum BenchCmd {
     Containers(containers::ContainersArgs),
     /// Heartbeat load: N simulated agents heartbeating on one leader; leader CPU and Raft log growth (zero
     /// expected from heartbeats).
-    Heartbeats {
-        #[arg(long, default_value_t = 2_000)]
-        agents: usize,
-        #[arg(long, default_value_t = 5_000)]
-        heartbeat_ms: u64,
-        #[arg(long, default_value_t = 60)]
-        duration_s: u64,
-        #[arg(long)]
-        dir: Option<PathBuf>,
-    },
+    Heartbeats(bench_agents::HeartbeatArgs),
     /// ETTR of Llama 3 405B's 54-day run (Meta's published failures), simulated under Drover's recovery and under
     /// Slurm's defaults: GPU-hours lost per root cause. Deterministic per seed; starts no cluster.
     Ettr(ettr::EttrArgs),
@@ -156,8 +147,9 @@ fn run(cmd: BenchCmd) -> anyhow::Result<()> {
                 sites::sites(args, dir).await
             }
             BenchCmd::Containers(args) => containers::containers(args).await,
-            BenchCmd::Heartbeats { agents, heartbeat_ms, duration_s, dir } => {
-                bench_agents::heartbeats(agents, heartbeat_ms, duration_s, bench_dir(dir, "heartbeats")).await
+            BenchCmd::Heartbeats(args) => {
+                let dir = bench_dir(args.dir.clone(), "heartbeats");
+                bench_agents::heartbeats(args, dir).await
             }
             BenchCmd::Ettr(args) => ettr::ettr(&args),
             BenchCmd::Recovery(args) => {
@@ -251,7 +243,9 @@ async fn failover(kills: usize, clients: usize, dir: PathBuf) -> anyhow::Result<
     cluster.wait_ready(Duration::from_secs(30)).await?;
     let client = Arc::new(cluster.client()?);
     let faults = vec![Fault::Leader; kills];
-    let result = kill_under_load(&mut cluster, client, clients, &faults, Duration::from_millis(700), &[]).await?;
+    let result =
+        kill_under_load(&mut cluster, client, clients, &faults, Duration::from_millis(700), &[], KillHooks::none())
+            .await?;
     let gaps = result.gaps();
     println!(
         "failover: {kills} kills, {clients} clients: next ack p50={:.0} ms p99={:.0} ms max={:.0} ms; acknowledged={} lost={} duplicate_ids={}",
@@ -306,6 +300,23 @@ pub(crate) fn percentile_ms(values: &[Duration], q: f64) -> f64 {
     sorted[((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1].as_secs_f64() * 1e3
 }
 
+/// What a bench does around each kill of [`kill_under_load`]: `before_kill` is awaited after the settle (e.g. until
+/// every simulated agent renewed its lease), `on_kill` runs just before the SIGKILL.
+pub(crate) struct KillHooks<'a> {
+    pub on_kill: &'a (dyn Fn() + Sync),
+    pub before_kill: &'a (dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Sync),
+}
+
+impl KillHooks<'static> {
+    pub fn none() -> Self {
+        fn nothing() {}
+        fn ready() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+            Box::pin(async {})
+        }
+        KillHooks { on_kill: &nothing, before_kill: &ready }
+    }
+}
+
 /// `clients` submit loops run while each fault in turn SIGKILLs replicas (after `settle`, once a leader serves,
 /// one of `leaders` when given and it happens within 15 s), waits for the first acknowledged submission sent
 /// after the kill, and restarts them. At the end every acknowledged job must still be listed.
@@ -316,6 +327,7 @@ pub(crate) async fn kill_under_load(
     faults: &[Fault],
     settle: Duration,
     leaders: &[u64],
+    hooks: KillHooks<'_>,
 ) -> anyhow::Result<KillResult> {
     let stop = Arc::new(AtomicBool::new(false));
     // (sent, acknowledged) per successful submission.
@@ -339,6 +351,7 @@ pub(crate) async fn kill_under_load(
     let mut rounds = Vec::new();
     for (round, fault) in faults.iter().enumerate() {
         tokio::time::sleep(settle).await;
+        (hooks.before_kill)().await;
         let mut leader = cluster.wait_ready(Duration::from_secs(30)).await?;
         let waiting = Instant::now();
         while !leaders.is_empty() && !leaders.contains(&leader) && waiting.elapsed() < Duration::from_secs(15) {
@@ -349,6 +362,7 @@ pub(crate) async fn kill_under_load(
             Fault::Leader => vec![leader],
             Fault::Replicas(ids) => ids.clone(),
         };
+        (hooks.on_kill)();
         let killed_at = Instant::now();
         for id in &killed {
             cluster.kill(*id)?;

@@ -11,7 +11,7 @@ use drover_testkit::local::{LocalCluster, UpOptions, trivial_spec};
 use hdrhistogram::Histogram;
 
 use crate::wan::{Route, Wan};
-use crate::{Fault, KillResult, kill_under_load, percentile_ms};
+use crate::{Fault, KillHooks, KillResult, kill_under_load, percentile_ms};
 
 /// The site of replica `id` (1-based): two at a, two at b, one at c. Any one site holds at most two of the five,
 /// so the other three are a quorum.
@@ -176,7 +176,9 @@ pub async fn sites(args: SitesArgs, dir: PathBuf) -> anyhow::Result<()> {
     let mut faults = vec![Fault::Leader; args.kills];
     faults.extend(lose.iter().map(|site| Fault::Replicas(site_replicas(site))));
     let settle = Duration::from_millis(1_500);
-    let result = kill_under_load(&mut cluster, client.clone(), args.clients, &faults, settle, &preferred).await?;
+    let result =
+        kill_under_load(&mut cluster, client.clone(), args.clients, &faults, settle, &preferred, KillHooks::none())
+            .await?;
     print_rounds(&result, &args, &lose);
     println!(
         "acknowledged={} lost={} duplicate_ids={}; elections in all: term {term_before} -> {}",
