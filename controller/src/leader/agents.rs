@@ -519,6 +519,11 @@ impl AgentHub {
                 ));
             }
         }
+        // Heard now, before the registration commits: the liveness scan judges an Up node with no heartbeat on
+        // record by the term's start, so a node registering late in a term (thousands at once, after a power
+        // event) was declared down between its commit and its session's first record (228 of 10,000 nodes in
+        // `drover-bench heartbeats`).
+        self.seen(&info.name);
         let needed = {
             let applied = self.view.read();
             applied.state.nodes.get(&info.name).is_none_or(|n| n.info != *info || n.health == NodeHealth::Down)
