@@ -21,6 +21,8 @@ const CONNECT_TIMEOUT_MS: u64 = 500;
 /// such round up to `RETRY_ROUND_MAX_MS`, and each pause is drawn in [half, whole] (see `run`).
 const RETRY_ROUND_MS: u64 = 100;
 const RETRY_ROUND_MAX_MS: u64 = 1_600;
+/// The longest a registration may wait for its answer (the leader answers once the node is committed).
+const REGISTER_TIMEOUT_MS: u64 = 10_000;
 /// A leader that sent nothing, or renewed no lease, for this many heartbeat intervals is treated as gone.
 const SILENT_HEARTBEATS: u64 = 3;
 /// Heartbeats remembered while their answers are outstanding.
@@ -94,10 +96,11 @@ pub async fn run(agent: Arc<NodeAgent>) {
 async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
     // Mutual TLS: the controller must hold a controller's certificate, and ours names this node.
     let timeout = Duration::from_millis(CONNECT_TIMEOUT_MS);
-    let channel = match agent.tls.channel(addr, agent.local_ip(), timeout, Some(drover_auth::RoleKind::Controller)) {
-        Ok(c) => c,
-        Err(e) => return Ended::Failed(format!("cannot connect to {addr}: {e}")),
-    };
+    let channel =
+        match agent.tls.session_channel(addr, agent.local_ip(), timeout, Some(drover_auth::RoleKind::Controller)) {
+            Ok(c) => c,
+            Err(e) => return Ended::Failed(format!("cannot connect to {addr}: {e}")),
+        };
     let mut client = AgentGatewayClient::new(channel).max_decoding_message_size(256 << 20);
     let (tx, rx) = mpsc::channel::<AgentMessage>(OUTBOX);
     // What still runs here: a node coming back from DOWN keeps those GPUs held until the tasks are gone.
@@ -116,7 +119,13 @@ async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
         return Ended::Failed("outbox closed".into());
     }
     let outbound = tokio_stream::wrappers::ReceiverStream::new(rx).map(|m| AgentEnvelope { json: encode(&m) });
-    let mut inbound = match client.session(outbound).await {
+    // No HTTP/2 pings on this channel (see `session_channel`): a leader that accepted the connection and then went
+    // silent before answering the registration is given up here instead.
+    let opened = tokio::time::timeout(Duration::from_millis(REGISTER_TIMEOUT_MS), client.session(outbound)).await;
+    let Ok(opened) = opened else {
+        return Ended::Failed(format!("{addr} did not answer the registration within {REGISTER_TIMEOUT_MS} ms"));
+    };
+    let mut inbound = match opened {
         Ok(response) => response.into_inner(),
         Err(status) => {
             if let Some(leader) = status.metadata().get(LEADER_HINT_KEY).and_then(|v| v.to_str().ok()) {

@@ -346,7 +346,7 @@ type SimSession =
 /// node is committed.
 async fn open_session(tls: &ClientTls, addr: &str, info: &NodeInfo) -> Result<SimSession, Open> {
     let channel = tls
-        .channel(addr, None, Duration::from_millis(2_000), Some(drover_auth::RoleKind::Controller))
+        .session_channel(addr, None, Duration::from_millis(2_000), Some(drover_auth::RoleKind::Controller))
         .map_err(|e| Open::Failed(format!("cannot connect to {addr}: {e}")))?;
     let mut client = AgentGatewayClient::new(channel);
     let (tx, rx) = tokio::sync::mpsc::channel(SIM_OUTBOX);
