@@ -93,14 +93,18 @@ pub async fn run(agent: Arc<NodeAgent>) {
     }
 }
 
-async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
+/// Connects to `addr` and registers: the session's outbox and inbound stream, or how it ended (a follower names
+/// the leader).
+async fn open(
+    agent: &Arc<NodeAgent>,
+    addr: &str,
+) -> Result<(mpsc::Sender<AgentMessage>, tonic::Streaming<drover_proto::v1::ControllerEnvelope>), Ended> {
     // Mutual TLS: the controller must hold a controller's certificate, and ours names this node.
     let timeout = Duration::from_millis(CONNECT_TIMEOUT_MS);
-    let channel =
-        match agent.tls.session_channel(addr, agent.local_ip(), timeout, Some(drover_auth::RoleKind::Controller)) {
-            Ok(c) => c,
-            Err(e) => return Ended::Failed(format!("cannot connect to {addr}: {e}")),
-        };
+    let channel = agent
+        .tls
+        .session_channel(addr, agent.local_ip(), timeout, Some(drover_auth::RoleKind::Controller))
+        .map_err(|e| Ended::Failed(format!("cannot connect to {addr}: {e}")))?;
     let mut client = AgentGatewayClient::new(channel).max_decoding_message_size(256 << 20);
     let (tx, rx) = mpsc::channel::<AgentMessage>(OUTBOX);
     // What still runs here: a node coming back from DOWN keeps those GPUs held until the tasks are gone.
@@ -108,31 +112,29 @@ async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
         let agent = agent.clone();
         tokio::task::spawn_blocking(move || agent.running_shares()).await.unwrap_or_default()
     };
-    if tx
-        .try_send(AgentMessage::Register {
-            info: agent.info.clone(),
-            running,
-            feature_level: drover_state::feature::LEVEL,
-        })
-        .is_err()
-    {
-        return Ended::Failed("outbox closed".into());
-    }
+    let register =
+        AgentMessage::Register { info: agent.info.clone(), running, feature_level: drover_state::feature::LEVEL };
+    tx.try_send(register).map_err(|_| Ended::Failed("outbox closed".into()))?;
     let outbound = tokio_stream::wrappers::ReceiverStream::new(rx).map(|m| AgentEnvelope { json: encode(&m) });
     // No HTTP/2 pings on this channel (see `session_channel`): a leader that accepted the connection and then went
     // silent before answering the registration is given up here instead.
-    let opened = tokio::time::timeout(Duration::from_millis(REGISTER_TIMEOUT_MS), client.session(outbound)).await;
-    let Ok(opened) = opened else {
-        return Ended::Failed(format!("{addr} did not answer the registration within {REGISTER_TIMEOUT_MS} ms"));
-    };
-    let mut inbound = match opened {
-        Ok(response) => response.into_inner(),
-        Err(status) => {
-            if let Some(leader) = status.metadata().get(LEADER_HINT_KEY).and_then(|v| v.to_str().ok()) {
-                return Ended::Redirect(leader.to_string());
-            }
-            return Ended::Failed(format!("{addr}: {}", status.message()));
-        }
+    let opened =
+        tokio::time::timeout(Duration::from_millis(REGISTER_TIMEOUT_MS), client.session(outbound)).await.map_err(
+            |_| Ended::Failed(format!("{addr} did not answer the registration within {REGISTER_TIMEOUT_MS} ms")),
+        )?;
+    match opened {
+        Ok(response) => Ok((tx, response.into_inner())),
+        Err(status) => match status.metadata().get(LEADER_HINT_KEY).and_then(|v| v.to_str().ok()) {
+            Some(leader) => Err(Ended::Redirect(leader.to_string())),
+            None => Err(Ended::Failed(format!("{addr}: {}", status.message()))),
+        },
+    }
+}
+
+async fn session(agent: &Arc<NodeAgent>, addr: &str) -> Ended {
+    let (tx, mut inbound) = match open(agent, addr).await {
+        Ok(opened) => opened,
+        Err(ended) => return ended,
     };
     let mut heartbeat_ms = agent.timing().heartbeat_ms;
     let mut ticker = tokio::time::interval(Duration::from_millis(heartbeat_ms));
