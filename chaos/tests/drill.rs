@@ -87,7 +87,13 @@ fn log_tails(dir: &std::path::Path) -> String {
                 stack.push(path);
             } else if path.extension().is_some_and(|e| e == "log") {
                 let text = std::fs::read_to_string(&path).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
+                // Not the frames of a backtrace: a process that ended with an error prints its message above
+                // thirty lines of them, which were all a tail of 20 showed (the upgrade drill's lost agent error).
+                let frame = |l: &&str| {
+                    let t = l.trim_start();
+                    t.starts_with("at ") || t.split_once(": ").is_some_and(|(n, _)| n.parse::<u32>().is_ok())
+                };
+                let lines: Vec<&str> = text.lines().filter(|l| !frame(l)).collect();
                 let tail = &lines[lines.len().saturating_sub(20)..];
                 out.push_str(&format!("--- {} (last {} lines)\n{}\n", path.display(), tail.len(), tail.join("\n")));
             }
