@@ -84,24 +84,8 @@ pub async fn jobs(count: usize, gpus: u32, clients: usize, cgroups: bool, dir: P
     let poller = leader_first_client(&cluster, &leader_addr, Duration::from_secs(2))?;
     println!("bench jobs: {count} one-GPU `true` jobs, {clients} submitting clients, 1 agent x {gpus} GPUs");
 
-    // Clients take job numbers from one counter, so exactly `count` are submitted however the work divides.
-    let next = Arc::new(AtomicUsize::new(0));
     let first_submission = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..clients.min(count) {
-        let (client, next, spec) = (client.clone(), next.clone(), true_job(&work_dir));
-        tasks.push(tokio::spawn(async move {
-            let mut ids = Vec::new();
-            while next.fetch_add(1, Ordering::Relaxed) < count {
-                ids.push(client.submit(&spec).await?);
-            }
-            anyhow::Ok(ids)
-        }));
-    }
-    let mut submitted = Vec::with_capacity(count);
-    for t in tasks {
-        submitted.extend(t.await??);
-    }
+    let submitted = submit_count(&client, &true_job(&work_dir), count, clients).await?;
     let submit_s = first_submission.elapsed().as_secs_f64();
     println!(
         "submission: {} jobs acknowledged in {submit_s:.2} s ({:.1}/s)",
@@ -169,6 +153,28 @@ pub async fn jobs(count: usize, gpus: u32, clients: usize, cgroups: bool, dir: P
     );
     drop(cluster);
     Ok(())
+}
+
+/// Submits `count` copies of `spec` from `clients` concurrent loops; the acknowledged ids. Clients take job
+/// numbers from one counter, so exactly `count` are submitted however the work divides.
+async fn submit_count(client: &Arc<Client>, spec: &JobSpec, count: usize, clients: usize) -> anyhow::Result<Vec<u64>> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..clients.min(count) {
+        let (client, next, spec) = (client.clone(), next.clone(), spec.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            while next.fetch_add(1, Ordering::Relaxed) < count {
+                ids.push(client.submit(&spec).await?);
+            }
+            anyhow::Ok(ids)
+        }));
+    }
+    let mut submitted = Vec::with_capacity(count);
+    for t in tasks {
+        submitted.extend(t.await??);
+    }
+    Ok(submitted)
 }
 
 /// Raises this process's open-file limit towards `want` (capped by the hard limit) before the cluster starts,
@@ -723,22 +729,7 @@ async fn one_job_per_node(
     std::fs::create_dir_all(&work_dir)?;
     let spec = JobSpec { gpus_per_node: 8, name: "long".into(), ..true_job(&work_dir) };
     let started = Instant::now();
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..16.min(nodes) {
-        let (client, next, spec) = (client.clone(), next.clone(), spec.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut ids = Vec::new();
-            while next.fetch_add(1, Ordering::Relaxed) < nodes {
-                ids.push(client.submit(&spec).await?);
-            }
-            anyhow::Ok(ids)
-        }));
-    }
-    let mut ids = Vec::with_capacity(nodes);
-    for t in tasks {
-        ids.extend(t.await??);
-    }
+    let ids = submit_count(client, &spec, nodes, 16).await?;
     let ours: HashSet<u64> = ids.iter().copied().collect();
     loop {
         let status = client.cluster_status().await?;
