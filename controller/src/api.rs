@@ -244,6 +244,21 @@ impl Api {
     }
 
     /// What one caller may see of another's job (Slurm's PrivateData): not its environment or arguments.
+    /// The ids whose finished jobs a listing of `ids` may return: all of them when none are named; otherwise from
+    /// the lowest to the highest named, or to the last task of a named array (an array's id names its tasks, whose
+    /// ids follow it).
+    fn history_range(&self, ids: &std::collections::HashSet<u64>) -> std::io::Result<std::ops::RangeInclusive<u64>> {
+        let (Some(&from), Some(&to)) = (ids.iter().min(), ids.iter().max()) else {
+            return Ok(1..=u64::MAX);
+        };
+        let mut last = to;
+        for &id in ids {
+            let tasks = self.view.job(id)?.and_then(|j| j.array.filter(|a| a.array_job_id == id).map(|a| a.task_count));
+            last = last.max(id.saturating_add(u64::from(tasks.unwrap_or(1)).saturating_sub(1)));
+        }
+        Ok(from..=last)
+    }
+
     fn redact(&self, caller: &Caller, jobs: &mut [Job]) {
         if self.level(caller) >= AdminLevel::Operator {
             return;
@@ -639,14 +654,19 @@ impl DroverService for Api {
         });
         if message.include_finished && jobs.len() <= limit {
             let room = limit + 1 - jobs.len();
-            let from = message.job_ids.iter().copied().min().unwrap_or(1);
+            let range = self.history_range(&ids).map_err(|e| internal("reading history", e))?;
             let since_ms = message.finished_since_ms;
-            let finished = self
-                .view
-                .history(from, room, |j| {
-                    j.end_time_ms.unwrap_or(0) >= since_ms && job_matches(j, &ids, &message.users, &states)
+            let (view, users) = (self.view.clone(), message.users.clone());
+            // On the blocking pool: a walk over a long history takes a while, and on an async worker it held up
+            // the leader's Raft heartbeats with it (its agents' leases went unrenewed for want of a quorum).
+            let finished = crate::runtime::run_blocking(move || {
+                view.history(range, room, |j| {
+                    j.end_time_ms.unwrap_or(0) >= since_ms && job_matches(j, &ids, &users, &states)
                 })
-                .map_err(|e| internal("reading history", e))?;
+            })
+            .await
+            .and_then(|read| read)
+            .map_err(|e| internal("reading history", e))?;
             jobs.extend(finished);
             jobs.sort_by_key(|j| j.id);
         }

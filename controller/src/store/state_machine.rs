@@ -158,15 +158,25 @@ impl StateView {
         Ok(out)
     }
 
-    /// Finished jobs in id order, starting at `from_id`, at most `limit` of them that pass `keep`.
-    pub fn history(&self, from_id: JobId, limit: usize, mut keep: impl FnMut(&Job) -> bool) -> io::Result<Vec<Job>> {
+    /// Finished jobs in id order with ids in `ids` (inclusive), at most `limit` of them that pass `keep`. The
+    /// range bounds the walk: a lookup of a few ids must not decode the whole history after them.
+    pub fn history(
+        &self,
+        ids: std::ops::RangeInclusive<JobId>,
+        limit: usize,
+        mut keep: impl FnMut(&Job) -> bool,
+    ) -> io::Result<Vec<Job>> {
         let mut out = Vec::new();
-        let iter = self
-            .db
-            .db
-            .iterator_cf(self.db.cf(CF_HISTORY), IteratorMode::From(&id_key(from_id), rocksdb::Direction::Forward));
+        let end = id_key(*ids.end());
+        let iter = self.db.db.iterator_cf(
+            self.db.cf(CF_HISTORY),
+            IteratorMode::From(&id_key(*ids.start()), rocksdb::Direction::Forward),
+        );
         for item in iter {
-            let (_, value) = item.map_err(|e| io_err("reading history", e))?;
+            let (key, value) = item.map_err(|e| io_err("reading history", e))?;
+            if key.as_ref() > end.as_slice() {
+                break;
+            }
             let job: Job = decode(&value)?;
             if keep(&job) {
                 out.push(job);
