@@ -2,6 +2,7 @@
 //! benches, each starts its own local cluster and prints one summary line per measurement.
 
 use crate::rss_kib;
+use crate::short_jobs::{SessionJobs, SimJobs};
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -43,7 +44,7 @@ const SIM_OUTBOX: usize = 8;
 const SIM_IN_FLIGHT: usize = 64;
 
 /// A trivial one-GPU `--wrap true` job whose files stay in `work_dir` and whose output goes nowhere.
-fn true_job(work_dir: &Path) -> JobSpec {
+pub(crate) fn true_job(work_dir: &Path) -> JobSpec {
     let dir = work_dir.display().to_string();
     JobSpec {
         work_dir: dir.clone().into(),
@@ -55,7 +56,7 @@ fn true_job(work_dir: &Path) -> JobSpec {
 }
 
 /// The leader's id and address, as the cluster reports them.
-async fn leader_of(client: &Client) -> anyhow::Result<(u64, String, u64)> {
+pub(crate) async fn leader_of(client: &Client) -> anyhow::Result<(u64, String, u64)> {
     let status = client.cluster_status().await?;
     let leader = status.replicas.iter().find(|r| r.role == "leader").context("the cluster reports no leader")?;
     Ok((leader.id, leader.address.clone(), leader.last_log_index))
@@ -198,21 +199,21 @@ fn raise_nofile(want: libc::rlim_t) -> libc::rlim_t {
 }
 
 /// utime + stime of a process (`self` or a pid), in clock ticks.
-fn cpu_ticks(pid: &str) -> Option<u64> {
+pub(crate) fn cpu_ticks(pid: &str) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may hold spaces; the fields after it start with the state (field 3).
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
 
-fn clock_ticks_per_s() -> f64 {
+pub(crate) fn clock_ticks_per_s() -> f64 {
     // SAFETY: sysconf has no preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if ticks > 0 { ticks as f64 } else { 100.0 }
 }
 
 /// What every simulated agent shares: where to go, when to beat, and the counters the summary reads.
-struct Sim {
+pub(crate) struct Sim {
     /// Issues each simulated agent a certificate for its node name, as a real one has.
     pki: drover_testkit::pki::Pki,
     /// Every controller; the leader first.
@@ -252,14 +253,68 @@ struct Sim {
     renewals: Mutex<Vec<(u64, Duration)>>,
     /// Per kill: (round, time from the kill until a session was opened again): the reconnect storm's shape.
     reopened: Mutex<Vec<(u64, Duration)>>,
+    /// `drover-bench short-jobs`: the agents run what they are assigned (report each job's end, confirm its
+    /// release), instead of only holding it.
+    jobs: Option<SimJobs>,
 }
 
 impl Sim {
-    fn note_error(&self, why: String) {
+    /// `agents` simulated agents of `controllers` (the leader first), beating every `heartbeat`.
+    pub(crate) fn new(
+        pki: drover_testkit::pki::Pki,
+        controllers: Vec<String>,
+        heartbeat: Duration,
+        agents: usize,
+        reconnect_jitter_ms: u64,
+        jobs: Option<SimJobs>,
+    ) -> Sim {
+        Sim {
+            pki,
+            controllers,
+            heartbeat,
+            epoch: Instant::now(),
+            agents,
+            ramp: tokio::sync::Semaphore::new(RAMP_CONCURRENCY),
+            reconnect: tokio::sync::Semaphore::new(RECONNECT_CONCURRENCY),
+            registered: AtomicUsize::new(0),
+            failed: AtomicUsize::new(0),
+            lost: AtomicUsize::new(0),
+            reconnected: AtomicUsize::new(0),
+            heartbeats: AtomicU64::new(0),
+            alive: AtomicU64::new(0),
+            outbox_full: AtomicU64::new(0),
+            measuring: AtomicBool::new(false),
+            round_trip: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds")),
+            first_error: Mutex::new(None),
+            fenced: AtomicU64::new(0),
+            reconnect_jitter_ms,
+            round: AtomicU64::new(0),
+            killed_at: Mutex::new(None),
+            renewals: Mutex::new(Vec::new()),
+            reopened: Mutex::new(Vec::new()),
+            jobs,
+        }
+    }
+
+    /// Agents registered so far, and those that gave up.
+    pub(crate) fn registration(&self) -> (usize, usize) {
+        (self.registered.load(Ordering::Relaxed), self.failed.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn jobs(&self) -> Option<&SimJobs> {
+        self.jobs.as_ref()
+    }
+
+    /// Leases that ran out before their renewal.
+    pub(crate) fn fenced(&self) -> u64 {
+        self.fenced.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn note_error(&self, why: String) {
         self.first_error.lock().expect("first_error poisoned").get_or_insert(why);
     }
 
-    fn first_error(&self) -> Option<String> {
+    pub(crate) fn first_error(&self) -> Option<String> {
         self.first_error.lock().expect("first_error poisoned").clone()
     }
 
@@ -313,7 +368,7 @@ fn jitter(i: usize, attempt: u64, bound_ms: u64) -> Duration {
     Duration::from_millis(x % bound_ms)
 }
 
-fn sim_node(i: usize) -> NodeInfo {
+pub(crate) fn sim_node(i: usize) -> NodeInfo {
     let name = format!("sim{i:04}");
     let gpus = (0..8)
         .map(|index| GpuInfo {
@@ -420,7 +475,7 @@ async fn open_bounded(
 
 /// One simulated agent: register, heartbeat until `stop` while draining everything the leader sends, and open a
 /// new session when one ends (as a real agent does, so a lost session shows as a count, not as a node down).
-async fn sim_agent(sim: Arc<Sim>, i: usize, mut stop: tokio::sync::watch::Receiver<bool>) {
+pub(crate) async fn sim_agent(sim: Arc<Sim>, i: usize, mut stop: tokio::sync::watch::Receiver<bool>) {
     let info = sim_node(i);
     let issued = sim.pki.issue(&info.name, &drover_auth::Role::Agent(info.name.clone()), &[], &[]);
     let tls =
@@ -507,6 +562,7 @@ async fn beat(
     // (seq, sent) of the heartbeats awaiting their answer: a refused lease has none, so answers match by seq.
     let mut in_flight: VecDeque<(u64, Instant)> = VecDeque::with_capacity(SIM_IN_FLIGHT);
     let mut seq = 0u64;
+    let mut running = SessionJobs::default();
     loop {
         tokio::select! {
             _ = stop.changed() => return None,
@@ -548,8 +604,13 @@ async fn beat(
                             }
                             continue;
                         }
-                        // Welcome, (empty) Assignments: a real agent acts on them; the simulation only drains them.
-                        Ok(_) => continue,
+                        // Welcome, Assignments, EndAcked: the simulation drains them, or runs its assignments.
+                        Ok(message) => {
+                            if let Some(jobs) = &sim.jobs {
+                                jobs.on_message(message, &tx, &mut running);
+                            }
+                            continue;
+                        }
                         Err(e) => format!("undecodable message: {e}"),
                     },
                     Ok(None) => "the leader closed the session".to_string(),
@@ -638,31 +699,14 @@ pub async fn heartbeats(args: HeartbeatArgs, dir: PathBuf) -> anyhow::Result<()>
         args.replicas
     );
 
-    let sim = Arc::new(Sim {
-        pki: cluster.pki()?,
+    let sim = Arc::new(Sim::new(
+        cluster.pki()?,
         controllers,
-        heartbeat: Duration::from_millis(heartbeat_ms),
-        epoch: Instant::now(),
+        Duration::from_millis(heartbeat_ms),
         agents,
-        ramp: tokio::sync::Semaphore::new(RAMP_CONCURRENCY),
-        reconnect: tokio::sync::Semaphore::new(RECONNECT_CONCURRENCY),
-        registered: AtomicUsize::new(0),
-        failed: AtomicUsize::new(0),
-        lost: AtomicUsize::new(0),
-        reconnected: AtomicUsize::new(0),
-        heartbeats: AtomicU64::new(0),
-        alive: AtomicU64::new(0),
-        outbox_full: AtomicU64::new(0),
-        measuring: AtomicBool::new(false),
-        round_trip: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds")),
-        first_error: Mutex::new(None),
-        fenced: AtomicU64::new(0),
-        reconnect_jitter_ms: args.reconnect_jitter_ms,
-        round: AtomicU64::new(0),
-        killed_at: Mutex::new(None),
-        renewals: Mutex::new(Vec::new()),
-        reopened: Mutex::new(Vec::new()),
-    });
+        args.reconnect_jitter_ms,
+        None,
+    ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let ramp_start = Instant::now();
     let tasks: Vec<_> = (0..agents).map(|i| tokio::spawn(sim_agent(sim.clone(), i, stop_rx.clone()))).collect();

@@ -8,6 +8,7 @@ mod ettr;
 mod recovery;
 mod requeue;
 mod restarts;
+mod short_jobs;
 mod sites;
 mod wan;
 
@@ -119,6 +120,9 @@ enum BenchCmd {
     /// Planned leader restarts (SIGTERM) under load: the longest pause in acknowledgements, this build beside the
     /// previous release (`--previous`).
     Restarts(restarts::RestartsArgs),
+    /// Short one-GPU jobs at a fixed offered rate for minutes through simulated agents (8 GPUs each): jobs/s
+    /// sustained, the scheduling loop's latency under that load, and every job's record in accounting.
+    ShortJobs(short_jobs::ShortJobsArgs),
 }
 
 fn run(cmd: BenchCmd) -> anyhow::Result<()> {
@@ -155,6 +159,10 @@ fn run(cmd: BenchCmd) -> anyhow::Result<()> {
             BenchCmd::Recovery(args) => {
                 let dir = bench_dir(None, "recovery");
                 recovery::recovery(args, dir).await
+            }
+            BenchCmd::ShortJobs(args) => {
+                let dir = bench_dir(args.dir.clone(), "short-jobs");
+                short_jobs::short_jobs(args, dir).await
             }
             BenchCmd::Restarts(args) => {
                 let dir = bench_dir(args.dir.clone(), "restarts");

@@ -160,9 +160,10 @@ pub async fn sites(args: SitesArgs, dir: PathBuf) -> anyhow::Result<()> {
         term_after.saturating_sub(term_rest)
     );
     println!(
-        "sequential submit, leader {leader} at site {}: p50={:.1} ms p99={:.1} ms max={:.1} ms ({rate:.0}/s, {} submissions)",
+        "sequential submit, leader {leader} at site {}: p50={:.1} ms p90={:.1} ms p99={:.1} ms max={:.1} ms ({rate:.0}/s, {} submissions)",
         SITES[leader as usize - 1],
         hist.value_at_quantile(0.5) as f64 / 1e3,
+        hist.value_at_quantile(0.9) as f64 / 1e3,
         hist.value_at_quantile(0.99) as f64 / 1e3,
         hist.max() as f64 / 1e3,
         args.submissions
