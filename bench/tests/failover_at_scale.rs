@@ -10,20 +10,24 @@
 //! simulated agents on the same two cores 500 debug-built sessions took the renewals to the lease's edge.
 //! Release builds keep every lease at 1,000 agents through 10 kills (BENCHMARKS.md).
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn two_hundred_agents_keep_every_lease_through_two_leader_kills() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_drover-bench"))
-        .args(["heartbeats", "--agents", "200", "--heartbeat-ms", "1000", "--duration-s", "3", "--jobs"])
-        .args(["--kills", "2", "--clients", "2", "--dir"])
-        .arg(dir.path().join("cluster"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the bench failed:\n{stdout}\n{stderr}");
+    let (stdout, stderr) = common::run_bench(&[
+        "heartbeats",
+        "--agents",
+        "200",
+        "--heartbeat-ms",
+        "1000",
+        "--duration-s",
+        "3",
+        "--jobs",
+        "--kills",
+        "2",
+        "--clients",
+        "2",
+    ]);
     for line in [
         "registration: 200 of 200 agents registered",
         "jobs: 200 8-GPU jobs submitted and running on 200 nodes",
