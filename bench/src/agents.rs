@@ -2,7 +2,7 @@
 //! benches, each starts its own local cluster and prints one summary line per measurement.
 
 use crate::rss_kib;
-use crate::short_jobs::{SessionJobs, SimJobs};
+use crate::sim_jobs::{SessionJobs, SimJobs};
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

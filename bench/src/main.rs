@@ -9,6 +9,7 @@ mod recovery;
 mod requeue;
 mod restarts;
 mod short_jobs;
+mod sim_jobs;
 mod sites;
 mod wan;
 
