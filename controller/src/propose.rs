@@ -165,8 +165,10 @@ async fn next_slot(
             Gate::Go | Gate::Full => return slots.clone().acquire_owned().await.ok(),
             Gate::Hold(rest) => {
                 tokio::select! {
-                    _ = tokio::time::sleep(rest) => {}
+                    // In order, not at random: the simulation replays seeds, and either wake-up only re-checks.
+                    biased;
                     _ = finished.notified() => {}
+                    _ = tokio::time::sleep(rest) => {}
                 }
             }
         }
