@@ -17,10 +17,8 @@ use tokio::sync::mpsc::Sender;
 /// What the simulated agents do with their assignments, and what they saw of the loop.
 pub struct SimJobs {
     run: Duration,
-    /// `JobEnded` reports sent, `EndAcked` answers received, `Released` confirmations sent (incarnations).
-    pub(crate) ended: AtomicU64,
+    /// `EndAcked` answers received: the ends the leader committed.
     pub(crate) acked: AtomicU64,
-    pub(crate) released: AtomicU64,
     /// A job's submission (the leader's stamp) to its assignment reaching the agent, µs: the scheduling loop
     /// (pass, start committed, pushed), measured under the load.
     pub(crate) to_agent: Mutex<Histogram<u64>>,
@@ -38,9 +36,7 @@ impl SimJobs {
     pub fn new(run: Duration) -> SimJobs {
         SimJobs {
             run,
-            ended: AtomicU64::new(0),
             acked: AtomicU64::new(0),
-            released: AtomicU64::new(0),
             to_agent: Mutex::new(Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds")),
         }
     }
@@ -60,7 +56,6 @@ impl SimJobs {
                     let waited_us = now_ms.saturating_sub(assignment.job.submit_time_ms) * 1_000;
                     let _ = self.to_agent.lock().expect("to_agent poisoned").record(waited_us.max(1));
                     let (tx, run) = (tx.clone(), self.run);
-                    self.ended.fetch_add(1, Ordering::Relaxed);
                     tokio::spawn(async move {
                         if !run.is_zero() {
                             tokio::time::sleep(run).await;
@@ -76,7 +71,6 @@ impl SimJobs {
                 session.released.retain(|key| lingering.contains(key));
                 if !new.is_empty() {
                     session.released.extend(new.iter().copied());
-                    self.released.fetch_add(new.len() as u64, Ordering::Relaxed);
                     let released = AgentMessage::Released { keys: new, usage: Vec::new() };
                     let tx = tx.clone();
                     tokio::spawn(async move {
