@@ -8,6 +8,7 @@ pub mod hangs;
 pub mod placement;
 pub mod planner;
 pub mod scheduling;
+pub mod shallow;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -125,7 +125,7 @@ fn for_each_job_in_chunks(
 
 /// Everything in the view but the active jobs and what is summed over them (nodes, lingering releases,
 /// reservations, QOS, partitions).
-fn view_without_jobs(state: &State, now_ms: u64) -> sched::ClusterView {
+pub(super) fn view_without_jobs(state: &State, now_ms: u64) -> sched::ClusterView {
     let config = state.config().cloned().unwrap_or_default();
     let nodes = state
         .nodes
@@ -211,7 +211,7 @@ fn stopped_ms(job: &drover_state::Job, now_ms: u64) -> u64 {
 }
 
 /// An active job as the view's running job, if it holds an allocation.
-fn running_job(job: &drover_state::Job, now_ms: u64) -> Option<sched::RunningJob> {
+pub(super) fn running_job(job: &drover_state::Job, now_ms: u64) -> Option<sched::RunningJob> {
     if job.allocation.is_empty() {
         return None;
     }
@@ -246,7 +246,7 @@ const AVOID_MARK: &str = "\u{1}avoid:";
 /// A requeued job avoids the nodes its failed incarnation was charged on, unless the other nodes of its partition
 /// could never hold it (too few with enough GPUs in service): then it may go back to them. Avoided nodes become
 /// plain exclusions, or are dropped.
-fn relax_avoidance(view: &mut sched::ClusterView) {
+pub(super) fn relax_avoidance(view: &mut sched::ClusterView) {
     for job in view.pending.iter_mut().filter(|j| j.exclude.iter().any(|n| n.starts_with(AVOID_MARK))) {
         let avoided: Vec<String> =
             job.exclude.iter().filter_map(|n| n.strip_prefix(AVOID_MARK)).map(str::to_string).collect();
@@ -267,8 +267,8 @@ fn relax_avoidance(view: &mut sched::ClusterView) {
 
 /// An active job as the view's pending job, if it is pending (and holds nothing: a job being requeued is not
 /// pending yet). Others are not the scheduler's.
-fn pending_job(job: &drover_state::Job, singleton_blocked: &Singletons) -> Option<sched::PendingJob> {
-    if job.state != JobState::Pending || !job.allocation.is_empty() {
+pub(super) fn pending_job(job: &drover_state::Job, singleton_blocked: &Singletons) -> Option<sched::PendingJob> {
+    if !pending_state(job) {
         return None;
     }
     let spec = &job.spec;
@@ -315,6 +315,11 @@ fn pending_job(job: &drover_state::Job, singleton_blocked: &Singletons) -> Optio
         begin_s: spec.begin_ms.map_or(0, |ms| ms.div_ceil(1_000)),
         may_use_spares: job.may_use_spares(),
     })
+}
+
+/// Whether the job waits to start: pending and holding nothing (a job being requeued is not pending yet).
+pub(super) fn pending_state(job: &drover_state::Job) -> bool {
+    job.state == JobState::Pending && job.allocation.is_empty()
 }
 
 /// GPUs of ended incarnations still being released on their nodes, as running work the scheduler expects gone
@@ -398,20 +403,20 @@ fn account_tree_in_chunks(
     tree
 }
 
-fn half_life_s(state: &State) -> u64 {
+pub(super) fn half_life_s(state: &State) -> u64 {
     state.config().map_or(0, |c| c.fairshare_half_life_s)
 }
 
 /// What the fair-share tree needs from the active jobs: the accounts they charge (the implicit flat tree, when no
 /// account is defined) and the decayed usage of the running ones, per account.
 #[derive(Default)]
-struct AccountTotals {
+pub(super) struct AccountTotals {
     names: BTreeSet<String>,
     running_gpu_s: HashMap<String, f64>,
 }
 
 impl AccountTotals {
-    fn add(&mut self, job: &drover_state::Job, now_ms: u64, half_life_s: u64) {
+    pub(super) fn add(&mut self, job: &drover_state::Job, now_ms: u64, half_life_s: u64) {
         let name = job.account_name();
         if !self.names.contains(name) {
             self.names.insert(name.to_string());
@@ -431,7 +436,7 @@ impl AccountTotals {
 
 /// The fair-share tree: the defined accounts with their decayed usage plus their running jobs', or without any
 /// defined, a flat tree of the accounts the jobs charge.
-fn account_tree_from(state: &State, now_ms: u64, totals: &AccountTotals) -> Vec<sched::Account> {
+pub(super) fn account_tree_from(state: &State, now_ms: u64, totals: &AccountTotals) -> Vec<sched::Account> {
     let now_s = now_ms / 1_000;
     if state.accounts.is_empty() {
         let mut tree = vec![sched::Account { name: ROOT_ACCOUNT.into(), parent: None, shares: 1, usage_gpu_s: 0.0 }];
@@ -482,7 +487,7 @@ pub fn share_rows(
 }
 
 /// Per (user, job name): the lowest id of a pending job and whether one has started, for `singleton`.
-type Singletons = HashMap<(compact_str::CompactString, compact_str::CompactString), (u64, bool)>;
+pub(super) type Singletons = HashMap<(compact_str::CompactString, compact_str::CompactString), (u64, bool)>;
 
 /// The `singleton` table, walked chunk by chunk: only when some job asks for `singleton` (one cheap sweep finds
 /// out), since the table holds an entry per user and job name in the queue.
@@ -596,7 +601,7 @@ pub fn command(state: &State, plan: &sched::Plan) -> Option<Command> {
 /// The plan's starts (at most `MAX_PLAN_ALLOCATIONS`) with their tasks, CPUs and memory per node. A job whose
 /// earlier incarnation still lingers somewhere does not start yet (`apply` would refuse it): it stays in the pass
 /// all the same, so the nodes it is planned on are kept for it, not backfilled, until its old tasks are gone.
-fn allocations_of(state: &State, plan: &sched::Plan) -> Vec<Allocation> {
+pub(super) fn allocations_of(state: &State, plan: &sched::Plan) -> Vec<Allocation> {
     plan.starts
         .iter()
         .take(MAX_PLAN_ALLOCATIONS)
@@ -626,16 +631,16 @@ fn allocations_of(state: &State, plan: &sched::Plan) -> Vec<Allocation> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use drover_state::{ClusterConfig, GpuInfo, JobSpec, NodeInfo, Reply, Request};
 
     use super::*;
 
-    fn at(time_ms: u64, command: Command) -> Request {
+    pub(in crate::leader) fn at(time_ms: u64, command: Command) -> Request {
         Request { time_ms, command }
     }
 
-    fn node(name: &str, gpus: u32, switch: &str) -> NodeInfo {
+    pub(in crate::leader) fn node(name: &str, gpus: u32, switch: &str) -> NodeInfo {
         NodeInfo {
             name: name.into(),
             cpus: 64,
@@ -645,7 +650,7 @@ mod tests {
         }
     }
 
-    fn job(nodes: u32, gpus: u32, time_s: u64) -> JobSpec {
+    pub(in crate::leader) fn job(nodes: u32, gpus: u32, time_s: u64) -> JobSpec {
         JobSpec {
             name: "j".into(),
             user: "alice".into(),
@@ -687,7 +692,7 @@ mod tests {
         state
     }
 
-    fn submit(state: &mut State, spec: JobSpec, time_ms: u64) -> u64 {
+    pub(in crate::leader) fn submit(state: &mut State, spec: JobSpec, time_ms: u64) -> u64 {
         match state.apply(&at(time_ms, Command::SubmitJob { spec: Box::new(spec), request_id: None })).response {
             Ok(Reply::Submitted { job_id, .. }) => job_id,
             other => panic!("{other:?}"),

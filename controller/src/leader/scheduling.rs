@@ -12,7 +12,7 @@ use drover_state::Command;
 use openraft::async_runtime::WatchReceiver;
 use tokio::time::Instant;
 
-use super::planner;
+use super::{planner, shallow};
 use crate::propose::{Proposer, propose};
 use crate::store::StateView;
 
@@ -235,63 +235,102 @@ impl ReasonPacer {
     }
 }
 
+/// Which pass the loop runs when something changed. Pure: the loop gives it the time.
+#[derive(Debug, Default)]
+struct PassPacer {
+    /// After a deep pass over a long queue (one that left a shortlist): when the next deep pass may run. Until
+    /// then, changes get shallow passes.
+    deep_after: Option<Instant>,
+    /// A shallow pass ran since the last deep pass: a deep one is owed at `deep_after`, changes or not (reasons and
+    /// `sprio`'s table come only from deep passes).
+    deep_owed: bool,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum PassKind {
+    Deep,
+    Shallow,
+}
+
+impl PassPacer {
+    fn next(&self, now: Instant) -> PassKind {
+        match self.deep_after {
+            Some(after) if now < after => PassKind::Shallow,
+            _ => PassKind::Deep,
+        }
+    }
+
+    /// A deep pass took `took`, ending at `now`: how long the loop sleeps before it looks for changes again. A short
+    /// queue sleeps out the whole pause; after a long one, shallow passes may run during it.
+    fn after_deep(&mut self, now: Instant, took: Duration, shortlisted: bool) -> Duration {
+        let pause = pause_after(took);
+        self.deep_owed = false;
+        self.deep_after = shortlisted.then_some(now + pause);
+        if shortlisted { Duration::from_millis(MIN_PASS_INTERVAL_MS) } else { pause }
+    }
+
+    /// A shallow pass took `took`: it, too, takes at most a ninth of a core.
+    fn after_shallow(&mut self, took: Duration) -> Duration {
+        self.deep_owed = true;
+        pause_after(took)
+    }
+
+    /// How long the loop may wait for a change: `wait`, or less when a deep pass is owed sooner.
+    fn wait(&self, now: Instant, wait: Duration) -> Duration {
+        match self.deep_after {
+            Some(after) if self.deep_owed => wait.min(after.saturating_duration_since(now)),
+            _ => wait,
+        }
+    }
+}
+
+/// The pause after a pass that took `took` (see [`PAUSE_PER_PASS_TIME`]).
+fn pause_after(took: Duration) -> Duration {
+    (took * PAUSE_PER_PASS_TIME).max(Duration::from_millis(MIN_PASS_INTERVAL_MS))
+}
+
 pub async fn scheduling_loop(proposer: Proposer, view: StateView, id: u64, latest: Insights) {
     let mut metrics = proposer.raft().metrics();
     let mut planned_at: Option<u64> = None;
     let mut pacer = ReasonPacer::default();
+    let mut passes = PassPacer::default();
+    let mut shortlist: Option<shallow::Shortlist> = None;
     loop {
         let (leading, applied) = {
             let m = metrics.borrow_watched();
             (m.current_leader == Some(id), m.last_applied.as_ref().map(|l| l.index()))
         };
+        if !leading {
+            // A new term starts from a deep pass.
+            (passes, shortlist) = (PassPacer::default(), None);
+        }
         if leading && applied != planned_at {
             planned_at = applied;
-            let (pass_view, pass_latest) = (view.clone(), latest.clone());
-            // tokio's clock, not std's: under the simulation's paused clock the pause below must not depend on
-            // how fast the host ran the pass.
-            let pass_started = tokio::time::Instant::now();
-            // Read here, on the async side: the simulation's clock is this thread's.
-            let now_ms = crate::runtime::now_ms();
-            // A pass over a large queue takes milliseconds to a few hundred: keep it off the async workers.
-            let command = crate::runtime::run_blocking(move || {
-                // The state lock is held only to copy the view out, a bounded number of jobs at a time: neither
-                // the copy nor the pass itself may stall `apply`.
-                let (cluster, config) =
-                    planner::view_in_chunks(|_, copy| copy(&pass_view.read().state), now_ms, JOBS_PER_LOCK);
-                match drover_scheduler::schedule(&cluster, &config) {
-                    Ok(plan) => {
-                        pass_latest.replace(InsightTable::of_plan(&plan, &config));
-                        planner::commands_in_chunks(
-                            |translate| translate(&pass_view.read().state),
-                            &plan,
-                            JOBS_PER_LOCK,
-                        )
-                    }
-                    Err(e) => {
-                        tracing::error!("scheduling pass failed: {e}");
-                        Vec::new()
-                    }
+            // tokio's clock, not std's: under the simulation's paused clock the pauses must not depend on how fast
+            // the host ran the pass.
+            let pass_started = Instant::now();
+            let pause = match (passes.next(pass_started), shortlist.take()) {
+                (PassKind::Shallow, Some(list)) => {
+                    let took;
+                    (shortlist, took) = shallow_pass(&proposer, &view, list).await;
+                    passes.after_shallow(took)
                 }
-            })
-            .await;
-            let pass_took = pass_started.elapsed();
-            latest.pass_seconds.observe(pass_took.as_secs_f64());
-            let commands = command.unwrap_or_default();
-            match pacer.pace(&commands, Instant::now()) {
-                Pace::HoldUntil(_) => {}
-                Pace::Commit => {
-                    for command in commands {
-                        if let Err(e) = propose(&proposer, command).await {
-                            tracing::warn!("committing a plan failed: {}", e.message());
-                        }
+                _ => {
+                    let (commands, list) = deep_pass(&view, &latest).await;
+                    let took = pass_started.elapsed();
+                    latest.pass_seconds.observe(took.as_secs_f64());
+                    if pacer.pace(&commands, Instant::now()) == Pace::Commit {
+                        commit(&proposer, commands).await;
                     }
+                    shortlist = list;
+                    passes.after_deep(Instant::now(), took, shortlist.is_some())
                 }
-            }
-            let pause = (pass_took * PAUSE_PER_PASS_TIME).max(Duration::from_millis(MIN_PASS_INTERVAL_MS));
+            };
             tokio::time::sleep(pause).await;
             continue;
         }
-        let wait = pacer.wait(Instant::now(), Duration::from_millis(IDLE_PASS_INTERVAL_MS));
+        let now = Instant::now();
+        let wait = passes.wait(now, pacer.wait(now, Duration::from_millis(IDLE_PASS_INTERVAL_MS)));
         tokio::select! {
             // In order, not at random: the same events give the same passes (the simulation replays seeds).
             biased;
@@ -302,6 +341,73 @@ pub async fn scheduling_loop(proposer: Proposer, view: StateView, id: u64, lates
             }
         }
     }
+}
+
+async fn commit(proposer: &Proposer, commands: Vec<Command>) {
+    for command in commands {
+        if let Err(e) = propose(proposer, command).await {
+            tracing::warn!("committing a plan failed: {}", e.message());
+        }
+    }
+}
+
+/// One deep pass: every pending job (up to the queue depth) ranked and planned. Gives the plan's commands and, over
+/// a long queue, the shortlist for the shallow passes until the next one.
+async fn deep_pass(view: &StateView, latest: &Insights) -> (Vec<Command>, Option<shallow::Shortlist>) {
+    let (pass_view, pass_latest) = (view.clone(), latest.clone());
+    // Read here, on the async side: the simulation's clock is this thread's.
+    let now_ms = crate::runtime::now_ms();
+    // A pass over a large queue takes milliseconds to a few hundred: keep it off the async workers.
+    crate::runtime::run_blocking(move || {
+        // The state lock is held only to copy the view out, a bounded number of jobs at a time: neither the copy
+        // nor the pass itself may stall `apply`.
+        let (cluster, config) = planner::view_in_chunks(|_, copy| copy(&pass_view.read().state), now_ms, JOBS_PER_LOCK);
+        match drover_scheduler::schedule(&cluster, &config) {
+            Ok(plan) => {
+                pass_latest.replace(InsightTable::of_plan(&plan, &config));
+                let commands =
+                    planner::commands_in_chunks(|translate| translate(&pass_view.read().state), &plan, JOBS_PER_LOCK);
+                (commands, shallow::Shortlist::of_plan(&plan))
+            }
+            Err(e) => {
+                tracing::error!("scheduling pass failed: {e}");
+                (Vec::new(), None)
+            }
+        }
+    })
+    .await
+    .unwrap_or_default()
+}
+
+/// One shallow pass over `list`'s window (see `shallow`): commits its starts, gives the shortlist back with how long
+/// the pass took before its commit (what the pause after it is for: the commit waits, it does not compute).
+async fn shallow_pass(
+    proposer: &Proposer,
+    view: &StateView,
+    mut list: shallow::Shortlist,
+) -> (Option<shallow::Shortlist>, Duration) {
+    let pass_view = view.clone();
+    let started = Instant::now();
+    let now_ms = crate::runtime::now_ms();
+    let ran = crate::runtime::run_blocking(move || {
+        let (cluster, config) = list.view_in_chunks(|_, copy| copy(&pass_view.read().state), now_ms, JOBS_PER_LOCK);
+        let allocations = match drover_scheduler::schedule(&cluster, &config) {
+            Ok(plan) => planner::allocations_of(&pass_view.read().state, &plan),
+            Err(e) => {
+                tracing::error!("shallow scheduling pass failed: {e}");
+                Vec::new()
+            }
+        };
+        (list, allocations)
+    })
+    .await;
+    let took = started.elapsed();
+    // A pass that could not run leaves no shortlist: the next pass is deep.
+    let Ok((list, allocations)) = ran else { return (None, took) };
+    if !allocations.is_empty() {
+        commit(proposer, vec![Command::ApplyPlan { allocations, reasons: Vec::new() }]).await;
+    }
+    (Some(list), took)
 }
 
 #[cfg(test)]
@@ -354,6 +460,29 @@ mod tests {
         pacer.woke();
         assert_eq!(pacer.wait(t0 + 2 * interval, idle), idle, "woken once: back to the idle interval");
         assert_eq!(pacer.pace(&reasons, t0 + 2 * interval), Pace::Commit, "the pass after waking commits them");
+    }
+
+    /// Over a short queue the loop sleeps out each deep pass's pause. Over a long one it runs shallow passes in
+    /// the pause, each paying its own ninth of a core, and owes a deep pass when the pause ends, changes or not.
+    #[test]
+    fn shallow_passes_fill_a_long_queues_pause_and_a_deep_pass_follows_it() {
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        let mut passes = PassPacer::default();
+        assert_eq!(passes.next(t0), PassKind::Deep, "the first pass is deep");
+        // A short queue: sleep the whole pause (8 times 5 ms), no shallow pass.
+        assert_eq!(passes.after_deep(t0, ms(5), false), ms(40));
+        assert_eq!(passes.next(t0 + ms(1)), PassKind::Deep);
+        // A long queue: back within the minimum interval; changes get shallow passes until the pause is over.
+        assert_eq!(passes.after_deep(t0, ms(50), true), ms(MIN_PASS_INTERVAL_MS));
+        assert_eq!(passes.wait(t0, ms(1_000)), ms(1_000), "no deep pass owed: wait for a change");
+        assert_eq!(passes.next(t0 + ms(10)), PassKind::Shallow);
+        assert_eq!(passes.after_shallow(ms(1)), ms(8), "a shallow pass pays its own pause");
+        assert_eq!(passes.wait(t0 + ms(100), ms(1_000)), ms(300), "a deep pass is owed when the pause ends");
+        assert_eq!(passes.wait(t0 + ms(500), ms(1_000)), Duration::ZERO, "overdue");
+        assert_eq!(passes.next(t0 + ms(400)), PassKind::Deep);
+        passes.after_deep(t0 + ms(450), ms(1), false);
+        assert_eq!(passes.wait(t0 + ms(460), ms(1_000)), ms(1_000), "paid: nothing owed");
     }
 
     /// `sprio` and `squeue --start` read the latest pass's table: each job's weighted factors and its reservation,
