@@ -23,6 +23,9 @@ use hdrhistogram::Histogram;
 use crate::agents::{Sim, clock_ticks_per_s, cpu_ticks, leader_of, sim_agent, true_job};
 use crate::sim_jobs::SimJobs;
 
+/// How long reading the leader's `/metrics` may take.
+const METRICS_TIMEOUT_S: u64 = 10;
+
 /// Ids looked up in the accounting store per request at the end.
 const LOOKUP_CHUNK: usize = 5_000;
 /// How long the backlog may go without a job ending before the bench gives up.
@@ -122,6 +125,10 @@ pub async fn short_jobs(args: ShortJobsArgs, dir: PathBuf) -> anyhow::Result<()>
         );
     }
     accounting(&client, &ids).await?;
+    match passes(&cluster, leader).await {
+        Ok((deep, shallow)) => println!("passes on the leader: {deep} deep, {shallow} shallow"),
+        Err(e) => println!("passes on the leader: unknown ({e:#})"),
+    }
     let _ = stop_tx.send(true);
     for agent in agents {
         let _ = tokio::time::timeout(Duration::from_secs(5), agent).await;
@@ -258,4 +265,34 @@ async fn accounting(client: &Client, ids: &[u64]) -> anyhow::Result<()> {
         start_to_end.value_at_quantile(0.99)
     );
     Ok(())
+}
+
+/// Scheduling passes the leader ran, deep and shallow, from its `/metrics`: a backlog past the shallow threshold
+/// (2,048 pending) must show shallow passes.
+async fn passes(cluster: &LocalCluster, leader: u64) -> anyhow::Result<(u64, u64)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (_, url) = cluster
+        .web_addresses()
+        .into_iter()
+        .find(|(id, _)| *id == leader)
+        .ok_or_else(|| anyhow::anyhow!("controller {leader} serves no /metrics"))?;
+    let host = url.trim_start_matches("http://").to_string();
+    let read = async {
+        let mut stream = tokio::net::TcpStream::connect(&host).await?;
+        stream
+            .write_all(format!("GET /metrics HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
+            .await?;
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).await?;
+        anyhow::Ok(reply)
+    };
+    let reply = tokio::time::timeout(Duration::from_secs(METRICS_TIMEOUT_S), read).await??;
+    let count = |series: &str| -> anyhow::Result<u64> {
+        reply
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
+            .map(|v| v as u64)
+            .ok_or_else(|| anyhow::anyhow!("no {series} in the leader's /metrics"))
+    };
+    Ok((count("drover_scheduler_pass_seconds_count")?, count("drover_scheduler_shallow_pass_seconds_count")?))
 }

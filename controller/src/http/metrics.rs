@@ -23,6 +23,11 @@ pub fn exposition(api: &Api, leader_changes: u64) -> Exposition {
         "Wall time of each scheduling pass on this replica while it led (plan and its translation to commands).",
         api.leader.pass_seconds(),
     );
+    out.histogram(
+        "scheduler_shallow_pass_seconds",
+        "Wall time of each shallow pass (the best-ranked pending jobs only, between deep passes over a long queue).",
+        api.leader.shallow_pass_seconds(),
+    );
     out
 }
 

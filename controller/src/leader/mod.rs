@@ -84,4 +84,8 @@ impl LeaderHandle {
     pub fn pass_seconds(&self) -> &drover_observe::prometheus_client::metrics::histogram::Histogram {
         self.insights.pass_seconds()
     }
+
+    pub fn shallow_pass_seconds(&self) -> &drover_observe::prometheus_client::metrics::histogram::Histogram {
+        self.insights.shallow_pass_seconds()
+    }
 }

@@ -42,16 +42,21 @@ const IDLE_PASS_INTERVAL_MS: u64 = 1_000;
 const REASONS_INTERVAL_MS: u64 = 200;
 
 /// What the scheduling loop tells the rest of the replica: the latest pass's view of pending jobs (`sprio`,
-/// `squeue --start`; on the leader only) and how long passes take (`/metrics`).
+/// `squeue --start`; on the leader only) and how long passes take, deep and shallow (`/metrics`).
 #[derive(Clone)]
 pub struct Insights {
     latest: Arc<RwLock<InsightTable>>,
     pass_seconds: drover_observe::prometheus_client::metrics::histogram::Histogram,
+    shallow_pass_seconds: drover_observe::prometheus_client::metrics::histogram::Histogram,
 }
 
 impl Default for Insights {
     fn default() -> Self {
-        Insights { latest: Arc::default(), pass_seconds: drover_observe::metrics::duration_histogram() }
+        Insights {
+            latest: Arc::default(),
+            pass_seconds: drover_observe::metrics::duration_histogram(),
+            shallow_pass_seconds: drover_observe::metrics::duration_histogram(),
+        }
     }
 }
 
@@ -67,6 +72,11 @@ impl Insights {
     /// Wall time of each scheduling pass on this replica, including the plan's translation into commands.
     pub fn pass_seconds(&self) -> &drover_observe::prometheus_client::metrics::histogram::Histogram {
         &self.pass_seconds
+    }
+
+    /// Wall time of each shallow pass (see `shallow`), up to its commit.
+    pub fn shallow_pass_seconds(&self) -> &drover_observe::prometheus_client::metrics::histogram::Histogram {
+        &self.shallow_pass_seconds
     }
 }
 
@@ -313,6 +323,7 @@ pub async fn scheduling_loop(proposer: Proposer, view: StateView, id: u64, lates
                 (PassKind::Shallow, Some(list)) => {
                     let took;
                     (shortlist, took) = shallow_pass(&proposer, &view, list).await;
+                    latest.shallow_pass_seconds.observe(took.as_secs_f64());
                     passes.after_shallow(took)
                 }
                 _ => {
