@@ -38,13 +38,14 @@ fn every_short_job_is_complete_in_accounting_and_no_lease_runs_out() {
     assert!(acknowledged >= 400, "{acknowledged} of 500 offered were acknowledged:\n{stdout}");
 }
 
-/// More jobs than 16 GPUs drain (100 ms each, at most 160/s): the backlog passes the shallow threshold (2,048
-/// pending), the leader refills freed GPUs with shallow passes between deep ones, and every job still ends
-/// complete in accounting with no lease run out.
+/// More jobs than 8 GPUs drain (100 ms each, at most 80/s): the backlog passes the shallow threshold (2,048
+/// pending) whenever submissions are acknowledged faster than 165/s (a debug build here: about 550/s), the
+/// leader refills freed GPUs with shallow passes between deep ones, and every job still ends complete in
+/// accounting with no lease run out.
 #[test]
 fn a_backlog_drains_through_shallow_passes_with_every_job_in_accounting() {
     let args =
-        ["short-jobs", "--rate", "1000", "--duration-s", "4", "--clients", "16", "--agents", "2", "--job-ms", "100"];
+        ["short-jobs", "--rate", "1000", "--duration-s", "4", "--clients", "16", "--agents", "1", "--job-ms", "100"];
     let (stdout, stderr) = common::run_bench(&args);
     let acknowledged = assert_promises_kept(&stdout, &stderr);
     assert!(acknowledged >= 3_000, "{acknowledged} of 4,000 offered were acknowledged:\n{stdout}");
